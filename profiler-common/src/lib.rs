@@ -1,0 +1,122 @@
+//! The contract between clrbpf's eBPF programs and its userspace: the raw
+//! sample record the kernel side writes into the ring buffer, the counters it
+//! keeps, and the load-time settings. Everything here is `#[repr(C)]`, laid out
+//! largest field first with explicit padding, and its size is checked at
+//! compile time so both sides agree byte for byte.
+#![no_std]
+
+/// Most frames one stack (kernel or user) holds in a [`RawSampleEvent`].
+/// 127 is the kernel's default `perf_event_max_stack`, so `bpf_get_stack`
+/// never returns more.
+pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Length of a task's `comm`, as the kernel's `TASK_COMM_LEN`.
+pub const TASK_COMM_LEN: usize = 16;
+
+/// What one raw sample measures. The numbers cross the kernel/user boundary:
+/// never renumber, only add.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleKind {
+    /// A `cpu-clock` (or `cycles`) tick while the thread ran; the value is
+    /// the sampling period in nanoseconds.
+    OnCpu = 1,
+    /// A thread left the CPU in a blocking state; the value is how long it
+    /// stayed off (nanoseconds).
+    OffCpu = 2,
+}
+
+impl SampleKind {
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(Self::OnCpu),
+            2 => Some(Self::OffCpu),
+            _ => None,
+        }
+    }
+}
+
+/// Bits of [`RawSampleEvent::flags`].
+pub mod sample_flags {
+    /// The kernel stack did not fit in [`super::MAX_STACK_DEPTH`] frames.
+    pub const KERNEL_STACK_TRUNCATED: u32 = 1 << 0;
+    /// The user stack did not fit in [`super::MAX_STACK_DEPTH`] frames.
+    pub const USER_STACK_TRUNCATED: u32 = 1 << 1;
+    /// `bpf_get_stack` failed for the kernel stack.
+    pub const KERNEL_STACK_ERROR: u32 = 1 << 2;
+    /// `bpf_get_stack` failed for the user stack.
+    pub const USER_STACK_ERROR: u32 = 1 << 3;
+}
+
+/// One sample, as the eBPF side writes it into the `SAMPLES` ring buffer.
+/// Stacks are leaf first; only the first `*_stack_len` entries are valid.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RawSampleEvent {
+    /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC, the clock of jitdump records.
+    pub time_ns: u64,
+    /// Depends on `kind`: the period for on-CPU, the off-CPU interval.
+    pub value: u64,
+    pub kernel_stack: [u64; MAX_STACK_DEPTH],
+    pub user_stack: [u64; MAX_STACK_DEPTH],
+    /// Process id (tgid) in the initial PID namespace.
+    pub pid: u32,
+    /// Thread id in the initial PID namespace.
+    pub tid: u32,
+    pub cpu: u32,
+    /// A [`SampleKind`] number.
+    pub kind: u32,
+    pub kernel_stack_len: u32,
+    pub user_stack_len: u32,
+    /// [`sample_flags`] bits.
+    pub flags: u32,
+    pub _pad: u32,
+    /// The thread's name (`comm`), NUL-padded.
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+const _: () = assert!(size_of::<RawSampleEvent>() == 16 + 2 * 8 * MAX_STACK_DEPTH + 32 + 16);
+
+#[cfg(feature = "user")]
+// SAFETY: `#[repr(C)]`, only integers and arrays of integers, no implicit padding.
+unsafe impl aya::Pod for RawSampleEvent {}
+
+/// Indices of the per-CPU `COUNTERS` array. Stable numbers: never renumber.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Samples written to the ring buffer.
+    SamplesSubmitted = 0,
+    /// Samples dropped because the ring buffer was full.
+    SamplesLost = 1,
+    /// Ticks that landed in the idle task.
+    IdleTicks = 2,
+    /// Ticks of threads outside the profiled set.
+    Filtered = 3,
+    /// `bpf_get_stack` failed for the kernel stack.
+    KernelStackErrors = 4,
+    /// `bpf_get_stack` failed for the user stack.
+    UserStackErrors = 5,
+    /// Processes added to the profiled set because a profiled process forked.
+    ForksFollowed = 6,
+}
+
+/// Number of slots in the `COUNTERS` map.
+pub const COUNTER_SLOTS: u32 = 16;
+
+/// Names of the eBPF programs, maps and globals, shared so a rename breaks the
+/// build instead of the load.
+pub mod names {
+    pub const PROG_ON_CPU_SAMPLE: &str = "on_cpu_sample";
+    pub const PROG_FOLLOW_FORK: &str = "follow_fork";
+    pub const PROG_FORGET_EXIT: &str = "forget_exit";
+    pub const MAP_SAMPLES: &str = "SAMPLES";
+    pub const MAP_TARGET_PIDS: &str = "TARGET_PIDS";
+    pub const MAP_COUNTERS: &str = "COUNTERS";
+    /// `u32`: 0 = every process, 1 = only the tgids in `TARGET_PIDS`.
+    pub const GLOBAL_FILTER_PIDS: &str = "FILTER_PIDS";
+    /// `u32`: clrbpf's own tgid, never sampled.
+    pub const GLOBAL_SELF_TGID: &str = "SELF_TGID";
+    /// `u64`: the on-CPU sampling period in nanoseconds, stored as the value.
+    pub const GLOBAL_ON_CPU_PERIOD_NS: &str = "ON_CPU_PERIOD_NS";
+}

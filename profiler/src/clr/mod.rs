@@ -1,0 +1,2 @@
+//! The .NET runtime from the outside: the diagnostic IPC client (EnablePerfMap,
+//! ProcessInfo, EventPipe sessions) and what is decoded from it.

@@ -1,0 +1,22 @@
+//! clrbpf: an eBPF whole-host profiler for .NET on Linux.
+//!
+//! A sample flows one way through the stages, one module each:
+//! [`bpf`] (kernel programs, raw samples) -> [`process`] (what a pid is) ->
+//! [`symbolize`] (kernel, native and managed names) -> [`profile`]
+//! (aggregation, sampling, upscaling) -> [`export`] (pprof, folded stacks,
+//! flame graphs). [`clr`] talks to .NET runtimes over their diagnostic socket;
+//! [`unwind`] prepares native unwind tables for the kernel side.
+
+pub mod bpf;
+pub mod clr;
+pub mod export;
+pub mod process;
+pub mod profile;
+pub mod symbolize;
+pub mod unwind;
+
+/// The pprof protobuf types, generated from `proto/profile.proto`.
+pub mod pprof_proto {
+    #![expect(clippy::all, reason = "generated code")]
+    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
+}

@@ -1,0 +1,2 @@
+//! Native unwinding without frame pointers: `.eh_frame` to compact tables for
+//! the kernel side.

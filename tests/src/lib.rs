@@ -1,0 +1,1 @@
+//! Helpers for the privileged end-to-end tests.
