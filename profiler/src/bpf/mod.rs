@@ -1,3 +1,421 @@
-//! Kernel side, user half: loads the eBPF programs, attaches them to per-CPU
-//! perf events and tracepoints, and turns ring-buffer records into
-//! [`crate::profile::RawSample`]s.
+//! Kernel side, user half: loads the eBPF object embedded at build time,
+//! attaches `on_cpu_sample` to a `cpu-clock` perf event on every online CPU
+//! and the process-tree tracepoints, and turns ring-buffer records into
+//! [`RawSample`]s for the rest of the pipeline.
+
+pub mod system;
+
+use std::{
+    fs, io,
+    os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd},
+    sync::Arc,
+};
+
+use aya::{
+    Ebpf, EbpfError, EbpfLoader,
+    maps::{HashMap, MapData, MapError, PerCpuArray, RingBuf},
+    programs::{
+        PerfEvent, ProgramError, TracePoint,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
+use clrbpf_common::{COUNTER_SLOTS, Counter, RawSampleEvent, SampleKind, names, sample_flags};
+
+use crate::profile::RawSample;
+
+/// The eBPF object built by `build.rs`; empty when built with `AYA_BUILD_SKIP`.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/clrbpf"));
+
+/// Errors of loading and running the kernel side. Each message names the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error(
+        "this clrbpf was built without its eBPF object (AYA_BUILD_SKIP was set): rebuild with `cargo xtask build`"
+    )]
+    NoObject,
+    #[error("loading the eBPF object failed: {source}")]
+    Load {
+        #[source]
+        source: EbpfError,
+    },
+    #[error("the kernel verifier rejected `{program}`: {reason}\n{log}")]
+    Verifier {
+        program: &'static str,
+        reason: String,
+        log: String,
+    },
+    #[error("program `{program}`: {source}")]
+    Program {
+        program: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("map `{map}`: {source}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error("eBPF object has no `{name}`: the embedded object does not match this binary")]
+    Missing { name: &'static str },
+    #[error("cannot read the online CPUs: {0}")]
+    OnlineCpus(#[source] io::Error),
+    #[error(
+        "opening a cpu-clock perf event on CPU {cpu} failed: {source} (needs root or CAP_PERFMON; check /proc/sys/kernel/perf_event_paranoid)"
+    )]
+    PerfEvent {
+        cpu: u32,
+        #[source]
+        source: ProgramError,
+    },
+}
+
+/// What the kernel side samples. Fixed at load time.
+#[derive(Clone, Debug)]
+pub struct SamplerConfig {
+    pub frequency_hz: u64,
+    /// `None`: every process on the host. `Some`: only these tgids and the
+    /// processes they start.
+    pub target_pids: Option<Vec<u32>>,
+    /// Ring buffer size in bytes (a power of two multiple of the page size).
+    pub ring_buffer_bytes: u32,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        Self {
+            frequency_hz: 99,
+            target_pids: None,
+            ring_buffer_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+/// Kernel-side counters, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelCounters {
+    pub samples_submitted: u64,
+    pub samples_lost: u64,
+    pub idle_ticks: u64,
+    pub filtered: u64,
+    pub kernel_stack_errors: u64,
+    pub user_stack_errors: u64,
+    pub forks_followed: u64,
+}
+
+/// Run-time statistics of one BPF program from the kernel's BPF stats
+/// (`kernel.bpf_stats_enabled`): both are 0 when the stats are off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgramStats {
+    pub run_time_ns: u64,
+    pub run_count: u64,
+}
+
+/// The loaded and attached kernel side.
+pub struct Sampler {
+    samples: RingBuf<MapData>,
+    targets: HashMap<MapData, u32, u8>,
+    counters: PerCpuArray<MapData, u64>,
+    // Keeps the programs (and so their links) alive; dropping detaches.
+    ebpf: Ebpf,
+    /// The perf event period as the kernel side stamps it, in nanoseconds.
+    pub period_ns: u64,
+    pub cpus: Vec<u32>,
+    thread_names: std::collections::HashMap<[u8; 16], Arc<str>>,
+}
+
+impl Sampler {
+    /// Loads the programs, fills the target set, and attaches everything.
+    pub fn start(config: &SamplerConfig) -> Result<Self, BpfError> {
+        if EBPF_OBJECT.is_empty() {
+            return Err(BpfError::NoObject);
+        }
+        let period_ns = 1_000_000_000 / config.frequency_hz.max(1);
+        let filter: u32 = u32::from(config.target_pids.is_some());
+        let self_tgid = std::process::id();
+        let mut ebpf = EbpfLoader::new()
+            .override_global(names::GLOBAL_FILTER_PIDS, &filter, true)
+            .override_global(names::GLOBAL_SELF_TGID, &self_tgid, true)
+            .override_global(names::GLOBAL_ON_CPU_PERIOD_NS, &period_ns, true)
+            .map_max_entries(names::MAP_SAMPLES, config.ring_buffer_bytes)
+            .load(EBPF_OBJECT)
+            .map_err(|source| BpfError::Load { source })?;
+
+        let mut targets: HashMap<MapData, u32, u8> = take_map(&mut ebpf, names::MAP_TARGET_PIDS)?;
+        for &pid in config.target_pids.iter().flatten() {
+            targets.insert(pid, 1, 0).map_err(|source| BpfError::Map {
+                map: names::MAP_TARGET_PIDS,
+                source,
+            })?;
+        }
+        let samples: RingBuf<MapData> = take_map(&mut ebpf, names::MAP_SAMPLES)?;
+        let counters: PerCpuArray<MapData, u64> = take_map(&mut ebpf, names::MAP_COUNTERS)?;
+
+        // Follow the process tree before sampling starts, so no child is missed.
+        for (program, category, name) in [
+            (names::PROG_FOLLOW_FORK, "task", "task_newtask"),
+            (names::PROG_FORGET_EXIT, "sched", "sched_process_exit"),
+        ] {
+            let tp: &mut TracePoint = program_mut(&mut ebpf, program)?;
+            load_program(program, tp.load())?;
+            tp.attach(category, name)
+                .map_err(|source| BpfError::Program { program, source })?;
+        }
+
+        let cpus = aya::util::online_cpus().map_err(|(_, e)| BpfError::OnlineCpus(e))?;
+        let prog: &mut PerfEvent = program_mut(&mut ebpf, names::PROG_ON_CPU_SAMPLE)?;
+        load_program(names::PROG_ON_CPU_SAMPLE, prog.load())?;
+        for &cpu in &cpus {
+            prog.attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Frequency(config.frequency_hz),
+                false,
+            )
+            .map_err(|source| BpfError::PerfEvent { cpu, source })?;
+        }
+        Ok(Self {
+            samples,
+            targets,
+            counters,
+            ebpf,
+            period_ns,
+            cpus,
+            thread_names: Default::default(),
+        })
+    }
+
+    /// Adds a process to the profiled set (no effect in whole-host mode).
+    pub fn add_target(&mut self, pid: u32) -> Result<(), BpfError> {
+        self.targets
+            .insert(pid, 1, 0)
+            .map_err(|source| BpfError::Map {
+                map: names::MAP_TARGET_PIDS,
+                source,
+            })
+    }
+
+    /// Removes a process from the profiled set.
+    pub fn remove_target(&mut self, pid: u32) {
+        // Absent is fine: the exit tracepoint may have removed it already.
+        let _ = self.targets.remove(&pid);
+    }
+
+    /// The ring buffer's descriptor, to wait on with epoll / `AsyncFd`.
+    pub fn ring_fd(&self) -> RawFd {
+        self.samples.as_raw_fd()
+    }
+
+    pub fn ring_as_fd(&self) -> BorrowedFd<'_> {
+        self.samples.as_fd()
+    }
+
+    /// Moves every record waiting in the ring buffer into `out`; returns how
+    /// many records were malformed (and skipped).
+    pub fn drain(&mut self, out: &mut Vec<RawSample>) -> u64 {
+        let mut malformed = 0;
+        while let Some(item) = self.samples.next() {
+            match decode_event(&item, &mut self.thread_names) {
+                Some(sample) => out.push(sample),
+                None => malformed += 1,
+            }
+        }
+        malformed
+    }
+
+    pub fn counters(&self) -> KernelCounters {
+        let mut sum = [0u64; COUNTER_SLOTS as usize];
+        for (slot, total) in sum.iter_mut().enumerate() {
+            if let Ok(values) = self.counters.get(&(slot as u32), 0) {
+                *total = values.iter().sum();
+            }
+        }
+        let get = |c: Counter| sum[c as usize];
+        KernelCounters {
+            samples_submitted: get(Counter::SamplesSubmitted),
+            samples_lost: get(Counter::SamplesLost),
+            idle_ticks: get(Counter::IdleTicks),
+            filtered: get(Counter::Filtered),
+            kernel_stack_errors: get(Counter::KernelStackErrors),
+            user_stack_errors: get(Counter::UserStackErrors),
+            forks_followed: get(Counter::ForksFollowed),
+        }
+    }
+
+    /// BPF run-time stats of the sampling program, from its fdinfo.
+    pub fn on_cpu_program_stats(&self) -> ProgramStats {
+        let Some(prog) = self.ebpf.program(names::PROG_ON_CPU_SAMPLE) else {
+            return ProgramStats::default();
+        };
+        let Ok(fd) = prog.fd() else {
+            return ProgramStats::default();
+        };
+        let path = format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd());
+        fs::read_to_string(path)
+            .map(|s| parse_prog_fdinfo(&s))
+            .unwrap_or_default()
+    }
+}
+
+fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError>
+where
+    T: TryFrom<aya::maps::Map, Error = MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(BpfError::Missing { name })?;
+    T::try_from(map).map_err(|source| BpfError::Map { map: name, source })
+}
+
+fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, BpfError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    let prog = ebpf.program_mut(name).ok_or(BpfError::Missing { name })?;
+    prog.try_into().map_err(|source| BpfError::Program {
+        program: name,
+        source,
+    })
+}
+
+fn load_program(program: &'static str, result: Result<(), ProgramError>) -> Result<(), BpfError> {
+    match result {
+        Ok(()) => Ok(()),
+        Err(ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        }) => Err(BpfError::Verifier {
+            program,
+            reason: io_error.to_string(),
+            log: useful_verifier_log(&verifier_log.to_string()),
+        }),
+        Err(source) => Err(BpfError::Program { program, source }),
+    }
+}
+
+/// The part of a verifier log a person can act on: the last lines, where
+/// the verifier says what it rejected.
+fn useful_verifier_log(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    let start = lines.len().saturating_sub(20);
+    lines[start..].join("\n")
+}
+
+fn parse_prog_fdinfo(text: &str) -> ProgramStats {
+    let mut stats = ProgramStats::default();
+    for line in text.lines() {
+        let mut parts = line.split(':');
+        let (Some(key), Some(value)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let value = value.trim().parse().unwrap_or(0);
+        match key.trim() {
+            "run_time_ns" => stats.run_time_ns = value,
+            "run_cnt" => stats.run_count = value,
+            _ => {}
+        }
+    }
+    stats
+}
+
+/// Decodes one ring-buffer record. `None` when the record is not a whole
+/// [`RawSampleEvent`] or names an unknown kind.
+fn decode_event(
+    bytes: &[u8],
+    names: &mut std::collections::HashMap<[u8; 16], Arc<str>>,
+) -> Option<RawSample> {
+    if bytes.len() < size_of::<RawSampleEvent>() {
+        return None;
+    }
+    // SAFETY: the length is checked above and `RawSampleEvent` is plain old
+    // data; `read_unaligned` because ring-buffer records are only 8-aligned
+    // by convention.
+    let event: RawSampleEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let kind = SampleKind::from_u32(event.kind)?;
+    let kernel_len = (event.kernel_stack_len as usize).min(event.kernel_stack.len());
+    let user_len = (event.user_stack_len as usize).min(event.user_stack.len());
+    let thread_name = names
+        .entry(event.comm)
+        .or_insert_with(|| {
+            let end = event
+                .comm
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(event.comm.len());
+            String::from_utf8_lossy(&event.comm[..end]).into()
+        })
+        .clone();
+    Some(RawSample {
+        time_ns: event.time_ns,
+        pid: event.pid,
+        tid: event.tid,
+        cpu: event.cpu,
+        kind,
+        value: event.value,
+        thread_name,
+        kernel_stack: event.kernel_stack[..kernel_len].to_vec(),
+        user_stack: event.user_stack[..user_len].to_vec(),
+        kernel_stack_truncated: event.flags & sample_flags::KERNEL_STACK_TRUNCATED != 0,
+        user_stack_truncated: event.flags & sample_flags::USER_STACK_TRUNCATED != 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fdinfo_stats_are_parsed() {
+        let text = "pos:\t0\nflags:\t02000002\nprog_type:\t20\nrun_time_ns:\t123456\nrun_cnt:\t42\nverified_insns:\t99\n";
+        assert_eq!(
+            parse_prog_fdinfo(text),
+            ProgramStats {
+                run_time_ns: 123_456,
+                run_count: 42
+            }
+        );
+        assert_eq!(parse_prog_fdinfo("garbage"), ProgramStats::default());
+    }
+
+    #[test]
+    fn short_or_unknown_records_are_rejected() {
+        let mut names = Default::default();
+        assert!(decode_event(&[0u8; 10], &mut names).is_none());
+        let mut event: RawSampleEvent = unsafe { std::mem::zeroed() };
+        event.kind = 99;
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&raw const event).cast::<u8>(), size_of::<RawSampleEvent>())
+        };
+        assert!(decode_event(bytes, &mut names).is_none());
+    }
+
+    #[test]
+    fn stack_lengths_are_clamped_and_names_interned() {
+        let mut event: RawSampleEvent = unsafe { std::mem::zeroed() };
+        event.kind = SampleKind::OnCpu as u32;
+        event.pid = 7;
+        event.tid = 8;
+        event.kernel_stack_len = 10_000;
+        event.user_stack_len = 2;
+        event.user_stack[0] = 0x1000;
+        event.user_stack[1] = 0x2000;
+        event.comm[..4].copy_from_slice(b"main");
+        event.flags = sample_flags::KERNEL_STACK_TRUNCATED;
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&raw const event).cast::<u8>(), size_of::<RawSampleEvent>())
+        };
+        let mut names = Default::default();
+        let sample = decode_event(bytes, &mut names).expect("valid record");
+        assert_eq!(sample.kernel_stack.len(), clrbpf_common::MAX_STACK_DEPTH);
+        assert_eq!(sample.user_stack, vec![0x1000, 0x2000]);
+        assert_eq!(&*sample.thread_name, "main");
+        assert!(sample.kernel_stack_truncated && !sample.user_stack_truncated);
+        let again = decode_event(bytes, &mut names).expect("valid record");
+        assert!(Arc::ptr_eq(&sample.thread_name, &again.thread_name));
+    }
+
+    #[test]
+    fn verifier_log_keeps_the_tail() {
+        let log: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        let useful = useful_verifier_log(&log);
+        assert!(useful.starts_with("line 80") && useful.ends_with("line 99"));
+    }
+}

@@ -1,6 +1,8 @@
 //! Aggregation of symbolized samples into a [`Profile`]: the shape every
 //! writer in [`crate::export`] reads.
 
+mod aggregate;
 mod model;
 
+pub use aggregate::Aggregator;
 pub use model::*;

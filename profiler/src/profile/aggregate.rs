@@ -1,0 +1,168 @@
+//! Sums symbolized samples into a [`Profile`]: frames are interned once
+//! (one per distinct frame and address, so one pprof location each) and
+//! samples with the same stack and labels add their values.
+
+use std::collections::HashMap;
+
+use super::model::{Frame, FrameIndex, Label, Profile, ProfileSample, ValueType};
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct SampleKey {
+    stack: Box<[FrameIndex]>,
+    labels: Box<[Label]>,
+}
+
+/// Accumulates samples of fixed sample types.
+#[derive(Debug)]
+pub struct Aggregator {
+    sample_types: Vec<ValueType>,
+    frames: Vec<Frame>,
+    frame_index: HashMap<Frame, FrameIndex>,
+    samples: HashMap<SampleKey, Vec<i64>>,
+    /// Insertion order of the keys, so output is deterministic.
+    order: Vec<SampleKey>,
+}
+
+impl Aggregator {
+    pub fn new(sample_types: Vec<ValueType>) -> Self {
+        Self {
+            sample_types,
+            frames: Vec::new(),
+            frame_index: HashMap::new(),
+            samples: HashMap::new(),
+            order: Vec::new(),
+        }
+    }
+
+    pub fn sample_types(&self) -> &[ValueType] {
+        &self.sample_types
+    }
+
+    /// The index of `frame`, adding it on first sight.
+    pub fn intern(&mut self, frame: &Frame) -> FrameIndex {
+        if let Some(&index) = self.frame_index.get(frame) {
+            return index;
+        }
+        let index =
+            FrameIndex::try_from(self.frames.len()).expect("fewer than 2^32 distinct frames");
+        self.frames.push(frame.clone());
+        self.frame_index.insert(frame.clone(), index);
+        index
+    }
+
+    /// Adds `values` (one per sample type; missing ones count as 0) to the
+    /// sample with this stack (leaf first) and labels.
+    pub fn add(&mut self, stack: &[FrameIndex], labels: Vec<Label>, values: &[i64]) {
+        let key = SampleKey {
+            stack: stack.into(),
+            labels: labels.into_boxed_slice(),
+        };
+        let width = self.sample_types.len();
+        match self.samples.get_mut(&key) {
+            Some(sum) => {
+                for (total, v) in sum.iter_mut().zip(values) {
+                    *total = total.saturating_add(*v);
+                }
+            }
+            None => {
+                let mut sum = vec![0; width];
+                for (total, v) in sum.iter_mut().zip(values) {
+                    *total = *v;
+                }
+                self.order.push(key.clone());
+                self.samples.insert(key, sum);
+            }
+        }
+    }
+
+    pub fn distinct_samples(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// The profile, with the caller's period and timing fields.
+    pub fn finish(
+        mut self,
+        period_type: Option<ValueType>,
+        period: i64,
+        start_unix_ns: i64,
+        duration_ns: i64,
+    ) -> Profile {
+        let samples = self
+            .order
+            .into_iter()
+            .filter_map(|key| {
+                let values = self.samples.remove(&key)?;
+                let SampleKey { stack, labels } = key;
+                Some(ProfileSample {
+                    stack: stack.into_vec(),
+                    values,
+                    labels: labels.into_vec(),
+                })
+            })
+            .collect();
+        Profile {
+            sample_types: self.sample_types,
+            default_sample_type: None,
+            period_type,
+            period,
+            start_unix_ns,
+            duration_ns,
+            frames: self.frames,
+            samples,
+            comments: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn types() -> Vec<ValueType> {
+        vec![
+            ValueType::new("samples", "count"),
+            ValueType::new("cpu", "nanoseconds"),
+        ]
+    }
+
+    #[test]
+    fn equal_frames_are_interned_once() {
+        let mut a = Aggregator::new(types());
+        let f = Frame::synthetic("main");
+        let g = Frame {
+            address: 0x10,
+            ..Frame::synthetic("main")
+        };
+        assert_eq!(a.intern(&f), 0);
+        assert_eq!(a.intern(&f), 0);
+        assert_eq!(a.intern(&g), 1, "another address is another location");
+    }
+
+    #[test]
+    fn samples_with_equal_stack_and_labels_add_up() {
+        let mut a = Aggregator::new(types());
+        let main = a.intern(&Frame::synthetic("main"));
+        let work = a.intern(&Frame::synthetic("work"));
+        let labels = || vec![Label::num("thread.id", 7)];
+        a.add(&[work, main], labels(), &[1, 10]);
+        a.add(&[work, main], labels(), &[1, 10]);
+        a.add(&[main], labels(), &[1, 10]);
+        a.add(&[work, main], vec![Label::num("thread.id", 8)], &[1, 10]);
+        assert_eq!(a.distinct_samples(), 3);
+        let p = a.finish(Some(ValueType::new("cpu", "nanoseconds")), 10, 0, 0);
+        assert_eq!(p.samples.len(), 3);
+        assert_eq!(p.samples[0].stack, vec![work, main]);
+        assert_eq!(p.samples[0].values, vec![2, 20]);
+        assert_eq!(p.samples[1].values, vec![1, 10]);
+        let total: i64 = p.samples.iter().map(|s| s.values[1]).sum();
+        assert_eq!(total, 40);
+    }
+
+    #[test]
+    fn short_value_lists_are_padded_with_zero() {
+        let mut a = Aggregator::new(types());
+        a.add(&[], Vec::new(), &[3]);
+        let p = a.finish(None, 0, 0, 0);
+        assert_eq!(p.samples[0].values, vec![3, 0]);
+    }
+}
