@@ -8,10 +8,12 @@
 //! [`unwind`] prepares native unwind tables for the kernel side.
 
 pub mod bpf;
+pub mod cli;
 pub mod clr;
 pub mod export;
 pub mod process;
 pub mod profile;
+pub mod record;
 pub mod symbolize;
 pub mod unwind;
 

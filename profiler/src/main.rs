@@ -1,25 +1,75 @@
-fn main() {
-    let w = clrbpf::bpf::system::prepare().expect("prepare");
-    eprintln!("warnings: {w:?}");
-    let mut s = clrbpf::bpf::Sampler::start(&Default::default()).unwrap_or_else(|e| panic!("{e}"));
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    let mut out = Vec::new();
-    let bad = s.drain(&mut out);
-    eprintln!(
-        "samples {} bad {bad} counters {:?} stats {:?}",
-        out.len(),
-        s.counters(),
-        s.on_cpu_program_stats()
-    );
-    for x in out.iter().take(3) {
-        eprintln!(
-            "{} {} {} k{} u{} {:x?}",
-            x.pid,
-            x.tid,
-            x.thread_name,
-            x.kernel_stack.len(),
-            x.user_stack.len(),
-            &x.user_stack[..x.user_stack.len().min(4)]
-        );
+//! The `clrbpf` binary: parse arguments, build the configuration, run, map
+//! errors to an exit code.
+
+use std::{process::ExitCode, time::Duration};
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use clrbpf::{
+    cli::{Cli, Command, RecordArgs},
+    export::output::OutputFormat,
+    record::{RecordConfig, print_summary, record},
+};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("clrbpf: error: {err:#}");
+            ExitCode::from(2)
+        }
     }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Record(args) => run_record(args),
+        Command::Ps => clrbpf::process::ps::run(std::io::stdout().lock()).context("list .NET processes"),
+        Command::SystemInfo => clrbpf::bpf::system::print_system_info(std::io::stdout().lock()).context("write"),
+        Command::BenchPerfMap { entries, runs } => {
+            let mut times: Vec<Duration> =
+                (0..runs.max(1)).map(|_| clrbpf::symbolize::perf_map::bench_perf_map_load(entries)).collect();
+            times.sort();
+            println!("perf map load, {entries} entries: median {:.2} ms over {} runs", times[times.len() / 2].as_secs_f64() * 1e3, times.len());
+            Ok(())
+        }
+    }
+}
+
+fn run_record(args: RecordArgs) -> anyhow::Result<()> {
+    let RecordArgs { pids, all, frequency, duration, output, format, keep_perf_maps, no_perf_map_attach, quiet, command } =
+        args;
+    let format = match format.or_else(|| OutputFormat::from_path(&output)) {
+        Some(format) => format,
+        None => anyhow::bail!(
+            "cannot tell the output format from {}: use an extension (.pb.gz, .folded, .svg) or --format",
+            output.display()
+        ),
+    };
+    let duration = match duration {
+        Some(d) if !(d.is_finite() && d > 0.0) => anyhow::bail!("--duration must be a positive number of seconds"),
+        d => d.map(Duration::from_secs_f64),
+    };
+    let config = RecordConfig {
+        pids,
+        all,
+        frequency_hz: frequency,
+        duration,
+        output: output.clone(),
+        format,
+        keep_perf_maps,
+        perf_map_attach: !no_perf_map_attach,
+        command,
+        verbose: !quiet,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
+    let summary = runtime.block_on(record(config))?;
+    if !quiet {
+        print_summary(&summary, &output, std::io::stderr().lock()).context("write the summary")?;
+    }
+    Ok(())
 }

@@ -1,0 +1,119 @@
+//! Command-line interface: clap definitions only. `main.rs` turns these into
+//! the library's configuration and runs it.
+
+use std::{ffi::OsString, path::PathBuf};
+
+use clap::{Parser, Subcommand};
+
+use crate::export::output::OutputFormat;
+
+/// clrbpf: whole-host CPU profiles of .NET (and everything else) on Linux,
+/// with kernel, native and managed frames, without restarting anything.
+#[derive(Debug, Parser)]
+#[command(name = "clrbpf", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
+    #[arg(long, global = true, default_value = "warn", env = "CLRBPF_LOG")]
+    pub log_level: String,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Record a CPU profile of the host, some processes, or a command.
+    ///
+    /// With no -p and no COMMAND: every process on the host, until Ctrl-C.
+    /// With -p: those processes (all their threads), until they all exit.
+    /// With -- COMMAND: runs it (as the invoking user under sudo) with
+    /// DOTNET_PerfMapEnabled=1, profiles it and every process it starts, and
+    /// stops when it exits.
+    Record(RecordArgs),
+    /// List the .NET processes on this host.
+    Ps,
+    /// Report the kernel features clrbpf uses.
+    SystemInfo,
+    /// Time loading a perf map of N entries (for `cargo xtask bench`).
+    #[command(hide = true)]
+    BenchPerfMap {
+        #[arg(long, default_value_t = 100_000)]
+        entries: usize,
+        #[arg(long, default_value_t = 11)]
+        runs: usize,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RecordArgs {
+    /// Profile this process (repeatable); stops when all of them exit.
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+
+    /// Profile the whole host as well as the given COMMAND or -p processes.
+    #[arg(short = 'a', long = "all-cpus")]
+    pub all: bool,
+
+    /// Samples per second on each CPU.
+    #[arg(short = 'F', long = "frequency", value_name = "HZ", default_value_t = 99,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub frequency: u64,
+
+    /// Stop after this many seconds.
+    #[arg(short = 'd', long = "duration", value_name = "SECONDS")]
+    pub duration: Option<f64>,
+
+    /// Where to write the profile. The format follows the extension
+    /// (.pb.gz pprof, .folded/.collapsed folded stacks, .svg flame graph)
+    /// unless --format is given.
+    #[arg(short = 'o', long = "output", value_name = "FILE", default_value = "profile.pb.gz")]
+    pub output: PathBuf,
+
+    /// Output format.
+    #[arg(long, value_enum)]
+    pub format: Option<OutputFormat>,
+
+    /// Keep the perf map and jitdump files clrbpf made a running .NET
+    /// process write (by default they are removed when recording ends).
+    #[arg(long)]
+    pub keep_perf_maps: bool,
+
+    /// Do not ask running .NET 8+ processes to write perf maps (their JIT
+    /// frames stay unnamed unless they already write them).
+    #[arg(long)]
+    pub no_perf_map_attach: bool,
+
+    /// No progress line and no summary.
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// The command to run and profile.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn record_parses_perf_like_arguments() {
+        let cli = Cli::try_parse_from([
+            "clrbpf", "record", "-p", "1", "-p", "2", "-F", "499", "-d", "2.5", "-o", "x.svg", "--", "dotnet", "a.dll",
+        ])
+        .expect("valid arguments");
+        let Command::Record(args) = cli.command else { panic!("not record") };
+        assert_eq!(args.pids, vec![1, 2]);
+        assert_eq!(args.frequency, 499);
+        assert_eq!(args.duration, Some(2.5));
+        assert_eq!(args.command, vec![OsString::from("dotnet"), OsString::from("a.dll")]);
+        assert!(Cli::try_parse_from(["clrbpf", "record", "-F", "0"]).is_err());
+    }
+}

@@ -1,0 +1,566 @@
+//! `clrbpf record`: wires the stages together for one recording.
+//!
+//! 1. Check the host ([`crate::bpf::system::prepare`]), load and attach the
+//!    kernel side with the chosen target set.
+//! 2. Optionally launch the command (as the invoking user, with
+//!    `DOTNET_PerfMapEnabled=1`); the kernel side follows its children.
+//! 3. Every tick, drain raw samples; learn each new process once (name,
+//!    container, mappings, .NET runtime; for a running .NET 8+ process, ask
+//!    it for perf maps over its diagnostic socket); symbolize samples a
+//!    little after they were taken, so the perf map lines for code JIT-ted
+//!    just before a sample have been written; aggregate.
+//! 4. On duration, Ctrl-C, SIGTERM, the command's exit or the exit of every
+//!    `-p` process: drain what is left, restore the .NET processes, write
+//!    the profile, print the summary.
+
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    ffi::{CString, OsString},
+    io::{IsTerminal as _, Write as _},
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, bail};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::{
+    bpf::{KernelCounters, ProgramStats, Sampler, SamplerConfig, system},
+    clr::ipc::PerfMapAttach,
+    export::output::{OutputFormat, write_profile},
+    process::{ProcFs, ProcessInfo, maps::Mapping},
+    profile::{Aggregator, Frame, FrameKind, Label, Module, RawSample, ValueType, label_keys},
+    symbolize::{
+        managed::ManagedSymbols,
+        native::{FileKey, MappedFile, NativeSymbolizer},
+    },
+};
+
+/// How long after a sample was taken it is symbolized: the runtime writes a
+/// method's perf map line right after JIT-compiling it, and we read the
+/// file on a timer.
+const SYMBOLIZE_DELAY: Duration = Duration::from_millis(300);
+const TICK: Duration = Duration::from_millis(50);
+/// How often a process's perf map / jitdump are re-read at most.
+const MANAGED_REFRESH_EVERY: Duration = Duration::from_millis(200);
+/// How often a process's mappings are re-read at most when an address is
+/// not covered by the ones we have.
+const MAPS_REFRESH_EVERY: Duration = Duration::from_millis(200);
+/// After the command exits, keep draining this long for its last samples.
+const EXIT_GRACE: Duration = Duration::from_millis(100);
+
+/// Everything `record` needs, already validated.
+#[derive(Clone, Debug)]
+pub struct RecordConfig {
+    pub pids: Vec<u32>,
+    pub all: bool,
+    pub frequency_hz: u64,
+    pub duration: Option<Duration>,
+    pub output: PathBuf,
+    pub format: OutputFormat,
+    pub keep_perf_maps: bool,
+    pub perf_map_attach: bool,
+    pub command: Vec<OsString>,
+    /// Progress line and summary on stderr.
+    pub verbose: bool,
+}
+
+/// What one recording collected, for the summary line and for tests.
+#[derive(Clone, Debug, Default)]
+pub struct RecordSummary {
+    pub duration: Duration,
+    pub samples: u64,
+    pub samples_lost: u64,
+    pub malformed_records: u64,
+    pub processes: usize,
+    pub kernel_frames: u64,
+    pub managed_frames: u64,
+    pub native_frames: u64,
+    pub unknown_frames: u64,
+    pub truncated_stacks: u64,
+    pub perf_maps_enabled: usize,
+    pub kernel: KernelCounters,
+    pub bpf_stats: ProgramStats,
+    pub command_status: Option<std::process::ExitStatus>,
+    pub stopped_by: &'static str,
+    pub warnings: Vec<String>,
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+/// What we know of one profiled process.
+struct TrackedProcess {
+    pid: u32,
+    exe_name: Arc<str>,
+    container_id: Option<Arc<str>>,
+    mappings: Vec<Mapping>,
+    maps_read_at: Option<Instant>,
+    managed: Option<ManagedSymbols>,
+    managed_read_at: Option<Instant>,
+    perf_map: Option<PerfMapAttach>,
+    jit_module: Arc<Module>,
+}
+
+impl TrackedProcess {
+    fn discover(procfs: &ProcFs, pid: u32, native: &mut NativeSymbolizer, attach: bool, warnings: &mut Vec<String>) -> Self {
+        let info = ProcessInfo::read(procfs, pid).ok();
+        let exe_name: Arc<str> = info.as_ref().map_or_else(|| format!("pid-{pid}"), |i| i.exe_name.clone()).into();
+        let container_id = info.as_ref().and_then(|i| i.container_id.clone()).map(Arc::from);
+        let mut process = Self {
+            pid,
+            exe_name,
+            container_id,
+            mappings: Vec::new(),
+            maps_read_at: None,
+            managed: None,
+            managed_read_at: None,
+            perf_map: None,
+            jit_module: Arc::new(Module {
+                path: "[jit]".into(),
+                build_id: None,
+                memory_start: 0,
+                memory_limit: 0,
+                file_offset: 0,
+                has_functions: true,
+            }),
+        };
+        process.refresh_maps(procfs, native);
+        if crate::process::dotnet::detect(&process.mappings).is_some() {
+            process.managed = Some(ManagedSymbols::new(pid));
+            if attach {
+                match PerfMapAttach::enable(procfs, pid) {
+                    Ok(Some(handle)) => process.perf_map = Some(handle),
+                    Ok(None) => {}
+                    Err(e) => warnings.push(format!("pid {pid}: could not turn on perf maps: {e}")),
+                }
+            }
+        }
+        process
+    }
+
+    fn refresh_maps(&mut self, procfs: &ProcFs, native: &mut NativeSymbolizer) {
+        if self.maps_read_at.is_some_and(|t| t.elapsed() < MAPS_REFRESH_EVERY) {
+            return;
+        }
+        self.maps_read_at = Some(Instant::now());
+        let Ok(mappings) = crate::process::maps::read(procfs, self.pid) else { return };
+        self.mappings = mappings;
+        // Open every executable file now, while the process is alive.
+        for m in &self.mappings {
+            if let Some(mapped) = mapped_file(self.pid, m) {
+                native.prepare(&mapped);
+            }
+        }
+    }
+
+    fn refresh_managed(&mut self, force: bool) {
+        let Some(managed) = self.managed.as_mut() else { return };
+        if !force && self.managed_read_at.is_some_and(|t| t.elapsed() < MANAGED_REFRESH_EVERY) {
+            return;
+        }
+        self.managed_read_at = Some(Instant::now());
+        managed.refresh(monotonic_ns());
+    }
+
+    fn mapping_for(&self, addr: u64) -> Option<&Mapping> {
+        crate::process::maps::find(&self.mappings, addr)
+    }
+}
+
+fn mapped_file(pid: u32, m: &Mapping) -> Option<MappedFile<'_>> {
+    if !m.is_executable() || m.is_anonymous() || m.inode == 0 {
+        return None;
+    }
+    let path = m.path.as_deref()?;
+    Some(MappedFile {
+        pid,
+        start: m.start,
+        end: m.end,
+        offset: m.offset,
+        key: FileKey { dev_major: m.dev_major, dev_minor: m.dev_minor, inode: m.inode },
+        path,
+    })
+}
+
+/// Turns raw samples into aggregated, symbolized ones.
+struct Pipeline {
+    procfs: ProcFs,
+    attach_perf_maps: bool,
+    native: NativeSymbolizer,
+    processes: HashMap<u32, TrackedProcess>,
+    aggregator: Aggregator,
+    pending: VecDeque<RawSample>,
+    summary: RecordSummary,
+    stack: Vec<u32>,
+}
+
+impl Pipeline {
+    fn new(attach_perf_maps: bool) -> Self {
+        Self {
+            procfs: ProcFs::default(),
+            attach_perf_maps,
+            native: NativeSymbolizer::new(),
+            processes: HashMap::new(),
+            aggregator: Aggregator::new(vec![ValueType::new("samples", "count"), ValueType::new("cpu", "nanoseconds")]),
+            pending: VecDeque::new(),
+            summary: RecordSummary::default(),
+            stack: Vec::with_capacity(256),
+        }
+    }
+
+    fn track(&mut self, pid: u32) {
+        if !self.processes.contains_key(&pid) {
+            let process = TrackedProcess::discover(
+                &self.procfs,
+                pid,
+                &mut self.native,
+                self.attach_perf_maps,
+                &mut self.summary.warnings,
+            );
+            self.processes.insert(pid, process);
+        }
+    }
+
+    fn accept(&mut self, samples: &mut Vec<RawSample>) {
+        for sample in samples.drain(..) {
+            self.track(sample.pid);
+            self.pending.push_back(sample);
+        }
+    }
+
+    /// Symbolizes and aggregates the samples taken before `until_ns`
+    /// (`u64::MAX`: all of them).
+    fn process_pending(&mut self, until_ns: u64) {
+        let due: HashSet<u32> = self.pending.iter().take_while(|s| s.time_ns < until_ns).map(|s| s.pid).collect();
+        for pid in due {
+            if let Some(p) = self.processes.get_mut(&pid) {
+                p.refresh_managed(until_ns == u64::MAX);
+            }
+        }
+        while self.pending.front().is_some_and(|s| s.time_ns < until_ns) {
+            let Some(sample) = self.pending.pop_front() else { break };
+            self.add_sample(&sample);
+        }
+    }
+
+    fn add_sample(&mut self, sample: &RawSample) {
+        self.summary.samples += 1;
+        let Self { native, processes, aggregator, summary, stack, procfs, .. } = self;
+        stack.clear();
+        for &addr in &sample.kernel_stack {
+            let frame = native.symbolize_kernel(addr);
+            summary.kernel_frames += 1;
+            stack.push(aggregator.intern(&frame));
+        }
+        if sample.kernel_stack_truncated {
+            stack.push(aggregator.intern(&Frame::synthetic("[truncated kernel stack]")));
+        }
+        let Some(process) = processes.get_mut(&sample.pid) else { return };
+        for (i, &addr) in sample.user_stack.iter().enumerate() {
+            let is_return_address = i > 0;
+            let frame = user_frame(native, procfs, process, addr, is_return_address, sample.time_ns);
+            match frame.kind {
+                FrameKind::Managed => summary.managed_frames += 1,
+                FrameKind::Native => summary.native_frames += 1,
+                _ => summary.unknown_frames += 1,
+            }
+            stack.push(aggregator.intern(&frame));
+        }
+        if sample.user_stack_truncated {
+            summary.truncated_stacks += 1;
+            stack.push(aggregator.intern(&Frame::synthetic("[truncated]")));
+        }
+        let mut labels = vec![
+            Label::num(label_keys::PROCESS_PID, i64::from(sample.pid)),
+            Label::str(label_keys::PROCESS_EXECUTABLE_NAME, process.exe_name.clone()),
+            Label::num(label_keys::THREAD_ID, i64::from(sample.tid)),
+            Label::str(label_keys::THREAD_NAME, sample.thread_name.clone()),
+        ];
+        if let Some(id) = &process.container_id {
+            labels.push(Label::str(label_keys::CONTAINER_ID, id.clone()));
+        }
+        let value = i64::try_from(sample.value).unwrap_or(i64::MAX);
+        aggregator.add(stack, labels, &[1, value]);
+    }
+
+    /// Turns perf maps off again in the processes where we turned them on.
+    fn restore_processes(&mut self, keep_files: bool) {
+        for process in self.processes.values_mut() {
+            if let Some(handle) = process.perf_map.take() {
+                self.summary.perf_maps_enabled += 1;
+                if let Err(e) = handle.finish(keep_files) {
+                    self.summary.warnings.push(format!("pid {}: restoring perf maps: {e}", process.pid));
+                }
+            }
+        }
+    }
+}
+
+fn user_frame(
+    native: &mut NativeSymbolizer,
+    procfs: &ProcFs,
+    process: &mut TrackedProcess,
+    addr: u64,
+    is_return_address: bool,
+    time_ns: u64,
+) -> Arc<Frame> {
+    let lookup = if is_return_address { addr.saturating_sub(1) } else { addr };
+    if let Some(managed) = process.managed.as_ref()
+        && let Some(symbol) = managed.lookup(lookup, time_ns)
+    {
+        return Arc::new(Frame {
+            kind: FrameKind::Managed,
+            name: symbol.name.clone(),
+            system_name: (symbol.raw_name != symbol.name).then(|| symbol.raw_name.clone()),
+            jit_tier: symbol.jit_tier.clone(),
+            module: Some(process.jit_module.clone()),
+            address: addr,
+            file: None,
+            line: 0,
+            inlined: Vec::new(),
+        });
+    }
+    if process.mapping_for(addr).is_none() {
+        process.refresh_maps(procfs, native);
+    }
+    let pid = process.pid;
+    match process.mapping_for(addr) {
+        Some(m) => match mapped_file(pid, m) {
+            Some(mapped) => native.symbolize_user(&mapped, addr, is_return_address),
+            None => Arc::new(crate::symbolize::native::unnamed_frame(None, addr, 0)),
+        },
+        None => Arc::new(crate::symbolize::native::unnamed_frame(None, addr, 0)),
+    }
+}
+
+/// The invoking user under sudo: (uid, gid, name).
+fn sudo_user() -> Option<(u32, u32, CString)> {
+    let uid = std::env::var("SUDO_UID").ok()?.parse().ok()?;
+    let gid = std::env::var("SUDO_GID").ok()?.parse().ok()?;
+    let name = CString::new(std::env::var("SUDO_USER").ok()?).ok()?;
+    (uid != 0).then_some((uid, gid, name))
+}
+
+fn spawn_command(command: &[OsString]) -> anyhow::Result<tokio::process::Child> {
+    let (program, args) = command.split_first().context("no command given")?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).env("DOTNET_PerfMapEnabled", "1").kill_on_drop(false);
+    if let Some((uid, gid, name)) = sudo_user() {
+        // SAFETY: only async-signal-safe libc calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::initgroups(name.as_ptr(), gid) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.spawn().with_context(|| format!("cannot run {}", program.to_string_lossy()))
+}
+
+fn process_exists(pid: u32) -> bool {
+    // A zombie still answers kill(0); its stat state is Z.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}
+
+/// Runs one recording to its end and writes the output file.
+pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
+    let RecordConfig {
+        pids,
+        all,
+        frequency_hz,
+        duration,
+        output,
+        format,
+        keep_perf_maps,
+        perf_map_attach,
+        command,
+        verbose,
+    } = config;
+    for &pid in &pids {
+        if !process_exists(pid) {
+            bail!("process {pid} does not exist (not running): check the pid with `ps` or `clrbpf ps`");
+        }
+    }
+    let mut warnings = system::prepare()?;
+    let whole_host = all || (pids.is_empty() && command.is_empty());
+    let mut initial_targets = pids.clone();
+    if !command.is_empty() && !whole_host {
+        // The command is forked by this process: following our own forks
+        // until the child is in the set means none of its children escape.
+        initial_targets.push(std::process::id());
+    }
+    let mut sampler = Sampler::start(&SamplerConfig {
+        frequency_hz,
+        target_pids: (!whole_host).then_some(initial_targets),
+        ..SamplerConfig::default()
+    })?;
+    let mut pipeline = Pipeline::new(perf_map_attach);
+    for &pid in &pids {
+        pipeline.track(pid);
+    }
+    let start_unix_ns = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
+    let started = Instant::now();
+
+    let mut child = if command.is_empty() {
+        None
+    } else {
+        let child = spawn_command(&command)?;
+        if let Some(pid) = child.id() {
+            if !whole_host {
+                sampler.add_target(pid)?;
+                sampler.remove_target(std::process::id());
+            }
+        }
+        Some(child)
+    };
+
+    let mut sigint = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let progress = verbose && std::io::stderr().is_terminal();
+    let mut last_progress = Instant::now();
+    let mut raw = Vec::with_capacity(4096);
+    let mut command_exited_at: Option<Instant> = None;
+
+    let stopped_by = loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = sigint.recv() => break "Ctrl-C",
+            _ = sigterm.recv() => {
+                if let Some(child) = child.as_mut() {
+                    // Best effort: the command may have exited already.
+                    let _ = child.start_kill();
+                }
+                break "SIGTERM";
+            }
+            status = async { child.as_mut().expect("guarded").wait().await }, if child.is_some() && command_exited_at.is_none() => {
+                pipeline.summary.command_status = status.ok();
+                command_exited_at = Some(Instant::now());
+            }
+        }
+        pipeline.summary.malformed_records += sampler.drain(&mut raw);
+        pipeline.accept(&mut raw);
+        pipeline.process_pending(monotonic_ns().saturating_sub(SYMBOLIZE_DELAY.as_nanos() as u64));
+        if command_exited_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE) {
+            break "command exited";
+        }
+        if duration.is_some_and(|d| started.elapsed() >= d) {
+            break "duration";
+        }
+        if child.is_none() && !pids.is_empty() && !pids.iter().any(|&p| process_exists(p)) {
+            break "processes exited";
+        }
+        if progress && last_progress.elapsed() >= Duration::from_secs(1) {
+            last_progress = Instant::now();
+            let mut err = std::io::stderr().lock();
+            let _ = write!(
+                err,
+                "\rclrbpf: recording {:>5.1} s, {} samples, {} processes (Ctrl-C to stop) ",
+                started.elapsed().as_secs_f64(),
+                pipeline.summary.samples + pipeline.pending.len() as u64,
+                pipeline.processes.len()
+            );
+            let _ = err.flush();
+        }
+    };
+    if progress {
+        eprint!("\r{:80}\r", "");
+    }
+    let elapsed = started.elapsed();
+    pipeline.summary.malformed_records += sampler.drain(&mut raw);
+    pipeline.accept(&mut raw);
+    pipeline.summary.kernel = sampler.counters();
+    pipeline.summary.bpf_stats = sampler.on_cpu_program_stats();
+    let period_ns = sampler.period_ns;
+    drop(sampler);
+    pipeline.process_pending(u64::MAX);
+    pipeline.restore_processes(keep_perf_maps);
+
+    let mut summary = std::mem::take(&mut pipeline.summary);
+    summary.processes = pipeline.processes.len();
+    summary.duration = elapsed;
+    summary.samples_lost = summary.kernel.samples_lost;
+    summary.stopped_by = stopped_by;
+    warnings.append(&mut summary.warnings);
+    summary.warnings = warnings;
+
+    let mut profile = pipeline.aggregator.finish(
+        Some(ValueType::new("cpu", "nanoseconds")),
+        period_ns as i64,
+        start_unix_ns,
+        elapsed.as_nanos() as i64,
+    );
+    profile.default_sample_type = Some(1);
+    profile.comments.push(format!("clrbpf {}", env!("CARGO_PKG_VERSION")));
+    profile.comments.push(format!("frequency {frequency_hz} Hz"));
+    let owner = sudo_user().map(|(uid, gid, _)| (uid, gid));
+    // Folded stacks and flame graphs count samples, as perf's do.
+    let sample_type_index = match format {
+        OutputFormat::Pprof => 1,
+        OutputFormat::Collapsed | OutputFormat::Svg => 0,
+    };
+    write_profile(&profile, format, sample_type_index, &output, owner)
+        .with_context(|| format!("write {}", output.display()))?;
+    Ok(summary)
+}
+
+/// The end-of-recording summary, for a person.
+pub fn print_summary(summary: &RecordSummary, output: &std::path::Path, mut w: impl std::io::Write) -> std::io::Result<()> {
+    let user_frames = summary.managed_frames + summary.native_frames + summary.unknown_frames;
+    let share = |n: u64| if user_frames == 0 { 0.0 } else { 100.0 * n as f64 / user_frames as f64 };
+    writeln!(
+        w,
+        "clrbpf: recorded {:.1} s ({}), {} samples from {} processes, {} lost, written to {}",
+        summary.duration.as_secs_f64(),
+        summary.stopped_by,
+        summary.samples,
+        summary.processes,
+        summary.samples_lost,
+        output.display()
+    )?;
+    writeln!(
+        w,
+        "clrbpf: user frames named: {:.1}% managed, {:.1}% native, {:.1}% unknown ({} frames); {} kernel frames",
+        share(summary.managed_frames),
+        share(summary.native_frames),
+        share(summary.unknown_frames),
+        user_frames,
+        summary.kernel_frames
+    )?;
+    if summary.truncated_stacks > 0 || summary.malformed_records > 0 {
+        writeln!(
+            w,
+            "clrbpf: {} stacks deeper than the limit (marked [truncated]), {} malformed records",
+            summary.truncated_stacks, summary.malformed_records
+        )?;
+    }
+    if summary.perf_maps_enabled > 0 {
+        writeln!(w, "clrbpf: turned perf maps on and off again in {} running .NET processes", summary.perf_maps_enabled)?;
+    }
+    if summary.bpf_stats.run_count > 0 {
+        writeln!(
+            w,
+            "clrbpf: BPF time per sample {:.2} us",
+            summary.bpf_stats.run_time_ns as f64 / summary.bpf_stats.run_count as f64 / 1000.0
+        )?;
+    }
+    for warning in &summary.warnings {
+        writeln!(w, "clrbpf: warning: {warning}")?;
+    }
+    Ok(())
+}
