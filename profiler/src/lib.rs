@@ -19,6 +19,6 @@ pub mod unwind;
 
 /// The pprof protobuf types, generated from `proto/profile.proto`.
 pub mod pprof_proto {
-    #![expect(clippy::all, reason = "generated code")]
+    #![allow(clippy::all, reason = "generated code: lints may or may not fire")]
     include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }
