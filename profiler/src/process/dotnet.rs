@@ -105,8 +105,8 @@ fn shared_framework_version(path: &str) -> Option<String> {
 }
 
 /// The runtime settings of a process that the profiler cares about, read
-/// from its environment at exec.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// from its environment at exec. The default is an empty environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DotnetEnvironment {
     /// `TMPDIR` if set to an absolute path, else `/tmp`: where the runtime
     /// creates its diagnostic socket.
@@ -118,6 +118,12 @@ pub struct DotnetEnvironment {
     pub perf_map_jitdump_path: Option<String>,
     /// `DOTNET_EnableDiagnostics` is set to 0.
     pub diagnostics_disabled: bool,
+}
+
+impl Default for DotnetEnvironment {
+    fn default() -> Self {
+        Self::from_environ(&Environ::default())
+    }
 }
 
 impl DotnetEnvironment {
@@ -298,7 +304,7 @@ mod tests {
         assert!(!env.diagnostics_disabled);
         assert_eq!(env.perf_map_dirs(), vec!["/perf".to_string()]);
 
-        let env = DotnetEnvironment::from_environ(&Environ::default());
+        let env = DotnetEnvironment::default();
         assert_eq!(env.tmpdir, "/tmp");
         assert_eq!(env.perf_map_enabled, None);
         assert_eq!(env.perf_map_dirs(), vec!["/tmp".to_string()]);

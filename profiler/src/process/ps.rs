@@ -75,14 +75,6 @@ fn dotnet_process(
     let runtime = DotnetRuntime::detect(&maps);
     let info = procfs.process_info(pid).ok()?;
     let environment = DotnetEnvironment::read(procfs, pid).unwrap_or_default();
-    let environment = if environment.tmpdir.is_empty() {
-        DotnetEnvironment {
-            tmpdir: "/tmp".into(),
-            ..environment
-        }
-    } else {
-        environment
-    };
     let root = TargetRoot::open(procfs, pid).ok();
     let socket = root.as_ref().and_then(|root| {
         find_socket_cached(
@@ -120,7 +112,7 @@ fn dotnet_process(
         pid,
         runtime_version,
         command_line: info.command_line(),
-        container_id: info.container_id.clone(),
+        container_id: info.container_id,
         perf_map_enabled,
         diagnostic_socket: socket.map(|s| s.host_path),
     })
@@ -134,15 +126,16 @@ fn find_socket_cached(
     cache: &mut SocketCache,
 ) -> Option<DiagnosticSocket> {
     let key = (root.identity().ok()?, tmpdir.to_string());
-    let dir = root.open_dir(tmpdir).ok()?;
     if !cache.contains_key(&key) {
-        let listing = diagnostic_sockets_in(&dir).unwrap_or_default();
+        let listing = root
+            .open_dir(tmpdir)
+            .and_then(|dir| diagnostic_sockets_in(&dir))
+            .unwrap_or_default();
         cache.insert(key.clone(), listing);
     }
-    let candidates = cache.get(&key)?;
-    let chosen = choose_socket(candidates, ns_pid, Some(start_time_ticks))?;
+    let chosen = choose_socket(cache.get(&key)?, ns_pid, Some(start_time_ticks))?;
     Some(DiagnosticSocket {
-        host_path: dir.display_child(&chosen.name),
+        host_path: root.display_path(tmpdir).join(&chosen.name),
         dir_in_root: tmpdir.to_string(),
         name: chosen.name.clone(),
         ns_pid,

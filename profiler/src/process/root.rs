@@ -90,7 +90,11 @@ impl TargetRoot {
     /// Opens a regular file for reading by its path as the target sees it
     /// (`/tmp/perf-7.map`). A symlink as last component is refused.
     pub fn open_file(&self, path_in_root: &str) -> io::Result<File> {
-        let fd = self.resolve(path_in_root, libc::O_RDONLY | libc::O_NOFOLLOW)?;
+        // O_NONBLOCK: a FIFO planted in place of a file must not block us.
+        let fd = self.resolve(
+            path_in_root,
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        )?;
         let file = File::from(fd);
         if !file.metadata()?.is_file() {
             return Err(io::Error::new(
