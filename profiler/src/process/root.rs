@@ -1,0 +1,503 @@
+//! Files inside a target process's root filesystem (`/proc/PID/root`),
+//! reached without ever following a symlink out of that root.
+//!
+//! A process in a container sees its own `/tmp`; its diagnostic socket and
+//! perf maps live there, and the profiler reaches them through
+//! `/proc/PID/root`. That tree belongs to the target: a hostile container
+//! can make `/tmp` a symlink to `/etc`, or plant a symlink where a socket or
+//! a perf map should be, hoping a privileged tool on the host follows it.
+//! So:
+//!
+//! 1. [`TargetRoot::open`] opens `/proc/PID/root` itself (a "magic link"
+//!    the kernel resolves to the process's root directory, which is what we
+//!    want) as an `O_PATH` directory fd.
+//! 2. Paths below it are resolved with `openat2(RESOLVE_IN_ROOT |
+//!    RESOLVE_NO_MAGICLINKS)`: absolute symlinks and `..` stay inside the
+//!    target's root, exactly as the target itself would see them. On kernels
+//!    before 5.6 (no `openat2`) we walk the path one component at a time with
+//!    `O_NOFOLLOW` and refuse any symlink.
+//! 3. A [`TargetDir`] works on single names relative to its fd (`fstatat`,
+//!    `openat`, `unlinkat` with `AT_SYMLINK_NOFOLLOW` / `O_NOFOLLOW`), so the
+//!    last component is never followed either.
+//!
+//! To hand such a file to an API that wants a path (a Unix socket's
+//! `connect`), use [`fd_path`]: `/proc/self/fd/N` names the exact inode we
+//! opened and is short enough for `sun_path` (108 bytes), however long the
+//! path inside the container is.
+
+use std::{
+    ffi::{CString, OsStr, OsString},
+    fs::File,
+    io,
+    os::{
+        fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+        unix::ffi::OsStrExt,
+    },
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
+
+use super::{ProcError, ProcFs};
+
+/// Directories with more entries than this are read only this far (a `/tmp`
+/// with a million files must not stall a profiler).
+const MAX_DIR_ENTRIES: usize = 100_000;
+/// `openat2` returns EAGAIN with `RESOLVE_IN_ROOT` when a concurrent rename
+/// could have let `..` escape; retry a few times.
+const OPENAT2_RETRIES: usize = 8;
+
+/// The root directory of one process, as an fd.
+#[derive(Debug)]
+pub struct TargetRoot {
+    fd: OwnedFd,
+    host_path: PathBuf,
+}
+
+impl TargetRoot {
+    /// Opens `<procfs>/<pid>/root`. Needs the same uid as the target, or
+    /// `CAP_SYS_PTRACE` (root, or a privileged container with `hostPID`).
+    pub fn open(procfs: &ProcFs, pid: u32) -> Result<Self, ProcError> {
+        let host_path = procfs.pid_path(pid, "root");
+        let fd = open_path(
+            libc::AT_FDCWD,
+            host_path.as_os_str(),
+            libc::O_PATH | libc::O_DIRECTORY,
+        )
+        .map_err(|e| ProcError::from_io(pid, &host_path, e))?;
+        Ok(Self { fd, host_path })
+    }
+
+    /// `<procfs>/<pid>/root`, for messages.
+    pub fn host_path(&self) -> &Path {
+        &self.host_path
+    }
+
+    /// The host path of `path_in_root`, for messages only: opening it would
+    /// follow the target's symlinks on the host side.
+    pub fn display_path(&self, path_in_root: &str) -> PathBuf {
+        self.host_path.join(path_in_root.trim_start_matches('/'))
+    }
+
+    /// Opens a directory by its path as the target sees it (`/tmp`).
+    pub fn open_dir(&self, path_in_root: &str) -> io::Result<TargetDir> {
+        let fd = self.resolve(path_in_root, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        Ok(TargetDir {
+            fd,
+            display: self.display_path(path_in_root),
+        })
+    }
+
+    /// Opens a regular file for reading by its path as the target sees it
+    /// (`/tmp/perf-7.map`). A symlink as last component is refused.
+    pub fn open_file(&self, path_in_root: &str) -> io::Result<File> {
+        // O_NONBLOCK: a FIFO planted in place of a file must not block us.
+        let fd = self.resolve(
+            path_in_root,
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        )?;
+        let file = File::from(fd);
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        Ok(file)
+    }
+
+    /// `(st_dev, st_ino)` of the root: processes in the same container share it.
+    pub fn identity(&self) -> io::Result<(u64, u64)> {
+        let stat = fstat(self.fd.as_fd())?;
+        Ok((stat.st_dev, stat.st_ino))
+    }
+
+    fn resolve(&self, path_in_root: &str, flags: libc::c_int) -> io::Result<OwnedFd> {
+        // Relative to the root fd; RESOLVE_IN_ROOT treats a leading '/' the
+        // same, but the fallback walk wants components.
+        let relative = path_in_root.trim_start_matches('/');
+        let relative = if relative.is_empty() { "." } else { relative };
+        match openat2_in_root(self.fd.as_fd(), relative, flags) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                walk_nofollow(self.fd.as_fd(), relative, flags)
+            }
+            other => other,
+        }
+    }
+}
+
+/// What [`TargetDir::stat`] tells about one entry (the entry itself, never
+/// a symlink's target).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryStat {
+    pub kind: EntryKind,
+    pub uid: u32,
+    pub modified: SystemTime,
+    pub size: u64,
+}
+
+/// The type of a directory entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    Socket,
+    Other,
+}
+
+/// A directory inside a target's root, opened with [`TargetRoot::open_dir`].
+/// Every method takes a single file name and never follows a symlink.
+#[derive(Debug)]
+pub struct TargetDir {
+    fd: OwnedFd,
+    display: PathBuf,
+}
+
+impl TargetDir {
+    /// The host path of this directory, for messages.
+    pub fn display_path(&self) -> &Path {
+        &self.display
+    }
+
+    /// The host path of `name` in this directory, for messages.
+    pub fn display_child(&self, name: &OsStr) -> PathBuf {
+        self.display.join(name)
+    }
+
+    /// The names in the directory (at most 100 000), without `.` and `..`.
+    pub fn entries(&self) -> io::Result<Vec<OsString>> {
+        // Reading through our own fd's magic link lists exactly the directory
+        // we opened, whatever happened to its path since.
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(fd_path(self.fd.as_fd()))? {
+            if names.len() >= MAX_DIR_ENTRIES {
+                break;
+            }
+            names.push(entry?.file_name());
+        }
+        Ok(names)
+    }
+
+    /// `fstatat(AT_SYMLINK_NOFOLLOW)` of `name`.
+    pub fn stat(&self, name: &OsStr) -> io::Result<EntryStat> {
+        let name = single_component(name)?;
+        let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: `name` is NUL-terminated, `stat` points to writable memory
+        // of the right size, and the fd is open for our lifetime.
+        let rc = unsafe {
+            libc::fstatat(
+                self.fd.as_raw_fd(),
+                name.as_ptr(),
+                stat.as_mut_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fstatat returned 0, so it filled the buffer.
+        let stat = unsafe { stat.assume_init() };
+        Ok(entry_stat(&stat))
+    }
+
+    /// Opens `name` with `O_PATH | O_NOFOLLOW`: a handle on that exact inode
+    /// (a socket, say) that can be used through [`fd_path`]. A symlink gives
+    /// a handle on the link itself, which [`fstat`] reports as such.
+    pub fn open_path(&self, name: &OsStr) -> io::Result<OwnedFd> {
+        let name = single_component(name)?;
+        openat_raw(self.fd.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW)
+    }
+
+    /// Opens the regular file `name` for reading; a symlink is refused.
+    pub fn open_file(&self, name: &OsStr) -> io::Result<File> {
+        let name = single_component(name)?;
+        let file = File::from(openat_raw(
+            self.fd.as_fd(),
+            &name,
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        )?);
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        Ok(file)
+    }
+
+    /// Removes `name` from this directory (`unlinkat`; a symlink is removed
+    /// itself, never its target).
+    pub fn unlink(&self, name: &OsStr) -> io::Result<()> {
+        let name = single_component(name)?;
+        // SAFETY: `name` is NUL-terminated and the fd is open.
+        let rc = unsafe { libc::unlinkat(self.fd.as_raw_fd(), name.as_ptr(), 0) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// `/proc/self/fd/<fd>`: a short path naming exactly the inode of `fd`.
+pub fn fd_path(fd: BorrowedFd<'_>) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// `fstat` of an fd (also of an `O_PATH` one).
+pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
+    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: the fd is valid for the borrow and the buffer is writable.
+    let rc = unsafe { libc::fstat(fd.as_raw_fd(), stat.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstat returned 0, so it filled the buffer.
+    Ok(unsafe { stat.assume_init() })
+}
+
+/// The [`EntryKind`] of a `stat` mode.
+pub fn entry_kind(mode: libc::mode_t) -> EntryKind {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => EntryKind::File,
+        libc::S_IFDIR => EntryKind::Dir,
+        libc::S_IFLNK => EntryKind::Symlink,
+        libc::S_IFSOCK => EntryKind::Socket,
+        _ => EntryKind::Other,
+    }
+}
+
+fn entry_stat(stat: &libc::stat) -> EntryStat {
+    let modified = match (
+        u64::try_from(stat.st_mtime),
+        u32::try_from(stat.st_mtime_nsec),
+    ) {
+        (Ok(secs), Ok(nanos)) if nanos < 1_000_000_000 => {
+            SystemTime::UNIX_EPOCH + Duration::new(secs, nanos)
+        }
+        _ => SystemTime::UNIX_EPOCH,
+    };
+    EntryStat {
+        kind: entry_kind(stat.st_mode),
+        uid: stat.st_uid,
+        modified,
+        size: u64::try_from(stat.st_size).unwrap_or(0),
+    }
+}
+
+/// Checks that `name` is one path component and makes it a C string.
+fn single_component(name: &OsStr) -> io::Result<CString> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a single file name",
+        ));
+    }
+    CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in file name"))
+}
+
+fn open_path(dirfd: libc::c_int, path: &OsStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let path = CString::new(path.as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+    // SAFETY: `path` is NUL-terminated; the returned fd is checked and owned.
+    let fd = unsafe { libc::openat(dirfd, path.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: openat returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn openat_raw(dir: BorrowedFd<'_>, name: &CString, flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is NUL-terminated; the returned fd is checked and owned.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: openat returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[doc(alias = "openat2")]
+#[doc(alias = "RESOLVE_IN_ROOT")]
+fn openat2_in_root(
+    root: BorrowedFd<'_>,
+    relative: &str,
+    flags: libc::c_int,
+) -> io::Result<OwnedFd> {
+    let path = CString::new(relative)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+    // SAFETY: open_how is plain integers; all-zero is its documented default.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = u64::try_from(flags | libc::O_CLOEXEC).expect("open flags are non-negative");
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    for _ in 0..OPENAT2_RETRIES {
+        // SAFETY: the pointers are valid for the call and `size` is the size
+        // of the struct they point to.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                root.as_raw_fd(),
+                path.as_ptr(),
+                &how as *const libc::open_how,
+                size_of::<libc::open_how>(),
+            )
+        };
+        if fd >= 0 {
+            let fd = libc::c_int::try_from(fd).expect("the kernel returns int fds");
+            // SAFETY: openat2 returned a new fd that nothing else owns.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EAGAIN) {
+            return Err(err);
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::EAGAIN))
+}
+
+/// Before Linux 5.6: opens `relative` one component at a time, refusing
+/// symlinks and `..` anywhere. Stricter than `RESOLVE_IN_ROOT` (a target
+/// whose `/tmp` is a symlink is not reachable), never less safe.
+fn walk_nofollow(root: BorrowedFd<'_>, relative: &str, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let components: Vec<&str> = relative
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    if components.contains(&"..") {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "'..' in a path inside a target root",
+        ));
+    }
+    let Some((last, parents)) = components.split_last() else {
+        return openat_raw(root, &c".".into(), flags);
+    };
+    let mut dir: Option<OwnedFd> = None;
+    for component in parents {
+        let name = single_component(OsStr::new(component))?;
+        let parent = dir.as_ref().map_or(root, |d| d.as_fd());
+        dir = Some(openat_raw(
+            parent,
+            &name,
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        )?);
+    }
+    let parent = dir.as_ref().map_or(root, |d| d.as_fd());
+    openat_raw(
+        parent,
+        &single_component(OsStr::new(last))?,
+        flags | libc::O_NOFOLLOW,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::{fs, os::unix::fs::symlink};
+
+    /// `<proc>/<pid>/root` as a real directory tree with hostile symlinks.
+    fn fake_root() -> (tempfile::TempDir, ProcFs) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("proc/5/root");
+        fs::create_dir_all(root.join("tmp")).expect("mkdir");
+        fs::create_dir_all(root.join("var/tmp")).expect("mkdir");
+        fs::create_dir_all(dir.path().join("host-secret")).expect("mkdir");
+        fs::write(dir.path().join("host-secret/key"), "host").expect("write");
+        fs::write(root.join("tmp/perf-1.map"), "1 2 x\n").expect("write");
+        fs::write(root.join("var/tmp/inner"), "inner").expect("write");
+        // Absolute symlinks: from inside the root they point inside it.
+        symlink("/var/tmp", root.join("linked-tmp")).expect("symlink");
+        symlink(dir.path().join("host-secret"), root.join("escape")).expect("symlink");
+        symlink("../../../../host-secret/key", root.join("tmp/dotdot")).expect("symlink");
+        symlink(
+            dir.path().join("host-secret/key"),
+            root.join("tmp/perf-2.map"),
+        )
+        .expect("symlink");
+        (dir, ProcFs::new(dir_path_proc(&root)))
+    }
+
+    fn dir_path_proc(root: &Path) -> PathBuf {
+        root.parent()
+            .and_then(Path::parent)
+            .expect("root has a proc parent")
+            .to_path_buf()
+    }
+
+    #[test]
+    fn symlinks_resolve_inside_the_root() {
+        let (_dir, procfs) = fake_root();
+        let root = TargetRoot::open(&procfs, 5).expect("open root");
+        // /linked-tmp -> /var/tmp resolves to <root>/var/tmp.
+        let linked = root.open_dir("/linked-tmp").expect("open linked dir");
+        assert_eq!(
+            linked.entries().expect("list"),
+            vec![OsString::from("inner")]
+        );
+        // /escape -> <host>/host-secret is re-rooted: that path does not exist inside.
+        assert!(root.open_dir("/escape").is_err());
+        // .. cannot climb above the root either.
+        assert!(root.open_file("/tmp/dotdot").is_err());
+        assert!(root.open_dir("/../../..").is_ok_and(|d| {
+            d.entries()
+                .is_ok_and(|e| e.iter().all(|n| n != "host-secret"))
+        }));
+    }
+
+    #[test]
+    fn dir_operations_never_follow_the_last_symlink() {
+        let (dir, procfs) = fake_root();
+        let root = TargetRoot::open(&procfs, 5).expect("open root");
+        let tmp = root.open_dir("/tmp").expect("open tmp");
+        let mut names = tmp.entries().expect("list");
+        names.sort();
+        assert_eq!(names, ["dotdot", "perf-1.map", "perf-2.map"]);
+        assert_eq!(
+            tmp.stat(OsStr::new("perf-2.map")).expect("stat").kind,
+            EntryKind::Symlink
+        );
+        assert!(tmp.open_file(OsStr::new("perf-2.map")).is_err());
+        let link = tmp.open_path(OsStr::new("perf-2.map")).expect("O_PATH");
+        assert_eq!(
+            entry_kind(fstat(link.as_fd()).expect("fstat").st_mode),
+            EntryKind::Symlink
+        );
+        tmp.unlink(OsStr::new("perf-2.map")).expect("unlink link");
+        assert!(
+            dir.path().join("host-secret/key").exists(),
+            "target of the link survives"
+        );
+
+        let stat = tmp.stat(OsStr::new("perf-1.map")).expect("stat");
+        assert_eq!((stat.kind, stat.size), (EntryKind::File, 6));
+        assert!(tmp.open_file(OsStr::new("perf-1.map")).is_ok());
+        for bad in ["", ".", "..", "a/b", "../tmp"] {
+            assert!(tmp.stat(OsStr::new(bad)).is_err(), "{bad}");
+            assert!(tmp.unlink(OsStr::new(bad)).is_err(), "{bad}");
+        }
+        assert!(tmp.display_path().ends_with("5/root/tmp"));
+    }
+
+    #[test]
+    fn fallback_walk_refuses_symlinks_and_dotdot() {
+        let (_dir, procfs) = fake_root();
+        let root = TargetRoot::open(&procfs, 5).expect("open root");
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+        assert!(walk_nofollow(root.fd.as_fd(), "var/tmp", flags).is_ok());
+        assert!(walk_nofollow(root.fd.as_fd(), "", flags).is_ok());
+        assert!(walk_nofollow(root.fd.as_fd(), "linked-tmp", flags).is_err());
+        assert!(walk_nofollow(root.fd.as_fd(), "escape/key", libc::O_RDONLY).is_err());
+        assert!(walk_nofollow(root.fd.as_fd(), "tmp/../tmp", flags).is_err());
+    }
+
+    #[test]
+    fn missing_root_is_no_such_process() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let err = TargetRoot::open(&ProcFs::new(dir.path()), 1).expect_err("no root");
+        assert!(
+            matches!(err, ProcError::NoSuchProcess { pid: 1 }),
+            "{err:?}"
+        );
+    }
+}
