@@ -28,7 +28,11 @@ fn main() -> ExitCode {
 fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Record(args) => run_record(args),
-        Command::Ps => clrbpf::process::ps::run(std::io::stdout().lock()).context("list .NET processes"),
+        Command::Ps => {
+            let procfs = clrbpf::process::ProcFs::default();
+            let rows = clrbpf::process::ps::dotnet_processes(&procfs);
+            clrbpf::process::ps::print_ps_table(&rows, std::io::stdout().lock()).context("write the process table")
+        }
         Command::SystemInfo => clrbpf::bpf::system::print_system_info(std::io::stdout().lock()).context("write"),
         Command::BenchPerfMap { entries, runs } => {
             let mut times: Vec<Duration> =

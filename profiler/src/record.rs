@@ -27,9 +27,13 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
     bpf::{KernelCounters, ProgramStats, Sampler, SamplerConfig, system},
-    clr::ipc::PerfMapAttach,
+    clr::ipc::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
     export::output::{OutputFormat, write_profile},
-    process::{ProcFs, ProcessInfo, maps::Mapping},
+    process::{
+        ProcFs,
+        dotnet::DotnetRuntime,
+        maps::{Mapping, MappingTable},
+    },
     profile::{Aggregator, Frame, FrameKind, Label, Module, RawSample, ValueType, label_keys},
     symbolize::{
         managed::ManagedSymbols,
@@ -99,7 +103,7 @@ struct TrackedProcess {
     pid: u32,
     exe_name: Arc<str>,
     container_id: Option<Arc<str>>,
-    mappings: Vec<Mapping>,
+    mappings: MappingTable,
     maps_read_at: Option<Instant>,
     managed: Option<ManagedSymbols>,
     managed_read_at: Option<Instant>,
@@ -109,14 +113,14 @@ struct TrackedProcess {
 
 impl TrackedProcess {
     fn discover(procfs: &ProcFs, pid: u32, native: &mut NativeSymbolizer, attach: bool, warnings: &mut Vec<String>) -> Self {
-        let info = ProcessInfo::read(procfs, pid).ok();
+        let info = procfs.process_info(pid).ok();
         let exe_name: Arc<str> = info.as_ref().map_or_else(|| format!("pid-{pid}"), |i| i.exe_name.clone()).into();
         let container_id = info.as_ref().and_then(|i| i.container_id.clone()).map(Arc::from);
         let mut process = Self {
             pid,
             exe_name,
             container_id,
-            mappings: Vec::new(),
+            mappings: MappingTable::default(),
             maps_read_at: None,
             managed: None,
             managed_read_at: None,
@@ -131,12 +135,21 @@ impl TrackedProcess {
             }),
         };
         process.refresh_maps(procfs, native);
-        if crate::process::dotnet::detect(&process.mappings).is_some() {
+        if let Some(runtime) = DotnetRuntime::detect(&process.mappings) {
             process.managed = Some(ManagedSymbols::new(pid));
             if attach {
-                match PerfMapAttach::enable(procfs, pid) {
-                    Ok(Some(handle)) => process.perf_map = Some(handle),
-                    Ok(None) => {}
+                match PerfMapAttach::attach(procfs, pid) {
+                    Ok(PerfMapAttachOutcome::Enabled(handle)) => process.perf_map = Some(handle),
+                    Ok(PerfMapAttachOutcome::AlreadyEnabled { .. }) => {}
+                    Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { .. })) => {
+                        let version = runtime.version.as_deref().unwrap_or("before 8");
+                        warnings.push(format!(
+                            "pid {pid} runs .NET {version}, which cannot turn perf maps on at run time: its JIT frames are named only if it was started with DOTNET_PerfMapEnabled=1"
+                        ));
+                    }
+                    Ok(PerfMapAttachOutcome::Unsupported(other)) => {
+                        warnings.push(format!("pid {pid}: {other}"));
+                    }
                     Err(e) => warnings.push(format!("pid {pid}: could not turn on perf maps: {e}")),
                 }
             }
@@ -149,10 +162,10 @@ impl TrackedProcess {
             return;
         }
         self.maps_read_at = Some(Instant::now());
-        let Ok(mappings) = crate::process::maps::read(procfs, self.pid) else { return };
+        let Ok(mappings) = procfs.maps(self.pid) else { return };
         self.mappings = mappings;
         // Open every executable file now, while the process is alive.
-        for m in &self.mappings {
+        for m in self.mappings.iter() {
             if let Some(mapped) = mapped_file(self.pid, m) {
                 native.prepare(&mapped);
             }
@@ -169,7 +182,7 @@ impl TrackedProcess {
     }
 
     fn mapping_for(&self, addr: u64) -> Option<&Mapping> {
-        crate::process::maps::find(&self.mappings, addr)
+        self.mappings.find(addr)
     }
 }
 
@@ -177,7 +190,7 @@ fn mapped_file(pid: u32, m: &Mapping) -> Option<MappedFile<'_>> {
     if !m.is_executable() || m.is_anonymous() || m.inode == 0 {
         return None;
     }
-    let path = m.path.as_deref()?;
+    let path = m.file_path()?;
     Some(MappedFile {
         pid,
         start: m.start,
@@ -294,8 +307,12 @@ impl Pipeline {
         for process in self.processes.values_mut() {
             if let Some(handle) = process.perf_map.take() {
                 self.summary.perf_maps_enabled += 1;
-                if let Err(e) = handle.finish(keep_files) {
-                    self.summary.warnings.push(format!("pid {}: restoring perf maps: {e}", process.pid));
+                let cleanup = handle.finish(keep_files);
+                if let Err(e) = cleanup.disable {
+                    self.summary.warnings.push(format!("pid {}: turning perf maps off again: {e}", process.pid));
+                }
+                for (path, e) in cleanup.failed {
+                    self.summary.warnings.push(format!("pid {}: removing {}: {e}", process.pid, path.display()));
                 }
             }
         }

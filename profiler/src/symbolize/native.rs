@@ -234,8 +234,11 @@ fn open_mapped_file(mapping: &MappedFile<'_>) -> Option<File> {
     if let Ok(file) = File::open(&map_files) {
         return Some(file);
     }
-    // map_files needs CAP_SYS_ADMIN, which clrbpf requires anyway.
-    None
+    // map_files needs CAP_SYS_ADMIN; the target's root view is the fallback,
+    // opened without following symlinks out of that root.
+    let procfs = crate::process::ProcFs::default();
+    let root = crate::process::root::TargetRoot::open(&procfs, mapping.pid).ok()?;
+    root.open_file(mapping.path).ok()
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -1,0 +1,250 @@
+//! `cargo xtask bench`: the budgets of DESIGN.md measured in one run, with
+//! `perf` doing the same job next to clrbpf. These machines are noisy, so
+//! every figure is a median over rounds whose modes are interleaved
+//! (baseline, clrbpf, perf, baseline, ...), and losses are ratios to the
+//! baseline of the same run.
+
+use std::{
+    fs,
+    os::unix::process::ExitStatusExt as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+/// Seconds the CPU-bound workload runs per measurement.
+const WORKLOAD_SECONDS: u32 = 8;
+/// Rounds per mode; the median is reported.
+const ROUNDS: usize = 3;
+/// Give the profiler time to load and attach before the workload starts.
+const PROFILER_WARMUP: Duration = Duration::from_millis(1500);
+
+pub struct BenchInputs<'a> {
+    pub clrbpf: &'a Path,
+    pub dotnet8: &'a Path,
+    pub workloads: &'a Path,
+    pub scratch: &'a Path,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Baseline,
+    Clrbpf,
+    Perf,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Baseline => "no profiler",
+            Self::Clrbpf => "clrbpf record -a -F 99",
+            Self::Perf => "perf record -F 99 -g -a",
+        }
+    }
+}
+
+/// Resource use of a finished child, from wait4(2).
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    cpu: Duration,
+    max_rss_kib: u64,
+}
+
+fn wait_with_usage(child: &mut Child) -> anyhow::Result<(std::process::ExitStatus, Usage)> {
+    let pid = i32::try_from(child.id()).context("pid out of range")?;
+    let mut status = 0;
+    // SAFETY: zeroed rusage is a valid value for the kernel to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own unreaped child; pointers are valid.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    if rc != pid {
+        bail!("wait4({pid}) failed: {}", std::io::Error::last_os_error());
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
+    Ok((
+        std::process::ExitStatus::from_raw(status),
+        Usage { cpu: tv(usage.ru_utime) + tv(usage.ru_stime), max_rss_kib: usage.ru_maxrss as u64 },
+    ))
+}
+
+fn interrupt(child: &Child) {
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+}
+
+/// Runs the CPU-bound workload once and returns its own ops/s figure.
+fn run_workload(inputs: &BenchInputs<'_>, threads: usize) -> anyhow::Result<f64> {
+    let dll = inputs.workloads.join("net8").join("CpuBound.dll");
+    let out = Command::new(inputs.dotnet8)
+        .arg(&dll)
+        .arg(WORKLOAD_SECONDS.to_string())
+        .arg(threads.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("run {}", dll.display()))?;
+    if !out.status.success() {
+        bail!("CpuBound.dll failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("OPS_PER_SEC ").and_then(|v| v.trim().parse().ok()))
+        .with_context(|| format!("CpuBound.dll printed no OPS_PER_SEC line: {text}"))
+}
+
+struct ProfilerRun {
+    ops: f64,
+    usage: Usage,
+    wall: Duration,
+    bpf_us_per_sample: Option<f64>,
+}
+
+fn run_profiled(inputs: &BenchInputs<'_>, mode: Mode, threads: usize) -> anyhow::Result<ProfilerRun> {
+    let mut profiler = match mode {
+        Mode::Baseline => None,
+        Mode::Clrbpf => Some(
+            Command::new(inputs.clrbpf)
+                .args(["record", "-a", "-F", "99", "-o"])
+                .arg(inputs.scratch.join("bench.pb.gz"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(fs::File::create(inputs.scratch.join("clrbpf.stderr")).context("create stderr file")?)
+                .spawn()
+                .context("start clrbpf")?,
+        ),
+        Mode::Perf => Some(
+            Command::new("perf")
+                .args(["record", "-F", "99", "-g", "-a", "-q", "-o"])
+                .arg(inputs.scratch.join("perf.data"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("start perf (apt-get install linux-perf)")?,
+        ),
+    };
+    let started = Instant::now();
+    if profiler.is_some() {
+        thread::sleep(PROFILER_WARMUP);
+    }
+    let ops = run_workload(inputs, threads);
+    let mut usage = Usage::default();
+    let mut bpf_us_per_sample = None;
+    if let Some(child) = profiler.as_mut() {
+        interrupt(child);
+        let (status, u) = wait_with_usage(child)?;
+        usage = u;
+        if !status.success() {
+            bail!("{} exited with {status}", mode.name());
+        }
+        if mode == Mode::Clrbpf {
+            let stderr = fs::read_to_string(inputs.scratch.join("clrbpf.stderr")).unwrap_or_default();
+            bpf_us_per_sample = stderr.lines().find_map(|l| {
+                l.split("BPF time per sample ").nth(1)?.split_whitespace().next()?.parse().ok()
+            });
+        }
+    }
+    Ok(ProfilerRun { ops: ops?, usage, wall: started.elapsed(), bpf_us_per_sample })
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Restores `kernel.bpf_stats_enabled` when dropped.
+struct BpfStatsGuard(Option<String>);
+
+impl BpfStatsGuard {
+    const PATH: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+    fn enable() -> Self {
+        let old = fs::read_to_string(Self::PATH).ok();
+        if fs::write(Self::PATH, "1").is_err() {
+            eprintln!("bench: cannot enable kernel.bpf_stats_enabled; BPF time per sample will be missing");
+        }
+        Self(old)
+    }
+}
+
+impl Drop for BpfStatsGuard {
+    fn drop(&mut self) {
+        if let Some(old) = &self.0 {
+            let _ = fs::write(Self::PATH, old.trim());
+        }
+    }
+}
+
+pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
+    fs::create_dir_all(inputs.scratch).with_context(|| format!("create {}", inputs.scratch.display()))?;
+    let threads = thread::available_parallelism().map_or(2, |n| n.get());
+    let _stats = BpfStatsGuard::enable();
+    let have_perf = Command::new("perf").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let modes: Vec<Mode> =
+        [Mode::Baseline, Mode::Clrbpf, Mode::Perf].into_iter().filter(|m| *m != Mode::Perf || have_perf).collect();
+
+    println!(
+        "bench: CpuBound.dll on .NET 8, {threads} threads, {WORKLOAD_SECONDS} s per run, {ROUNDS} rounds of {} modes",
+        modes.len()
+    );
+    let mut runs: Vec<(Mode, ProfilerRun)> = Vec::new();
+    for round in 1..=ROUNDS {
+        for &mode in &modes {
+            let run = run_profiled(inputs, mode, threads).with_context(|| format!("round {round}, {}", mode.name()))?;
+            println!("bench: round {round} {:<26} {:>14.0} ops/s", mode.name(), run.ops);
+            runs.push((mode, run));
+        }
+    }
+
+    let of = |mode: Mode| runs.iter().filter(move |(m, _)| *m == mode).map(|(_, r)| r);
+    let baseline = median(&mut of(Mode::Baseline).map(|r| r.ops).collect::<Vec<_>>());
+
+    println!();
+    println!("| measure | value | budget |");
+    println!("| --- | --- | --- |");
+    println!("| workload throughput, no profiler (median ops/s) | {baseline:.0} | |");
+    for &mode in modes.iter().filter(|m| **m != Mode::Baseline) {
+        let ops = median(&mut of(mode).map(|r| r.ops).collect::<Vec<_>>());
+        let loss = 100.0 * (1.0 - ops / baseline);
+        let cpu_share = median(
+            &mut of(mode).map(|r| 100.0 * r.usage.cpu.as_secs_f64() / r.wall.as_secs_f64()).collect::<Vec<_>>(),
+        );
+        let rss = median(&mut of(mode).map(|r| r.usage.max_rss_kib as f64 / 1024.0).collect::<Vec<_>>());
+        let budget = if mode == Mode::Clrbpf { "<= 1%" } else { "" };
+        println!("| throughput loss under {} | {loss:.2}% | {budget} |", mode.name());
+        println!("| {} own CPU (user+sys, % of one core) | {cpu_share:.2}% | |", mode.name());
+        println!("| {} peak RSS | {rss:.1} MiB | |", mode.name());
+    }
+    let mut bpf: Vec<f64> = of(Mode::Clrbpf).filter_map(|r| r.bpf_us_per_sample).collect();
+    if bpf.is_empty() {
+        println!("| BPF time per on-CPU sample (kernel BPF stats) | unavailable | <= 2 us |");
+    } else {
+        println!("| BPF time per on-CPU sample (kernel BPF stats, median) | {:.2} us | <= 2 us |", median(&mut bpf));
+    }
+
+    let perf_map = Command::new(inputs.clrbpf)
+        .args(["bench-perf-map", "--entries", "100000"])
+        .output()
+        .context("run clrbpf bench-perf-map")?;
+    let perf_map_line = String::from_utf8_lossy(&perf_map.stdout);
+    let perf_map_ms = perf_map_line
+        .split("median ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or("?");
+    println!("| perf map load, 100,000 entries (median) | {perf_map_ms} ms | <= 50 ms |");
+    if !have_perf {
+        println!("\nbench: perf is not installed (apt-get install linux-perf): no comparison row");
+    }
+    println!(
+        "\nbench: bcc's `profile` is not compared: it compiles its BPF at run time and needs kernel headers, which this kernel (no CONFIG_IKHEADERS) does not ship"
+    );
+    Ok(())
+}
+
+/// Where bench keeps its scratch files.
+pub fn scratch_dir(target: &Path) -> PathBuf {
+    target.join("bench")
+}
