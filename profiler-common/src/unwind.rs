@@ -493,7 +493,7 @@ fn step_frame_pointer<M: MemoryReader + ?Sized>(
     if fp == 0 {
         return Ok(StepOutcome::EndOfStack);
     }
-    if fp < regs.sp || fp % 8 != 0 {
+    if fp < regs.sp || !fp.is_multiple_of(8) {
         return Err(UnwindError::InvalidFramePointer);
     }
     let pc = read(mem, offset(fp, 8)?)?;
@@ -1016,7 +1016,7 @@ mod tests {
         struct Ramp;
         impl MemoryReader for Ramp {
             fn read_u64(&self, addr: u64) -> Option<u64> {
-                if addr % 16 == 0 {
+                if addr.is_multiple_of(16) {
                     Some(addr + 16)
                 } else {
                     Some(0x1234)
