@@ -245,6 +245,27 @@ fn cache_shares_by_identity_and_evicts_by_bytes() {
     assert_eq!(cache.take_evicted().len(), 1);
 }
 
+/// Code compiled without `.eh_frame` for its functions (only crt files keep
+/// theirs) gets its rows from `.debug_frame`.
+#[test]
+fn debug_frame_rows_fill_what_eh_frame_lacks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let program = build_chain_program_with(dir.path(), &["-g", "-fno-asynchronous-unwind-tables"]);
+    let data = std::fs::read(&program).expect("chain");
+    let table = UnwindTable::from_elf_bytes(&data).expect("table");
+    check_table_shape(&table);
+    let s = table.stats();
+    assert!(s.debug_frame_fdes >= 4, "c, b, a, main: {s:?}");
+    let elf = object::File::parse(&*data).expect("ELF");
+    let c = elf.symbols().find(|s| s.name() == Ok("c")).expect("symbol c");
+    // At entry: CFA = rsp + 8; after `push rbx; sub rsp, N`: a larger offset.
+    let entry = table.find_row(c.address()).expect("row at c");
+    assert_eq!((entry.cfa_rule, entry.cfa_offset), (CfaRule::SpOffset as u8, 8));
+    let body = table.find_row(c.address() + c.size() / 2).expect("row in c");
+    assert_eq!(body.cfa_rule, CfaRule::SpOffset as u8);
+    assert!(body.cfa_offset > 16, "{body:?}");
+}
+
 // ---- Live captures (ptrace), replayed through `walk` ----
 
 /// Kills and reaps the child on drop, so a failing test leaves nothing
@@ -412,11 +433,16 @@ fn show(frames: &[NamedFrame]) -> String {
 }
 
 fn build_chain_program(dir: &Path) -> PathBuf {
+    build_chain_program_with(dir, &[])
+}
+
+fn build_chain_program_with(dir: &Path, gcc_args: &[&str]) -> PathBuf {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/unwind/testdata/build-chain.sh");
     let out = dir.join("chain");
     let status = Command::new("sh")
         .arg(&script)
         .arg(&out)
+        .args(gcc_args)
         .status()
         .expect("running build-chain.sh (is gcc installed?)");
     assert!(status.success(), "build-chain.sh failed: {status}");
@@ -706,6 +732,9 @@ fn measure_table_sizes_of_a_dotnet_process() {
     paths.sort();
     paths.dedup();
     let (mut total_rows, mut total_bytes, mut total_time) = (0, 0, Duration::ZERO);
+    // Distinct rules (a row without its pc): the size of a deduplicated rule
+    // table a packed kernel-side format would index.
+    let mut rules = std::collections::HashSet::new();
     for path in paths {
         let Ok(data) = std::fs::read(path) else {
             continue;
@@ -722,6 +751,7 @@ fn measure_table_sizes_of_a_dotnet_process() {
             table.size_bytes() / 1024,
             100.0 * table.stats().unsupported_fraction(table.rows()),
         );
+        rules.extend(table.rows().iter().map(|r| UnwindRow { pc: 0, ..*r }));
         total_rows += table.rows().len();
         total_bytes += table.size_bytes();
         total_time += took;
