@@ -257,11 +257,19 @@ fn debug_frame_rows_fill_what_eh_frame_lacks() {
     let s = table.stats();
     assert!(s.debug_frame_fdes >= 4, "c, b, a, main: {s:?}");
     let elf = object::File::parse(&*data).expect("ELF");
-    let c = elf.symbols().find(|s| s.name() == Ok("c")).expect("symbol c");
+    let c = elf
+        .symbols()
+        .find(|s| s.name() == Ok("c"))
+        .expect("symbol c");
     // At entry: CFA = rsp + 8; after `push rbx; sub rsp, N`: a larger offset.
     let entry = table.find_row(c.address()).expect("row at c");
-    assert_eq!((entry.cfa_rule, entry.cfa_offset), (CfaRule::SpOffset as u8, 8));
-    let body = table.find_row(c.address() + c.size() / 2).expect("row in c");
+    assert_eq!(
+        (entry.cfa_rule, entry.cfa_offset),
+        (CfaRule::SpOffset as u8, 8)
+    );
+    let body = table
+        .find_row(c.address() + c.size() / 2)
+        .expect("row in c");
     assert_eq!(body.cfa_rule, CfaRule::SpOffset as u8);
     assert!(body.cfa_offset > 16, "{body:?}");
 }
@@ -452,6 +460,9 @@ fn build_chain_program_with(dir: &Path, gcc_args: &[&str]) -> PathBuf {
 const SYS_PAUSE: u32 = 34;
 const SYS_FUTEX: u32 = 202;
 
+/// Runs chain.c in `mode` and replays a capture of it once it is blocked in
+/// syscall `blocked_in`, or (for the spinning mode) once the leaf is `c`
+/// itself: right after "ready" it may still be returning from `write`.
 fn capture_chain(
     mode: &str,
     blocked_in: Option<u32>,
@@ -471,9 +482,15 @@ fn capture_chain(
     if let Some(nr) = blocked_in {
         wait_in_syscall(pid, pid, nr);
     }
-    let captured = capture_thread(pid as i32, pid as i32).expect("ptrace capture");
-    let (frames, err, _) = replay(&captured);
-    (frames, err, frame_pointer_only(&captured))
+    for _ in 0..100 {
+        let captured = capture_thread(pid as i32, pid as i32).expect("ptrace capture");
+        let (frames, err, _) = replay(&captured);
+        if blocked_in.is_some() || frames.first().and_then(|f| f.symbol.as_deref()) == Some("c") {
+            return (frames, err, frame_pointer_only(&captured));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("chain never reached its capture point");
 }
 
 fn names(frames: &[NamedFrame]) -> Vec<&str> {
@@ -757,7 +774,8 @@ fn measure_table_sizes_of_a_dotnet_process() {
         total_time += took;
     }
     eprintln!(
-        "process total: {total_rows} rows, {} KiB, {total_time:?}",
-        total_bytes / 1024
+        "process total: {total_rows} rows, {} KiB, built in {total_time:?}; {} distinct rules",
+        total_bytes / 1024,
+        rules.len()
     );
 }
