@@ -5,6 +5,8 @@
 //! compile time so both sides agree byte for byte.
 #![no_std]
 
+pub mod unwind;
+
 /// Most frames one stack (kernel or user) holds in a [`RawSampleEvent`].
 /// 127 is the kernel's default `perf_event_max_stack`, so `bpf_get_stack`
 /// never returns more.

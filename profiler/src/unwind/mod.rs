@@ -1,2 +1,43 @@
 //! Native unwinding without frame pointers: `.eh_frame` to compact tables for
 //! the kernel side.
+//!
+//! Place in the data flow: for each executable mapping of a profiled process,
+//! userspace builds (once per file, shared by [`FileIdentity`]) an
+//! [`UnwindTable`] of sorted rows ([`eh_frame`]), keeps them in an
+//! [`UnwindTableCache`] under a byte budget ([`table`]), and (next) loads
+//! them into BPF maps with a per-process index of mappings. The kernel side
+//! then walks a sampled stack with the pure step function of
+//! [`clrbpf_common::unwind`]; [`replay`] runs that same walk on the host over
+//! captured memory, which is how it is tested.
+
+pub mod eh_frame;
+pub mod replay;
+pub mod table;
+
+#[cfg(test)]
+mod capture;
+#[cfg(test)]
+mod tests;
+
+pub use eh_frame::UnwindRowStats;
+pub use replay::{MapsEntry, MemorySnapshot, ProcessUnwindTables, UnwindMapping, parse_proc_maps};
+pub use table::{FileIdentity, LoadSegment, UnwindTable, UnwindTableCache};
+
+/// Why a file got no unwind table.
+#[derive(Debug, thiserror::Error)]
+pub enum UnwindTableError {
+    #[error("reading the ELF file for its unwind table")]
+    Read {
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("ELF file is larger than the {limit}-byte limit for unwind tables")]
+    TooLarge { limit: u64 },
+    #[error("parsing the ELF file for its unwind table")]
+    Parse {
+        #[source]
+        source: object::Error,
+    },
+    #[error("unwind tables for {architecture} ELF files are not supported")]
+    UnsupportedArchitecture { architecture: String },
+}

@@ -1,0 +1,1051 @@
+//! Native stack unwinding without frame pointers, one frame at a time.
+//!
+//! Place in the data flow: userspace (`clrbpf::unwind`) turns each ELF file's
+//! `.eh_frame` into sorted [`UnwindRow`]s; the eBPF program looks up the row
+//! for a frame's pc and calls [`step`] to get the caller's registers, starting
+//! from the sampled user registers. The same functions run on the host in
+//! tests over captured stack memory (the "coredump suite" idea of the
+//! OpenTelemetry eBPF profiler), so everything here is verifier-friendly: no
+//! allocation, no recursion, no floats, every loop bounded by a constant or by
+//! the caller's output slice.
+//!
+//! Strategy, per frame:
+//! 1. The caller's lookup maps the pc to a row of the file's table, to "no
+//!    row" (anonymous executable memory such as JIT code, or a file without a
+//!    table: use the frame-pointer rule), or to an [`UnwindError`]. Return
+//!    addresses are looked up at `pc - 1`, so a call that ends a function
+//!    finds its own row, not the next function's; interrupted pcs (the
+//!    sampled leaf, and the frame a signal interrupted) are looked up as is.
+//! 2. With a row: CFA = sp or fp + offset (or the x86_64 PLT rule); the return
+//!    address is read at CFA + `ra_offset` (CFA - 8 on x86_64); fp is restored
+//!    from CFA + `fp_offset` when the function saved it; the caller's sp is
+//!    the CFA. A signal-trampoline row (`__restore_rt`) instead reloads pc, sp
+//!    and fp from the `ucontext` the kernel left on the stack.
+//! 3. Without a row: the frame-pointer rule (return address at fp + 8,
+//!    caller's fp at fp, caller's sp = fp + 16), the frame layout CoreCLR's
+//!    JIT keeps on every method. For the leaf frame only, [`walk`] first
+//!    peeks at the code to handle a pc at `push rbp`, right after it (`mov
+//!    rbp, rsp`) or at `ret`, where the frame record is not (or no longer)
+//!    set up.
+//!
+//! Known limits: a leaf JIT frame interrupted between `push rbp` and the
+//! instruction that sets rbp after further pushes (CoreCLR's `push rbp; push
+//! r15...; lea rbp, [rsp+N]`), or in a stub without a frame (precode jumps),
+//! skips its direct caller, exactly as a frame-pointer walk would. CFA rules
+//! that are DWARF expressions other than the PLT and signal-frame patterns
+//! end the walk with [`UnwindError::UnsupportedCfa`]. Only x86_64 rules are
+//! implemented; the row format keeps the frame register and the return
+//! address rule generic so aarch64 (frame record in x29/x30, return address
+//! in the link register in leaf frames) is an addition, not a change.
+
+/// Most rows one table may hold: [`find_row`] finishes in
+/// `MAX_TABLE_ROWS_LOG2 + 1` steps, the bound the verifier sees.
+pub const MAX_TABLE_ROWS_LOG2: u32 = 24;
+/// See [`MAX_TABLE_ROWS_LOG2`].
+pub const MAX_TABLE_ROWS: usize = 1 << MAX_TABLE_ROWS_LOG2;
+
+/// x86_64 facts the rules depend on.
+pub mod x86_64 {
+    /// `call` pushes the return address just below the caller's sp (the CFA).
+    pub const RA_CFA_OFFSET: i16 = -8;
+    /// Size of a PLT entry (`.plt`, `.plt.sec`): the PLT CFA rule tests the pc
+    /// modulo this.
+    pub const PLT_ENTRY_SIZE: u64 = 16;
+    /// Offsets in the `ucontext_t` the kernel stores for a signal handler:
+    /// `uc_flags`, `uc_link` and `uc_stack` (40 bytes) come before
+    /// `uc_mcontext.gregs[]`, where `REG_RBP` = 10, `REG_RSP` = 15 and
+    /// `REG_RIP` = 16. When the handler returns into `__restore_rt`, rsp points
+    /// at the `ucontext_t` (glibc's own CFI for it reads rsp + 160).
+    pub const UCONTEXT_RBP: u64 = 40 + 10 * 8;
+    /// See [`UCONTEXT_RBP`].
+    pub const UCONTEXT_RSP: u64 = 40 + 15 * 8;
+    /// See [`UCONTEXT_RBP`].
+    pub const UCONTEXT_RIP: u64 = 40 + 16 * 8;
+    /// `push rbp`.
+    pub const OP_PUSH_RBP: u8 = 0x55;
+    /// `ret`.
+    pub const OP_RET: u8 = 0xc3;
+    /// `mov rbp, rsp` (`48 89 e5`) as the low three bytes of a little-endian
+    /// read at the pc.
+    pub const OP_MOV_RBP_RSP: u64 = 0x00e5_8948;
+}
+
+/// How to compute the CFA (the caller's sp before its call) of a frame.
+/// Stored as a `u8` in [`UnwindRow::cfa_rule`]: never renumber, only add.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CfaRule {
+    /// No unwind information covers this pc: a gap between functions or the
+    /// end of the table. [`find_row`] reports such a pc as having no row.
+    NoInfo = 0,
+    /// CFA = sp + `cfa_offset`.
+    SpOffset = 1,
+    /// CFA = fp + `cfa_offset` (rbp on x86_64, x29 on aarch64).
+    FpOffset = 2,
+    /// An x86_64 lazy-binding PLT entry: CFA = sp + `cfa_offset`, plus 8 when
+    /// `pc % 16 >= cfa_param` (the entry already pushed its relocation index).
+    /// The translation of binutils' `DW_CFA_def_cfa_expression` for `.plt`.
+    PltSp = 3,
+    /// A signal trampoline (`__restore_rt`): sp points at the `ucontext_t`
+    /// holding the interrupted registers.
+    SignalFrame = 4,
+    /// A rule the table cannot express (a DWARF expression, a register other
+    /// than sp and fp).
+    Unsupported = 5,
+}
+
+impl CfaRule {
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(Self::NoInfo),
+            1 => Some(Self::SpOffset),
+            2 => Some(Self::FpOffset),
+            3 => Some(Self::PltSp),
+            4 => Some(Self::SignalFrame),
+            5 => Some(Self::Unsupported),
+            _ => None,
+        }
+    }
+}
+
+/// How to find the caller's frame register (rbp / x29). Stored as a `u8` in
+/// [`UnwindRow::fp_rule`]: never renumber, only add.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FpRule {
+    /// The function has not touched it (DWARF `Undefined` or `SameValue`:
+    /// for a callee-saved register both mean "the caller's value is in it").
+    Unchanged = 0,
+    /// Saved at CFA + `fp_offset`.
+    AtCfaOffset = 1,
+    /// Saved in a way the table cannot express.
+    Unsupported = 2,
+}
+
+impl FpRule {
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(Self::Unchanged),
+            1 => Some(Self::AtCfaOffset),
+            2 => Some(Self::Unsupported),
+            _ => None,
+        }
+    }
+}
+
+/// How to find the return address. Stored as a `u8` in
+/// [`UnwindRow::ra_rule`]: never renumber, only add.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RaRule {
+    /// Saved at CFA + `ra_offset` (always CFA - 8 on x86_64).
+    AtCfaOffset = 0,
+    /// DWARF `Undefined`: the outermost frame (`_start`, a thread's start
+    /// routine). The walk ends cleanly here.
+    Undefined = 1,
+    /// Still in the link register (aarch64 leaf code before it saves x30).
+    LinkRegister = 2,
+    /// Saved in a way the table cannot express.
+    Unsupported = 3,
+}
+
+impl RaRule {
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(Self::AtCfaOffset),
+            1 => Some(Self::Undefined),
+            2 => Some(Self::LinkRegister),
+            3 => Some(Self::Unsupported),
+            _ => None,
+        }
+    }
+}
+
+/// One row of a file's unwind table: how to unwind any pc from `pc` up to the
+/// next row's `pc`. Tables are sorted by `pc` and end with a
+/// [`CfaRule::NoInfo`] row; consecutive rows differ.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UnwindRow {
+    /// First pc the row covers, as an ELF virtual address of the file (the
+    /// address space of its symbols and `.eh_frame`). A process's mapping
+    /// translates with `pc - load_bias`.
+    pub pc: u64,
+    /// Added to the base register of [`Self::cfa_rule`].
+    pub cfa_offset: i32,
+    /// Where the caller's fp is saved, from the CFA ([`FpRule::AtCfaOffset`]).
+    pub fp_offset: i16,
+    /// Where the return address is saved, from the CFA
+    /// ([`RaRule::AtCfaOffset`]).
+    pub ra_offset: i16,
+    /// A [`CfaRule`] number.
+    pub cfa_rule: u8,
+    /// A [`FpRule`] number.
+    pub fp_rule: u8,
+    /// A [`RaRule`] number.
+    pub ra_rule: u8,
+    /// Parameter of some CFA rules: for [`CfaRule::PltSp`], the offset in the
+    /// PLT entry from which the extra 8 bytes are on the stack.
+    pub cfa_param: u8,
+    pub _pad: [u8; 4],
+}
+
+const _: () = assert!(size_of::<UnwindRow>() == 24);
+
+#[cfg(feature = "user")]
+// SAFETY: `#[repr(C)]`, only integers, no implicit padding (checked above).
+unsafe impl aya::Pod for UnwindRow {}
+
+impl UnwindRow {
+    /// A row with the usual x86_64 return-address rule (CFA - 8) and fp
+    /// unchanged.
+    pub const fn new(pc: u64, cfa_rule: CfaRule, cfa_offset: i32) -> Self {
+        Self {
+            pc,
+            cfa_offset,
+            fp_offset: 0,
+            ra_offset: x86_64::RA_CFA_OFFSET,
+            cfa_rule: cfa_rule as u8,
+            fp_rule: FpRule::Unchanged as u8,
+            ra_rule: RaRule::AtCfaOffset as u8,
+            cfa_param: 0,
+            _pad: [0; 4],
+        }
+    }
+
+    /// The [`CfaRule::NoInfo`] row that closes a function or the table.
+    pub const fn no_info(pc: u64) -> Self {
+        Self::new(pc, CfaRule::NoInfo, 0)
+    }
+
+    /// The same row with fp saved at CFA + `fp_offset`.
+    pub const fn with_fp_at(mut self, fp_offset: i16) -> Self {
+        self.fp_rule = FpRule::AtCfaOffset as u8;
+        self.fp_offset = fp_offset;
+        self
+    }
+
+    /// The same row with another fp rule (and no offset).
+    pub const fn with_fp_rule(mut self, fp_rule: FpRule) -> Self {
+        self.fp_rule = fp_rule as u8;
+        self.fp_offset = 0;
+        self
+    }
+
+    /// The same row with another return-address rule.
+    pub const fn with_ra(mut self, ra_rule: RaRule, ra_offset: i16) -> Self {
+        self.ra_rule = ra_rule as u8;
+        self.ra_offset = ra_offset;
+        self
+    }
+
+    /// The same row with a [`Self::cfa_param`].
+    pub const fn with_cfa_param(mut self, cfa_param: u8) -> Self {
+        self.cfa_param = cfa_param;
+        self
+    }
+
+    /// Whether both rows unwind the same way (everything but `pc` equal), so
+    /// the second one can be merged into the first.
+    pub const fn same_rule(&self, other: &Self) -> bool {
+        self.cfa_offset == other.cfa_offset
+            && self.fp_offset == other.fp_offset
+            && self.ra_offset == other.ra_offset
+            && self.cfa_rule == other.cfa_rule
+            && self.fp_rule == other.fp_rule
+            && self.ra_rule == other.ra_rule
+            && self.cfa_param == other.cfa_param
+    }
+}
+
+/// The registers an unwinding step needs, for one frame.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRegs {
+    /// Instruction pointer (rip).
+    pub pc: u64,
+    /// Stack pointer (rsp).
+    pub sp: u64,
+    /// Frame register: rbp on x86_64, x29 on aarch64.
+    pub fp: u64,
+    /// Link register (x30 on aarch64); unused on x86_64, where it stays 0.
+    pub lr: u64,
+}
+
+const _: () = assert!(size_of::<UnwindRegs>() == 32);
+
+#[cfg(feature = "user")]
+// SAFETY: `#[repr(C)]`, only u64 fields, no padding.
+unsafe impl aya::Pod for UnwindRegs {}
+
+/// Why a walk stopped early. Counted per kind by the kernel side and shown in
+/// the summary: stable numbers, never renumber, only add. 0 means "no error"
+/// where a number is stored.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnwindError {
+    /// The pc is in no executable mapping known for the process.
+    NoMapping = 1,
+    /// The file's table has no row for the pc (code without CFI).
+    NoTableRow = 2,
+    /// The row's CFA rule is one the table cannot express.
+    UnsupportedCfa = 3,
+    /// The row's rule for the frame register is one the table cannot express.
+    UnsupportedFpRule = 4,
+    /// The row's return-address rule is one the table cannot express.
+    UnsupportedRaRule = 5,
+    /// Reading the target's stack failed (unmapped, paged out).
+    BadRead = 6,
+    /// The return address read is 0.
+    PcZero = 7,
+    /// The stack has more frames than the output holds.
+    TooDeep = 8,
+    /// The caller's sp is not above the frame's sp: garbage or a loop.
+    StackNotAdvancing = 9,
+    /// The frame-pointer rule met an fp below sp or not 8-byte aligned.
+    InvalidFramePointer = 10,
+    /// A rule number this code does not know (corrupt or newer table).
+    InvalidRow = 11,
+    /// Address arithmetic overflowed.
+    AddressOverflow = 12,
+}
+
+impl UnwindError {
+    /// Every error, in number order: for summaries and metric names.
+    pub const ALL: [Self; 12] = [
+        Self::NoMapping,
+        Self::NoTableRow,
+        Self::UnsupportedCfa,
+        Self::UnsupportedFpRule,
+        Self::UnsupportedRaRule,
+        Self::BadRead,
+        Self::PcZero,
+        Self::TooDeep,
+        Self::StackNotAdvancing,
+        Self::InvalidFramePointer,
+        Self::InvalidRow,
+        Self::AddressOverflow,
+    ];
+
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(Self::NoMapping),
+            2 => Some(Self::NoTableRow),
+            3 => Some(Self::UnsupportedCfa),
+            4 => Some(Self::UnsupportedFpRule),
+            5 => Some(Self::UnsupportedRaRule),
+            6 => Some(Self::BadRead),
+            7 => Some(Self::PcZero),
+            8 => Some(Self::TooDeep),
+            9 => Some(Self::StackNotAdvancing),
+            10 => Some(Self::InvalidFramePointer),
+            11 => Some(Self::InvalidRow),
+            12 => Some(Self::AddressOverflow),
+            _ => None,
+        }
+    }
+
+    /// A short snake_case name, for summaries and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::NoMapping => "no_mapping",
+            Self::NoTableRow => "no_table_row",
+            Self::UnsupportedCfa => "unsupported_cfa",
+            Self::UnsupportedFpRule => "unsupported_fp_rule",
+            Self::UnsupportedRaRule => "unsupported_ra_rule",
+            Self::BadRead => "bad_read",
+            Self::PcZero => "pc_zero",
+            Self::TooDeep => "too_deep",
+            Self::StackNotAdvancing => "stack_not_advancing",
+            Self::InvalidFramePointer => "invalid_frame_pointer",
+            Self::InvalidRow => "invalid_row",
+            Self::AddressOverflow => "address_overflow",
+        }
+    }
+}
+
+/// What one [`step`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// The registers now hold the caller's frame; its pc is a return address
+    /// (look it up at `pc - 1`).
+    Caller,
+    /// The registers now hold a context a signal interrupted; its pc is the
+    /// interrupted instruction (look it up as is; it is a leaf again).
+    Interrupted,
+    /// The frame has no caller; the registers are unchanged.
+    EndOfStack,
+}
+
+/// Reads the target's memory: `bpf_probe_read_user` in the kernel, a captured
+/// snapshot on the host.
+pub trait MemoryReader {
+    /// The little-endian u64 at `addr`, or `None` when it cannot be read.
+    fn read_u64(&self, addr: u64) -> Option<u64>;
+}
+
+/// The row covering `pc` in a table sorted by `pc`: the last row starting at
+/// or before `pc`, unless that is a [`CfaRule::NoInfo`] row. `None` also for
+/// a table longer than [`MAX_TABLE_ROWS`], which the bounded search cannot
+/// finish.
+pub fn find_row(rows: &[UnwindRow], pc: u64) -> Option<&UnwindRow> {
+    // Invariant: rows[..lo] start at or before pc, rows[hi..] after it.
+    let mut lo = 0usize;
+    let mut hi = rows.len();
+    for _ in 0..=MAX_TABLE_ROWS_LOG2 {
+        if lo >= hi {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        if rows.get(mid)?.pc <= pc {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    if lo < hi {
+        return None;
+    }
+    let row = rows.get(lo.checked_sub(1)?)?;
+    if row.cfa_rule == CfaRule::NoInfo as u8 {
+        None
+    } else {
+        Some(row)
+    }
+}
+
+fn read<M: MemoryReader + ?Sized>(mem: &M, addr: u64) -> Result<u64, UnwindError> {
+    mem.read_u64(addr).ok_or(UnwindError::BadRead)
+}
+
+fn offset(base: u64, offset: i64) -> Result<u64, UnwindError> {
+    base.checked_add_signed(offset)
+        .ok_or(UnwindError::AddressOverflow)
+}
+
+/// Unwinds one frame: replaces `regs` (the frame's registers) with its
+/// caller's, using `row` when the pc has one and the frame-pointer rule when
+/// it has none. On error `regs` are left as they were.
+pub fn step<M: MemoryReader + ?Sized>(
+    regs: &mut UnwindRegs,
+    row: Option<&UnwindRow>,
+    mem: &M,
+) -> Result<StepOutcome, UnwindError> {
+    let Some(row) = row else {
+        return step_frame_pointer(regs, mem);
+    };
+    let cfa_rule = CfaRule::from_u8(row.cfa_rule).ok_or(UnwindError::InvalidRow)?;
+    let ra_rule = RaRule::from_u8(row.ra_rule).ok_or(UnwindError::InvalidRow)?;
+    let fp_rule = FpRule::from_u8(row.fp_rule).ok_or(UnwindError::InvalidRow)?;
+    let base = match cfa_rule {
+        CfaRule::NoInfo => return Err(UnwindError::NoTableRow),
+        CfaRule::Unsupported => return Err(UnwindError::UnsupportedCfa),
+        CfaRule::SignalFrame => return step_signal_frame(regs, mem),
+        CfaRule::SpOffset => regs.sp,
+        CfaRule::FpOffset => regs.fp,
+        CfaRule::PltSp => {
+            if regs.pc % x86_64::PLT_ENTRY_SIZE >= row.cfa_param as u64 {
+                offset(regs.sp, 8)?
+            } else {
+                regs.sp
+            }
+        }
+    };
+    if ra_rule == RaRule::Undefined {
+        return Ok(StepOutcome::EndOfStack);
+    }
+    let cfa = offset(base, row.cfa_offset as i64)?;
+    // `call` pushed the return address below the CFA, so the frame's sp is
+    // always strictly below it.
+    if cfa <= regs.sp {
+        return Err(UnwindError::StackNotAdvancing);
+    }
+    let pc = match ra_rule {
+        RaRule::AtCfaOffset => read(mem, offset(cfa, row.ra_offset as i64)?)?,
+        RaRule::LinkRegister => regs.lr,
+        RaRule::Undefined | RaRule::Unsupported => return Err(UnwindError::UnsupportedRaRule),
+    };
+    let fp = match fp_rule {
+        FpRule::Unchanged => regs.fp,
+        FpRule::AtCfaOffset => read(mem, offset(cfa, row.fp_offset as i64)?)?,
+        FpRule::Unsupported => return Err(UnwindError::UnsupportedFpRule),
+    };
+    if pc == 0 {
+        return Err(UnwindError::PcZero);
+    }
+    *regs = UnwindRegs {
+        pc,
+        sp: cfa,
+        fp,
+        lr: 0,
+    };
+    Ok(StepOutcome::Caller)
+}
+
+/// The frame-pointer rule: the frame record `[caller fp, return address]` is
+/// at fp. An fp of 0 ends the chain (`_start` and thread entry points clear
+/// it).
+fn step_frame_pointer<M: MemoryReader + ?Sized>(
+    regs: &mut UnwindRegs,
+    mem: &M,
+) -> Result<StepOutcome, UnwindError> {
+    let fp = regs.fp;
+    if fp == 0 {
+        return Ok(StepOutcome::EndOfStack);
+    }
+    if fp < regs.sp || !fp.is_multiple_of(8) {
+        return Err(UnwindError::InvalidFramePointer);
+    }
+    let pc = read(mem, offset(fp, 8)?)?;
+    let caller_fp = read(mem, fp)?;
+    if pc == 0 {
+        return Err(UnwindError::PcZero);
+    }
+    *regs = UnwindRegs {
+        pc,
+        sp: offset(fp, 16)?,
+        fp: caller_fp,
+        lr: 0,
+    };
+    Ok(StepOutcome::Caller)
+}
+
+/// `__restore_rt`: reload the interrupted registers from the `ucontext_t` at
+/// sp. The interrupted sp may be anywhere (an alternate signal stack), so no
+/// "stack advances" check here; the walk's bound still holds.
+fn step_signal_frame<M: MemoryReader + ?Sized>(
+    regs: &mut UnwindRegs,
+    mem: &M,
+) -> Result<StepOutcome, UnwindError> {
+    let uc = regs.sp;
+    let pc = read(mem, offset(uc, x86_64::UCONTEXT_RIP as i64)?)?;
+    let sp = read(mem, offset(uc, x86_64::UCONTEXT_RSP as i64)?)?;
+    let fp = read(mem, offset(uc, x86_64::UCONTEXT_RBP as i64)?)?;
+    if pc == 0 {
+        return Err(UnwindError::PcZero);
+    }
+    *regs = UnwindRegs { pc, sp, fp, lr: 0 };
+    Ok(StepOutcome::Interrupted)
+}
+
+/// The frame-pointer rule for an interrupted frame (the sampled leaf, or the
+/// frame a signal interrupted) without a row: at `push rbp` or `ret` the
+/// return address is at sp; right after `push rbp` (at `mov rbp, rsp`) it is
+/// at sp + 8 and fp still holds the caller's. Anywhere else (or when the code
+/// cannot be read) the plain frame-pointer rule.
+pub fn step_interrupted_without_row<M: MemoryReader + ?Sized>(
+    regs: &mut UnwindRegs,
+    mem: &M,
+) -> Result<StepOutcome, UnwindError> {
+    let Some(code) = mem.read_u64(regs.pc) else {
+        return step_frame_pointer(regs, mem);
+    };
+    let first = code as u8;
+    let ra_slot = if first == x86_64::OP_PUSH_RBP || first == x86_64::OP_RET {
+        Some(0)
+    } else if code & 0x00ff_ffff == x86_64::OP_MOV_RBP_RSP
+        && regs
+            .pc
+            .checked_sub(1)
+            .and_then(|pc| mem.read_u64(pc))
+            .map(|c| c as u8)
+            == Some(x86_64::OP_PUSH_RBP)
+    {
+        Some(8)
+    } else {
+        None
+    };
+    let Some(ra_slot) = ra_slot else {
+        return step_frame_pointer(regs, mem);
+    };
+    let ra_addr = offset(regs.sp, ra_slot)?;
+    let pc = read(mem, ra_addr)?;
+    if pc == 0 {
+        return Err(UnwindError::PcZero);
+    }
+    *regs = UnwindRegs {
+        pc,
+        sp: offset(ra_addr, 8)?,
+        fp: regs.fp,
+        lr: 0,
+    };
+    Ok(StepOutcome::Caller)
+}
+
+/// Walks a stack from `regs` (the sampled registers), writing each frame's pc
+/// into `out`, leaf first, at most `out.len()` frames (the only loop bound).
+///
+/// `lookup(pc)` returns the row for a pc (already adjusted to `pc - 1` for
+/// return addresses), `Ok(None)` to use the frame-pointer rule (JIT code, a
+/// file without a table), or the error that ends the walk (no mapping, no row
+/// in a file that has a table). Returns the number of frames written and why
+/// the walk stopped early: `None` for a clean end (outermost frame or fp 0),
+/// [`UnwindError::TooDeep`] when frames remained. Frames found before an
+/// error are kept.
+pub fn walk<M, L>(
+    regs: UnwindRegs,
+    mut lookup: L,
+    mem: &M,
+    out: &mut [u64],
+) -> (usize, Option<UnwindError>)
+where
+    M: MemoryReader + ?Sized,
+    L: FnMut(u64) -> Result<Option<UnwindRow>, UnwindError>,
+{
+    let mut regs = regs;
+    let mut interrupted = true;
+    let mut frames = 0;
+    for slot in out.iter_mut() {
+        if regs.pc == 0 {
+            return (frames, Some(UnwindError::PcZero));
+        }
+        *slot = regs.pc;
+        frames += 1;
+        let lookup_pc = if interrupted { regs.pc } else { regs.pc - 1 };
+        let row = match lookup(lookup_pc) {
+            Ok(row) => row,
+            Err(e) => return (frames, Some(e)),
+        };
+        let outcome = match (row, interrupted) {
+            (None, true) => step_interrupted_without_row(&mut regs, mem),
+            (row, _) => step(&mut regs, row.as_ref(), mem),
+        };
+        match outcome {
+            Ok(StepOutcome::Caller) => interrupted = false,
+            Ok(StepOutcome::Interrupted) => interrupted = true,
+            Ok(StepOutcome::EndOfStack) => return (frames, None),
+            Err(e) => return (frames, Some(e)),
+        }
+    }
+    (frames, Some(UnwindError::TooDeep))
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+
+    use std::collections::BTreeMap;
+    use std::vec::Vec;
+
+    use super::*;
+
+    /// Sparse memory: u64 words at 8-aligned addresses, plus code bytes.
+    #[derive(Default)]
+    struct FakeMemory {
+        words: BTreeMap<u64, u64>,
+        code: BTreeMap<u64, u8>,
+    }
+
+    impl FakeMemory {
+        fn word(mut self, addr: u64, value: u64) -> Self {
+            self.words.insert(addr, value);
+            self
+        }
+        fn code_at(mut self, addr: u64, bytes: &[u8]) -> Self {
+            for (i, b) in bytes.iter().enumerate() {
+                self.code.insert(addr + i as u64, *b);
+            }
+            self
+        }
+    }
+
+    impl MemoryReader for FakeMemory {
+        fn read_u64(&self, addr: u64) -> Option<u64> {
+            if let Some(v) = self.words.get(&addr) {
+                return Some(*v);
+            }
+            // Code: all 8 bytes must be known.
+            let mut v = 0u64;
+            for i in 0..8 {
+                v |= (*self.code.get(&(addr + i))? as u64) << (8 * i);
+            }
+            Some(v)
+        }
+    }
+
+    fn regs(pc: u64, sp: u64, fp: u64) -> UnwindRegs {
+        UnwindRegs { pc, sp, fp, lr: 0 }
+    }
+
+    #[test]
+    fn layout_is_stable() {
+        assert_eq!(size_of::<UnwindRow>(), 24);
+        assert_eq!(core::mem::offset_of!(UnwindRow, cfa_offset), 8);
+        assert_eq!(core::mem::offset_of!(UnwindRow, cfa_rule), 16);
+        assert_eq!(UnwindError::ALL.len(), 12);
+        for (i, e) in UnwindError::ALL.iter().enumerate() {
+            assert_eq!(*e as u32, i as u32 + 1);
+            assert_eq!(UnwindError::from_u32(*e as u32), Some(*e));
+        }
+        assert_eq!(UnwindError::from_u32(0), None);
+        for v in 0..=255u8 {
+            if let Some(r) = CfaRule::from_u8(v) {
+                assert_eq!(r as u8, v);
+            }
+            if let Some(r) = FpRule::from_u8(v) {
+                assert_eq!(r as u8, v);
+            }
+            if let Some(r) = RaRule::from_u8(v) {
+                assert_eq!(r as u8, v);
+            }
+        }
+    }
+
+    fn table() -> Vec<UnwindRow> {
+        std::vec![
+            UnwindRow::new(0x1000, CfaRule::SpOffset, 8),
+            UnwindRow::new(0x1004, CfaRule::SpOffset, 16),
+            UnwindRow::no_info(0x1010),
+            UnwindRow::new(0x1020, CfaRule::FpOffset, 16).with_fp_at(-16),
+            UnwindRow::no_info(0x1040),
+        ]
+    }
+
+    #[test]
+    fn find_row_picks_the_last_row_at_or_before_pc() {
+        let t = table();
+        assert_eq!(find_row(&t, 0xfff), None);
+        assert_eq!(find_row(&t, 0x1000).map(|r| r.cfa_offset), Some(8));
+        assert_eq!(find_row(&t, 0x1003).map(|r| r.cfa_offset), Some(8));
+        assert_eq!(find_row(&t, 0x1004).map(|r| r.cfa_offset), Some(16));
+        assert_eq!(find_row(&t, 0x100f).map(|r| r.cfa_offset), Some(16));
+        assert_eq!(find_row(&t, 0x1010), None, "gap between functions");
+        assert_eq!(find_row(&t, 0x101f), None);
+        assert_eq!(find_row(&t, 0x1030).map(|r| r.pc), Some(0x1020));
+        assert_eq!(find_row(&t, 0x1040), None, "end of table");
+        assert_eq!(find_row(&t, u64::MAX), None);
+        assert_eq!(find_row(&[], 0x1000), None);
+    }
+
+    #[test]
+    fn find_row_agrees_with_a_linear_scan() {
+        let rows: Vec<UnwindRow> = (0..1000u64)
+            .map(|i| {
+                if i % 7 == 3 {
+                    UnwindRow::no_info(i * 16)
+                } else {
+                    UnwindRow::new(i * 16, CfaRule::SpOffset, i as i32)
+                }
+            })
+            .collect();
+        for pc in (0..16 * 1000 + 40).step_by(5) {
+            let linear = rows
+                .iter()
+                .rev()
+                .find(|r| r.pc <= pc)
+                .filter(|r| r.cfa_rule != CfaRule::NoInfo as u8);
+            assert_eq!(find_row(&rows, pc), linear, "pc {pc:#x}");
+        }
+    }
+
+    #[test]
+    fn sp_rule_reads_the_return_address_below_the_cfa() {
+        let mem = FakeMemory::default().word(0x7000 + 24 - 8, 0x4242);
+        let row = UnwindRow::new(0x1000, CfaRule::SpOffset, 24);
+        let mut r = regs(0x1008, 0x7000, 0xdead);
+        assert_eq!(step(&mut r, Some(&row), &mem), Ok(StepOutcome::Caller));
+        assert_eq!(r, regs(0x4242, 0x7018, 0xdead));
+    }
+
+    #[test]
+    fn fp_rule_row_restores_fp_from_the_cfa() {
+        // push rbp; mov rbp, rsp: CFA = rbp + 16, saved rbp at CFA - 16.
+        let mem = FakeMemory::default()
+            .word(0x7100, 0x7200) // saved rbp
+            .word(0x7108, 0x5555); // return address
+        let row = UnwindRow::new(0x1000, CfaRule::FpOffset, 16).with_fp_at(-16);
+        let mut r = regs(0x1010, 0x70f0, 0x7100);
+        assert_eq!(step(&mut r, Some(&row), &mem), Ok(StepOutcome::Caller));
+        assert_eq!(r, regs(0x5555, 0x7110, 0x7200));
+    }
+
+    #[test]
+    fn plt_rule_depends_on_the_offset_in_the_entry() {
+        let mem = FakeMemory::default()
+            .word(0x7000, 0x1111) // return address before the push
+            .word(0x7008, 0x2222); // return address after the push
+        let row = UnwindRow::new(0x3030, CfaRule::PltSp, 8).with_cfa_param(11);
+        let mut before = regs(0x3036, 0x7000, 1);
+        assert_eq!(step(&mut before, Some(&row), &mem), Ok(StepOutcome::Caller));
+        assert_eq!(before, regs(0x1111, 0x7008, 1));
+        let mut after = regs(0x303b, 0x7000, 1);
+        assert_eq!(step(&mut after, Some(&row), &mem), Ok(StepOutcome::Caller));
+        assert_eq!(after, regs(0x2222, 0x7010, 1));
+    }
+
+    #[test]
+    fn signal_frame_reloads_the_interrupted_registers() {
+        let uc = 0x7000;
+        let mem = FakeMemory::default()
+            .word(uc + x86_64::UCONTEXT_RIP, 0x9999)
+            .word(uc + x86_64::UCONTEXT_RSP, 0x6000) // alternate stack: lower
+            .word(uc + x86_64::UCONTEXT_RBP, 0x6100);
+        let row = UnwindRow::new(0x3c04f, CfaRule::SignalFrame, 0);
+        let mut r = regs(0x3c050, uc, 0);
+        assert_eq!(step(&mut r, Some(&row), &mem), Ok(StepOutcome::Interrupted));
+        assert_eq!(r, regs(0x9999, 0x6000, 0x6100));
+    }
+
+    #[test]
+    fn frame_pointer_rule_without_row() {
+        let mem = FakeMemory::default()
+            .word(0x7100, 0x7300)
+            .word(0x7108, 0x4444);
+        let mut r = regs(0x1, 0x7000, 0x7100);
+        assert_eq!(step(&mut r, None, &mem), Ok(StepOutcome::Caller));
+        assert_eq!(r, regs(0x4444, 0x7110, 0x7300));
+        let mut end = regs(0x1, 0x7000, 0);
+        assert_eq!(step(&mut end, None, &mem), Ok(StepOutcome::EndOfStack));
+        assert_eq!(end, regs(0x1, 0x7000, 0));
+    }
+
+    #[test]
+    fn errors_leave_registers_alone() {
+        let mem = FakeMemory::default().word(0x7100, 0).word(0x7108, 0);
+        let cases: &[(UnwindRegs, Option<UnwindRow>, UnwindError)] = &[
+            (
+                regs(1, 0x7000, 0x6ff0),
+                None,
+                UnwindError::InvalidFramePointer,
+            ),
+            (
+                regs(1, 0x7000, 0x7104),
+                None,
+                UnwindError::InvalidFramePointer,
+            ),
+            (regs(1, 0x7000, 0x7100), None, UnwindError::PcZero),
+            (regs(1, 0x7000, 0x8000), None, UnwindError::BadRead),
+            (
+                regs(1, 0x7000, 0),
+                Some(UnwindRow::new(0, CfaRule::SpOffset, 64)),
+                UnwindError::BadRead,
+            ),
+            (
+                regs(1, 0x7000, 0),
+                Some(UnwindRow::new(0, CfaRule::SpOffset, 0)),
+                UnwindError::StackNotAdvancing,
+            ),
+            (
+                regs(1, 0x7000, 0x6000),
+                Some(UnwindRow::new(0, CfaRule::FpOffset, 16)),
+                UnwindError::StackNotAdvancing,
+            ),
+            (
+                regs(1, u64::MAX - 4, 0),
+                Some(UnwindRow::new(0, CfaRule::SpOffset, 16)),
+                UnwindError::AddressOverflow,
+            ),
+            (
+                regs(1, 0x7000, 0),
+                Some(UnwindRow::new(0, CfaRule::Unsupported, 16)),
+                UnwindError::UnsupportedCfa,
+            ),
+            (
+                regs(1, 0x7000, 0),
+                Some(UnwindRow::no_info(0)),
+                UnwindError::NoTableRow,
+            ),
+            (
+                regs(1, 0x7000, 0),
+                Some(UnwindRow::new(0, CfaRule::SpOffset, 0x110).with_fp_rule(FpRule::Unsupported)),
+                UnwindError::UnsupportedFpRule,
+            ),
+            (
+                regs(1, 0x7000, 0),
+                Some(UnwindRow::new(0, CfaRule::SpOffset, 0x110).with_ra(RaRule::Unsupported, 0)),
+                UnwindError::UnsupportedRaRule,
+            ),
+            (
+                regs(1, 0x7000, 0),
+                Some(UnwindRow::new(0, CfaRule::SpOffset, 0x110)),
+                UnwindError::PcZero,
+            ),
+            (
+                regs(1, 0x7000, 0),
+                Some(UnwindRow {
+                    cfa_rule: 99,
+                    ..UnwindRow::new(0, CfaRule::SpOffset, 8)
+                }),
+                UnwindError::InvalidRow,
+            ),
+            (
+                regs(1, 0x7000, 0),
+                Some(UnwindRow {
+                    fp_rule: 99,
+                    ..UnwindRow::new(0, CfaRule::SpOffset, 8)
+                }),
+                UnwindError::InvalidRow,
+            ),
+            (
+                regs(1, 0x7000, 0),
+                Some(UnwindRow::new(0, CfaRule::SignalFrame, 0)),
+                UnwindError::BadRead,
+            ),
+        ];
+        for (start, row, want) in cases {
+            let mut r = *start;
+            assert_eq!(step(&mut r, row.as_ref(), &mem), Err(*want), "{row:?}");
+            assert_eq!(r, *start, "{row:?}");
+        }
+    }
+
+    #[test]
+    fn undefined_return_address_ends_the_stack() {
+        let row = UnwindRow::new(0, CfaRule::SpOffset, 8).with_ra(RaRule::Undefined, 0);
+        let mut r = regs(5, 0x7000, 0);
+        assert_eq!(
+            step(&mut r, Some(&row), &FakeMemory::default()),
+            Ok(StepOutcome::EndOfStack)
+        );
+    }
+
+    #[test]
+    fn link_register_rule() {
+        let row = UnwindRow::new(0, CfaRule::SpOffset, 0x10).with_ra(RaRule::LinkRegister, 0);
+        let mut r = UnwindRegs {
+            pc: 5,
+            sp: 0x7000,
+            fp: 0x7100,
+            lr: 0x8888,
+        };
+        assert_eq!(
+            step(&mut r, Some(&row), &FakeMemory::default()),
+            Ok(StepOutcome::Caller)
+        );
+        assert_eq!(r, regs(0x8888, 0x7010, 0x7100));
+    }
+
+    #[test]
+    fn leaf_prologue_and_epilogue_without_row() {
+        let mem = FakeMemory::default()
+            .code_at(
+                0x2000,
+                &[0x55, 0x48, 0x89, 0xe5, 0x90, 0x90, 0x90, 0x90, 0x90, 0xc3],
+            )
+            .code_at(0x200a, &[0x90; 8])
+            .word(0x7000, 0xaaaa)
+            .word(0x7008, 0xbbbb);
+        // At `push rbp`: return address at sp.
+        let mut r = regs(0x2000, 0x7000, 0x7500);
+        assert_eq!(
+            step_interrupted_without_row(&mut r, &mem),
+            Ok(StepOutcome::Caller)
+        );
+        assert_eq!(r, regs(0xaaaa, 0x7008, 0x7500));
+        // At `mov rbp, rsp`: saved rbp at sp, return address at sp + 8.
+        let mut r = regs(0x2001, 0x7000, 0x7500);
+        assert_eq!(
+            step_interrupted_without_row(&mut r, &mem),
+            Ok(StepOutcome::Caller)
+        );
+        assert_eq!(r, regs(0xbbbb, 0x7010, 0x7500));
+        // At `ret`.
+        let mut r = regs(0x2009, 0x7000, 0x7500);
+        assert_eq!(
+            step_interrupted_without_row(&mut r, &mem),
+            Ok(StepOutcome::Caller)
+        );
+        assert_eq!(r, regs(0xaaaa, 0x7008, 0x7500));
+        // In the body: the frame-pointer rule (fp 0 ends it here).
+        let mut r = regs(0x2004, 0x7000, 0);
+        assert_eq!(
+            step_interrupted_without_row(&mut r, &mem),
+            Ok(StepOutcome::EndOfStack)
+        );
+        // Code that cannot be read: the frame-pointer rule.
+        let mut r = regs(0x9000, 0x7000, 0);
+        assert_eq!(
+            step_interrupted_without_row(&mut r, &mem),
+            Ok(StepOutcome::EndOfStack)
+        );
+    }
+
+    /// A native frame with a table (sp rule), a JIT frame (no row: fp rule),
+    /// a signal frame, and an outermost frame.
+    #[test]
+    fn walk_mixes_rules_and_adjusts_lookups() {
+        const LIBC: u64 = 0x10_0000;
+        const TRAMPOLINE: u64 = 0x10_8000;
+        const JIT: u64 = 0x50_0000;
+        const START: u64 = 0x20_0000;
+        let mem = FakeMemory::default()
+            // Leaf in libc: CFA = sp + 16 -> return address at 0x7008 into JIT code.
+            .word(0x7008, JIT + 0x40)
+            // JIT frame record at fp 0x7100 -> returns to the trampoline.
+            .word(0x7100, 0x7400)
+            .word(0x7108, TRAMPOLINE)
+            // ucontext at 0x7110 (the caller's sp after the JIT frame).
+            .word(0x7110 + x86_64::UCONTEXT_RIP, START + 0x10)
+            .word(0x7110 + x86_64::UCONTEXT_RSP, 0x7800)
+            .word(0x7110 + x86_64::UCONTEXT_RBP, 0);
+        let mut lookups = Vec::new();
+        let lookup = |pc: u64| {
+            lookups.push(pc);
+            match pc {
+                pc if (LIBC..LIBC + 0x100).contains(&pc) => {
+                    Ok(Some(UnwindRow::new(LIBC, CfaRule::SpOffset, 16)))
+                }
+                pc if (TRAMPOLINE - 1..TRAMPOLINE + 0x10).contains(&pc) => Ok(Some(
+                    UnwindRow::new(TRAMPOLINE - 1, CfaRule::SignalFrame, 0),
+                )),
+                pc if (JIT..JIT + 0x1000).contains(&pc) => Ok(None),
+                pc if (START..START + 0x100).contains(&pc) => Ok(Some(
+                    UnwindRow::new(START, CfaRule::SpOffset, 8).with_ra(RaRule::Undefined, 0),
+                )),
+                _ => Err(UnwindError::NoMapping),
+            }
+        };
+        let mut out = [0u64; 16];
+        let (n, err) = walk(regs(LIBC + 0x20, 0x7000, 0x7100), lookup, &mem, &mut out);
+        assert_eq!(err, None);
+        assert_eq!(
+            &out[..n],
+            &[LIBC + 0x20, JIT + 0x40, TRAMPOLINE, START + 0x10]
+        );
+        // Leaf and interrupted pcs as is, return addresses minus one.
+        assert_eq!(
+            lookups,
+            [LIBC + 0x20, JIT + 0x3f, TRAMPOLINE - 1, START + 0x10]
+        );
+    }
+
+    #[test]
+    fn walk_is_bounded_by_the_output() {
+        // A frame-pointer chain that loops upwards forever (each frame record
+        // points 16 bytes higher): only the output length stops it.
+        struct Ramp;
+        impl MemoryReader for Ramp {
+            fn read_u64(&self, addr: u64) -> Option<u64> {
+                if addr.is_multiple_of(16) {
+                    Some(addr + 16)
+                } else {
+                    Some(0x1234)
+                }
+            }
+        }
+        let mut out = [0u64; 128];
+        let (n, err) = walk(regs(0x1234, 0x7000, 0x7000), |_| Ok(None), &Ramp, &mut out);
+        assert_eq!((n, err), (128, Some(UnwindError::TooDeep)));
+        let (n, err) = walk(regs(0x1234, 0x7000, 0x7000), |_| Ok(None), &Ramp, &mut []);
+        assert_eq!((n, err), (0, Some(UnwindError::TooDeep)));
+    }
+
+    #[test]
+    fn walk_keeps_frames_found_before_an_error() {
+        let mem = FakeMemory::default().word(0x7008, 0x9999);
+        let mut out = [0u64; 8];
+        let lookup = |pc: u64| {
+            if pc < 0x2000 {
+                Ok(Some(UnwindRow::new(0, CfaRule::SpOffset, 16)))
+            } else {
+                Err(UnwindError::NoMapping)
+            }
+        };
+        let (n, err) = walk(regs(0x1000, 0x7000, 0), lookup, &mem, &mut out);
+        assert_eq!((n, err), (2, Some(UnwindError::NoMapping)));
+        assert_eq!(&out[..2], &[0x1000, 0x9999]);
+        // A zero pc to start with is an error, with no frame.
+        let (n, err) = walk(regs(0, 0x7000, 0), lookup, &mem, &mut out);
+        assert_eq!((n, err), (0, Some(UnwindError::PcZero)));
+    }
+}

@@ -1,0 +1,305 @@
+//! One ELF file's unwind table, its identity, and the cache that shares
+//! tables between processes: what the kernel-side unwind maps are filled
+//! from. A file mapped by a hundred processes is parsed once; the cache keeps
+//! the most recently used tables within a byte budget.
+
+use std::fs::File;
+use std::io::Read;
+use std::sync::Arc;
+
+use clrbpf_common::unwind::{UnwindRow, find_row};
+use lru::LruCache;
+use object::{Object, ObjectSegment};
+use twox_hash::XxHash3_64;
+
+use super::UnwindTableError;
+use super::eh_frame::{UnwindRowStats, build_rows};
+
+/// Largest ELF file [`UnwindTable::from_file`] reads.
+pub const MAX_ELF_FILE_BYTES: u64 = 1 << 30;
+
+/// Longest GNU build id kept; a longer note is treated as absent.
+const MAX_BUILD_ID_BYTES: usize = 64;
+
+/// What makes two files the same for unwinding: the GNU build id when the
+/// file has one (every distribution binary does), else a hash of the whole
+/// content. A hash of a few pages is not enough: two builds of one library
+/// can share their first and last 4 KiB and differ in between.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum FileIdentity {
+    /// The `.note.gnu.build-id` descriptor.
+    BuildId(Box<[u8]>),
+    /// XXH3-64 of the whole file.
+    ContentHash(u64),
+}
+
+impl FileIdentity {
+    /// The identity of a parsed ELF file whose bytes are `data`.
+    pub fn of_elf(elf: &object::File<'_>, data: &[u8]) -> Self {
+        match elf.build_id() {
+            Ok(Some(id)) if !id.is_empty() && id.len() <= MAX_BUILD_ID_BYTES => {
+                Self::BuildId(id.into())
+            }
+            _ => Self::ContentHash(XxHash3_64::oneshot(data)),
+        }
+    }
+
+    /// The identity of the ELF file whose bytes are `data`.
+    pub fn of_elf_bytes(data: &[u8]) -> Result<Self, UnwindTableError> {
+        let elf = object::File::parse(data).map_err(|source| UnwindTableError::Parse { source })?;
+        Ok(Self::of_elf(&elf, data))
+    }
+
+    /// A 64-bit key for kernel-side maps: XXH3-64 of the build id, or the
+    /// content hash.
+    pub fn key(&self) -> u64 {
+        match self {
+            Self::BuildId(id) => XxHash3_64::oneshot(id),
+            Self::ContentHash(hash) => *hash,
+        }
+    }
+}
+
+impl std::fmt::Display for FileIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::BuildId(id) => {
+                f.write_str("build-id:")?;
+                id.iter().try_for_each(|b| write!(f, "{b:02x}"))
+            }
+            Self::ContentHash(hash) => write!(f, "xxh3:{hash:016x}"),
+        }
+    }
+}
+
+/// A `PT_LOAD` segment: where file bytes land in the file's address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadSegment {
+    pub file_offset: u64,
+    pub file_size: u64,
+    pub vaddr: u64,
+}
+
+/// The unwind rows of one ELF file, sorted by ELF virtual address.
+#[derive(Debug)]
+pub struct UnwindTable {
+    identity: FileIdentity,
+    rows: Box<[UnwindRow]>,
+    segments: Box<[LoadSegment]>,
+    stats: UnwindRowStats,
+}
+
+impl UnwindTable {
+    /// Builds the table of the ELF file whose bytes are `data`.
+    pub fn from_elf_bytes(data: &[u8]) -> Result<Self, UnwindTableError> {
+        let elf = object::File::parse(data).map_err(|source| UnwindTableError::Parse { source })?;
+        let identity = FileIdentity::of_elf(&elf, data);
+        Self::from_elf(&elf, identity)
+    }
+
+    /// Builds the table of a parsed ELF file whose identity is known.
+    pub fn from_elf(
+        elf: &object::File<'_>,
+        identity: FileIdentity,
+    ) -> Result<Self, UnwindTableError> {
+        let (rows, stats) = build_rows(elf)?;
+        let segments = elf
+            .segments()
+            .map(|s| {
+                let (file_offset, file_size) = s.file_range();
+                LoadSegment {
+                    file_offset,
+                    file_size,
+                    vaddr: s.address(),
+                }
+            })
+            .collect();
+        Ok(Self {
+            identity,
+            rows: rows.into_boxed_slice(),
+            segments,
+            stats,
+        })
+    }
+
+    /// Builds the table of an opened ELF file (the caller opened it, through
+    /// `/proc/PID/root` for a target's file, without following symlinks out
+    /// of that root).
+    pub fn from_file(file: &File) -> Result<Self, UnwindTableError> {
+        Self::from_elf_bytes(&read_elf_file(file)?)
+    }
+
+    pub fn identity(&self) -> &FileIdentity {
+        &self.identity
+    }
+
+    /// Sorted rows, ending with a `NoInfo` row (or empty).
+    pub fn rows(&self) -> &[UnwindRow] {
+        &self.rows
+    }
+
+    pub fn stats(&self) -> &UnwindRowStats {
+        &self.stats
+    }
+
+    pub fn segments(&self) -> &[LoadSegment] {
+        &self.segments
+    }
+
+    /// The row for an ELF virtual address, if one covers it.
+    pub fn find_row(&self, vaddr: u64) -> Option<&UnwindRow> {
+        find_row(&self.rows, vaddr)
+    }
+
+    /// Bytes of memory the table holds (rows and segments), what the cache
+    /// budget counts.
+    pub fn size_bytes(&self) -> usize {
+        let Self {
+            identity,
+            rows,
+            segments,
+            stats: _,
+        } = self;
+        let identity_bytes = match identity {
+            FileIdentity::BuildId(id) => id.len(),
+            FileIdentity::ContentHash(_) => 0,
+        };
+        size_of::<Self>()
+            + identity_bytes
+            + size_of_val::<[UnwindRow]>(rows)
+            + size_of_val::<[LoadSegment]>(segments)
+    }
+
+    /// The load bias of a mapping of this file at `map_start` from file
+    /// offset `map_offset` (as in `/proc/PID/maps`): a pc in the mapping is
+    /// at ELF virtual address `pc - bias` (wrapping). `None` when no
+    /// `PT_LOAD` segment holds that offset.
+    pub fn load_bias(&self, map_start: u64, map_offset: u64) -> Option<u64> {
+        // Mappings start at page-aligned offsets, segments need not: match
+        // the segment's page-aligned start. p_vaddr and p_offset are equal
+        // modulo the page size, so the bias is the same either way.
+        let segment = self.segments.iter().find(|s| {
+            let aligned = s.file_offset & !0xfff;
+            aligned <= map_offset && map_offset < s.file_offset.saturating_add(s.file_size.max(1))
+        })?;
+        Some(
+            map_start
+                .wrapping_sub(map_offset)
+                .wrapping_add(segment.file_offset)
+                .wrapping_sub(segment.vaddr),
+        )
+    }
+}
+
+/// Reads a whole ELF file, refusing more than [`MAX_ELF_FILE_BYTES`].
+pub fn read_elf_file(file: &File) -> Result<Vec<u8>, UnwindTableError> {
+    let mut data = Vec::new();
+    file.take(MAX_ELF_FILE_BYTES + 1)
+        .read_to_end(&mut data)
+        .map_err(|source| UnwindTableError::Read { source })?;
+    if data.len() as u64 > MAX_ELF_FILE_BYTES {
+        return Err(UnwindTableError::TooLarge {
+            limit: MAX_ELF_FILE_BYTES,
+        });
+    }
+    Ok(data)
+}
+
+/// Tables shared by file identity, least recently used evicted first once
+/// their [`UnwindTable::size_bytes`] add up to more than the capacity.
+/// Evicting only drops the cache's reference: a process still holding the
+/// `Arc` keeps its table; the identities evicted are reported so the kernel
+/// side can drop its copy.
+pub struct UnwindTableCache {
+    tables: LruCache<FileIdentity, Arc<UnwindTable>>,
+    size_bytes: usize,
+    capacity_bytes: usize,
+    evicted: Vec<FileIdentity>,
+}
+
+impl UnwindTableCache {
+    pub fn new(capacity_bytes: usize) -> Self {
+        Self {
+            tables: LruCache::unbounded(),
+            size_bytes: 0,
+            capacity_bytes,
+            evicted: Vec::new(),
+        }
+    }
+
+    /// The table of a file, marking it recently used.
+    pub fn get(&mut self, identity: &FileIdentity) -> Option<Arc<UnwindTable>> {
+        self.tables.get(identity).cloned()
+    }
+
+    /// Adds a table (replacing one of the same identity), then evicts the
+    /// least recently used others until the cache fits. A table larger than
+    /// the whole capacity is returned but not kept.
+    pub fn insert(&mut self, table: UnwindTable) -> Arc<UnwindTable> {
+        let table = Arc::new(table);
+        let size = table.size_bytes();
+        if size > self.capacity_bytes {
+            self.evicted.push(table.identity().clone());
+            return table;
+        }
+        if let Some(old) = self
+            .tables
+            .put(table.identity().clone(), Arc::clone(&table))
+        {
+            self.size_bytes -= old.size_bytes();
+        }
+        self.size_bytes += size;
+        while self.size_bytes > self.capacity_bytes {
+            let Some((identity, old)) = self.tables.pop_lru() else {
+                break;
+            };
+            self.size_bytes -= old.size_bytes();
+            self.evicted.push(identity);
+        }
+        table
+    }
+
+    /// The cached table of the ELF file whose bytes are `data`, built and
+    /// inserted on a miss.
+    pub fn get_or_build(&mut self, data: &[u8]) -> Result<Arc<UnwindTable>, UnwindTableError> {
+        let elf = object::File::parse(data).map_err(|source| UnwindTableError::Parse { source })?;
+        let identity = FileIdentity::of_elf(&elf, data);
+        if let Some(table) = self.get(&identity) {
+            return Ok(table);
+        }
+        Ok(self.insert(UnwindTable::from_elf(&elf, identity)?))
+    }
+
+    /// Identities evicted (or refused) since the last call.
+    pub fn take_evicted(&mut self) -> Vec<FileIdentity> {
+        std::mem::take(&mut self.evicted)
+    }
+
+    pub fn len(&self) -> usize {
+        self.tables.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tables.is_empty()
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.size_bytes
+    }
+
+    pub fn capacity_bytes(&self) -> usize {
+        self.capacity_bytes
+    }
+
+    /// Changes the capacity, evicting at once if the cache no longer fits.
+    pub fn set_capacity_bytes(&mut self, capacity_bytes: usize) {
+        self.capacity_bytes = capacity_bytes;
+        while self.size_bytes > self.capacity_bytes {
+            let Some((identity, old)) = self.tables.pop_lru() else {
+                break;
+            };
+            self.size_bytes -= old.size_bytes();
+            self.evicted.push(identity);
+        }
+    }
+}
