@@ -36,7 +36,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::SystemInfo => clrbpf::bpf::system::print_system_info(std::io::stdout().lock()).context("write"),
         Command::BenchPerfMap { entries, runs } => {
             let mut times: Vec<Duration> =
-                (0..runs.max(1)).map(|_| clrbpf::symbolize::perf_map::bench_perf_map_load(entries)).collect();
+                (0..runs.max(1)).map(|_| clrbpf::symbolize::bench_perf_map_load(entries)).collect();
             times.sort();
             println!("perf map load, {entries} entries: median {:.2} ms over {} runs", times[times.len() / 2].as_secs_f64() * 1e3, times.len());
             Ok(())

@@ -1,4 +1,18 @@
 //! Addresses to names: kernel (kallsyms), native (ELF symbols and debug info
 //! through blazesym) and managed (perf map, jitdump, runtime rundown).
+//!
+//! Native and kernel code: [`native`] (blazesym over files kept open while
+//! their process lives). Managed code: [`target_fs`] reads the runtime's
+//! files safely inside the target's root, [`perf_map`] and [`jitdump`] parse
+//! them incrementally, [`jit_index`] keeps the code ranges by address and
+//! time, and [`managed`] ties them together per process
+//! ([`managed::ManagedSymbols`]).
 
+pub mod jit_index;
+pub mod jitdump;
+pub mod managed;
 pub mod native;
+pub mod perf_map;
+pub mod target_fs;
+
+pub use managed::bench_perf_map_load;

@@ -1,0 +1,1408 @@
+//! Managed (.NET) frame names for one process, from the files its runtime
+//! writes when perf maps are enabled: `jit-NSPID.dump` (JIT'd and
+//! ReadyToRun code, each with the time it was compiled) and
+//! `perf-NSPID.map` (JIT'd code only, no times). This is the managed half of
+//! the `symbolize/` stage: a raw sample's user addresses that fall in no ELF
+//! mapping are looked up here with the sample's timestamp.
+//!
+//! Strategy:
+//! 1. Locate the files as the target sees them: its namespace pid (`NSpid`)
+//!    and perf directory (`DOTNET_PerfMapJitDumpPath`, default `/tmp`), read
+//!    through `/proc/PID/root` with [`super::target_fs`] (no symlink escapes).
+//! 2. On each [`ManagedSymbols::refresh`], read only the bytes appended since
+//!    the last one and feed them to the incremental parsers. A file that was
+//!    replaced or truncated (different inode, shorter, or different first
+//!    bytes) is parsed again from the start.
+//! 3. Prefer the jitdump: CoreCLR writes every perf map line to it too, with
+//!    a CLOCK_MONOTONIC timestamp (the clock of `bpf_ktime_get_ns`). The perf
+//!    map is read only while the jitdump is missing or unusable
+//!    (`DOTNET_PerfMapEnabled=3`, or a corrupt jitdump); its lines are
+//!    stamped with the refresh time, which is after the code became valid.
+//! 4. Index every range with that time in a [`JitCodeIndex`] and resolve a
+//!    sample by address and time (addresses are reused by tiering).
+//!
+//! Limits: a process in a time namespace has its own CLOCK_MONOTONIC
+//! offset, not corrected here. Memory grows with the number of methods
+//! (about 300 bytes each); caps per file bound it.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::jit_index::JitCodeIndex;
+use super::jitdump::{JitDumpCounts, JitDumpError, JitDumpLimits, JitDumpParser};
+use super::perf_map::{PerfMapCounts, PerfMapLimits, PerfMapParser};
+use super::target_fs::{self, TargetFsError};
+
+/// A named range of managed code.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ManagedSymbol {
+    /// Full signature without the tier, as the runtime writes it:
+    /// `int64 [Hot] Hot::Spin(int64)`.
+    pub name: Arc<str>,
+    /// JIT tier from the `[Tier]` suffix: `OptimizedTier1`, `PreJIT`, ...
+    pub jit_tier: Option<Arc<str>>,
+    /// The name exactly as written (the same `Arc` as `name` when there is
+    /// no tier).
+    pub raw_name: Arc<str>,
+    /// Assembly from the `[...]` before the type: `Hot`.
+    pub assembly: Option<Arc<str>>,
+    /// Runtime stub (precode, dispatch, ...), not a method.
+    pub is_stub: bool,
+    pub start: u64,
+    pub size: u64,
+}
+
+/// Tiers CoreCLR appends (`GetJitOptimizationTierStr`, plus the jitdump's
+/// ReadyToRun ones).
+pub const KNOWN_JIT_TIERS: &[&str] = &[
+    "MinOptJitted",
+    "Optimized",
+    "QuickJitted",
+    "OptimizedTier1",
+    "OptimizedTier1OSR",
+    "InstrumentedTier",
+    "InstrumentedTierOptimized",
+    "PreJIT",
+    "PreJit-cold",
+];
+
+/// Splits a trailing `[Tier]` off a runtime name: a known tier, or any
+/// `[Word]` of letters, digits and '-' right after the signature's `)`
+/// (tolerant of tiers added by later runtimes). Anything else is left in the
+/// name: `Dictionary`2[System.__Canon,System.__Canon]` is not a tier.
+pub fn split_tier(raw: &str) -> (&str, Option<&str>) {
+    let Some(body) = raw.strip_suffix(']') else {
+        return (raw, None);
+    };
+    let Some(open) = body.rfind('[') else {
+        return (raw, None);
+    };
+    let (name, tier) = (&raw[..open], &body[open + 1..]);
+    let is_word = !tier.is_empty() && tier.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    let is_tier = KNOWN_JIT_TIERS.contains(&tier) || (is_word && name.ends_with(')'));
+    if is_tier && !name.is_empty() {
+        (name, Some(tier))
+    } else {
+        (raw, None)
+    }
+}
+
+/// The assembly of a runtime method name: the first `[Name]` that stands
+/// alone (after a blank or at the start, followed by a blank) before the
+/// argument list. `class [System.Runtime]System.String` in a signature is
+/// IL syntax for a type, not the method's assembly.
+pub fn assembly_of(name: &str) -> Option<&str> {
+    let head = name.find('(').map_or(name, |paren| &name[..paren]);
+    let bytes = head.as_bytes();
+    let mut from = 0;
+    while let Some(offset) = head[from..].find('[') {
+        let open = from + offset;
+        from = open + 1;
+        if open > 0 && bytes[open - 1] != b' ' {
+            continue;
+        }
+        let len = head[open + 1..].find(']')?;
+        let inner = &head[open + 1..open + 1 + len];
+        let after = bytes.get(open + 1 + len + 1);
+        if !inner.is_empty() && !inner.contains([' ', '[']) && after == Some(&b' ') {
+            return Some(inner);
+        }
+    }
+    None
+}
+
+/// Whether a runtime name is a stub (`stub<12> AllocateTemporaryEntryPoints<PRECODE_STUB>`).
+pub fn is_stub_name(raw: &str) -> bool {
+    raw.starts_with("stub<") || raw.starts_with("stub ")
+}
+
+/// Shares the few distinct tier and assembly strings among all symbols.
+#[derive(Debug, Default)]
+pub struct SymbolInterner {
+    strings: HashSet<Arc<str>, BuildHasherDefault<FnvHasher>>,
+}
+
+/// FNV-1a: the interned strings are short and few, SipHash's DoS
+/// resistance buys nothing here (a hostile target only slows its own
+/// symbols) and costs a large share of a perf map load.
+#[derive(Debug)]
+struct FnvHasher(u64);
+
+impl Default for FnvHasher {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for FnvHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl SymbolInterner {
+    pub fn intern(&mut self, text: &str) -> Arc<str> {
+        if let Some(known) = self.strings.get(text) {
+            return known.clone();
+        }
+        let shared: Arc<str> = text.into();
+        self.strings.insert(shared.clone());
+        shared
+    }
+}
+
+impl ManagedSymbol {
+    /// A symbol from a name as the runtime writes it (tier suffix included).
+    pub fn from_raw_name(raw: &str, start: u64, size: u64, interner: &mut SymbolInterner) -> Self {
+        let raw_name: Arc<str> = raw.into();
+        let (name, tier) = split_tier(raw);
+        let jit_tier = tier.map(|tier| interner.intern(tier));
+        let name = if tier.is_some() {
+            name.into()
+        } else {
+            raw_name.clone()
+        };
+        let assembly = assembly_of(&name).map(|assembly| interner.intern(assembly));
+        Self {
+            is_stub: is_stub_name(raw),
+            name,
+            jit_tier,
+            raw_name,
+            assembly,
+            start,
+            size,
+        }
+    }
+
+    /// One past the last byte of the range (saturating).
+    pub fn end(&self) -> u64 {
+        self.start.saturating_add(self.size)
+    }
+}
+
+/// Paths of a runtime's perf files as the target process sees them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PerfFilePaths {
+    pub perf_map: PathBuf,
+    pub jitdump: PathBuf,
+    /// `perfinfo-N.map` (image loads, .NET 8 and older); not parsed here.
+    pub perfinfo: PathBuf,
+    /// Where an older runtime writes the perf map instead, when that is
+    /// another directory (see [`target_fs::PerfDirs`]). Once the perf map is
+    /// found there, `perf_map` and `perfinfo` point there and this is `None`.
+    pub legacy_perf_map: Option<PathBuf>,
+}
+
+impl PerfFilePaths {
+    pub fn new(location: &TargetLocation) -> Self {
+        let [perf_map, jitdump, perfinfo] =
+            perf_file_names(location.ns_pid).map(|name| location.perf_dir.join(name));
+        let legacy_perf_map = (location.legacy_perf_map_dir != location.perf_dir).then(|| {
+            location
+                .legacy_perf_map_dir
+                .join(&perf_file_names(location.ns_pid)[0])
+        });
+        Self {
+            perf_map,
+            jitdump,
+            perfinfo,
+            legacy_perf_map,
+        }
+    }
+
+    /// The perf map was found in the legacy directory: use it from now on.
+    fn switch_to_legacy(&mut self) {
+        if let Some(legacy) = self.legacy_perf_map.take() {
+            if let Some(dir) = legacy.parent() {
+                self.perfinfo = dir.join(self.perfinfo.file_name().unwrap_or_default());
+            }
+            self.perf_map = legacy;
+        }
+    }
+}
+
+fn perf_file_names(ns_pid: u32) -> [String; 3] {
+    [
+        format!("perf-{ns_pid}.map"),
+        format!("jit-{ns_pid}.dump"),
+        format!("perfinfo-{ns_pid}.map"),
+    ]
+}
+
+/// Where a process's perf files are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetLocation {
+    /// Host pid.
+    pub pid: u32,
+    /// Pid in the process's own namespace: the number in the file names.
+    pub ns_pid: u32,
+    /// The process's root directory as we reach it (`/proc/PID/root`).
+    pub root: PathBuf,
+    /// The perf directory as the process sees it (`/tmp`).
+    pub perf_dir: PathBuf,
+    /// Where runtimes before .NET 8 write the perf map (`$TMPDIR` or `/tmp`).
+    pub legacy_perf_map_dir: PathBuf,
+}
+
+impl TargetLocation {
+    /// Reads the namespace pid and perf directory of a live process.
+    pub fn of_process(pid: u32) -> Self {
+        let dirs = target_fs::target_perf_dirs(pid);
+        Self {
+            pid,
+            ns_pid: target_fs::ns_pid(pid).unwrap_or(pid),
+            root: target_fs::proc_root(pid),
+            perf_dir: dirs.perf_dir,
+            legacy_perf_map_dir: dirs.legacy_perf_map_dir,
+        }
+    }
+}
+
+/// Bounds for one process's managed symbols.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ManagedSymbolsConfig {
+    pub perf_map: PerfMapLimits,
+    pub jitdump: JitDumpLimits,
+    /// Bytes read per file and refresh; the rest waits for the next one.
+    /// Bounds the time of one refresh (a jitdump also carries code bytes).
+    pub max_bytes_per_refresh: u64,
+}
+
+impl Default for ManagedSymbolsConfig {
+    fn default() -> Self {
+        Self {
+            perf_map: PerfMapLimits::default(),
+            jitdump: JitDumpLimits::default(),
+            max_bytes_per_refresh: 256 * 1024 * 1024,
+        }
+    }
+}
+
+/// What happened to one file in one refresh.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FileStatus {
+    /// Not there (yet): not an error.
+    #[default]
+    Missing,
+    /// Opened and read up to its end or the byte bound.
+    Read,
+    /// Not read: the perf map while the jitdump is usable.
+    NotNeeded,
+    /// Stopped on an earlier parse error; see [`ManagedSymbolErrors::jitdump_stop`].
+    Stopped,
+    /// Open or read failed; counted in [`ManagedSymbolErrors`].
+    Failed,
+}
+
+/// One file's part of a refresh.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileRefresh {
+    pub status: FileStatus,
+    pub bytes_read: u64,
+    pub symbols_added: u64,
+    /// Parsed again from the start: the file was replaced or truncated.
+    pub restarted: bool,
+}
+
+/// What [`ManagedSymbols::refresh`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RefreshStats {
+    pub perf_map: FileRefresh,
+    pub jitdump: FileRefresh,
+}
+
+/// Problems met so far, per kind (cumulative).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ManagedSymbolErrors {
+    pub perf_map: PerfMapCounts,
+    pub jitdump: JitDumpCounts,
+    /// Why the jitdump parser stopped, if it did.
+    pub jitdump_stop: Option<JitDumpError>,
+    /// Opens that failed for another reason than a missing file.
+    pub open_errors: u64,
+    pub read_errors: u64,
+    /// Files parsed again from the start after being replaced or truncated.
+    pub restarts: u64,
+    /// Ranges the index refused (empty, overflowing, oversized).
+    pub rejected_ranges: u64,
+    /// Lookups cut short by overlapping ranges.
+    pub lookup_step_limit_hits: u64,
+    /// The last open or read error, for a log line.
+    pub last_io_error: Option<String>,
+}
+
+/// Bytes compared to tell a rewritten file from a grown one.
+const FINGERPRINT_LEN: usize = 64;
+/// Bytes read per `pread`.
+const READ_CHUNK: usize = 1024 * 1024;
+
+/// What we know of one file between refreshes.
+#[derive(Debug, Default)]
+struct TrackedFile {
+    /// `(st_dev, st_ino)` of the file last read.
+    identity: Option<(u64, u64)>,
+    /// Its first bytes (up to [`FINGERPRINT_LEN`]).
+    fingerprint: Vec<u8>,
+}
+
+/// The offset/reset contract both parsers share.
+trait IncrementalParser {
+    fn offset(&self) -> u64;
+    fn reset(&mut self);
+}
+
+impl IncrementalParser for PerfMapParser {
+    fn offset(&self) -> u64 {
+        PerfMapParser::offset(self)
+    }
+    fn reset(&mut self) {
+        PerfMapParser::reset(self)
+    }
+}
+
+impl IncrementalParser for JitDumpParser {
+    fn offset(&self) -> u64 {
+        JitDumpParser::offset(self)
+    }
+    fn reset(&mut self) {
+        JitDumpParser::reset(self)
+    }
+}
+
+/// Managed symbols of one process, kept in sync with its perf files.
+#[derive(Debug)]
+pub struct ManagedSymbols {
+    location: TargetLocation,
+    paths: PerfFilePaths,
+    config: ManagedSymbolsConfig,
+    perf_map: PerfMapParser,
+    perf_map_file: TrackedFile,
+    jitdump: JitDumpParser,
+    jitdump_file: TrackedFile,
+    index: JitCodeIndex,
+    interner: SymbolInterner,
+    open_errors: u64,
+    read_errors: u64,
+    restarts: u64,
+    last_io_error: Option<String>,
+    read_buf: Vec<u8>,
+}
+
+impl ManagedSymbols {
+    /// Symbols of live process `pid` (host pid), default bounds. Reads the
+    /// process's namespace pid and environment now; no file is read before
+    /// the first [`Self::refresh`].
+    pub fn new(pid: u32) -> Self {
+        Self::at(
+            TargetLocation::of_process(pid),
+            ManagedSymbolsConfig::default(),
+        )
+    }
+
+    /// Symbols of the process at `location` (a fake root in tests).
+    pub fn at(location: TargetLocation, config: ManagedSymbolsConfig) -> Self {
+        let paths = PerfFilePaths::new(&location);
+        Self {
+            location,
+            paths,
+            config,
+            perf_map: PerfMapParser::new(config.perf_map),
+            perf_map_file: TrackedFile::default(),
+            jitdump: JitDumpParser::new(config.jitdump),
+            jitdump_file: TrackedFile::default(),
+            index: JitCodeIndex::new(),
+            interner: SymbolInterner::default(),
+            open_errors: 0,
+            read_errors: 0,
+            restarts: 0,
+            last_io_error: None,
+            read_buf: Vec::new(),
+        }
+    }
+
+    pub fn location(&self) -> &TargetLocation {
+        &self.location
+    }
+
+    /// The perf files' paths inside the target.
+    pub fn files(&self) -> &PerfFilePaths {
+        &self.paths
+    }
+
+    /// Reads what the runtime appended since the last refresh. `now_ns` is
+    /// CLOCK_MONOTONIC: the validity time of perf map lines read now.
+    pub fn refresh(&mut self, now_ns: u64) -> RefreshStats {
+        let jitdump = self.refresh_jitdump(now_ns);
+        let jitdump_usable = self.jitdump.header().is_some() && self.jitdump.error().is_none();
+        let perf_map = if jitdump_usable {
+            FileRefresh {
+                status: FileStatus::NotNeeded,
+                ..FileRefresh::default()
+            }
+        } else {
+            self.refresh_perf_map(now_ns)
+        };
+        self.index.commit();
+        RefreshStats { perf_map, jitdump }
+    }
+
+    /// The symbol that owned `addr` at `time_ns` (CLOCK_MONOTONIC).
+    pub fn lookup(&self, addr: u64, time_ns: u64) -> Option<&ManagedSymbol> {
+        self.index.lookup(addr, time_ns)
+    }
+
+    pub fn index(&self) -> &JitCodeIndex {
+        &self.index
+    }
+
+    /// Symbols held.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    pub fn errors(&self) -> ManagedSymbolErrors {
+        ManagedSymbolErrors {
+            perf_map: self.perf_map.counts(),
+            jitdump: self.jitdump.counts(),
+            jitdump_stop: self.jitdump.error().cloned(),
+            open_errors: self.open_errors,
+            read_errors: self.read_errors,
+            restarts: self.restarts,
+            rejected_ranges: self.index.rejected_ranges(),
+            lookup_step_limit_hits: self.index.lookup_step_limit_hits(),
+            last_io_error: self.last_io_error.clone(),
+        }
+    }
+
+    fn refresh_jitdump(&mut self, now_ns: u64) -> FileRefresh {
+        let Self {
+            location,
+            paths,
+            config,
+            jitdump,
+            jitdump_file,
+            index,
+            interner,
+            read_buf,
+            ..
+        } = self;
+        let mut refresh = FileRefresh::default();
+        let file = match open_tracked(&location.root, &paths.jitdump, jitdump_file, jitdump) {
+            Ok(Some((file, restarted))) => {
+                refresh.restarted = restarted;
+                file
+            }
+            Ok(None) => return refresh,
+            Err(error) => {
+                self.open_errors += 1;
+                self.last_io_error = Some(error.to_string());
+                refresh.status = FileStatus::Failed;
+                return refresh;
+            }
+        };
+        self.restarts += u64::from(refresh.restarted);
+        if jitdump.error().is_some() {
+            // Nothing after the bad record can be framed; wait for the file
+            // to be replaced.
+            refresh.status = FileStatus::Stopped;
+            return refresh;
+        }
+        let result = read_incrementally(
+            &file,
+            jitdump,
+            read_buf,
+            config.max_bytes_per_refresh,
+            |parser, bytes| {
+                parser.feed(bytes, |load| {
+                    let valid_from = if load.monotonic_time {
+                        load.timestamp_ns
+                    } else {
+                        now_ns
+                    };
+                    let symbol = ManagedSymbol::from_raw_name(
+                        &load.name,
+                        load.code_addr,
+                        load.code_size,
+                        interner,
+                    );
+                    refresh.symbols_added += u64::from(index.insert(symbol, valid_from));
+                })
+            },
+        );
+        refresh.status = if jitdump.error().is_some() {
+            FileStatus::Stopped
+        } else {
+            FileStatus::Read
+        };
+        match result {
+            Ok(bytes) => refresh.bytes_read = bytes,
+            Err(error) => {
+                self.read_errors += 1;
+                self.last_io_error =
+                    Some(format!("cannot read {}: {error}", paths.jitdump.display()));
+                refresh.status = FileStatus::Failed;
+            }
+        }
+        refresh
+    }
+
+    fn refresh_perf_map(&mut self, now_ns: u64) -> FileRefresh {
+        let Self {
+            location,
+            paths,
+            config,
+            perf_map,
+            perf_map_file,
+            index,
+            interner,
+            read_buf,
+            ..
+        } = self;
+        let mut refresh = FileRefresh::default();
+        let mut opened = open_tracked(&location.root, &paths.perf_map, perf_map_file, perf_map);
+        if let (Ok(None), Some(legacy)) = (&opened, &paths.legacy_perf_map) {
+            opened = open_tracked(&location.root, legacy, perf_map_file, perf_map);
+            if matches!(opened, Ok(Some(_))) {
+                paths.switch_to_legacy();
+            }
+        }
+        let file = match opened {
+            Ok(Some((file, restarted))) => {
+                refresh.restarted = restarted;
+                file
+            }
+            Ok(None) => return refresh,
+            Err(error) => {
+                self.open_errors += 1;
+                self.last_io_error = Some(error.to_string());
+                refresh.status = FileStatus::Failed;
+                return refresh;
+            }
+        };
+        self.restarts += u64::from(refresh.restarted);
+        let result = read_incrementally(
+            &file,
+            perf_map,
+            read_buf,
+            config.max_bytes_per_refresh,
+            |parser, bytes| {
+                refresh.symbols_added += ingest_perf_map(parser, index, interner, bytes, now_ns);
+            },
+        );
+        refresh.status = FileStatus::Read;
+        match result {
+            Ok(bytes) => refresh.bytes_read = bytes,
+            Err(error) => {
+                self.read_errors += 1;
+                self.last_io_error =
+                    Some(format!("cannot read {}: {error}", paths.perf_map.display()));
+                refresh.status = FileStatus::Failed;
+            }
+        }
+        refresh
+    }
+}
+
+/// Parses perf map bytes into the index; returns the symbols added.
+fn ingest_perf_map(
+    parser: &mut PerfMapParser,
+    index: &mut JitCodeIndex,
+    interner: &mut SymbolInterner,
+    bytes: &[u8],
+    now_ns: u64,
+) -> u64 {
+    let mut added = 0;
+    parser.feed(bytes, |entry| {
+        let symbol = ManagedSymbol::from_raw_name(&entry.name, entry.start, entry.size, interner);
+        added += u64::from(index.insert(symbol, now_ns));
+    });
+    added
+}
+
+/// Opens a perf file and decides whether its parser must start over.
+/// `Ok(None)` when the file does not exist.
+fn open_tracked(
+    root: &Path,
+    path: &Path,
+    tracked: &mut TrackedFile,
+    parser: &mut impl IncrementalParser,
+) -> Result<Option<(File, bool)>, TargetFsError> {
+    let file = match target_fs::open_in_root_dir(root, path) {
+        Ok(file) => file,
+        Err(error) if error.is_not_found() => return Ok(None),
+        Err(error) => return Err(error),
+    };
+    let open_error = |source: io::Error| TargetFsError::Open {
+        root: root.to_owned(),
+        path: path.to_owned(),
+        source,
+    };
+    let metadata = file.metadata().map_err(open_error)?;
+    let identity = (metadata.dev(), metadata.ino());
+    let mut prefix = [0u8; FINGERPRINT_LEN];
+    let prefix_len = read_prefix(&file, &mut prefix).map_err(open_error)?;
+    let prefix = &prefix[..prefix_len];
+    let common = prefix.len().min(tracked.fingerprint.len());
+    let replaced = tracked.identity.is_some_and(|known| known != identity)
+        || metadata.len() < parser.offset()
+        || prefix[..common] != tracked.fingerprint[..common];
+    if replaced {
+        parser.reset();
+    }
+    tracked.identity = Some(identity);
+    if replaced || prefix.len() > tracked.fingerprint.len() {
+        tracked.fingerprint = prefix.to_vec();
+    }
+    Ok(Some((file, replaced)))
+}
+
+fn read_prefix(file: &File, prefix: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < prefix.len() {
+        match file.read_at(&mut prefix[filled..], filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(filled)
+}
+
+/// Reads `file` from `parser`'s offset in chunks and feeds each one, until
+/// the end, `max_bytes`, or the parser stops consuming. Returns the bytes read.
+fn read_incrementally<P: IncrementalParser>(
+    file: &File,
+    parser: &mut P,
+    buf: &mut Vec<u8>,
+    max_bytes: u64,
+    mut feed: impl FnMut(&mut P, &[u8]),
+) -> io::Result<u64> {
+    let mut total = 0u64;
+    while total < max_bytes {
+        buf.clear();
+        let want =
+            usize::try_from(max_bytes - total).map_or(READ_CHUNK, |left| left.min(READ_CHUNK));
+        let before = parser.offset();
+        let n = target_fs::read_from_offset(file, before, buf, want)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        feed(parser, buf);
+        if parser.offset() != before + n as u64 {
+            break; // a stopped parser consumes nothing: do not spin
+        }
+    }
+    Ok(total)
+}
+
+/// Deletes `perf-NSPID.map`, `perfinfo-NSPID.map` and `jit-NSPID.dump` of
+/// process `pid` inside its root (the runtime never deletes them). Only
+/// names inside the target's perf directory are unlinked; symlinks are
+/// removed, not followed. Returns how many files were removed.
+pub fn remove_perf_files(pid: u32, ns_pid: u32) -> Result<usize, TargetFsError> {
+    let dirs = target_fs::target_perf_dirs(pid);
+    remove_perf_files_at(&TargetLocation {
+        pid,
+        ns_pid,
+        root: target_fs::proc_root(pid),
+        perf_dir: dirs.perf_dir,
+        legacy_perf_map_dir: dirs.legacy_perf_map_dir,
+    })
+}
+
+/// [`remove_perf_files`] for an explicit location; both the perf directory
+/// and the legacy one are cleaned.
+pub fn remove_perf_files_at(location: &TargetLocation) -> Result<usize, TargetFsError> {
+    let names = perf_file_names(location.ns_pid);
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut removed = target_fs::remove_in_root_dir(&location.root, &location.perf_dir, &names)?;
+    if location.legacy_perf_map_dir != location.perf_dir {
+        match target_fs::remove_in_root_dir(&location.root, &location.legacy_perf_map_dir, &names) {
+            Ok(count) => removed += count,
+            Err(error) if error.is_not_found() => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(removed)
+}
+
+/// A perf map of `entries` lines shaped like a real .NET service's: stubs
+/// and methods from two code heaps interleaved (so not sorted), tiers,
+/// generic signatures.
+pub fn synthetic_perf_map(entries: usize) -> Vec<u8> {
+    use std::fmt::Write as _;
+    const TIERS: &[&str] = &[
+        "QuickJitted",
+        "OptimizedTier1",
+        "Optimized",
+        "OptimizedTier1OSR",
+    ];
+    let mut text = String::with_capacity(entries * 120);
+    let (mut stubs, mut methods) = (0x7f5c_2d98_0000u64, 0x7f5c_2da4_0000u64);
+    for i in 0..entries {
+        let line = if i % 4 == 0 {
+            let size = 0x18 + (i as u64 % 7) * 0x30;
+            let line = format!(
+                "0x{stubs:x} {size:x} stub<{}> AllocateTemporaryEntryPoints<PRECODE_STUB>",
+                i / 4 + 1
+            );
+            stubs += size;
+            line
+        } else {
+            let size = 0x40 + (i as u64 * 37) % 0x600;
+            let tier = TIERS[i % TIERS.len()];
+            let line = if i % 3 == 0 {
+                format!(
+                    "0x{methods:x} {size:x} !!1 [System.Linq] System.Linq.Enumerable{i}::Sum(class \
+                     [System.Runtime]System.Collections.Generic.IEnumerable`1<!!0>)[{tier}]"
+                )
+            } else {
+                format!(
+                    "0x{methods:x} {size:x} int64 [App.Service{}] App.Service.Worker{i}::Run(int64,class \
+                     System.String)[{tier}]",
+                    i % 50
+                )
+            };
+            methods += size + 0x10;
+            line
+        };
+        let _ = writeln!(text, "{line}");
+    }
+    text.into_bytes()
+}
+
+/// Benchmark: time to parse and index a perf map of `entries` lines (made by
+/// [`synthetic_perf_map`] beforehand, in memory, so the file system is not
+/// measured). Budget: 50 ms for 100,000 entries, release build.
+pub fn bench_perf_map_load(entries: usize) -> Duration {
+    let text = synthetic_perf_map(entries);
+    let config = ManagedSymbolsConfig {
+        perf_map: PerfMapLimits {
+            max_entries: u64::try_from(entries).unwrap_or(u64::MAX),
+            ..PerfMapLimits::default()
+        },
+        ..ManagedSymbolsConfig::default()
+    };
+    let location = TargetLocation {
+        pid: 0,
+        ns_pid: 0,
+        root: PathBuf::from("/nonexistent"),
+        perf_dir: PathBuf::from("/tmp"),
+        legacy_perf_map_dir: PathBuf::from("/tmp"),
+    };
+    let started = Instant::now();
+    let mut symbols = ManagedSymbols::at(location, config);
+    let ManagedSymbols {
+        perf_map,
+        index,
+        interner,
+        ..
+    } = &mut symbols;
+    let added = ingest_perf_map(perf_map, index, interner, &text, 1);
+    index.commit();
+    let elapsed = started.elapsed();
+    assert_eq!(
+        added,
+        u64::try_from(entries).unwrap_or(u64::MAX),
+        "the synthetic perf map parses completely"
+    );
+    std::hint::black_box(&symbols);
+    elapsed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn split_tier_strips_only_tiers() {
+        let cases = [
+            (
+                "int64 [Hot] Hot::Spin(int64)[QuickJitted]",
+                ("int64 [Hot] Hot::Spin(int64)", Some("QuickJitted")),
+            ),
+            (
+                "int64 [App] Hot::Spin(int64)[OptimizedTier1OSR]",
+                ("int64 [App] Hot::Spin(int64)", Some("OptimizedTier1OSR")),
+            ),
+            (
+                "void [System.Private.CoreLib] System.AppContext::Setup(char**,char**,int32)[PreJIT]",
+                (
+                    "void [System.Private.CoreLib] System.AppContext::Setup(char**,char**,int32)",
+                    Some("PreJIT"),
+                ),
+            ),
+            ("f()[PreJit-cold]", ("f()", Some("PreJit-cold"))),
+            ("f()[FutureTier2]", ("f()", Some("FutureTier2"))),
+            // A known tier after a name that does not end in ')'.
+            ("odd[Optimized]", ("odd", Some("Optimized"))),
+            // Not tiers.
+            (
+                "stub<1> AllocateTemporaryEntryPoints<PRECODE_STUB>",
+                ("stub<1> AllocateTemporaryEntryPoints<PRECODE_STUB>", None),
+            ),
+            ("Foo`1[System.__Canon]", ("Foo`1[System.__Canon]", None)),
+            ("f()[two words]", ("f()[two words]", None)),
+            ("f()[]", ("f()[]", None)),
+            ("[QuickJitted]", ("[QuickJitted]", None)),
+            ("x]", ("x]", None)),
+            ("", ("", None)),
+            ("f()[Tier\u{e9}]", ("f()[Tier\u{e9}]", None)),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(split_tier(raw), want, "{raw}");
+        }
+    }
+
+    #[test]
+    fn assembly_is_the_bracket_before_the_type() {
+        let cases = [
+            ("int64 [Hot] Hot::Spin(int64)", Some("Hot")),
+            (
+                "instance void [System.Private.CoreLib] System.Collections.Generic.Dictionary`2[System.__Canon,System.__Canon]::.ctor(int32)",
+                Some("System.Private.CoreLib"),
+            ),
+            (
+                "valuetype System.ReadOnlySpan`1<!!1> [System.Private.CoreLib] System.Runtime.InteropServices.MemoryMarshal::Cast(valuetype System.ReadOnlySpan`1<!!0>)",
+                Some("System.Private.CoreLib"),
+            ),
+            (
+                "class [System.Runtime]System.String [App] App::Name(class [System.Runtime]System.Object)",
+                Some("App"),
+            ),
+            ("int32[] [App] Hot::Arr(int32)", Some("App")),
+            ("[Lead] X::Y()", Some("Lead")),
+            ("stub<1> AllocateTemporaryEntryPoints<PRECODE_STUB>", None),
+            ("f(class [A] B)", None),
+            ("x [unterminated", None),
+            ("x [] y()", None),
+        ];
+        for (name, want) in cases {
+            assert_eq!(assembly_of(name), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn symbol_from_a_real_name() {
+        let mut interner = SymbolInterner::default();
+        let symbol = ManagedSymbol::from_raw_name(
+            "int64 [Hot] Hot::Spin(int64)[QuickJitted]",
+            0x7f3684c12170,
+            0x9a,
+            &mut interner,
+        );
+        assert_eq!(&*symbol.name, "int64 [Hot] Hot::Spin(int64)");
+        assert_eq!(symbol.jit_tier.as_deref(), Some("QuickJitted"));
+        assert_eq!(
+            &*symbol.raw_name,
+            "int64 [Hot] Hot::Spin(int64)[QuickJitted]"
+        );
+        assert_eq!(symbol.assembly.as_deref(), Some("Hot"));
+        assert!(!symbol.is_stub);
+        assert_eq!(symbol.end(), 0x7f3684c1220a);
+        let stub = ManagedSymbol::from_raw_name(
+            "stub<1> AllocateTemporaryEntryPoints<PRECODE_STUB>",
+            0x7f3684b50000,
+            0xd8,
+            &mut interner,
+        );
+        assert!(stub.is_stub);
+        assert!(Arc::ptr_eq(&stub.name, &stub.raw_name));
+        assert_eq!(stub.jit_tier, None);
+        let other = ManagedSymbol::from_raw_name(
+            "void [Hot] Hot::Main()[QuickJitted]",
+            1,
+            1,
+            &mut interner,
+        );
+        let (Some(a), Some(b)) = (&symbol.jit_tier, &other.jit_tier) else {
+            panic!("tiers expected");
+        };
+        assert!(Arc::ptr_eq(a, b), "tiers are interned");
+    }
+
+    /// A fake target: `<root>/tmp` with writable perf files.
+    struct Target {
+        _dir: tempfile::TempDir,
+        location: TargetLocation,
+    }
+
+    impl Target {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let root = dir.path().join("root");
+            std::fs::create_dir_all(root.join("tmp")).expect("mkdir");
+            Self {
+                _dir: dir,
+                location: TargetLocation {
+                    pid: 4242,
+                    ns_pid: 7,
+                    root,
+                    perf_dir: PathBuf::from("/tmp"),
+                    legacy_perf_map_dir: PathBuf::from("/tmp"),
+                },
+            }
+        }
+
+        fn host_path(&self, name: &str) -> PathBuf {
+            self.location.root.join("tmp").join(name)
+        }
+
+        fn append(&self, name: &str, bytes: &[u8]) {
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.host_path(name))
+                .expect("open");
+            file.write_all(bytes).expect("write");
+        }
+
+        fn symbols(&self) -> ManagedSymbols {
+            ManagedSymbols::at(self.location.clone(), ManagedSymbolsConfig::default())
+        }
+    }
+
+    fn jitdump_header() -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&0x4A69_5444u32.to_le_bytes());
+        out.extend_from_slice(&1u32.to_le_bytes());
+        out.extend_from_slice(&40u32.to_le_bytes());
+        out.extend_from_slice(&62u32.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&7u32.to_le_bytes());
+        out.extend_from_slice(&1000u64.to_le_bytes());
+        out.extend_from_slice(&0u64.to_le_bytes());
+        out
+    }
+
+    fn code_load(timestamp_ns: u64, addr: u64, code_size: u64, name: &str) -> Vec<u8> {
+        let total = 56 + name.len() + 1 + code_size as usize;
+        let mut out = Vec::new();
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(total as u32).to_le_bytes());
+        out.extend_from_slice(&timestamp_ns.to_le_bytes());
+        out.extend_from_slice(&7u32.to_le_bytes());
+        out.extend_from_slice(&8u32.to_le_bytes());
+        out.extend_from_slice(&addr.to_le_bytes());
+        out.extend_from_slice(&addr.to_le_bytes());
+        out.extend_from_slice(&code_size.to_le_bytes());
+        out.extend_from_slice(&1u64.to_le_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        out.resize(total, 0xcc);
+        out
+    }
+
+    fn lookup_name(symbols: &ManagedSymbols, addr: u64, time: u64) -> Option<String> {
+        symbols.lookup(addr, time).map(|s| s.raw_name.to_string())
+    }
+
+    #[test]
+    fn missing_files_are_not_errors() {
+        let target = Target::new();
+        let mut symbols = target.symbols();
+        let stats = symbols.refresh(1);
+        assert_eq!(stats.perf_map.status, FileStatus::Missing);
+        assert_eq!(stats.jitdump.status, FileStatus::Missing);
+        assert_eq!(symbols.errors(), ManagedSymbolErrors::default());
+        assert_eq!(symbols.files().perf_map, Path::new("/tmp/perf-7.map"));
+        assert_eq!(symbols.files().jitdump, Path::new("/tmp/jit-7.dump"));
+        // A process that is gone: its root does not exist either.
+        let mut gone = ManagedSymbols::at(
+            TargetLocation {
+                root: target.location.root.join("nope"),
+                ..target.location.clone()
+            },
+            ManagedSymbolsConfig::default(),
+        );
+        assert_eq!(gone.refresh(1).perf_map.status, FileStatus::Missing);
+    }
+
+    #[test]
+    fn perf_map_lines_are_read_incrementally_and_stamped_when_read() {
+        let target = Target::new();
+        let mut symbols = target.symbols();
+        target.append(
+            "perf-7.map",
+            b"0x1000 10 void [A] A::F()[QuickJitted]\n0x2000 10 void [A] A::",
+        );
+        let stats = symbols.refresh(100);
+        assert_eq!(stats.perf_map.status, FileStatus::Read);
+        assert_eq!(stats.perf_map.symbols_added, 1);
+        assert_eq!(
+            lookup_name(&symbols, 0x1005, 100).as_deref(),
+            Some("void [A] A::F()[QuickJitted]")
+        );
+        assert_eq!(
+            lookup_name(&symbols, 0x2005, 100),
+            None,
+            "partial line waits"
+        );
+        target.append("perf-7.map", b"G()[OptimizedTier1]\n");
+        let stats = symbols.refresh(200);
+        assert_eq!(stats.perf_map.symbols_added, 1);
+        assert_eq!(stats.perf_map.bytes_read, 20);
+        let g = symbols.lookup(0x2005, 300).expect("G");
+        assert_eq!(&*g.name, "void [A] A::G()");
+        assert_eq!(g.jit_tier.as_deref(), Some("OptimizedTier1"));
+        // Re-JIT of F at G's freed address, read at t=300.
+        target.append("perf-7.map", b"0x2000 8 void [A] A::F()[OptimizedTier1]\n");
+        symbols.refresh(300);
+        assert_eq!(
+            lookup_name(&symbols, 0x2005, 250).as_deref(),
+            Some("void [A] A::G()[OptimizedTier1]")
+        );
+        assert_eq!(
+            lookup_name(&symbols, 0x2005, 300).as_deref(),
+            Some("void [A] A::F()[OptimizedTier1]")
+        );
+        // Before anything was read: the oldest entry.
+        assert_eq!(
+            lookup_name(&symbols, 0x2005, 5).as_deref(),
+            Some("void [A] A::G()[OptimizedTier1]")
+        );
+        assert_eq!(symbols.len(), 3);
+        assert_eq!(symbols.refresh(400).perf_map.bytes_read, 0);
+    }
+
+    #[test]
+    fn jitdump_is_preferred_and_uses_its_timestamps() {
+        let target = Target::new();
+        let mut symbols = target.symbols();
+        target.append("perf-7.map", b"0x1000 10 from perf map()\n");
+        let mut dump = jitdump_header();
+        dump.extend(code_load(
+            5_000,
+            0x1000,
+            0x10,
+            "void [A] A::F()[QuickJitted]",
+        ));
+        dump.extend(code_load(6_000, 0x3000, 0x10, "void [B] B::R2R()[PreJIT]"));
+        target.append("jit-7.dump", &dump[..dump.len() - 3]);
+        let stats = symbols.refresh(1_000_000);
+        assert_eq!(stats.jitdump.status, FileStatus::Read);
+        assert_eq!(
+            stats.jitdump.symbols_added, 2,
+            "the name is complete, code bytes may lag"
+        );
+        assert_eq!(stats.perf_map.status, FileStatus::NotNeeded);
+        let f = symbols.lookup(0x1008, 5_000).expect("F");
+        assert_eq!(&*f.name, "void [A] A::F()");
+        let r2r = symbols.lookup(0x3000, 7_000).expect("R2R");
+        assert_eq!(r2r.jit_tier.as_deref(), Some("PreJIT"));
+        assert_eq!(r2r.assembly.as_deref(), Some("B"));
+        target.append("jit-7.dump", &dump[dump.len() - 3..]);
+        // Same address reused later.
+        target.append(
+            "jit-7.dump",
+            &code_load(9_000, 0x1000, 0x10, "void [A] A::H()[QuickJitted]"),
+        );
+        let stats = symbols.refresh(2_000_000);
+        assert_eq!(stats.jitdump.symbols_added, 1);
+        assert_eq!(
+            lookup_name(&symbols, 0x1008, 8_999).as_deref(),
+            Some("void [A] A::F()[QuickJitted]")
+        );
+        assert_eq!(
+            lookup_name(&symbols, 0x1008, 9_000).as_deref(),
+            Some("void [A] A::H()[QuickJitted]")
+        );
+        assert_eq!(
+            symbols.errors().perf_map,
+            PerfMapCounts::default(),
+            "perf map not read"
+        );
+    }
+
+    #[test]
+    fn a_corrupt_jitdump_falls_back_to_the_perf_map() {
+        let target = Target::new();
+        let mut symbols = target.symbols();
+        let mut dump = jitdump_header();
+        dump.extend(code_load(
+            5_000,
+            0x1000,
+            0x10,
+            "void [A] A::F()[QuickJitted]",
+        ));
+        let mut bad = code_load(6_000, 0x2000, 0x10, "void [A] A::G()[QuickJitted]");
+        bad[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        dump.extend(bad);
+        target.append("jit-7.dump", &dump);
+        target.append(
+            "perf-7.map",
+            b"0x1000 10 void [A] A::F()[QuickJitted]\n0x2000 10 void [A] A::G()[QuickJitted]\n",
+        );
+        let stats = symbols.refresh(10_000);
+        assert_eq!(stats.jitdump.status, FileStatus::Stopped);
+        assert_eq!(stats.jitdump.symbols_added, 1);
+        assert_eq!(stats.perf_map.status, FileStatus::Read);
+        assert_eq!(stats.perf_map.symbols_added, 2);
+        assert!(matches!(
+            symbols.errors().jitdump_stop,
+            Some(JitDumpError::RecordTooLarge { .. })
+        ));
+        // F keeps its jitdump time; G comes from the perf map.
+        assert_eq!(symbols.lookup(0x1000, 5_000).map(|s| s.start), Some(0x1000));
+        assert_eq!(
+            lookup_name(&symbols, 0x2000, 20_000).as_deref(),
+            Some("void [A] A::G()[QuickJitted]")
+        );
+        // Stopped stays stopped (no spinning on the same bytes).
+        let stats = symbols.refresh(20_000);
+        assert_eq!(stats.jitdump.status, FileStatus::Stopped);
+        assert_eq!(stats.jitdump.bytes_read, 0);
+    }
+
+    #[test]
+    fn a_replaced_or_truncated_file_is_parsed_again() {
+        let target = Target::new();
+        let mut symbols = target.symbols();
+        target.append("perf-7.map", b"0x1000 10 first()\n0x1100 10 second()\n");
+        symbols.refresh(100);
+        // Rewritten shorter (truncated), then a new file (new inode).
+        std::fs::write(target.host_path("perf-7.map"), b"0x5000 10 third()\n").expect("write");
+        let stats = symbols.refresh(200);
+        assert!(stats.perf_map.restarted);
+        assert_eq!(
+            lookup_name(&symbols, 0x5000, 200).as_deref(),
+            Some("third()")
+        );
+        std::fs::remove_file(target.host_path("perf-7.map")).expect("rm");
+        target.append(
+            "perf-7.map",
+            b"0x6000 10 fourth()\n0x7000 10 fifth()\n0x8000 10 sixth()\n",
+        );
+        let stats = symbols.refresh(300);
+        assert!(stats.perf_map.restarted);
+        assert_eq!(stats.perf_map.symbols_added, 3);
+        // Same length or longer but different first bytes.
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(target.host_path("perf-7.map"))
+            .expect("open");
+        file.write_all(
+            b"0x9000 10 other1()\n0x9100 10 other2()\n0x9200 10 other3()\n0x9300 10 x()\n",
+        )
+        .expect("write");
+        let stats = symbols.refresh(400);
+        assert!(stats.perf_map.restarted);
+        assert_eq!(stats.perf_map.symbols_added, 4);
+        assert_eq!(symbols.errors().restarts, 3);
+        // Old entries stay for the time they were valid.
+        assert_eq!(
+            lookup_name(&symbols, 0x1000, 150).as_deref(),
+            Some("first()")
+        );
+    }
+
+    #[test]
+    fn a_symlinked_perf_map_is_not_followed() {
+        let target = Target::new();
+        let outside = target
+            .location
+            .root
+            .parent()
+            .expect("parent")
+            .join("outside.map");
+        std::fs::write(&outside, b"0x1000 10 secret()\n").expect("write");
+        std::os::unix::fs::symlink(&outside, target.host_path("perf-7.map")).expect("symlink");
+        let mut symbols = target.symbols();
+        let stats = symbols.refresh(1);
+        assert_eq!(stats.perf_map.status, FileStatus::Failed);
+        assert!(symbols.lookup(0x1000, 1).is_none());
+        let errors = symbols.errors();
+        assert_eq!(errors.open_errors, 1);
+        assert!(errors.last_io_error.is_some());
+    }
+
+    #[test]
+    fn the_byte_bound_spreads_a_big_file_over_refreshes() {
+        let target = Target::new();
+        let config = ManagedSymbolsConfig {
+            max_bytes_per_refresh: 10,
+            ..ManagedSymbolsConfig::default()
+        };
+        let mut symbols = ManagedSymbols::at(target.location.clone(), config);
+        target.append("perf-7.map", b"0x1000 10 a()\n0x2000 10 b()\n");
+        assert_eq!(symbols.refresh(1).perf_map.bytes_read, 10);
+        assert_eq!(symbols.refresh(2).perf_map.symbols_added, 1);
+        assert_eq!(symbols.refresh(3).perf_map.symbols_added, 1);
+        assert_eq!(symbols.len(), 2);
+    }
+
+    #[test]
+    fn perf_map_of_an_older_runtime_is_found_in_tmpdir() {
+        let mut target = Target::new();
+        std::fs::create_dir_all(target.location.root.join("var/tmp")).expect("mkdir");
+        target.location.legacy_perf_map_dir = PathBuf::from("/var/tmp");
+        let mut symbols = target.symbols();
+        assert_eq!(
+            symbols.files().legacy_perf_map.as_deref(),
+            Some(Path::new("/var/tmp/perf-7.map"))
+        );
+        assert_eq!(symbols.refresh(1).perf_map.status, FileStatus::Missing);
+        // .NET Core 3.1 writes upper-case addresses without 0x.
+        std::fs::write(
+            target.location.root.join("var/tmp/perf-7.map"),
+            b"00007F7ECE058150 24 int64 [App] Hot::Spin(int64)[Optimized]\n",
+        )
+        .expect("write");
+        let stats = symbols.refresh(2);
+        assert_eq!(stats.perf_map.symbols_added, 1);
+        assert_eq!(symbols.files().perf_map, Path::new("/var/tmp/perf-7.map"));
+        assert_eq!(
+            symbols.files().perfinfo,
+            Path::new("/var/tmp/perfinfo-7.map")
+        );
+        assert_eq!(symbols.files().legacy_perf_map, None);
+        let spin = symbols.lookup(0x7F7ECE058160, 2).expect("Spin");
+        assert_eq!(spin.jit_tier.as_deref(), Some("Optimized"));
+        // The choice sticks: a later file in /tmp is not read.
+        target.append("perf-7.map", b"0x1000 10 other()\n");
+        assert_eq!(symbols.refresh(3).perf_map.bytes_read, 0);
+        target.append("perfinfo-7.map", b"x");
+        assert_eq!(remove_perf_files_at(&target.location).expect("remove"), 3);
+    }
+
+    #[test]
+    fn remove_perf_files_deletes_only_the_targets_files() {
+        let target = Target::new();
+        for name in ["perf-7.map", "jit-7.dump", "perfinfo-7.map", "perf-8.map"] {
+            target.append(name, b"x");
+        }
+        assert_eq!(remove_perf_files_at(&target.location).expect("remove"), 3);
+        assert!(target.host_path("perf-8.map").exists());
+        assert!(!target.host_path("perf-7.map").exists());
+        assert_eq!(remove_perf_files_at(&target.location).expect("remove"), 0);
+    }
+
+    #[test]
+    fn synthetic_perf_map_parses_completely() {
+        let text = synthetic_perf_map(1000);
+        let mut parser = PerfMapParser::new(PerfMapLimits::default());
+        let mut names = Vec::new();
+        parser.feed(&text, |entry| names.push(entry.name.into_owned()));
+        assert_eq!(names.len(), 1000);
+        assert_eq!(parser.counts().malformed_lines, 0);
+        assert!(
+            names
+                .iter()
+                .any(|n| split_tier(n).1 == Some("OptimizedTier1"))
+        );
+        // The benchmark itself runs (its time is not asserted).
+        bench_perf_map_load(1000);
+    }
+
+    /// Parses a real perf map and jitdump named by environment variables
+    /// (`CLRBPF_REAL_PERF_MAP`, `CLRBPF_REAL_JITDUMP`): a manual check
+    /// against a live runtime, skipped when they are unset.
+    #[test]
+    fn real_files_when_provided() {
+        let Some(map) = std::env::var_os("CLRBPF_REAL_PERF_MAP") else {
+            return;
+        };
+        let bytes = std::fs::read(&map).expect("read perf map");
+        let mut parser = PerfMapParser::new(PerfMapLimits::default());
+        let mut perf_names = HashSet::new();
+        parser.feed(&bytes, |entry| {
+            perf_names.insert(entry.name.into_owned());
+        });
+        let counts = parser.counts();
+        assert_eq!(counts.malformed_lines, 0, "{counts:?}");
+        assert_eq!(parser.pending_len(), 0);
+        eprintln!("perf map: {counts:?}");
+        let Some(dump) = std::env::var_os("CLRBPF_REAL_JITDUMP") else {
+            return;
+        };
+        let bytes = std::fs::read(&dump).expect("read jitdump");
+        let mut parser = JitDumpParser::new(JitDumpLimits::default());
+        let mut tiers = std::collections::BTreeMap::<String, usize>::new();
+        let mut jit_names = HashSet::new();
+        parser.feed(&bytes, |load| {
+            let (_, tier) = split_tier(&load.name);
+            *tiers.entry(tier.unwrap_or("-").to_owned()).or_default() += 1;
+            jit_names.insert(load.name.into_owned());
+        });
+        eprintln!(
+            "jitdump: {:?} {:?} tiers {tiers:?}",
+            parser.header(),
+            parser.counts()
+        );
+        assert_eq!(parser.error(), None);
+        assert_eq!(parser.offset(), bytes.len() as u64);
+        assert!(
+            tiers.contains_key("PreJIT"),
+            "ReadyToRun code is in the jitdump"
+        );
+        assert!(
+            perf_names.is_subset(&jit_names),
+            "every perf map line is in the jitdump"
+        );
+    }
+}
+
+/// Manual check against a live process: `CLRBPF_LIVE_PID=<pid>` of a .NET
+/// process started with `DOTNET_PerfMapEnabled=1`; skipped when unset.
+#[cfg(test)]
+mod live_tests {
+    use super::*;
+
+    fn monotonic_now_ns() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec to write to.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        assert_eq!(rc, 0);
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+
+    #[test]
+    fn live_process_when_provided() {
+        let Some(pid) = std::env::var("CLRBPF_LIVE_PID")
+            .ok()
+            .and_then(|pid| pid.parse().ok())
+        else {
+            return;
+        };
+        let mut symbols = ManagedSymbols::new(pid);
+        eprintln!("{:?} {:?}", symbols.location(), symbols.files());
+        for _ in 0..20 {
+            let stats = symbols.refresh(monotonic_now_ns());
+            eprintln!("{stats:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!("{} symbols, {:?}", symbols.len(), symbols.errors());
+        let now = monotonic_now_ns();
+        let spin = symbols
+            .index()
+            .symbols_for_test()
+            .find(|s| s.name.contains("Hot::Spin"))
+            .expect("Hot::Spin was JIT-compiled");
+        let found = symbols.lookup(spin.start + 1, now).expect("lookup");
+        eprintln!("{found:?}");
+        assert!(found.name.contains("Hot::Spin"));
+        assert_eq!(symbols.errors().jitdump_stop, None);
+    }
+}

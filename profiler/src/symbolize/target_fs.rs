@@ -1,0 +1,654 @@
+//! Reading (and removing) files inside a profiled process's own view of the
+//! filesystem, the first step of managed symbolization: the runtime writes
+//! `perf-NSPID.map` and `jit-NSPID.dump` in *its* mount namespace, which we
+//! reach through `/proc/PID/root`.
+//!
+//! Everything under that root belongs to the target, so it is hostile: a
+//! symlink such as `/tmp/perf-1.map -> /etc/shadow` must resolve inside the
+//! target's root, never in ours. Paths are therefore opened with
+//! `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)` relative to a directory
+//! descriptor of the root, the last component is never a symlink
+//! (`O_NOFOLLOW`), opening never blocks on a FIFO (`O_NONBLOCK`), and anything
+//! that is not a regular file is refused. Every read is bounded.
+
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Environment variable that moves CoreCLR's perf map and jitdump out of
+/// `/tmp` (read once by the runtime at startup).
+pub const PERF_MAP_DIR_ENV: &str = "DOTNET_PerfMapJitDumpPath";
+/// The legacy spelling of [`PERF_MAP_DIR_ENV`]; the runtime reads it when
+/// the `DOTNET_` one is absent.
+pub const PERF_MAP_DIR_ENV_LEGACY: &str = "COMPlus_PerfMapJitDumpPath";
+/// The temp directory variable the runtime's PAL honours.
+pub const TMPDIR_ENV: &str = "TMPDIR";
+/// Where CoreCLR writes its perf files when [`PERF_MAP_DIR_ENV`] is unset.
+pub const DEFAULT_PERF_MAP_DIR: &str = "/tmp";
+
+/// Bound on `/proc/PID/status` (a few KiB in practice).
+const MAX_STATUS_BYTES: usize = 64 * 1024;
+/// Bound on `/proc/PID/environ`. An environment larger than this is read
+/// partially; the variable cut at the bound is dropped.
+const MAX_ENVIRON_BYTES: usize = 1024 * 1024;
+/// `openat2` returns `EAGAIN` when a concurrent rename or mount could have
+/// let a `..` escape; the kernel asks callers to retry.
+const OPENAT2_RETRIES: usize = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TargetFsError {
+    #[error("cannot open the target root directory {root}")]
+    OpenRoot {
+        root: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot open {path} inside the target root {root}")]
+    Open {
+        root: PathBuf,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} inside the target root {root} is not a regular file")]
+    NotRegularFile { root: PathBuf, path: PathBuf },
+    #[error("path {path} is not usable in a target root (NUL byte or not a plain file name)")]
+    InvalidPath { path: PathBuf },
+    #[error("cannot remove {path} inside the target root {root}")]
+    Remove {
+        root: PathBuf,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl TargetFsError {
+    /// Whether the error only says the file (or the root) does not exist:
+    /// perf files appear some time after a runtime starts, and processes exit.
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            Self::OpenRoot { source, .. } | Self::Open { source, .. } => {
+                source.kind() == io::ErrorKind::NotFound
+            }
+            Self::NotRegularFile { .. } | Self::InvalidPath { .. } | Self::Remove { .. } => false,
+        }
+    }
+}
+
+/// `/proc/PID/root`: the process's root directory as the kernel sees it.
+pub fn proc_root(pid: u32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/root"))
+}
+
+/// Opens `path_in_target` (an absolute path as the process sees it) for
+/// reading, resolved inside the root of process `pid`.
+pub fn open_in_root(pid: u32, path_in_target: &Path) -> Result<File, TargetFsError> {
+    open_in_root_dir(&proc_root(pid), path_in_target)
+}
+
+/// Opens `path_in_root` for reading, resolved as if `root` were `/`:
+/// absolute symlinks and `..` cannot leave `root`, magic links
+/// (`/proc/self/fd/N`) are refused, the last component must not be a symlink
+/// and the result must be a regular file.
+pub fn open_in_root_dir(root: &Path, path_in_root: &Path) -> Result<File, TargetFsError> {
+    let root_dir = open_root(root)?;
+    let fd = openat2_in_root(
+        &root_dir,
+        path_in_root,
+        libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
+    )
+    .map_err(|source| match source {
+        OpenInRootError::Path => TargetFsError::InvalidPath {
+            path: path_in_root.to_owned(),
+        },
+        OpenInRootError::Io(source) => TargetFsError::Open {
+            root: root.to_owned(),
+            path: path_in_root.to_owned(),
+            source,
+        },
+    })?;
+    let file = File::from(fd);
+    let metadata = file.metadata().map_err(|source| TargetFsError::Open {
+        root: root.to_owned(),
+        path: path_in_root.to_owned(),
+        source,
+    })?;
+    if !metadata.file_type().is_file() {
+        return Err(TargetFsError::NotRegularFile {
+            root: root.to_owned(),
+            path: path_in_root.to_owned(),
+        });
+    }
+    Ok(file)
+}
+
+/// Removes the files named `file_names` (plain names, no `/`) from directory
+/// `dir_in_root`, resolved inside `root`. The directory is opened with
+/// `RESOLVE_IN_ROOT`, and `unlinkat` never follows a symlink in its last
+/// component (it removes the link itself), so nothing outside `root` can be
+/// touched. Missing files are not an error. Returns how many were removed.
+pub fn remove_in_root_dir(
+    root: &Path,
+    dir_in_root: &Path,
+    file_names: &[&str],
+) -> Result<usize, TargetFsError> {
+    let root_dir = open_root(root)?;
+    let dir = openat2_in_root(
+        &root_dir,
+        dir_in_root,
+        libc::O_RDONLY | libc::O_CLOEXEC | libc::O_DIRECTORY | libc::O_NONBLOCK | libc::O_NOCTTY,
+    )
+    .map_err(|source| match source {
+        OpenInRootError::Path => TargetFsError::InvalidPath {
+            path: dir_in_root.to_owned(),
+        },
+        OpenInRootError::Io(source) => TargetFsError::Open {
+            root: root.to_owned(),
+            path: dir_in_root.to_owned(),
+            source,
+        },
+    })?;
+    let mut removed = 0;
+    for name in file_names {
+        let path = dir_in_root.join(name);
+        if name.is_empty() || name.contains('/') || *name == "." || *name == ".." {
+            return Err(TargetFsError::InvalidPath { path });
+        }
+        let c_name =
+            CString::new(*name).map_err(|_| TargetFsError::InvalidPath { path: path.clone() })?;
+        // SAFETY: `dir` is an open directory descriptor and `c_name` a
+        // NUL-terminated string; both outlive the call.
+        let rc = unsafe { libc::unlinkat(dir.as_raw_fd(), c_name.as_ptr(), 0) };
+        if rc == 0 {
+            removed += 1;
+            continue;
+        }
+        let source = io::Error::last_os_error();
+        if source.kind() != io::ErrorKind::NotFound {
+            return Err(TargetFsError::Remove {
+                root: root.to_owned(),
+                path,
+                source,
+            });
+        }
+    }
+    Ok(removed)
+}
+
+/// What a bounded read returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BoundedRead {
+    pub bytes: Vec<u8>,
+    /// The source had more than the bound; `bytes` holds exactly the bound.
+    pub truncated: bool,
+}
+
+/// Reads at most `max_bytes` from `reader` (one more byte is requested to
+/// tell whether the source was longer).
+pub fn read_bounded(reader: impl Read, max_bytes: usize) -> io::Result<BoundedRead> {
+    let limit = u64::try_from(max_bytes)
+        .unwrap_or(u64::MAX)
+        .saturating_add(1);
+    let mut bytes = Vec::new();
+    reader.take(limit).read_to_end(&mut bytes)?;
+    let truncated = bytes.len() > max_bytes;
+    bytes.truncate(max_bytes);
+    Ok(BoundedRead { bytes, truncated })
+}
+
+/// Appends to `buf` the bytes of `file` from `offset` up to its current end
+/// or until `max_bytes` were read, whichever comes first. The file may grow
+/// while it is read (perf maps are written live): what is appended is a
+/// prefix of the data after `offset`. Returns the number of bytes appended.
+pub fn read_from_offset(
+    file: &File,
+    offset: u64,
+    buf: &mut Vec<u8>,
+    max_bytes: usize,
+) -> io::Result<usize> {
+    const CHUNK: usize = 256 * 1024;
+    let mut total = 0usize;
+    while total < max_bytes {
+        let want = CHUNK.min(max_bytes - total);
+        let old_len = buf.len();
+        buf.resize(old_len + want, 0);
+        let position = offset.saturating_add(total as u64);
+        let result = file.read_at(&mut buf[old_len..], position);
+        let n = match result {
+            Ok(n) => n,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {
+                buf.truncate(old_len);
+                continue;
+            }
+            Err(error) => {
+                buf.truncate(old_len);
+                return Err(error);
+            }
+        };
+        buf.truncate(old_len + n);
+        total += n;
+        if n == 0 {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// The process's pid in its own (innermost) PID namespace: the last value of
+/// `NSpid:` in `/proc/PID/status`. That is the number in the names of the
+/// files its runtime writes. `None` when the process is gone or the kernel
+/// predates `NSpid` (4.1); callers then use `pid`.
+pub fn ns_pid(pid: u32) -> Option<u32> {
+    let file = File::open(format!("/proc/{pid}/status")).ok()?;
+    let status = read_bounded(file, MAX_STATUS_BYTES).ok()?;
+    parse_ns_pid(&String::from_utf8_lossy(&status.bytes))
+}
+
+/// Parses the last value of the `NSpid:` line of a `/proc/PID/status` text.
+pub fn parse_ns_pid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .next_back()?
+        .parse()
+        .ok()
+}
+
+/// The directories (as the target sees them) where its runtime may write
+/// its perf files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PerfDirs {
+    /// .NET 8+ writes `perf-NSPID.map` and `jit-NSPID.dump` here:
+    /// `DOTNET_PerfMapJitDumpPath` (or `COMPlus_PerfMapJitDumpPath`), else
+    /// `/tmp`. Older runtimes write their jitdump here.
+    pub perf_dir: PathBuf,
+    /// Older runtimes (verified on .NET Core 3.1) write `perf-NSPID.map` in
+    /// the PAL temp directory instead: `$TMPDIR`, else `/tmp`.
+    pub legacy_perf_map_dir: PathBuf,
+}
+
+/// The directory (as the target sees it) where its runtime writes
+/// `perf-NSPID.map` and `jit-NSPID.dump`: the value of
+/// `DOTNET_PerfMapJitDumpPath` (or `COMPlus_PerfMapJitDumpPath`) in the
+/// process's initial environment, else `/tmp`. See [`target_perf_dirs`].
+pub fn target_tmp_dir(pid: u32) -> PathBuf {
+    target_perf_dirs(pid).perf_dir
+}
+
+/// Where process `pid`'s runtime writes its perf files, from its initial
+/// environment.
+///
+/// Limits: `/proc/PID/environ` is the environment at `execve`; a variable
+/// set later by the process itself is not seen. A relative directory is
+/// relative to the runtime's working directory, which we do not follow:
+/// `/tmp` is used instead.
+pub fn target_perf_dirs(pid: u32) -> PerfDirs {
+    let environ = File::open(format!("/proc/{pid}/environ"))
+        .and_then(|file| read_bounded(file, MAX_ENVIRON_BYTES));
+    match environ {
+        Ok(environ) => perf_dirs_from_environ(&environ.bytes, environ.truncated),
+        Err(_) => PerfDirs {
+            perf_dir: PathBuf::from(DEFAULT_PERF_MAP_DIR),
+            legacy_perf_map_dir: PathBuf::from(DEFAULT_PERF_MAP_DIR),
+        },
+    }
+}
+
+/// The perf directories named by a NUL-separated environment block (the
+/// format of `/proc/PID/environ`). When `truncated`, the last entry may be
+/// cut and is ignored.
+pub fn perf_dirs_from_environ(environ: &[u8], truncated: bool) -> PerfDirs {
+    let mut entries: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+    if truncated {
+        entries.pop();
+    }
+    let value_of = |name: &str| {
+        entries.iter().find_map(|entry| {
+            entry
+                .strip_prefix(name.as_bytes())
+                .and_then(|rest| rest.strip_prefix(b"="))
+        })
+    };
+    let absolute_or_default = |value: &[u8]| {
+        let dir = Path::new(std::ffi::OsStr::from_bytes(value));
+        if dir.is_absolute() {
+            dir.to_owned()
+        } else {
+            PathBuf::from(DEFAULT_PERF_MAP_DIR)
+        }
+    };
+    // The runtime's CLRConfig looks up the DOTNET_ name first, then COMPlus_.
+    let perf_dir = match value_of(PERF_MAP_DIR_ENV).or_else(|| value_of(PERF_MAP_DIR_ENV_LEGACY)) {
+        None => PathBuf::from(DEFAULT_PERF_MAP_DIR),
+        // The runtime formats "%s/perf-%d.map": an empty value means "/".
+        Some([]) => PathBuf::from("/"),
+        Some(value) => absolute_or_default(value),
+    };
+    // The PAL's GetTempPath: TMPDIR when set and not empty.
+    let legacy_perf_map_dir = match value_of(TMPDIR_ENV) {
+        None | Some([]) => PathBuf::from(DEFAULT_PERF_MAP_DIR),
+        Some(value) => absolute_or_default(value),
+    };
+    PerfDirs {
+        perf_dir,
+        legacy_perf_map_dir,
+    }
+}
+
+fn open_root(root: &Path) -> Result<File, TargetFsError> {
+    // O_PATH: we only resolve names relative to it. Following the
+    // `/proc/PID/root` magic link here is the point: it is *our* path.
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(root)
+        .map_err(|source| TargetFsError::OpenRoot {
+            root: root.to_owned(),
+            source,
+        })
+}
+
+enum OpenInRootError {
+    Path,
+    Io(io::Error),
+}
+
+/// `struct open_how` of `linux/openat2.h`; libc's is `#[non_exhaustive]`,
+/// which would force `mem::zeroed`.
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+fn openat2_in_root(root_dir: &File, path: &Path, flags: i32) -> Result<OwnedFd, OpenInRootError> {
+    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| OpenInRootError::Path)?;
+    let how = OpenHow {
+        flags: u64::try_from(flags).map_err(|_| OpenInRootError::Path)?,
+        mode: 0,
+        resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    let mut attempts = 0;
+    loop {
+        // SAFETY: the descriptor, the NUL-terminated path and `how` (laid
+        // out as the kernel's `struct open_how`, size passed) outlive the
+        // call; the kernel does not keep pointers to them.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                root_dir.as_raw_fd(),
+                c_path.as_ptr(),
+                &how as *const OpenHow,
+                size_of::<OpenHow>(),
+            )
+        };
+        if rc >= 0 {
+            let fd = i32::try_from(rc).expect("openat2 returns a file descriptor");
+            // SAFETY: the kernel just returned this descriptor to us; nothing
+            // else owns it.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        let error = io::Error::last_os_error();
+        let retry = matches!(error.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR));
+        attempts += 1;
+        if !retry || attempts >= OPENAT2_RETRIES {
+            return Err(OpenInRootError::Io(error));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::fs::symlink;
+
+    /// A fake target root with `/tmp/perf-1.map` and a secret outside it.
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        root: PathBuf,
+        outside: PathBuf,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("tmp")).expect("mkdir");
+        std::fs::create_dir_all(root.join("etc")).expect("mkdir");
+        let outside = dir.path().join("secret");
+        std::fs::write(&outside, b"host secret").expect("write");
+        std::fs::write(root.join("etc/secret"), b"target file").expect("write");
+        std::fs::write(root.join("tmp/perf-1.map"), b"0x10 4 f()\n").expect("write");
+        Fixture {
+            _dir: dir,
+            root,
+            outside,
+        }
+    }
+
+    fn read_all(mut file: File) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).expect("read");
+        bytes
+    }
+
+    #[test]
+    fn opens_a_regular_file_inside_the_root() {
+        let fx = fixture();
+        let file = open_in_root_dir(&fx.root, Path::new("/tmp/perf-1.map")).expect("open");
+        assert_eq!(read_all(file), b"0x10 4 f()\n");
+        // A relative path is relative to the root too.
+        let file = open_in_root_dir(&fx.root, Path::new("tmp/perf-1.map")).expect("open");
+        assert_eq!(read_all(file), b"0x10 4 f()\n");
+    }
+
+    #[test]
+    fn final_symlink_is_refused_even_when_it_points_outside() {
+        let fx = fixture();
+        symlink(&fx.outside, fx.root.join("tmp/perf-2.map")).expect("symlink");
+        let error = open_in_root_dir(&fx.root, Path::new("/tmp/perf-2.map")).unwrap_err();
+        assert!(matches!(error, TargetFsError::Open { .. }), "{error:?}");
+    }
+
+    #[test]
+    fn symlinked_directory_resolves_inside_the_root() {
+        let fx = fixture();
+        // An absolute symlink to the host's directory of the secret: inside
+        // the root, `/<dir>` does not exist, so the open fails.
+        let outside_dir = fx.outside.parent().expect("parent");
+        symlink(outside_dir, fx.root.join("escape")).expect("symlink");
+        let error = open_in_root_dir(&fx.root, Path::new("/escape/secret")).unwrap_err();
+        assert!(error.is_not_found(), "{error:?}");
+        // `/etc` in a symlink means the root's `/etc`, not the host's.
+        symlink("/etc", fx.root.join("tmp/etcdir")).expect("symlink");
+        let file = open_in_root_dir(&fx.root, Path::new("/tmp/etcdir/secret")).expect("open");
+        assert_eq!(read_all(file), b"target file");
+    }
+
+    #[test]
+    fn dot_dot_cannot_climb_out_of_the_root() {
+        let fx = fixture();
+        let error = open_in_root_dir(&fx.root, Path::new("/../../../../secret")).unwrap_err();
+        assert!(error.is_not_found(), "{error:?}");
+        let error = open_in_root_dir(&fx.root, Path::new("../secret")).unwrap_err();
+        assert!(error.is_not_found(), "{error:?}");
+        symlink("../../secret", fx.root.join("tmp/up")).expect("symlink");
+        let error = open_in_root_dir(&fx.root, Path::new("/tmp/up/x")).unwrap_err();
+        assert!(matches!(error, TargetFsError::Open { .. }), "{error:?}");
+    }
+
+    #[test]
+    fn magic_links_are_refused() {
+        // Magic links only exist under /proc, so use the real root: the
+        // same path without the magic link opens, with it fails.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("plain");
+        std::fs::write(&path, b"x").expect("write");
+        open_in_root_dir(Path::new("/"), &path).expect("open");
+        let through_magic =
+            Path::new("/proc/self/root").join(path.strip_prefix("/").expect("absolute"));
+        let error = open_in_root_dir(Path::new("/"), &through_magic).unwrap_err();
+        assert!(matches!(error, TargetFsError::Open { .. }), "{error:?}");
+    }
+
+    #[test]
+    fn directories_and_fifos_are_not_regular_files() {
+        let fx = fixture();
+        let error = open_in_root_dir(&fx.root, Path::new("/tmp")).unwrap_err();
+        assert!(
+            matches!(error, TargetFsError::NotRegularFile { .. }),
+            "{error:?}"
+        );
+        let fifo = CString::new(fx.root.join("tmp/fifo").as_os_str().as_bytes()).expect("path");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        // Must not block waiting for a writer.
+        let error = open_in_root_dir(&fx.root, Path::new("/tmp/fifo")).unwrap_err();
+        assert!(
+            matches!(error, TargetFsError::NotRegularFile { .. }),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn missing_file_and_missing_root_are_not_found() {
+        let fx = fixture();
+        let error = open_in_root_dir(&fx.root, Path::new("/tmp/none")).unwrap_err();
+        assert!(error.is_not_found());
+        let error = open_in_root_dir(&fx.root.join("nope"), Path::new("/tmp/none")).unwrap_err();
+        assert!(matches!(error, TargetFsError::OpenRoot { .. }));
+        assert!(error.is_not_found());
+        let error = open_in_root_dir(&fx.root, Path::new("/tmp/a\0b")).unwrap_err();
+        assert!(matches!(error, TargetFsError::InvalidPath { .. }));
+    }
+
+    #[test]
+    fn opens_through_proc_pid_root_of_this_process() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("perf-self.map");
+        std::fs::write(&path, b"x").expect("write");
+        let file = open_in_root(std::process::id(), &path).expect("open");
+        assert_eq!(read_all(file), b"x");
+    }
+
+    #[test]
+    fn remove_unlinks_symlinks_not_their_targets() {
+        let fx = fixture();
+        symlink(&fx.outside, fx.root.join("tmp/jit-1.dump")).expect("symlink");
+        let removed = remove_in_root_dir(
+            &fx.root,
+            Path::new("/tmp"),
+            &["perf-1.map", "jit-1.dump", "perfinfo-1.map"],
+        )
+        .expect("remove");
+        assert_eq!(removed, 2);
+        assert!(!fx.root.join("tmp/perf-1.map").exists());
+        assert!(
+            std::fs::symlink_metadata(fx.root.join("tmp/jit-1.dump")).is_err(),
+            "the link is gone"
+        );
+        assert_eq!(std::fs::read(&fx.outside).expect("read"), b"host secret");
+        let error =
+            remove_in_root_dir(&fx.root, Path::new("/tmp"), &["../etc/secret"]).unwrap_err();
+        assert!(matches!(error, TargetFsError::InvalidPath { .. }));
+        assert!(fx.root.join("etc/secret").exists());
+    }
+
+    #[test]
+    fn remove_resolves_the_directory_inside_the_root() {
+        let fx = fixture();
+        let outside_dir = fx.outside.parent().expect("parent").to_owned();
+        symlink(&outside_dir, fx.root.join("tmp2")).expect("symlink");
+        // `/tmp2` -> host dir: resolved in the root it does not exist.
+        let error = remove_in_root_dir(&fx.root, Path::new("/tmp2"), &["secret"]).unwrap_err();
+        assert!(error.is_not_found(), "{error:?}");
+        assert!(fx.outside.exists());
+    }
+
+    #[test]
+    fn bounded_read_reports_truncation() {
+        let read = read_bounded(&b"abcdef"[..], 4).expect("read");
+        assert_eq!(read.bytes, b"abcd");
+        assert!(read.truncated);
+        let read = read_bounded(&b"abcd"[..], 4).expect("read");
+        assert_eq!(read.bytes, b"abcd");
+        assert!(!read.truncated);
+        let read = read_bounded(&b""[..], 0).expect("read");
+        assert!(read.bytes.is_empty() && !read.truncated);
+    }
+
+    #[test]
+    fn read_from_offset_reads_new_bytes_only() {
+        let mut file = tempfile::tempfile().expect("temp file");
+        file.write_all(b"0123456789").expect("write");
+        let mut buf = b"keep".to_vec();
+        assert_eq!(read_from_offset(&file, 4, &mut buf, 100).expect("read"), 6);
+        assert_eq!(buf, b"keep456789");
+        buf.clear();
+        assert_eq!(read_from_offset(&file, 2, &mut buf, 3).expect("read"), 3);
+        assert_eq!(buf, b"234");
+        buf.clear();
+        assert_eq!(read_from_offset(&file, 50, &mut buf, 3).expect("read"), 0);
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn ns_pid_is_the_innermost_value() {
+        let status = "Name:\tdotnet\nTgid:\t4242\nPid:\t4242\nNSpid:\t4242\t17\t1\nNSsid:\t1\n";
+        assert_eq!(parse_ns_pid(status), Some(1));
+        assert_eq!(parse_ns_pid("NSpid:\t4242\n"), Some(4242));
+        assert_eq!(parse_ns_pid("Pid:\t4242\n"), None);
+        assert_eq!(parse_ns_pid("NSpid:\n"), None);
+        assert_eq!(parse_ns_pid("NSpid:\t12 x\n"), None);
+        assert_eq!(parse_ns_pid("NSpid:\t99999999999\n"), None);
+        // This process is in the host namespace in tests.
+        assert_eq!(ns_pid(std::process::id()), Some(std::process::id()));
+    }
+
+    #[test]
+    fn perf_map_dir_honours_the_runtime_variables() {
+        let dir = |env: &[u8]| perf_dirs_from_environ(env, false).perf_dir;
+        assert_eq!(dir(b"PATH=/bin\0HOME=/root\0"), Path::new("/tmp"));
+        assert_eq!(
+            dir(b"PATH=/bin\0DOTNET_PerfMapJitDumpPath=/var/perf\0"),
+            Path::new("/var/perf")
+        );
+        assert_eq!(
+            dir(b"COMPlus_PerfMapJitDumpPath=/old\0DOTNET_PerfMapJitDumpPath=/new\0"),
+            Path::new("/new")
+        );
+        assert_eq!(dir(b"COMPlus_PerfMapJitDumpPath=/old\0"), Path::new("/old"));
+        assert_eq!(dir(b"DOTNET_PerfMapJitDumpPath=\0"), Path::new("/"));
+        assert_eq!(dir(b"DOTNET_PerfMapJitDumpPath=rel\0"), Path::new("/tmp"));
+        assert_eq!(dir(b"XDOTNET_PerfMapJitDumpPath=/x\0"), Path::new("/tmp"));
+        assert_eq!(dir(b"DOTNET_PerfMapJitDumpPathX=/x\0"), Path::new("/tmp"));
+        assert_eq!(dir(b"TMPDIR=/x\0"), Path::new("/tmp"));
+        // A variable cut by the read bound is not trusted.
+        assert_eq!(
+            perf_dirs_from_environ(b"A=1\0DOTNET_PerfMapJitDumpPath=/var/pe", true).perf_dir,
+            Path::new("/tmp")
+        );
+        assert_eq!(target_tmp_dir(u32::MAX), Path::new("/tmp"));
+    }
+
+    #[test]
+    fn legacy_perf_map_dir_is_tmpdir() {
+        let legacy = |env: &[u8]| perf_dirs_from_environ(env, false).legacy_perf_map_dir;
+        assert_eq!(legacy(b"PATH=/bin\0"), Path::new("/tmp"));
+        assert_eq!(legacy(b"TMPDIR=/var/tmp/\0"), Path::new("/var/tmp/"));
+        assert_eq!(legacy(b"TMPDIR=\0"), Path::new("/tmp"));
+        assert_eq!(legacy(b"TMPDIR=rel\0"), Path::new("/tmp"));
+        assert_eq!(
+            legacy(b"DOTNET_PerfMapJitDumpPath=/p\0"),
+            Path::new("/tmp"),
+            "not moved by the .NET 8 variable"
+        );
+    }
+}
