@@ -154,6 +154,8 @@ fn test(repo: &Repo) -> anyhow::Result<()> {
     step("format", repo.cargo().args(["fmt", "--all", "--check"]))?;
     build_release(repo)?;
     workloads::build(&repo.workloads_src())?;
+    // Linting it needs nightly and build-std:
+    // cargo +nightly clippy -p clrbpf-ebpf --target bpfel-unknown-none -Z build-std=core
     println!(
         "test: clippy skips clrbpf-ebpf: it only builds for bpfel-unknown-none (the release build above compiles it)"
     );
