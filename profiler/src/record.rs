@@ -92,10 +92,15 @@ pub struct RecordSummary {
 }
 
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid pointer; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// What we know of one profiled process.
@@ -112,10 +117,22 @@ struct TrackedProcess {
 }
 
 impl TrackedProcess {
-    fn discover(procfs: &ProcFs, pid: u32, native: &mut NativeSymbolizer, attach: bool, warnings: &mut Vec<String>) -> Self {
+    fn discover(
+        procfs: &ProcFs,
+        pid: u32,
+        native: &mut NativeSymbolizer,
+        attach: bool,
+        warnings: &mut Vec<String>,
+    ) -> Self {
         let info = procfs.process_info(pid).ok();
-        let exe_name: Arc<str> = info.as_ref().map_or_else(|| format!("pid-{pid}"), |i| i.exe_name.clone()).into();
-        let container_id = info.as_ref().and_then(|i| i.container_id.clone()).map(Arc::from);
+        let exe_name: Arc<str> = info
+            .as_ref()
+            .map_or_else(|| format!("pid-{pid}"), |i| i.exe_name.clone())
+            .into();
+        let container_id = info
+            .as_ref()
+            .and_then(|i| i.container_id.clone())
+            .map(Arc::from);
         let mut process = Self {
             pid,
             exe_name,
@@ -141,7 +158,9 @@ impl TrackedProcess {
                 match PerfMapAttach::attach(procfs, pid) {
                     Ok(PerfMapAttachOutcome::Enabled(handle)) => process.perf_map = Some(handle),
                     Ok(PerfMapAttachOutcome::AlreadyEnabled { .. }) => {}
-                    Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { .. })) => {
+                    Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 {
+                        ..
+                    })) => {
                         let version = runtime.version.as_deref().unwrap_or("before 8");
                         warnings.push(format!(
                             "pid {pid} runs .NET {version}, which cannot turn perf maps on at run time: its JIT frames are named only if it was started with DOTNET_PerfMapEnabled=1"
@@ -158,11 +177,16 @@ impl TrackedProcess {
     }
 
     fn refresh_maps(&mut self, procfs: &ProcFs, native: &mut NativeSymbolizer) {
-        if self.maps_read_at.is_some_and(|t| t.elapsed() < MAPS_REFRESH_EVERY) {
+        if self
+            .maps_read_at
+            .is_some_and(|t| t.elapsed() < MAPS_REFRESH_EVERY)
+        {
             return;
         }
         self.maps_read_at = Some(Instant::now());
-        let Ok(mappings) = procfs.maps(self.pid) else { return };
+        let Ok(mappings) = procfs.maps(self.pid) else {
+            return;
+        };
         self.mappings = mappings;
         // Open every executable file now, while the process is alive.
         for m in self.mappings.iter() {
@@ -173,8 +197,14 @@ impl TrackedProcess {
     }
 
     fn refresh_managed(&mut self, force: bool) {
-        let Some(managed) = self.managed.as_mut() else { return };
-        if !force && self.managed_read_at.is_some_and(|t| t.elapsed() < MANAGED_REFRESH_EVERY) {
+        let Some(managed) = self.managed.as_mut() else {
+            return;
+        };
+        if !force
+            && self
+                .managed_read_at
+                .is_some_and(|t| t.elapsed() < MANAGED_REFRESH_EVERY)
+        {
             return;
         }
         self.managed_read_at = Some(Instant::now());
@@ -196,7 +226,11 @@ fn mapped_file(pid: u32, m: &Mapping) -> Option<MappedFile<'_>> {
         start: m.start,
         end: m.end,
         offset: m.offset,
-        key: FileKey { dev_major: m.dev_major, dev_minor: m.dev_minor, inode: m.inode },
+        key: FileKey {
+            dev_major: m.dev_major,
+            dev_minor: m.dev_minor,
+            inode: m.inode,
+        },
         path,
     })
 }
@@ -220,7 +254,10 @@ impl Pipeline {
             attach_perf_maps,
             native: NativeSymbolizer::new(),
             processes: HashMap::new(),
-            aggregator: Aggregator::new(vec![ValueType::new("samples", "count"), ValueType::new("cpu", "nanoseconds")]),
+            aggregator: Aggregator::new(vec![
+                ValueType::new("samples", "count"),
+                ValueType::new("cpu", "nanoseconds"),
+            ]),
             pending: VecDeque::new(),
             summary: RecordSummary::default(),
             stack: Vec::with_capacity(256),
@@ -250,21 +287,36 @@ impl Pipeline {
     /// Symbolizes and aggregates the samples taken before `until_ns`
     /// (`u64::MAX`: all of them).
     fn process_pending(&mut self, until_ns: u64) {
-        let due: HashSet<u32> = self.pending.iter().take_while(|s| s.time_ns < until_ns).map(|s| s.pid).collect();
+        let due: HashSet<u32> = self
+            .pending
+            .iter()
+            .take_while(|s| s.time_ns < until_ns)
+            .map(|s| s.pid)
+            .collect();
         for pid in due {
             if let Some(p) = self.processes.get_mut(&pid) {
                 p.refresh_managed(until_ns == u64::MAX);
             }
         }
         while self.pending.front().is_some_and(|s| s.time_ns < until_ns) {
-            let Some(sample) = self.pending.pop_front() else { break };
+            let Some(sample) = self.pending.pop_front() else {
+                break;
+            };
             self.add_sample(&sample);
         }
     }
 
     fn add_sample(&mut self, sample: &RawSample) {
         self.summary.samples += 1;
-        let Self { native, processes, aggregator, summary, stack, procfs, .. } = self;
+        let Self {
+            native,
+            processes,
+            aggregator,
+            summary,
+            stack,
+            procfs,
+            ..
+        } = self;
         stack.clear();
         for &addr in &sample.kernel_stack {
             let frame = native.symbolize_kernel(addr);
@@ -274,10 +326,19 @@ impl Pipeline {
         if sample.kernel_stack_truncated {
             stack.push(aggregator.intern(&Frame::synthetic("[truncated kernel stack]")));
         }
-        let Some(process) = processes.get_mut(&sample.pid) else { return };
+        let Some(process) = processes.get_mut(&sample.pid) else {
+            return;
+        };
         for (i, &addr) in sample.user_stack.iter().enumerate() {
             let is_return_address = i > 0;
-            let frame = user_frame(native, procfs, process, addr, is_return_address, sample.time_ns);
+            let frame = user_frame(
+                native,
+                procfs,
+                process,
+                addr,
+                is_return_address,
+                sample.time_ns,
+            );
             match frame.kind {
                 FrameKind::Managed => summary.managed_frames += 1,
                 FrameKind::Native => summary.native_frames += 1,
@@ -291,7 +352,10 @@ impl Pipeline {
         }
         let mut labels = vec![
             Label::num(label_keys::PROCESS_PID, i64::from(sample.pid)),
-            Label::str(label_keys::PROCESS_EXECUTABLE_NAME, process.exe_name.clone()),
+            Label::str(
+                label_keys::PROCESS_EXECUTABLE_NAME,
+                process.exe_name.clone(),
+            ),
             Label::num(label_keys::THREAD_ID, i64::from(sample.tid)),
             Label::str(label_keys::THREAD_NAME, sample.thread_name.clone()),
         ];
@@ -309,10 +373,17 @@ impl Pipeline {
                 self.summary.perf_maps_enabled += 1;
                 let cleanup = handle.finish(keep_files);
                 if let Err(e) = cleanup.disable {
-                    self.summary.warnings.push(format!("pid {}: turning perf maps off again: {e}", process.pid));
+                    self.summary.warnings.push(format!(
+                        "pid {}: turning perf maps off again: {e}",
+                        process.pid
+                    ));
                 }
                 for (path, e) in cleanup.failed {
-                    self.summary.warnings.push(format!("pid {}: removing {}: {e}", process.pid, path.display()));
+                    self.summary.warnings.push(format!(
+                        "pid {}: removing {}: {e}",
+                        process.pid,
+                        path.display()
+                    ));
                 }
             }
         }
@@ -327,7 +398,11 @@ fn user_frame(
     is_return_address: bool,
     time_ns: u64,
 ) -> Arc<Frame> {
-    let lookup = if is_return_address { addr.saturating_sub(1) } else { addr };
+    let lookup = if is_return_address {
+        addr.saturating_sub(1)
+    } else {
+        addr
+    };
     if let Some(managed) = process.managed.as_ref()
         && let Some(symbol) = managed.lookup(lookup, time_ns)
     {
@@ -367,7 +442,9 @@ fn sudo_user() -> Option<(u32, u32, CString)> {
 fn spawn_command(command: &[OsString]) -> anyhow::Result<tokio::process::Child> {
     let (program, args) = command.split_first().context("no command given")?;
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args).env("DOTNET_PerfMapEnabled", "1").kill_on_drop(false);
+    cmd.args(args)
+        .env("DOTNET_PerfMapEnabled", "1")
+        .kill_on_drop(false);
     if let Some((uid, gid, name)) = sudo_user() {
         // SAFETY: only async-signal-safe libc calls between fork and exec.
         unsafe {
@@ -382,13 +459,16 @@ fn spawn_command(command: &[OsString]) -> anyhow::Result<tokio::process::Child> 
             });
         }
     }
-    cmd.spawn().with_context(|| format!("cannot run {}", program.to_string_lossy()))
+    cmd.spawn()
+        .with_context(|| format!("cannot run {}", program.to_string_lossy()))
 }
 
 fn process_exists(pid: u32) -> bool {
     // A zombie still answers kill(0); its stat state is Z.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
         Err(_) => false,
     }
 }
@@ -409,7 +489,9 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     } = config;
     for &pid in &pids {
         if !process_exists(pid) {
-            bail!("process {pid} does not exist (not running): check the pid with `ps` or `clrbpf ps`");
+            bail!(
+                "process {pid} does not exist (not running): check the pid with `ps` or `clrbpf ps`"
+            );
         }
     }
     let mut warnings = system::prepare()?;
@@ -429,18 +511,20 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     for &pid in &pids {
         pipeline.track(pid);
     }
-    let start_unix_ns = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
+    let start_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
     let started = Instant::now();
 
     let mut child = if command.is_empty() {
         None
     } else {
         let child = spawn_command(&command)?;
-        if let Some(pid) = child.id() {
-            if !whole_host {
-                sampler.add_target(pid)?;
-                sampler.remove_target(std::process::id());
-            }
+        if let Some(pid) = child.id()
+            && !whole_host
+        {
+            sampler.add_target(pid)?;
+            sampler.remove_target(std::process::id());
         }
         Some(child)
     };
@@ -523,8 +607,12 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         elapsed.as_nanos() as i64,
     );
     profile.default_sample_type = Some(1);
-    profile.comments.push(format!("clrbpf {}", env!("CARGO_PKG_VERSION")));
-    profile.comments.push(format!("frequency {frequency_hz} Hz"));
+    profile
+        .comments
+        .push(format!("clrbpf {}", env!("CARGO_PKG_VERSION")));
+    profile
+        .comments
+        .push(format!("frequency {frequency_hz} Hz"));
     let owner = sudo_user().map(|(uid, gid, _)| (uid, gid));
     // Folded stacks and flame graphs count samples, as perf's do.
     let sample_type_index = match format {
@@ -537,9 +625,19 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
 }
 
 /// The end-of-recording summary, for a person.
-pub fn print_summary(summary: &RecordSummary, output: &std::path::Path, mut w: impl std::io::Write) -> std::io::Result<()> {
+pub fn print_summary(
+    summary: &RecordSummary,
+    output: &std::path::Path,
+    mut w: impl std::io::Write,
+) -> std::io::Result<()> {
     let user_frames = summary.managed_frames + summary.native_frames + summary.unknown_frames;
-    let share = |n: u64| if user_frames == 0 { 0.0 } else { 100.0 * n as f64 / user_frames as f64 };
+    let share = |n: u64| {
+        if user_frames == 0 {
+            0.0
+        } else {
+            100.0 * n as f64 / user_frames as f64
+        }
+    };
     writeln!(
         w,
         "clrbpf: recorded {:.1} s ({}), {} samples from {} processes, {} lost, written to {}",
@@ -567,7 +665,11 @@ pub fn print_summary(summary: &RecordSummary, output: &std::path::Path, mut w: i
         )?;
     }
     if summary.perf_maps_enabled > 0 {
-        writeln!(w, "clrbpf: turned perf maps on and off again in {} running .NET processes", summary.perf_maps_enabled)?;
+        writeln!(
+            w,
+            "clrbpf: turned perf maps on and off again in {} running .NET processes",
+            summary.perf_maps_enabled
+        )?;
     }
     if summary.bpf_stats.run_count > 0 {
         writeln!(
