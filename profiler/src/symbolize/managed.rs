@@ -7,8 +7,11 @@
 //!
 //! Strategy:
 //! 1. Locate the files as the target sees them: its namespace pid (`NSpid`)
-//!    and perf directory (`DOTNET_PerfMapJitDumpPath`, default `/tmp`), read
-//!    through `/proc/PID/root` with [`super::target_fs`] (no symlink escapes).
+//!    and perf directory (`DOTNET_PerfMapJitDumpPath`, default `/tmp`; for
+//!    runtimes before .NET 8 the perf map is in `$TMPDIR`), read through
+//!    `/proc/PID/root` with [`super::target_fs`] (no symlink escapes).
+//!    Files last modified before the process started belong to an earlier
+//!    process with the same pid (the runtime never deletes them): ignored.
 //! 2. On each [`ManagedSymbols::refresh`], read only the bytes appended since
 //!    the last one and feed them to the incremental parsers. A file that was
 //!    replaced or truncated (different inode, shorter, or different first
