@@ -9,7 +9,8 @@
 //! Versioning follows ETW's rule that a new version only appends fields: a
 //! version newer than the newest layout known here is decoded with that
 //! layout and its extra bytes are ignored. Strings are UTF-16, bounded to
-//! [`MAX_STRING_UNITS`] code units and decoded lossily.
+//! [`MAX_STRING_UNITS`] code units and decoded lossily. Pointer-sized fields
+//! are read as 8 bytes: 64-bit targets only (x86-64, arm64).
 
 use thiserror::Error;
 
@@ -703,6 +704,9 @@ impl ClrEventDecoder {
 ///   [`MethodLoad::tier`], kept apart as DESIGN.md asks;
 /// - types the runtime could not name print as `pMT: 0x...` in the event
 ///   and as `Name /* MT: 0x... */` in the perf map;
+/// - in IL stubs, types of other assemblies and nested types are qualified
+///   in the perf map (`class [System.Runtime]X`, `Interop/Sys/FileStatus`)
+///   and not in the event (`class X`, `FileStatus`);
 /// - the perf map's `[Assembly]` needs the module's name (not in the event).
 pub fn method_display_name(namespace: &str, name: &str, signature: &str) -> String {
     format_method_name(None, namespace, name, signature)
@@ -820,4 +824,428 @@ fn respell_signature(signature: &str) -> String {
         rest = consumed_rest;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clr::nettrace::writer::utf16z;
+
+    fn method_payload(version: u32) -> Vec<u8> {
+        let mut p = Vec::new();
+        p.extend(0x1111u64.to_le_bytes()); // MethodID
+        p.extend(0x2222u64.to_le_bytes()); // ModuleID
+        p.extend(0x7f00_1000u64.to_le_bytes()); // start
+        p.extend(0x9au32.to_le_bytes()); // size
+        p.extend(0x0600_0003u32.to_le_bytes()); // token
+        p.extend((0x8u32 | 3 << 7).to_le_bytes()); // jitted, QuickJitted
+        p.extend(utf16z("Demo.Worker"));
+        p.extend(utf16z("Spin"));
+        p.extend(utf16z("int64  (int64)"));
+        if version >= 1 {
+            p.extend(7u16.to_le_bytes());
+        }
+        if version >= 2 {
+            p.extend(3u64.to_le_bytes());
+        }
+        p
+    }
+
+    #[test]
+    fn method_events_decode_in_every_version_and_provider() {
+        for version in 0..=2 {
+            let payload = method_payload(version);
+            for (provider, id, kind) in [
+                (RUNTIME_PROVIDER, 143, MethodEventKind::Load),
+                (RUNTIME_PROVIDER, 144, MethodEventKind::Unload),
+                (RUNDOWN_PROVIDER, 143, MethodEventKind::RundownStart),
+                (RUNDOWN_PROVIDER, 144, MethodEventKind::RundownEnd),
+            ] {
+                let Some(ClrEvent::Method(method)) =
+                    decode_clr_event(provider, id, version, &payload).unwrap()
+                else {
+                    panic!("{provider} {id} v{version} not decoded");
+                };
+                assert_eq!(method.kind, kind);
+                assert_eq!(
+                    (
+                        method.method_id,
+                        method.module_id,
+                        method.start,
+                        method.size,
+                        method.token
+                    ),
+                    (0x1111, 0x2222, 0x7f00_1000, 0x9a, 0x0600_0003)
+                );
+                assert_eq!(method.clr_instance_id, if version >= 1 { 7 } else { 0 });
+                assert_eq!(method.rejit_id, if version >= 2 { 3 } else { 0 });
+                assert_eq!(method.tier(), OptimizationTier::QuickJitted);
+                assert!(method.is_jitted());
+                assert_eq!(method.code_range(), 0x7f00_1000..0x7f00_109a);
+                assert_eq!(method.display_name(), "int64 Demo.Worker::Spin(int64)");
+            }
+        }
+    }
+
+    #[test]
+    fn truncated_payloads_are_errors_and_counted() {
+        let payload = method_payload(2);
+        for len in 0..payload.len() {
+            let error = decode_clr_event(RUNTIME_PROVIDER, 143, 2, &payload[..len]).unwrap_err();
+            assert_eq!(
+                (error.kind, error.event_id, error.version, error.payload_len),
+                (ClrEventKind::Method, 143, 2, len)
+            );
+            assert!(
+                error
+                    .to_string()
+                    .starts_with("MethodLoadVerbose event (id 143, version 2)"),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn newer_versions_decode_with_the_newest_known_layout() {
+        let mut payload = method_payload(2);
+        payload.extend([0xee; 12]); // fields a future version appends
+        let event = decode_clr_event(RUNTIME_PROVIDER, 143, 3, &payload).unwrap();
+        assert!(matches!(
+            event,
+            Some(ClrEvent::Method(MethodLoad { rejit_id: 3, .. }))
+        ));
+    }
+
+    #[test]
+    fn contention_events_decode_every_shipped_layout() {
+        let start = |version, payload: &[u8]| match decode_clr_event(
+            RUNTIME_PROVIDER,
+            81,
+            version,
+            payload,
+        ) {
+            Ok(Some(ClrEvent::ContentionStart(start))) => start,
+            other => panic!("{other:?}"),
+        };
+        let empty = start(0, &[]);
+        assert_eq!((empty.flags, empty.lock_owner_thread_id), (0, None));
+        let v1 = start(1, &[1, 5, 0]);
+        assert_eq!(
+            (v1.flags, v1.clr_instance_id, v1.lock_id),
+            (CONTENTION_FLAG_NATIVE, 5, None)
+        );
+
+        let mut v2 = vec![0, 1, 0];
+        v2.extend(0xaaaau64.to_le_bytes());
+        v2.extend(0xbbbbu64.to_le_bytes());
+        v2.extend(4321u64.to_le_bytes());
+        let v2 = start(2, &v2);
+        assert_eq!(
+            (v2.lock_id, v2.associated_object_id, v2.lock_owner_thread_id),
+            (Some(0xaaaa), Some(0xbbbb), Some(4321))
+        );
+        // The first V2 layout (19 bytes): object and owner only.
+        let mut early = vec![0, 1, 0];
+        early.extend(0xbbbbu64.to_le_bytes());
+        early.extend(99u64.to_le_bytes());
+        let early = start(2, &early);
+        assert_eq!(
+            (
+                early.lock_id,
+                early.associated_object_id,
+                early.lock_owner_thread_id
+            ),
+            (None, Some(0xbbbb), Some(99))
+        );
+        // Owner 0 means no owner.
+        let mut unowned = vec![0, 1, 0];
+        unowned.extend([0; 24]);
+        assert_eq!(start(2, &unowned).lock_owner_thread_id, None);
+        assert!(decode_clr_event(RUNTIME_PROVIDER, 81, 2, &[0, 1, 0, 1]).is_err());
+
+        let mut stop = vec![0, 1, 0];
+        stop.extend(1.5e6f64.to_le_bytes());
+        let stop = decode_clr_event(RUNTIME_PROVIDER, 91, 1, &stop).unwrap();
+        assert_eq!(
+            stop,
+            Some(ClrEvent::ContentionStop(ContentionStop {
+                flags: 0,
+                clr_instance_id: 1,
+                duration_ns: Some(1.5e6)
+            }))
+        );
+        let stop = decode_clr_event(RUNTIME_PROVIDER, 91, 0, &[1, 0, 0]).unwrap();
+        assert!(matches!(
+            stop,
+            Some(ClrEvent::ContentionStop(ContentionStop {
+                duration_ns: None,
+                flags: 1,
+                ..
+            }))
+        ));
+
+        let mut created = Vec::new();
+        created.extend(1u64.to_le_bytes());
+        created.extend(2u64.to_le_bytes());
+        created.extend(3u16.to_le_bytes());
+        assert_eq!(
+            decode_clr_event(RUNTIME_PROVIDER, 90, 0, &created).unwrap(),
+            Some(ClrEvent::ContentionLockCreated(ContentionLockCreated {
+                lock_id: 1,
+                associated_object_id: 2,
+                clr_instance_id: 3
+            }))
+        );
+    }
+
+    #[test]
+    fn exceptions_decode_with_bounded_lossy_strings() {
+        let mut payload = utf16z("System.InvalidOperationException");
+        let long_message: String = std::iter::repeat_n('m', MAX_STRING_UNITS + 500).collect();
+        payload.extend(utf16z(&long_message));
+        payload.extend(0x7f00_2000u64.to_le_bytes());
+        payload.extend(0x8013_1509u32.to_le_bytes());
+        payload.extend(0x10u16.to_le_bytes());
+        payload.extend(0u16.to_le_bytes());
+        let Some(ClrEvent::ExceptionThrown(exception)) =
+            decode_clr_event(RUNTIME_PROVIDER, 80, 1, &payload).unwrap()
+        else {
+            panic!("not decoded");
+        };
+        assert_eq!(exception.type_name, "System.InvalidOperationException");
+        assert_eq!(exception.message.len(), MAX_STRING_UNITS);
+        assert_eq!(
+            (exception.eip, exception.hresult, exception.flags),
+            (0x7f00_2000, 0x8013_1509, 0x10)
+        );
+
+        // An unpaired surrogate becomes U+FFFD instead of failing.
+        let mut odd = vec![0x00, 0xd8, b'A', 0, 0, 0];
+        odd.extend(utf16z(""));
+        odd.extend([0; 16]);
+        let Some(ClrEvent::ExceptionThrown(exception)) =
+            decode_clr_event(RUNTIME_PROVIDER, 80, 1, &odd).unwrap()
+        else {
+            panic!("not decoded");
+        };
+        assert_eq!(exception.type_name, "\u{fffd}A");
+        // V0 (no payload in the manifest) is not decoded.
+        assert_eq!(
+            decode_clr_event(RUNTIME_PROVIDER, 80, 0, &payload).unwrap(),
+            None
+        );
+        // Missing terminator.
+        assert!(decode_clr_event(RUNTIME_PROVIDER, 80, 1, &[b'A', 0, b'B', 0]).is_err());
+    }
+
+    #[test]
+    fn waits_modules_entry_points_and_rundown_markers_decode() {
+        let mut wait = vec![1];
+        wait.extend(0xcafeu64.to_le_bytes());
+        wait.extend(2u16.to_le_bytes());
+        assert_eq!(
+            decode_clr_event(RUNTIME_PROVIDER, 301, 0, &wait).unwrap(),
+            Some(ClrEvent::WaitHandleWaitStart(WaitHandleWaitStart {
+                wait_source: 1,
+                associated_object_id: 0xcafe,
+                clr_instance_id: 2
+            }))
+        );
+        assert_eq!(
+            decode_clr_event(RUNTIME_PROVIDER, 302, 0, &[2, 0]).unwrap(),
+            Some(ClrEvent::WaitHandleWaitStop(WaitHandleWaitStop {
+                clr_instance_id: 2
+            }))
+        );
+
+        let mut module = Vec::new();
+        module.extend(0x10u64.to_le_bytes());
+        module.extend(0x20u64.to_le_bytes());
+        module.extend(0x28u32.to_le_bytes());
+        module.extend(0u32.to_le_bytes());
+        module.extend(utf16z("/app/App.dll"));
+        module.extend(utf16z(""));
+        module.extend(0u16.to_le_bytes());
+        module.extend([0; 20]); // V2 PDB fields, not decoded
+        for (provider, id, kind) in [
+            (RUNTIME_PROVIDER, 152, ModuleEventKind::Load),
+            (RUNTIME_PROVIDER, 153, ModuleEventKind::Unload),
+            (RUNDOWN_PROVIDER, 153, ModuleEventKind::RundownStart),
+            (RUNDOWN_PROVIDER, 154, ModuleEventKind::RundownEnd),
+        ] {
+            let Some(ClrEvent::Module(decoded)) =
+                decode_clr_event(provider, id, 2, &module).unwrap()
+            else {
+                panic!("{provider} {id}");
+            };
+            assert_eq!(
+                (decoded.kind, decoded.module_id, decoded.flags),
+                (kind, 0x10, 0x28)
+            );
+            assert_eq!(assembly_simple_name(&decoded.il_path), "App");
+        }
+        // 154 of the runtime provider is AssemblyLoad, a different layout.
+        assert_eq!(
+            decode_clr_event(RUNTIME_PROVIDER, 154, 1, &module).unwrap(),
+            None
+        );
+
+        let mut entry = 5u64.to_le_bytes().to_vec();
+        entry.extend(utf16z("System.String"));
+        entry.extend(utf16z("Concat"));
+        entry.extend(utf16z(
+            "class System.String  (class System.String,class System.String)",
+        ));
+        entry.extend(0x7f00_3000u64.to_le_bytes());
+        entry.extend(0u16.to_le_bytes());
+        let Some(ClrEvent::R2REntryPoint(entry)) =
+            decode_clr_event(RUNTIME_PROVIDER, 159, 0, &entry).unwrap()
+        else {
+            panic!("R2RGetEntryPoint not decoded");
+        };
+        assert_eq!((entry.method_id, entry.entry_point), (5, 0x7f00_3000));
+        // 159 of the rundown provider is ThreadDC: not decoded.
+        assert_eq!(
+            decode_clr_event(RUNDOWN_PROVIDER, 159, 0, &[]).unwrap(),
+            None
+        );
+
+        for (id, marker) in [
+            (145, RundownMarker::StartComplete),
+            (146, RundownMarker::EndComplete),
+            (147, RundownMarker::StartInit),
+            (148, RundownMarker::EndInit),
+        ] {
+            assert_eq!(
+                decode_clr_event(RUNDOWN_PROVIDER, id, 1, &[0, 0]).unwrap(),
+                Some(ClrEvent::Rundown(marker))
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_events_are_ignored_and_counted() {
+        assert_eq!(
+            decode_clr_event("Other-Provider", 80, 1, &[]).unwrap(),
+            None
+        );
+        assert_eq!(
+            decode_clr_event(RUNTIME_PROVIDER, 250, 0, &[]).unwrap(),
+            None
+        );
+
+        let provider: std::sync::Arc<str> = RUNTIME_PROVIDER.into();
+        let record = |event_id, payload| EventRecord {
+            metadata_id: 1,
+            provider: &provider,
+            event_id,
+            version: 1,
+            event_name: "",
+            thread_id: 1,
+            capture_thread_id: 1,
+            processor: 0,
+            sequence: 1,
+            timestamp: 0,
+            activity_id: [0; 16],
+            related_activity_id: [0; 16],
+            is_sorted: false,
+            stack: None,
+            payload,
+        };
+        let mut decoder = ClrEventDecoder::new();
+        assert!(decoder.decode(&record(81, &[0, 0, 0])).is_some());
+        assert!(decoder.decode(&record(81, &[0])).is_none());
+        assert!(decoder.decode(&record(999, &[])).is_none());
+        let stats = decoder.stats();
+        assert_eq!(stats.decoded(ClrEventKind::ContentionStart), 1);
+        assert_eq!(stats.malformed(ClrEventKind::ContentionStart), 1);
+        assert_eq!(
+            (
+                stats.total_decoded(),
+                stats.total_malformed(),
+                stats.ignored
+            ),
+            (1, 1, 1)
+        );
+        assert!(decoder.last_error().is_some());
+    }
+
+    #[test]
+    fn display_names_use_the_perf_map_spelling() {
+        let cases = [
+            (
+                ("Demo.Worker", "Spin", "int64  (int64)"),
+                "int64 Demo.Worker::Spin(int64)",
+            ),
+            (
+                (
+                    "System.String",
+                    "Concat",
+                    "class System.String  (class System.String,class System.Object)",
+                ),
+                "string System.String::Concat(string,object)",
+            ),
+            (
+                (
+                    "System.Text.Ascii",
+                    "NarrowUtf16ToAscii",
+                    "unsigned int  (wchar*,unsigned int8*,unsigned int)",
+                ),
+                "native uint System.Text.Ascii::NarrowUtf16ToAscii(char*,uint8*,native uint)",
+            ),
+            (
+                (
+                    "System.RuntimeTypeHandle",
+                    "GetNativeHandle",
+                    "instance value class System.RuntimeTypeHandle  ()",
+                ),
+                "instance valuetype System.RuntimeTypeHandle System.RuntimeTypeHandle::GetNativeHandle()",
+            ),
+            (
+                (
+                    "System.PackedSpanHelpers",
+                    "IndexOf",
+                    "generic int32  (int16&,int16,int32)",
+                ),
+                "int32 System.PackedSpanHelpers::IndexOf(int16&,int16,int32)",
+            ),
+            (
+                (
+                    "C",
+                    "M",
+                    "void  (int,unsigned int16,unsigned int64[],class System.Collections.Generic.List`1<class System.String>)",
+                ),
+                "void C::M(native int,uint16,uint64[],class System.Collections.Generic.List`1<string>)",
+            ),
+            // Words that only start like a respelled one stay.
+            (
+                ("C", "M", "void  (class System.StringBuilder,interior)"),
+                "void C::M(class System.StringBuilder,interior)",
+            ),
+            // No signature, no namespace.
+            (("", "Stub", ""), "Stub()"),
+        ];
+        for ((namespace, name, signature), expected) in cases {
+            assert_eq!(method_display_name(namespace, name, signature), expected);
+        }
+        assert_eq!(
+            method_display_name_in_assembly(
+                "App",
+                "Demo.Worker",
+                "Main",
+                "void  (class System.String[])"
+            ),
+            "void [App] Demo.Worker::Main(string[])"
+        );
+        assert_eq!(
+            assembly_simple_name("/usr/share/dotnet/System.Private.CoreLib.dll"),
+            "System.Private.CoreLib"
+        );
+        assert_eq!(assembly_simple_name(r"C:\app\Tool.EXE"), "Tool");
+        assert_eq!(assembly_simple_name("NoExtension"), "NoExtension");
+        assert_eq!(
+            OptimizationTier::InstrumentedTierOptimized.perf_map_name(),
+            "InstrumentedTierOptimized"
+        );
+    }
 }

@@ -50,6 +50,9 @@ struct BlobHeader {
     payload_size: u32,
 }
 
+/// A blob's header, its payload and the payload's offset in the block body.
+type Blob<'a> = (BlobHeader, &'a [u8], usize);
+
 /// Walks the event blobs of an EventBlock or MetadataBlock body.
 struct BlobReader<'a> {
     reader: ByteReader<'a>,
@@ -77,7 +80,7 @@ impl<'a> BlobReader<'a> {
 
     /// The next blob header and its payload, with the payload's offset in
     /// the block body.
-    fn next_blob(&mut self) -> Option<Result<(BlobHeader, &'a [u8], usize), BlockFault>> {
+    fn next_blob(&mut self) -> Option<Result<Blob<'a>, BlockFault>> {
         if self.reader.is_empty() {
             return None;
         }
@@ -89,7 +92,7 @@ impl<'a> BlobReader<'a> {
         Some(result)
     }
 
-    fn compressed_blob(&mut self) -> Result<(BlobHeader, &'a [u8], usize), BlockFault> {
+    fn compressed_blob(&mut self) -> Result<Blob<'a>, BlockFault> {
         let r = &mut self.reader;
         let header = &mut self.previous;
         let blob_flags = r.u8("event flags")?;
@@ -130,7 +133,7 @@ impl<'a> BlobReader<'a> {
         Ok((*header, payload, payload_pos))
     }
 
-    fn uncompressed_blob(&mut self) -> Result<(BlobHeader, &'a [u8], usize), BlockFault> {
+    fn uncompressed_blob(&mut self) -> Result<Blob<'a>, BlockFault> {
         let start = self.reader.pos();
         let event_size = self.reader.u32("EventSize")? as usize;
         let blob_pos = self.reader.pos();
@@ -433,7 +436,7 @@ impl StreamState {
                 let at = r.pos();
                 let size = r.u32("StackSize").map_err(|e| (e.into(), at))? as usize;
                 let bytes = r.bytes(size, "stack bytes").map_err(|e| (e.into(), at))?;
-                if size % pointer_size != 0 {
+                if !size.is_multiple_of(pointer_size) {
                     return Err((
                         BlockFault::Invalid("stack size is not a multiple of the pointer size"),
                         at,

@@ -89,10 +89,6 @@ impl<'a> ByteReader<'a> {
         self.array(field).map(u32::from_le_bytes)
     }
 
-    pub(crate) fn i32(&mut self, field: &'static str) -> Result<i32, ReadError> {
-        self.array(field).map(i32::from_le_bytes)
-    }
-
     pub(crate) fn u64(&mut self, field: &'static str) -> Result<u64, ReadError> {
         self.array(field).map(u64::from_le_bytes)
     }
@@ -107,15 +103,6 @@ impl<'a> ByteReader<'a> {
 
     pub(crate) fn guid(&mut self, field: &'static str) -> Result<[u8; 16], ReadError> {
         self.array(field)
-    }
-
-    /// A pointer-sized field (4 or 8 bytes), zero-extended.
-    pub(crate) fn pointer(&mut self, size: u32, field: &'static str) -> Result<u64, ReadError> {
-        if size == 4 {
-            self.u32(field).map(u64::from)
-        } else {
-            self.u64(field)
-        }
     }
 
     /// Unsigned LEB128, at most 10 bytes, rejecting bits beyond 64.
@@ -234,7 +221,7 @@ mod tests {
         // A failed read consumes nothing.
         assert_eq!(reader.pos(), 6);
         assert_eq!(
-            reader.pointer(4, "d").unwrap_err().to_string(),
+            reader.u32("d").unwrap_err().to_string(),
             "d: needs 4 bytes at offset 6, 3 available"
         );
     }

@@ -406,7 +406,7 @@ fn hard_errors_name_what_broke() {
     v6.extend([0, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0]);
     let mut bad_signature = good.clone();
     bad_signature[12] = b'?';
-    let mut bad_pointer_size = good.clone();
+    let mut bad_pointer_size = good;
     // Preamble 32 bytes, Trace object tag and type 21; PointerSize is at
     // +32 of the body.
     bad_pointer_size[32 + 21 + 32] = 3;
@@ -421,7 +421,8 @@ fn hard_errors_name_what_broke() {
     new_block_version.extend(b"SPBlock");
     new_block_version.push(6);
 
-    let cases: [(&str, Vec<u8>, fn(&NettraceError) -> bool); 7] = [
+    type Check = fn(&NettraceError) -> bool;
+    let cases: [(&str, Vec<u8>, Check); 7] = [
         ("magic", bad_magic, |e| {
             matches!(e, NettraceError::BadMagic { .. })
         }),
