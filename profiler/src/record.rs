@@ -36,7 +36,7 @@ use crate::{
     },
     profile::{Aggregator, Frame, FrameKind, Label, Module, RawSample, ValueType, label_keys},
     symbolize::{
-        managed::ManagedSymbols,
+        managed::{ManagedSymbols, TargetLocation, remove_perf_files_at},
         native::{FileKey, MappedFile, NativeSymbolizer},
     },
 };
@@ -51,6 +51,8 @@ const MANAGED_REFRESH_EVERY: Duration = Duration::from_millis(200);
 /// How often a process's mappings are re-read at most when an address is
 /// not covered by the ones we have.
 const MAPS_REFRESH_EVERY: Duration = Duration::from_millis(200);
+/// Most samples held back for a late perf map (about 4 KiB each at most).
+const MAX_RETRY_SAMPLES: usize = 200_000;
 /// After the command exits, keep draining this long for its last samples.
 const EXIT_GRACE: Duration = Duration::from_millis(100);
 
@@ -81,6 +83,8 @@ pub struct RecordSummary {
     pub kernel_frames: u64,
     pub managed_frames: u64,
     pub native_frames: u64,
+    /// Frames in a known file without a symbol (`libcoreclr.so+0x1234`).
+    pub unnamed_frames: u64,
     pub unknown_frames: u64,
     pub truncated_stacks: u64,
     pub perf_maps_enabled: usize,
@@ -113,18 +117,21 @@ struct TrackedProcess {
     managed: Option<ManagedSymbols>,
     managed_read_at: Option<Instant>,
     perf_map: Option<PerfMapAttach>,
+    /// Started by the command clrbpf launched, in clrbpf's own mount and
+    /// PID namespaces: its perf files are ours to remove.
+    launched_here: bool,
+    /// Whether to ask the runtime for perf maps once it is seen.
+    attach: bool,
+    warnings: Vec<String>,
     jit_module: Arc<Module>,
 }
 
 impl TrackedProcess {
-    fn discover(
-        procfs: &ProcFs,
-        pid: u32,
-        native: &mut NativeSymbolizer,
-        attach: bool,
-        warnings: &mut Vec<String>,
-    ) -> Self {
+    fn discover(procfs: &ProcFs, pid: u32, native: &mut NativeSymbolizer, attach: bool) -> Self {
         let info = procfs.process_info(pid).ok();
+        let launched_here = info.as_ref().is_some_and(|i| i.ns_pid == pid)
+            && is_descendant_of_self(procfs, pid)
+            && same_mount_namespace(pid);
         let exe_name: Arc<str> = info
             .as_ref()
             .map_or_else(|| format!("pid-{pid}"), |i| i.exe_name.clone())
@@ -142,6 +149,9 @@ impl TrackedProcess {
             managed: None,
             managed_read_at: None,
             perf_map: None,
+            launched_here,
+            attach,
+            warnings: Vec::new(),
             jit_module: Arc::new(Module {
                 path: "[jit]".into(),
                 build_id: None,
@@ -152,27 +162,6 @@ impl TrackedProcess {
             }),
         };
         process.refresh_maps(procfs, native);
-        if let Some(runtime) = DotnetRuntime::detect(&process.mappings) {
-            process.managed = Some(ManagedSymbols::new(pid));
-            if attach {
-                match PerfMapAttach::attach(procfs, pid) {
-                    Ok(PerfMapAttachOutcome::Enabled(handle)) => process.perf_map = Some(handle),
-                    Ok(PerfMapAttachOutcome::AlreadyEnabled { .. }) => {}
-                    Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 {
-                        ..
-                    })) => {
-                        let version = runtime.version.as_deref().unwrap_or("before 8");
-                        warnings.push(format!(
-                            "pid {pid} runs .NET {version}, which cannot turn perf maps on at run time: its JIT frames are named only if it was started with DOTNET_PerfMapEnabled=1"
-                        ));
-                    }
-                    Ok(PerfMapAttachOutcome::Unsupported(other)) => {
-                        warnings.push(format!("pid {pid}: {other}"));
-                    }
-                    Err(e) => warnings.push(format!("pid {pid}: could not turn on perf maps: {e}")),
-                }
-            }
-        }
         process
     }
 
@@ -188,11 +177,44 @@ impl TrackedProcess {
             return;
         };
         self.mappings = mappings;
+        // A process is often first seen before it maps libcoreclr.so (the
+        // `dotnet` host loads it late), so the runtime is looked for at
+        // every refresh until found.
+        if self.managed.is_none() {
+            self.detect_runtime(procfs);
+        }
         // Open every executable file now, while the process is alive.
         for m in self.mappings.iter() {
             if let Some(mapped) = mapped_file(self.pid, m) {
                 native.prepare(&mapped);
             }
+        }
+    }
+
+    fn detect_runtime(&mut self, procfs: &ProcFs) {
+        let Some(runtime) = DotnetRuntime::detect(&self.mappings) else {
+            return;
+        };
+        let pid = self.pid;
+        self.managed = Some(ManagedSymbols::new(pid));
+        if !self.attach {
+            return;
+        }
+        match PerfMapAttach::attach(procfs, pid) {
+            Ok(PerfMapAttachOutcome::Enabled(handle)) => self.perf_map = Some(handle),
+            Ok(PerfMapAttachOutcome::AlreadyEnabled { .. }) => {}
+            Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { .. })) => {
+                let version = runtime.version.as_deref().unwrap_or("before 8");
+                self.warnings.push(format!(
+                    "pid {pid} runs .NET {version}, which cannot turn perf maps on at run time: its JIT frames are named only if it was started with DOTNET_PerfMapEnabled=1 (COMPlus_PerfMapEnabled=1 before .NET 5)"
+                ));
+            }
+            Ok(PerfMapAttachOutcome::Unsupported(other)) => {
+                self.warnings.push(format!("pid {pid}: {other}"))
+            }
+            Err(e) => self
+                .warnings
+                .push(format!("pid {pid}: could not turn on perf maps: {e}")),
         }
     }
 
@@ -245,6 +267,9 @@ struct Pipeline {
     pending: VecDeque<RawSample>,
     summary: RecordSummary,
     stack: Vec<u32>,
+    user_frames: Vec<Arc<Frame>>,
+    /// Samples waiting for a perf map that names their JIT frames.
+    retry: Vec<RawSample>,
 }
 
 impl Pipeline {
@@ -261,6 +286,8 @@ impl Pipeline {
             pending: VecDeque::new(),
             summary: RecordSummary::default(),
             stack: Vec::with_capacity(256),
+            user_frames: Vec::with_capacity(256),
+            retry: Vec::new(),
         }
     }
 
@@ -271,7 +298,6 @@ impl Pipeline {
                 pid,
                 &mut self.native,
                 self.attach_perf_maps,
-                &mut self.summary.warnings,
             );
             self.processes.insert(pid, process);
         }
@@ -295,19 +321,35 @@ impl Pipeline {
             .collect();
         for pid in due {
             if let Some(p) = self.processes.get_mut(&pid) {
-                p.refresh_managed(until_ns == u64::MAX);
+                p.refresh_managed(false);
             }
         }
         while self.pending.front().is_some_and(|s| s.time_ns < until_ns) {
             let Some(sample) = self.pending.pop_front() else {
                 break;
             };
-            self.add_sample(&sample);
+            self.add_sample(&sample, false);
         }
     }
 
-    fn add_sample(&mut self, sample: &RawSample) {
-        self.summary.samples += 1;
+    /// The end of the recording: every perf map read one last time, then
+    /// every sample symbolized, the held-back ones included.
+    fn process_all(&mut self) {
+        for process in self.processes.values_mut() {
+            process.refresh_managed(true);
+        }
+        let pending: Vec<RawSample> = self.pending.drain(..).collect();
+        let retry = std::mem::take(&mut self.retry);
+        for sample in pending.iter().chain(&retry) {
+            self.add_sample(sample, true);
+        }
+    }
+
+    /// Symbolizes one sample and adds it. Before the final pass, a sample
+    /// with a JIT frame its process's perf map does not name yet goes to the
+    /// retry queue instead: runtimes before .NET 5 buffer their perf map and
+    /// write most of it late, so the final read names it.
+    fn add_sample(&mut self, sample: &RawSample, final_pass: bool) {
         let Self {
             native,
             processes,
@@ -315,8 +357,36 @@ impl Pipeline {
             summary,
             stack,
             procfs,
+            user_frames,
+            retry,
             ..
         } = self;
+        user_frames.clear();
+        if let Some(process) = processes.get_mut(&sample.pid) {
+            for (i, &addr) in sample.user_stack.iter().enumerate() {
+                let is_return_address = i > 0;
+                user_frames.push(user_frame(
+                    native,
+                    procfs,
+                    process,
+                    addr,
+                    is_return_address,
+                    sample.time_ns,
+                ));
+            }
+            let unresolved_jit = process.managed.is_some()
+                && user_frames
+                    .iter()
+                    .any(|f| f.kind == FrameKind::Unknown && f.module.is_none());
+            if unresolved_jit && !final_pass && retry.len() < MAX_RETRY_SAMPLES {
+                retry.push(sample.clone());
+                return;
+            }
+        }
+        let Some(process) = processes.get(&sample.pid) else {
+            return;
+        };
+        summary.samples += 1;
         stack.clear();
         for &addr in &sample.kernel_stack {
             let frame = native.symbolize_kernel(addr);
@@ -326,25 +396,14 @@ impl Pipeline {
         if sample.kernel_stack_truncated {
             stack.push(aggregator.intern(&Frame::synthetic("[truncated kernel stack]")));
         }
-        let Some(process) = processes.get_mut(&sample.pid) else {
-            return;
-        };
-        for (i, &addr) in sample.user_stack.iter().enumerate() {
-            let is_return_address = i > 0;
-            let frame = user_frame(
-                native,
-                procfs,
-                process,
-                addr,
-                is_return_address,
-                sample.time_ns,
-            );
-            match frame.kind {
-                FrameKind::Managed => summary.managed_frames += 1,
-                FrameKind::Native => summary.native_frames += 1,
-                _ => summary.unknown_frames += 1,
+        for frame in user_frames.iter() {
+            match (frame.kind, &frame.module) {
+                (FrameKind::Managed, _) => summary.managed_frames += 1,
+                (FrameKind::Native, _) => summary.native_frames += 1,
+                (_, Some(_)) => summary.unnamed_frames += 1,
+                (_, None) => summary.unknown_frames += 1,
             }
-            stack.push(aggregator.intern(&frame));
+            stack.push(aggregator.intern(frame));
         }
         if sample.user_stack_truncated {
             summary.truncated_stacks += 1;
@@ -366,9 +425,27 @@ impl Pipeline {
         aggregator.add(stack, labels, &[1, value]);
     }
 
-    /// Turns perf maps off again in the processes where we turned them on.
+    /// Turns perf maps off again in the processes where we turned them on,
+    /// and removes the perf files of the processes the command started.
     fn restore_processes(&mut self, keep_files: bool) {
         for process in self.processes.values_mut() {
+            self.summary.warnings.append(&mut process.warnings);
+            if !keep_files
+                && process.launched_here
+                && let Some(managed) = process.managed.as_ref()
+            {
+                // The process may be gone, and /proc/PID/root with it: it
+                // shared our mount namespace, so our root is its root.
+                let location = TargetLocation {
+                    root: "/".into(),
+                    ..managed.location().clone()
+                };
+                if let Err(e) = remove_perf_files_at(&location) {
+                    self.summary
+                        .warnings
+                        .push(format!("pid {}: removing its perf map: {e}", process.pid));
+                }
+            }
             if let Some(handle) = process.perf_map.take() {
                 self.summary.perf_maps_enabled += 1;
                 let cleanup = handle.finish(keep_files);
@@ -461,6 +538,31 @@ fn spawn_command(command: &[OsString]) -> anyhow::Result<tokio::process::Child> 
     }
     cmd.spawn()
         .with_context(|| format!("cannot run {}", program.to_string_lossy()))
+}
+
+/// Whether `pid` descends from this process (the launched command's tree).
+fn is_descendant_of_self(procfs: &ProcFs, pid: u32) -> bool {
+    let me = std::process::id();
+    let mut current = pid;
+    // Bounded: a process tree deeper than this is not ours to clean up.
+    for _ in 0..64 {
+        match procfs.process_info(current) {
+            Ok(info) if info.ppid == me => return true,
+            Ok(info) if info.ppid > 1 => current = info.ppid,
+            _ => return false,
+        }
+    }
+    false
+}
+
+fn same_mount_namespace(pid: u32) -> bool {
+    let ns = |p: &str| {
+        std::fs::metadata(p)
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .ok()
+    };
+    let theirs = ns(&format!("/proc/{pid}/ns/mnt"));
+    theirs.is_some() && theirs == ns("/proc/self/ns/mnt")
 }
 
 fn process_exists(pid: u32) -> bool {
@@ -589,7 +691,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     pipeline.summary.bpf_stats = sampler.on_cpu_program_stats();
     let period_ns = sampler.period_ns;
     drop(sampler);
-    pipeline.process_pending(u64::MAX);
+    pipeline.process_all();
     pipeline.restore_processes(keep_perf_maps);
 
     let mut summary = std::mem::take(&mut pipeline.summary);
@@ -630,7 +732,10 @@ pub fn print_summary(
     output: &std::path::Path,
     mut w: impl std::io::Write,
 ) -> std::io::Result<()> {
-    let user_frames = summary.managed_frames + summary.native_frames + summary.unknown_frames;
+    let user_frames = summary.managed_frames
+        + summary.native_frames
+        + summary.unnamed_frames
+        + summary.unknown_frames;
     let share = |n: u64| {
         if user_frames == 0 {
             0.0
@@ -650,9 +755,10 @@ pub fn print_summary(
     )?;
     writeln!(
         w,
-        "clrbpf: user frames named: {:.1}% managed, {:.1}% native, {:.1}% unknown ({} frames); {} kernel frames",
+        "clrbpf: user frames: {:.1}% managed, {:.1}% native named, {:.1}% native without symbols (file+offset), {:.1}% unknown ({} frames); {} kernel frames",
         share(summary.managed_frames),
         share(summary.native_frames),
+        share(summary.unnamed_frames),
         share(summary.unknown_frames),
         user_frames,
         summary.kernel_frames
