@@ -196,6 +196,7 @@ impl TrackedProcess {
             return;
         };
         let pid = self.pid;
+        tracing::debug!(pid, version = ?runtime.version, "found a .NET runtime");
         self.managed = Some(ManagedSymbols::new(pid));
         if !self.attach {
             return;
@@ -230,7 +231,13 @@ impl TrackedProcess {
             return;
         }
         self.managed_read_at = Some(Instant::now());
-        managed.refresh(monotonic_ns());
+        let stats = managed.refresh(monotonic_ns());
+        tracing::debug!(
+            pid = self.pid,
+            ?stats,
+            symbols = managed.len(),
+            "read perf map and jitdump"
+        );
     }
 
     fn mapping_for(&self, addr: u64) -> Option<&Mapping> {
@@ -519,8 +526,10 @@ fn sudo_user() -> Option<(u32, u32, CString)> {
 fn spawn_command(command: &[OsString]) -> anyhow::Result<tokio::process::Child> {
     let (program, args) = command.split_first().context("no command given")?;
     let mut cmd = tokio::process::Command::new(program);
+    // .NET 5+ reads DOTNET_ settings; .NET Core 3.x only COMPlus_ ones.
     cmd.args(args)
         .env("DOTNET_PerfMapEnabled", "1")
+        .env("COMPlus_PerfMapEnabled", "1")
         .kill_on_drop(false);
     if let Some((uid, gid, name)) = sudo_user() {
         // SAFETY: only async-signal-safe libc calls between fork and exec.
