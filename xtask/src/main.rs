@@ -172,6 +172,18 @@ fn test(repo: &Repo) -> anyhow::Result<()> {
     )?;
     let dotnet8 = setup::NET8.host_in(&repo.runtimes_dir());
     let dotnet31 = setup::NETCORE31.host_in(&repo.runtimes_dir());
+    // The library's own tests that need root, ptrace, gcc, go or a real
+    // runtime: marked #[ignore] so a plain `cargo test` runs anywhere.
+    // Measurements (`measure_*`) are for `cargo xtask bench`, not here.
+    step(
+        "privileged unit tests",
+        repo.cargo()
+            .args(["test", "--package", "clrbpf", "--lib", "--"])
+            .args(["--ignored", "--skip", "measure_", "--test-threads=1"])
+            .env(ENV_AYA_BUILD_SKIP, "1")
+            .env(ENV_DOTNET8, &dotnet8)
+            .env(ENV_DOTNET31, &dotnet31),
+    )?;
     step(
         "integration tests",
         repo.cargo()
