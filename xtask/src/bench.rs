@@ -66,7 +66,10 @@ fn wait_with_usage(child: &mut Child) -> anyhow::Result<(std::process::ExitStatu
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
     Ok((
         std::process::ExitStatus::from_raw(status),
-        Usage { cpu: tv(usage.ru_utime) + tv(usage.ru_stime), max_rss_kib: usage.ru_maxrss as u64 },
+        Usage {
+            cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
+            max_rss_kib: usage.ru_maxrss as u64,
+        },
     ))
 }
 
@@ -86,11 +89,17 @@ fn run_workload(inputs: &BenchInputs<'_>, threads: usize) -> anyhow::Result<f64>
         .output()
         .with_context(|| format!("run {}", dll.display()))?;
     if !out.status.success() {
-        bail!("CpuBound.dll failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "CpuBound.dll failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines()
-        .find_map(|l| l.strip_prefix("OPS_PER_SEC ").and_then(|v| v.trim().parse().ok()))
+        .find_map(|l| {
+            l.strip_prefix("OPS_PER_SEC ")
+                .and_then(|v| v.trim().parse().ok())
+        })
         .with_context(|| format!("CpuBound.dll printed no OPS_PER_SEC line: {text}"))
 }
 
@@ -101,7 +110,11 @@ struct ProfilerRun {
     bpf_us_per_sample: Option<f64>,
 }
 
-fn run_profiled(inputs: &BenchInputs<'_>, mode: Mode, threads: usize) -> anyhow::Result<ProfilerRun> {
+fn run_profiled(
+    inputs: &BenchInputs<'_>,
+    mode: Mode,
+    threads: usize,
+) -> anyhow::Result<ProfilerRun> {
     let mut profiler = match mode {
         Mode::Baseline => None,
         Mode::Clrbpf => Some(
@@ -110,7 +123,10 @@ fn run_profiled(inputs: &BenchInputs<'_>, mode: Mode, threads: usize) -> anyhow:
                 .arg(inputs.scratch.join("bench.pb.gz"))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
-                .stderr(fs::File::create(inputs.scratch.join("clrbpf.stderr")).context("create stderr file")?)
+                .stderr(
+                    fs::File::create(inputs.scratch.join("clrbpf.stderr"))
+                        .context("create stderr file")?,
+                )
                 .spawn()
                 .context("start clrbpf")?,
         ),
@@ -140,13 +156,24 @@ fn run_profiled(inputs: &BenchInputs<'_>, mode: Mode, threads: usize) -> anyhow:
             bail!("{} exited with {status}", mode.name());
         }
         if mode == Mode::Clrbpf {
-            let stderr = fs::read_to_string(inputs.scratch.join("clrbpf.stderr")).unwrap_or_default();
+            let stderr =
+                fs::read_to_string(inputs.scratch.join("clrbpf.stderr")).unwrap_or_default();
             bpf_us_per_sample = stderr.lines().find_map(|l| {
-                l.split("BPF time per sample ").nth(1)?.split_whitespace().next()?.parse().ok()
+                l.split("BPF time per sample ")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
             });
         }
     }
-    Ok(ProfilerRun { ops: ops?, usage, wall: started.elapsed(), bpf_us_per_sample })
+    Ok(ProfilerRun {
+        ops: ops?,
+        usage,
+        wall: started.elapsed(),
+        bpf_us_per_sample,
+    })
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -163,7 +190,9 @@ impl BpfStatsGuard {
     fn enable() -> Self {
         let old = fs::read_to_string(Self::PATH).ok();
         if fs::write(Self::PATH, "1").is_err() {
-            eprintln!("bench: cannot enable kernel.bpf_stats_enabled; BPF time per sample will be missing");
+            eprintln!(
+                "bench: cannot enable kernel.bpf_stats_enabled; BPF time per sample will be missing"
+            );
         }
         Self(old)
     }
@@ -178,12 +207,20 @@ impl Drop for BpfStatsGuard {
 }
 
 pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
-    fs::create_dir_all(inputs.scratch).with_context(|| format!("create {}", inputs.scratch.display()))?;
+    fs::create_dir_all(inputs.scratch)
+        .with_context(|| format!("create {}", inputs.scratch.display()))?;
     let threads = thread::available_parallelism().map_or(2, |n| n.get());
     let _stats = BpfStatsGuard::enable();
-    let have_perf = Command::new("perf").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
-    let modes: Vec<Mode> =
-        [Mode::Baseline, Mode::Clrbpf, Mode::Perf].into_iter().filter(|m| *m != Mode::Perf || have_perf).collect();
+    let have_perf = Command::new("perf")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let modes: Vec<Mode> = [Mode::Baseline, Mode::Clrbpf, Mode::Perf]
+        .into_iter()
+        .filter(|m| *m != Mode::Perf || have_perf)
+        .collect();
 
     println!(
         "bench: CpuBound.dll on .NET 8, {threads} threads, {WORKLOAD_SECONDS} s per run, {ROUNDS} rounds of {} modes",
@@ -192,8 +229,13 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     let mut runs: Vec<(Mode, ProfilerRun)> = Vec::new();
     for round in 1..=ROUNDS {
         for &mode in &modes {
-            let run = run_profiled(inputs, mode, threads).with_context(|| format!("round {round}, {}", mode.name()))?;
-            println!("bench: round {round} {:<26} {:>14.0} ops/s", mode.name(), run.ops);
+            let run = run_profiled(inputs, mode, threads)
+                .with_context(|| format!("round {round}, {}", mode.name()))?;
+            println!(
+                "bench: round {round} {:<26} {:>14.0} ops/s",
+                mode.name(),
+                run.ops
+            );
             runs.push((mode, run));
         }
     }
@@ -209,19 +251,36 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         let ops = median(&mut of(mode).map(|r| r.ops).collect::<Vec<_>>());
         let loss = 100.0 * (1.0 - ops / baseline);
         let cpu_share = median(
-            &mut of(mode).map(|r| 100.0 * r.usage.cpu.as_secs_f64() / r.wall.as_secs_f64()).collect::<Vec<_>>(),
+            &mut of(mode)
+                .map(|r| 100.0 * r.usage.cpu.as_secs_f64() / r.wall.as_secs_f64())
+                .collect::<Vec<_>>(),
         );
-        let rss = median(&mut of(mode).map(|r| r.usage.max_rss_kib as f64 / 1024.0).collect::<Vec<_>>());
+        let rss = median(
+            &mut of(mode)
+                .map(|r| r.usage.max_rss_kib as f64 / 1024.0)
+                .collect::<Vec<_>>(),
+        );
         let budget = if mode == Mode::Clrbpf { "<= 1%" } else { "" };
-        println!("| throughput loss under {} | {loss:.2}% | {budget} |", mode.name());
-        println!("| {} own CPU (user+sys, % of one core) | {cpu_share:.2}% | |", mode.name());
+        println!(
+            "| throughput loss under {} | {loss:.2}% | {budget} |",
+            mode.name()
+        );
+        println!(
+            "| {} own CPU (user+sys, % of one core) | {cpu_share:.2}% | |",
+            mode.name()
+        );
         println!("| {} peak RSS | {rss:.1} MiB | |", mode.name());
     }
-    let mut bpf: Vec<f64> = of(Mode::Clrbpf).filter_map(|r| r.bpf_us_per_sample).collect();
+    let mut bpf: Vec<f64> = of(Mode::Clrbpf)
+        .filter_map(|r| r.bpf_us_per_sample)
+        .collect();
     if bpf.is_empty() {
         println!("| BPF time per on-CPU sample (kernel BPF stats) | unavailable | <= 2 us |");
     } else {
-        println!("| BPF time per on-CPU sample (kernel BPF stats, median) | {:.2} us | <= 2 us |", median(&mut bpf));
+        println!(
+            "| BPF time per on-CPU sample (kernel BPF stats, median) | {:.2} us | <= 2 us |",
+            median(&mut bpf)
+        );
     }
 
     let perf_map = Command::new(inputs.clrbpf)

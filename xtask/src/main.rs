@@ -3,6 +3,7 @@
 //! end-to-end tests. Each task runs the setup it depends on first, so
 //! `cargo xtask demo` and `cargo xtask test` work on a fresh machine.
 
+mod bench;
 mod cmd;
 mod setup;
 mod workloads;
@@ -54,6 +55,10 @@ enum Task {
     /// Profile a bundled .NET workload; writes profile.pb.gz and
     /// flamegraph.svg and prints the top functions (needs root).
     Demo,
+    /// Measure the budgets of DESIGN.md (throughput loss next to perf, BPF
+    /// time per sample, CPU and memory of clrbpf, perf map load time) and
+    /// print one table (needs root).
+    Bench,
 }
 
 /// Where things are in the repository.
@@ -115,6 +120,7 @@ fn main() -> ExitCode {
         Task::Workloads => workloads(&repo),
         Task::Test => test(&repo),
         Task::Demo => demo(&repo),
+        Task::Bench => bench(&repo),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -234,4 +240,18 @@ fn demo(repo: &Repo) -> anyhow::Result<()> {
         repo.root.join("flamegraph.svg").display()
     );
     Ok(())
+}
+
+fn bench(repo: &Repo) -> anyhow::Result<()> {
+    setup::run(&repo.runtimes_dir())?;
+    build_release(repo)?;
+    workloads::build(&repo.workloads_src())?;
+    let dotnet8 = setup::NET8.host_in(&repo.runtimes_dir());
+    let scratch = bench::scratch_dir(&repo.target);
+    bench::run(&bench::BenchInputs {
+        clrbpf: &repo.clrbpf_bin(),
+        dotnet8: &dotnet8,
+        workloads: &repo.workloads_bin(),
+        scratch: &scratch,
+    })
 }
