@@ -152,7 +152,9 @@ fn run_profiled(
         interrupt(child);
         let (status, u) = wait_with_usage(child)?;
         usage = u;
-        if !status.success() {
+        // perf re-raises the SIGINT it handled once its data is written.
+        let interrupted = status.signal() == Some(libc::SIGINT);
+        if !status.success() && !(mode == Mode::Perf && interrupted) {
             bail!("{} exited with {status}", mode.name());
         }
         if mode == Mode::Clrbpf {
