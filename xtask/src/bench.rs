@@ -153,8 +153,8 @@ fn run_profiled(
         let (status, u) = wait_with_usage(child)?;
         usage = u;
         // perf re-raises the SIGINT it handled once its data is written.
-        let interrupted = status.signal() == Some(libc::SIGINT);
-        if !status.success() && !(mode == Mode::Perf && interrupted) {
+        let perf_interrupted = mode == Mode::Perf && status.signal() == Some(libc::SIGINT);
+        if !(status.success() || perf_interrupted) {
             bail!("{} exited with {status}", mode.name());
         }
         if mode == Mode::Clrbpf {
