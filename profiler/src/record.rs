@@ -26,7 +26,7 @@ use anyhow::{Context as _, bail};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
-    bpf::{KernelCounters, ProgramStats, Sampler, SamplerConfig, system},
+    bpf::{KernelCounters, ProgramStats, Sampler, SamplerConfig, UnwindMaps, UnwindMemory, system},
     clr::ipc::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
     export::output::{OutputFormat, write_profile},
     process::{
@@ -86,6 +86,9 @@ pub struct RecordSummary {
     pub perf_maps_enabled: usize,
     pub kernel: KernelCounters,
     pub bpf_stats: ProgramStats,
+    /// Kernel-side user-stack walks ended by each error kind.
+    pub unwind_errors: Vec<(clrbpf_common::unwind::UnwindError, u64)>,
+    pub unwind_memory: Option<UnwindMemory>,
     pub command_status: Option<std::process::ExitStatus>,
     pub stopped_by: &'static str,
     pub warnings: Vec<String>,
@@ -211,6 +214,7 @@ struct Pipeline {
     pending: VecDeque<RawSample>,
     summary: RecordSummary,
     stack: Vec<u32>,
+    unwind: Option<UnwindMaps>,
 }
 
 impl Pipeline {
@@ -224,11 +228,15 @@ impl Pipeline {
             pending: VecDeque::new(),
             summary: RecordSummary::default(),
             stack: Vec::with_capacity(256),
+            unwind: None,
         }
     }
 
     fn track(&mut self, pid: u32) {
         if !self.processes.contains_key(&pid) {
+            if let Some(unwind) = self.unwind.as_mut() {
+                unwind.track_process(pid);
+            }
             let process = TrackedProcess::discover(
                 &self.procfs,
                 pid,
@@ -426,6 +434,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         ..SamplerConfig::default()
     })?;
     let mut pipeline = Pipeline::new(perf_map_attach);
+    pipeline.unwind = sampler.take_unwind_maps();
     for &pid in &pids {
         pipeline.track(pid);
     }
@@ -472,6 +481,12 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         }
         pipeline.summary.malformed_records += sampler.drain(&mut raw);
         pipeline.accept(&mut raw);
+        if let Some(unwind) = pipeline.unwind.as_mut() {
+            for pid in sampler.take_pids_to_rescan() {
+                unwind.refresh_process(pid);
+            }
+            unwind.forget_exited();
+        }
         pipeline.process_pending(monotonic_ns().saturating_sub(SYMBOLIZE_DELAY.as_nanos() as u64));
         if command_exited_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE) {
             break "command exited";
@@ -503,6 +518,10 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     pipeline.accept(&mut raw);
     pipeline.summary.kernel = sampler.counters();
     pipeline.summary.bpf_stats = sampler.on_cpu_program_stats();
+    if let Some(unwind) = pipeline.unwind.as_ref() {
+        pipeline.summary.unwind_errors = unwind.error_counts();
+        pipeline.summary.unwind_memory = Some(unwind.memory());
+    }
     let period_ns = sampler.period_ns;
     drop(sampler);
     pipeline.process_pending(u64::MAX);
@@ -574,6 +593,19 @@ pub fn print_summary(summary: &RecordSummary, output: &std::path::Path, mut w: i
             w,
             "clrbpf: BPF time per sample {:.2} us",
             summary.bpf_stats.run_time_ns as f64 / summary.bpf_stats.run_count as f64 / 1000.0
+        )?;
+    }
+    if let Some(memory) = &summary.unwind_memory {
+        let errors: Vec<String> =
+            summary.unwind_errors.iter().filter(|(_, n)| *n > 0).map(|(e, n)| format!("{} {n}", e.name())).collect();
+        writeln!(
+            w,
+            "clrbpf: unwind tables {:.1} MiB in {} files for {} processes (cap {:.0} MiB); walks ended early: {}",
+            memory.table_bytes as f64 / 1048576.0,
+            memory.tables,
+            memory.processes,
+            memory.capacity_bytes as f64 / 1048576.0,
+            if errors.is_empty() { "none".to_owned() } else { errors.join(", ") }
         )?;
     }
     for warning in &summary.warnings {
