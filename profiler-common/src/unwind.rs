@@ -409,24 +409,65 @@ pub fn find_row(rows: &[UnwindRow], pc: u64) -> Option<&UnwindRow> {
 /// [`CfaRule::NoInfo`].
 #[inline(always)]
 pub fn find_row_index(len: u32, pc_at: impl Fn(u32) -> Option<u64>, pc: u64) -> Option<u32> {
-    // Invariant: rows[..lo] start at or before pc, rows[hi..] after it.
-    let mut lo = 0u32;
-    let mut hi = len;
+    let mut search = SortedSearch::new(len);
     for _ in 0..=MAX_TABLE_ROWS_LOG2 {
-        if lo >= hi {
+        let Some(mid) = search.probe() else {
             break;
-        }
-        let mid = lo + (hi - lo) / 2;
-        if pc_at(mid)? <= pc {
-            lo = mid + 1;
+        };
+        search.narrow(mid, pc_at(mid)? <= pc);
+    }
+    search.found()
+}
+
+/// The state of a binary search for the last of `len` sorted entries that
+/// starts at or before a key, one probe at a time. [`find_row_index`] and
+/// [`find_mapping`] drive it in a loop; the eBPF side drives the same steps
+/// but keeps the state in map memory between probes, so the verifier sees
+/// unknown bounds instead of exploring every (lo, hi) pair.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SortedSearch {
+    /// Entries before `lo` start at or before the key.
+    pub lo: u32,
+    /// Entries from `hi` on start after the key.
+    pub hi: u32,
+}
+
+impl SortedSearch {
+    pub const fn new(len: u32) -> Self {
+        Self { lo: 0, hi: len }
+    }
+
+    /// The index to probe next, `None` once the search is over.
+    #[inline(always)]
+    pub fn probe(&self) -> Option<u32> {
+        if self.lo >= self.hi {
+            None
         } else {
-            hi = mid;
+            Some(self.lo + (self.hi - self.lo) / 2)
         }
     }
-    if lo < hi {
-        return None;
+
+    /// Narrows after probing `mid`: `at_or_before` tells whether the entry
+    /// at `mid` starts at or before the key.
+    #[inline(always)]
+    pub fn narrow(&mut self, mid: u32, at_or_before: bool) {
+        if at_or_before {
+            self.lo = mid.saturating_add(1);
+        } else {
+            self.hi = mid;
+        }
     }
-    lo.checked_sub(1)
+
+    /// The index found: `None` when no entry starts at or before the key,
+    /// or when the search was cut short before it finished.
+    #[inline(always)]
+    pub fn found(&self) -> Option<u32> {
+        if self.lo < self.hi {
+            return None;
+        }
+        self.lo.checked_sub(1)
+    }
 }
 
 fn read<M: MemoryReader + ?Sized>(mem: &M, addr: u64) -> Result<u64, UnwindError> {
@@ -731,27 +772,19 @@ pub fn find_mapping(
     entry_at: impl Fn(u32) -> Option<(u64, u64)>,
     pc: u64,
 ) -> Option<u32> {
-    let mut lo = 0u32;
-    let mut hi = if len as usize > MAX_PROCESS_MAPPINGS {
+    let len = if len as usize > MAX_PROCESS_MAPPINGS {
         MAX_PROCESS_MAPPINGS as u32
     } else {
         len
     };
+    let mut search = SortedSearch::new(len);
     for _ in 0..=MAX_PROCESS_MAPPINGS_LOG2 {
-        if lo >= hi {
+        let Some(mid) = search.probe() else {
             break;
-        }
-        let mid = lo + (hi - lo) / 2;
-        if entry_at(mid)?.0 <= pc {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
+        };
+        search.narrow(mid, entry_at(mid)?.0 <= pc);
     }
-    if lo < hi {
-        return None;
-    }
-    let index = lo.checked_sub(1)?;
+    let index = search.found()?;
     let (start, end) = entry_at(index)?;
     (start <= pc && pc < end).then_some(index)
 }

@@ -42,8 +42,9 @@ use aya_ebpf::{
 use clrbpf_common::{
     MAX_USER_STACK_DEPTH, RawSampleEvent, UNWIND_ERROR_SLOTS,
     unwind::{
-        CfaRule, MemoryReader, ProcessMappings, UnwindError, UnwindRegs, UnwindRow,
-        find_mapping, find_row_index, next_frame,
+        CfaRule, MAX_PROCESS_MAPPINGS, MAX_PROCESS_MAPPINGS_LOG2, MAX_TABLE_ROWS_LOG2,
+        MemoryReader, ProcessMappings, SortedSearch, UnwindError, UnwindRegs, UnwindRow,
+        next_frame,
     },
 };
 
@@ -84,6 +85,33 @@ pub struct WalkState {
 
 #[map]
 static WALK_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+
+/// The binary search in progress. Kept in map memory between probes (read
+/// and written volatile) so the verifier sees unknown bounds at each probe
+/// and prunes, instead of exploring every (lo, hi) pair of the search.
+#[map]
+static SEARCH: PerCpuArray<SortedSearch> = PerCpuArray::with_max_entries(1, 0);
+
+/// [`clrbpf_common::unwind::find_row_index`]'s steps with the state in
+/// `SEARCH`: the index of the last of `len` entries whose key (`key_at`)
+/// is at or before `key`.
+#[inline(always)]
+fn search<const LOG2: u32>(len: u32, key_at: impl Fn(u32) -> Option<u64>, key: u64) -> Option<u32> {
+    let state = SEARCH.get_ptr_mut(0)?;
+    // SAFETY: per-CPU value, only this program on this CPU uses it.
+    unsafe {
+        core::ptr::write_volatile(state, SortedSearch::new(len));
+        for _ in 0..=LOG2 {
+            let mut s = core::ptr::read_volatile(state);
+            let Some(mid) = s.probe() else {
+                break;
+            };
+            s.narrow(mid, key_at(mid)? <= key);
+            core::ptr::write_volatile(state, s);
+        }
+        core::ptr::read_volatile(state).found()
+    }
+}
 
 /// Target memory, read with `bpf_probe_read_user`.
 struct UserMemory;
@@ -145,9 +173,14 @@ pub fn has_mappings(tgid: u32) -> bool {
 fn lookup(tgid: u32, pc: u64) -> Result<Option<UnwindRow>, UnwindError> {
     // SAFETY: read only; userspace replaces values whole.
     let mappings = unsafe { PROCESS_MAPPINGS.get(&tgid) }.ok_or(UnwindError::NoMapping)?;
-    let index = find_mapping(
-        mappings.len,
-        |i| mappings.entries.get(i as usize).map(|e| (e.start, e.end)),
+    let len = if mappings.len as usize > MAX_PROCESS_MAPPINGS {
+        MAX_PROCESS_MAPPINGS as u32
+    } else {
+        mappings.len
+    };
+    let index = search::<MAX_PROCESS_MAPPINGS_LOG2>(
+        len,
+        |i| mappings.entries.get(i as usize).map(|e| e.start),
         pc,
     )
     .ok_or(UnwindError::NoMapping)?;
@@ -155,12 +188,15 @@ fn lookup(tgid: u32, pc: u64) -> Result<Option<UnwindRow>, UnwindError> {
         .entries
         .get(index as usize)
         .ok_or(UnwindError::NoMapping)?;
+    if pc >= entry.end {
+        return Err(UnwindError::NoMapping);
+    }
     if entry.row_count == 0 {
         return Ok(None);
     }
     let vaddr = pc.wrapping_sub(entry.bias);
     let first = entry.row_offset;
-    let at = find_row_index(
+    let at = search::<MAX_TABLE_ROWS_LOG2>(
         entry.row_count,
         |i| UNWIND_ROWS.get(first.wrapping_add(i)).map(|r| r.pc),
         vaddr,

@@ -201,10 +201,8 @@ impl Sampler {
             };
             let process_mappings = take_map(&mut ebpf, names::MAP_PROCESS_MAPPINGS)?;
             let errors = take_map(&mut ebpf, names::MAP_UNWIND_ERRORS)?;
-            // The row array's fd stays open through the mapping's lifetime:
-            // the mmap keeps the map alive on its own.
             Some(UnwindMaps::new(
-                &rows_map,
+                rows_map,
                 unwind_rows,
                 process_mappings,
                 errors,

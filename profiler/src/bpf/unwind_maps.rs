@@ -181,6 +181,9 @@ pub struct UnwindMemory {
 /// [`super::Sampler::take_unwind_maps`].
 pub struct UnwindMaps {
     rows: RowsMmap,
+    /// Keeps the row array's fd open: the program's instructions name it
+    /// until the program is loaded.
+    _rows_map: MapData,
     process_mappings: BpfHashMap<MapData, u32, ProcessMappings>,
     errors: PerCpuArray<MapData, u64>,
     arena: RowArena,
@@ -195,13 +198,14 @@ pub struct UnwindMaps {
 
 impl UnwindMaps {
     pub(super) fn new(
-        rows_map: &MapData,
+        rows_map: MapData,
         rows: u32,
         process_mappings: BpfHashMap<MapData, u32, ProcessMappings>,
         errors: PerCpuArray<MapData, u64>,
     ) -> Result<Self, BpfError> {
         Ok(Self {
-            rows: RowsMmap::new(rows_map, rows)?,
+            rows: RowsMmap::new(&rows_map, rows)?,
+            _rows_map: rows_map,
             process_mappings,
             errors,
             arena: RowArena::new(rows),
