@@ -392,7 +392,11 @@ pub fn find_row(rows: &[UnwindRow], pc: u64) -> Option<&UnwindRow> {
     if rows.len() > MAX_TABLE_ROWS {
         return None;
     }
-    let index = find_row_index(rows.len() as u32, |i| rows.get(i as usize).map(|r| r.pc), pc)?;
+    let index = find_row_index(
+        rows.len() as u32,
+        |i| rows.get(i as usize).map(|r| r.pc),
+        pc,
+    )?;
     let row = rows.get(index as usize)?;
     if row.cfa_rule == CfaRule::NoInfo as u8 {
         None
@@ -1193,7 +1197,7 @@ mod tests {
         // A length beyond what the reader holds: the failed read gives None.
         assert_eq!(find_mapping(9, at, 0x5800), None);
         // A hostile length is clamped to the bound.
-        let many: std::vec::Vec<(u64, u64)> = (0..MAX_PROCESS_MAPPINGS as u64)
+        let many: Vec<(u64, u64)> = (0..MAX_PROCESS_MAPPINGS as u64)
             .map(|i| (i * 0x1000, i * 0x1000 + 0x800))
             .collect();
         let at = |i: u32| many.get(i as usize).copied();

@@ -167,7 +167,10 @@ fn try_on_cpu_sample(ctx: &PerfEventContext) -> Result<(), i64> {
         (*event).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
         // Userspace drains the ring on a timer, so no wakeup per record: the
         // wakeup is an irq_work per sample, the most expensive part in a VM.
-        if SAMPLES.output::<RawSampleEvent>(&*event, BPF_RB_NO_WAKEUP).is_err() {
+        if SAMPLES
+            .output::<RawSampleEvent>(&*event, BPF_RB_NO_WAKEUP)
+            .is_err()
+        {
             count(Counter::SamplesLost);
             return Ok(());
         }

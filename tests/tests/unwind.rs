@@ -62,11 +62,8 @@ fn record(out: &Path, command: &[&str], env: &[(&str, &str)]) -> Profile {
 fn stacks(profile: &Profile) -> Vec<(Vec<(String, String)>, u64)> {
     let strings = &profile.string_table;
     let s = |i: i64| strings.get(i as usize).cloned().unwrap_or_default();
-    let functions: HashMap<u64, String> = profile
-        .function
-        .iter()
-        .map(|f| (f.id, s(f.name)))
-        .collect();
+    let functions: HashMap<u64, String> =
+        profile.function.iter().map(|f| (f.id, s(f.name))).collect();
     let mappings: HashMap<u64, String> = profile
         .mapping
         .iter()
@@ -84,7 +81,10 @@ fn stacks(profile: &Profile) -> Vec<(Vec<(String, String)>, u64)> {
                     .iter()
                     .map(|line| {
                         (
-                            functions.get(&line.function_id).cloned().unwrap_or_default(),
+                            functions
+                                .get(&line.function_id)
+                                .cloned()
+                                .unwrap_or_default(),
                             file.clone(),
                         )
                     })
@@ -143,17 +143,16 @@ fn xz_without_frame_pointers_has_deep_stacks() {
     // Samples of the xz process only (the launcher's own are filtered out
     // by the kernel side).
     let count = |keep: &dyn Fn(&[(String, String)]) -> bool| -> u64 {
-        stacks
-            .iter()
-            .filter(|(s, _)| keep(s))
-            .map(|(_, n)| n)
-            .sum()
+        stacks.iter().filter(|(s, _)| keep(s)).map(|(_, n)| n).sum()
     };
     let total = count(&|_| true);
     assert!(total >= 100, "only {total} samples");
     let deep = count(&|s| user_frames(s) >= 4);
     let share = deep as f64 / total as f64;
-    eprintln!("{deep} of {total} samples have 4+ user frames ({:.1}%)", share * 100.0);
+    eprintln!(
+        "{deep} of {total} samples have 4+ user frames ({:.1}%)",
+        share * 100.0
+    );
     assert!(
         share >= 0.8,
         "only {deep} of {total} samples have 4 or more user frames"
