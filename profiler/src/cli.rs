@@ -66,7 +66,12 @@ pub struct RecordArgs {
     /// Where to write the profile. The format follows the extension
     /// (.pb.gz pprof, .folded/.collapsed folded stacks, .svg flame graph)
     /// unless --format is given.
-    #[arg(short = 'o', long = "output", value_name = "FILE", default_value = "profile.pb.gz")]
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "FILE",
+        default_value = "profile.pb.gz"
+    )]
     pub output: PathBuf,
 
     /// Output format.
@@ -106,14 +111,20 @@ mod tests {
     #[test]
     fn record_parses_perf_like_arguments() {
         let cli = Cli::try_parse_from([
-            "clrbpf", "record", "-p", "1", "-p", "2", "-F", "499", "-d", "2.5", "-o", "x.svg", "--", "dotnet", "a.dll",
+            "clrbpf", "record", "-p", "1", "-p", "2", "-F", "499", "-d", "2.5", "-o", "x.svg",
+            "--", "dotnet", "a.dll",
         ])
         .expect("valid arguments");
-        let Command::Record(args) = cli.command else { panic!("not record") };
+        let Command::Record(args) = cli.command else {
+            panic!("not record")
+        };
         assert_eq!(args.pids, vec![1, 2]);
         assert_eq!(args.frequency, 499);
         assert_eq!(args.duration, Some(2.5));
-        assert_eq!(args.command, vec![OsString::from("dotnet"), OsString::from("a.dll")]);
+        assert_eq!(
+            args.command,
+            vec![OsString::from("dotnet"), OsString::from("a.dll")]
+        );
         assert!(Cli::try_parse_from(["clrbpf", "record", "-F", "0"]).is_err());
     }
 }

@@ -15,7 +15,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -31,22 +34,40 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Ps => {
             let procfs = clrbpf::process::ProcFs::default();
             let rows = clrbpf::process::ps::dotnet_processes(&procfs);
-            clrbpf::process::ps::print_ps_table(&rows, std::io::stdout().lock()).context("write the process table")
+            clrbpf::process::ps::print_ps_table(&rows, std::io::stdout().lock())
+                .context("write the process table")
         }
-        Command::SystemInfo => clrbpf::bpf::system::print_system_info(std::io::stdout().lock()).context("write"),
+        Command::SystemInfo => {
+            clrbpf::bpf::system::print_system_info(std::io::stdout().lock()).context("write")
+        }
         Command::BenchPerfMap { entries, runs } => {
-            let mut times: Vec<Duration> =
-                (0..runs.max(1)).map(|_| clrbpf::symbolize::bench_perf_map_load(entries)).collect();
+            let mut times: Vec<Duration> = (0..runs.max(1))
+                .map(|_| clrbpf::symbolize::bench_perf_map_load(entries))
+                .collect();
             times.sort();
-            println!("perf map load, {entries} entries: median {:.2} ms over {} runs", times[times.len() / 2].as_secs_f64() * 1e3, times.len());
+            println!(
+                "perf map load, {entries} entries: median {:.2} ms over {} runs",
+                times[times.len() / 2].as_secs_f64() * 1e3,
+                times.len()
+            );
             Ok(())
         }
     }
 }
 
 fn run_record(args: RecordArgs) -> anyhow::Result<()> {
-    let RecordArgs { pids, all, frequency, duration, output, format, keep_perf_maps, no_perf_map_attach, quiet, command } =
-        args;
+    let RecordArgs {
+        pids,
+        all,
+        frequency,
+        duration,
+        output,
+        format,
+        keep_perf_maps,
+        no_perf_map_attach,
+        quiet,
+        command,
+    } = args;
     let format = match format.or_else(|| OutputFormat::from_path(&output)) {
         Some(format) => format,
         None => anyhow::bail!(
@@ -55,7 +76,9 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         ),
     };
     let duration = match duration {
-        Some(d) if !(d.is_finite() && d > 0.0) => anyhow::bail!("--duration must be a positive number of seconds"),
+        Some(d) if !(d.is_finite() && d > 0.0) => {
+            anyhow::bail!("--duration must be a positive number of seconds")
+        }
         d => d.map(Duration::from_secs_f64),
     };
     let config = RecordConfig {
@@ -70,7 +93,10 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         command,
         verbose: !quiet,
     };
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the runtime")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the runtime")?;
     let summary = runtime.block_on(record(config))?;
     if !quiet {
         print_summary(&summary, &output, std::io::stderr().lock()).context("write the summary")?;

@@ -36,7 +36,7 @@ use crate::{
     },
     profile::{Aggregator, Frame, FrameKind, Label, Module, RawSample, ValueType, label_keys},
     symbolize::{
-        managed::ManagedSymbols,
+        managed::{ManagedSymbols, TargetLocation, remove_perf_files_at},
         native::{FileKey, MappedFile, NativeSymbolizer},
     },
 };
@@ -51,6 +51,8 @@ const MANAGED_REFRESH_EVERY: Duration = Duration::from_millis(200);
 /// How often a process's mappings are re-read at most when an address is
 /// not covered by the ones we have.
 const MAPS_REFRESH_EVERY: Duration = Duration::from_millis(200);
+/// Most samples held back for a late perf map (about 4 KiB each at most).
+const MAX_RETRY_SAMPLES: usize = 200_000;
 /// After the command exits, keep draining this long for its last samples.
 const EXIT_GRACE: Duration = Duration::from_millis(100);
 
@@ -81,6 +83,8 @@ pub struct RecordSummary {
     pub kernel_frames: u64,
     pub managed_frames: u64,
     pub native_frames: u64,
+    /// Frames in a known file without a symbol (`libcoreclr.so+0x1234`).
+    pub unnamed_frames: u64,
     pub unknown_frames: u64,
     pub truncated_stacks: u64,
     pub perf_maps_enabled: usize,
@@ -95,10 +99,15 @@ pub struct RecordSummary {
 }
 
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid pointer; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// What we know of one profiled process.
@@ -111,14 +120,29 @@ struct TrackedProcess {
     managed: Option<ManagedSymbols>,
     managed_read_at: Option<Instant>,
     perf_map: Option<PerfMapAttach>,
+    /// Started by the command clrbpf launched, in clrbpf's own mount and
+    /// PID namespaces: its perf files are ours to remove.
+    launched_here: bool,
+    /// Whether to ask the runtime for perf maps once it is seen.
+    attach: bool,
+    warnings: Vec<String>,
     jit_module: Arc<Module>,
 }
 
 impl TrackedProcess {
-    fn discover(procfs: &ProcFs, pid: u32, native: &mut NativeSymbolizer, attach: bool, warnings: &mut Vec<String>) -> Self {
+    fn discover(procfs: &ProcFs, pid: u32, native: &mut NativeSymbolizer, attach: bool) -> Self {
         let info = procfs.process_info(pid).ok();
-        let exe_name: Arc<str> = info.as_ref().map_or_else(|| format!("pid-{pid}"), |i| i.exe_name.clone()).into();
-        let container_id = info.as_ref().and_then(|i| i.container_id.clone()).map(Arc::from);
+        let launched_here = info.as_ref().is_some_and(|i| i.ns_pid == pid)
+            && is_descendant_of_self(procfs, pid)
+            && same_mount_namespace(pid);
+        let exe_name: Arc<str> = info
+            .as_ref()
+            .map_or_else(|| format!("pid-{pid}"), |i| i.exe_name.clone())
+            .into();
+        let container_id = info
+            .as_ref()
+            .and_then(|i| i.container_id.clone())
+            .map(Arc::from);
         let mut process = Self {
             pid,
             exe_name,
@@ -128,6 +152,9 @@ impl TrackedProcess {
             managed: None,
             managed_read_at: None,
             perf_map: None,
+            launched_here,
+            attach,
+            warnings: Vec::new(),
             jit_module: Arc::new(Module {
                 path: "[jit]".into(),
                 build_id: None,
@@ -138,35 +165,27 @@ impl TrackedProcess {
             }),
         };
         process.refresh_maps(procfs, native);
-        if let Some(runtime) = DotnetRuntime::detect(&process.mappings) {
-            process.managed = Some(ManagedSymbols::new(pid));
-            if attach {
-                match PerfMapAttach::attach(procfs, pid) {
-                    Ok(PerfMapAttachOutcome::Enabled(handle)) => process.perf_map = Some(handle),
-                    Ok(PerfMapAttachOutcome::AlreadyEnabled { .. }) => {}
-                    Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { .. })) => {
-                        let version = runtime.version.as_deref().unwrap_or("before 8");
-                        warnings.push(format!(
-                            "pid {pid} runs .NET {version}, which cannot turn perf maps on at run time: its JIT frames are named only if it was started with DOTNET_PerfMapEnabled=1"
-                        ));
-                    }
-                    Ok(PerfMapAttachOutcome::Unsupported(other)) => {
-                        warnings.push(format!("pid {pid}: {other}"));
-                    }
-                    Err(e) => warnings.push(format!("pid {pid}: could not turn on perf maps: {e}")),
-                }
-            }
-        }
         process
     }
 
     fn refresh_maps(&mut self, procfs: &ProcFs, native: &mut NativeSymbolizer) {
-        if self.maps_read_at.is_some_and(|t| t.elapsed() < MAPS_REFRESH_EVERY) {
+        if self
+            .maps_read_at
+            .is_some_and(|t| t.elapsed() < MAPS_REFRESH_EVERY)
+        {
             return;
         }
         self.maps_read_at = Some(Instant::now());
-        let Ok(mappings) = procfs.maps(self.pid) else { return };
+        let Ok(mappings) = procfs.maps(self.pid) else {
+            return;
+        };
         self.mappings = mappings;
+        // A process is often first seen before it maps libcoreclr.so (the
+        // `dotnet` host loads it late), so the runtime is looked for at
+        // every refresh until found.
+        if self.managed.is_none() {
+            self.detect_runtime(procfs);
+        }
         // Open every executable file now, while the process is alive.
         for m in self.mappings.iter() {
             if let Some(mapped) = mapped_file(self.pid, m) {
@@ -175,13 +194,53 @@ impl TrackedProcess {
         }
     }
 
+    fn detect_runtime(&mut self, procfs: &ProcFs) {
+        let Some(runtime) = DotnetRuntime::detect(&self.mappings) else {
+            return;
+        };
+        let pid = self.pid;
+        tracing::debug!(pid, version = ?runtime.version, "found a .NET runtime");
+        self.managed = Some(ManagedSymbols::new(pid));
+        if !self.attach {
+            return;
+        }
+        match PerfMapAttach::attach(procfs, pid) {
+            Ok(PerfMapAttachOutcome::Enabled(handle)) => self.perf_map = Some(handle),
+            Ok(PerfMapAttachOutcome::AlreadyEnabled { .. }) => {}
+            Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { .. })) => {
+                let version = runtime.version.as_deref().unwrap_or("before 8");
+                self.warnings.push(format!(
+                    "pid {pid} runs .NET {version}, which cannot turn perf maps on at run time: its JIT frames are named only if it was started with DOTNET_PerfMapEnabled=1 (COMPlus_PerfMapEnabled=1 before .NET 5)"
+                ));
+            }
+            Ok(PerfMapAttachOutcome::Unsupported(other)) => {
+                self.warnings.push(format!("pid {pid}: {other}"))
+            }
+            Err(e) => self
+                .warnings
+                .push(format!("pid {pid}: could not turn on perf maps: {e}")),
+        }
+    }
+
     fn refresh_managed(&mut self, force: bool) {
-        let Some(managed) = self.managed.as_mut() else { return };
-        if !force && self.managed_read_at.is_some_and(|t| t.elapsed() < MANAGED_REFRESH_EVERY) {
+        let Some(managed) = self.managed.as_mut() else {
+            return;
+        };
+        if !force
+            && self
+                .managed_read_at
+                .is_some_and(|t| t.elapsed() < MANAGED_REFRESH_EVERY)
+        {
             return;
         }
         self.managed_read_at = Some(Instant::now());
-        managed.refresh(monotonic_ns());
+        let stats = managed.refresh(monotonic_ns());
+        tracing::debug!(
+            pid = self.pid,
+            ?stats,
+            symbols = managed.len(),
+            "read perf map and jitdump"
+        );
     }
 
     fn mapping_for(&self, addr: u64) -> Option<&Mapping> {
@@ -199,7 +258,11 @@ fn mapped_file(pid: u32, m: &Mapping) -> Option<MappedFile<'_>> {
         start: m.start,
         end: m.end,
         offset: m.offset,
-        key: FileKey { dev_major: m.dev_major, dev_minor: m.dev_minor, inode: m.inode },
+        key: FileKey {
+            dev_major: m.dev_major,
+            dev_minor: m.dev_minor,
+            inode: m.inode,
+        },
         path,
     })
 }
@@ -214,6 +277,9 @@ struct Pipeline {
     pending: VecDeque<RawSample>,
     summary: RecordSummary,
     stack: Vec<u32>,
+    user_frames: Vec<Arc<Frame>>,
+    /// Samples waiting for a perf map that names their JIT frames.
+    retry: Vec<RawSample>,
     unwind: Option<UnwindMaps>,
 }
 
@@ -224,10 +290,15 @@ impl Pipeline {
             attach_perf_maps,
             native: NativeSymbolizer::new(),
             processes: HashMap::new(),
-            aggregator: Aggregator::new(vec![ValueType::new("samples", "count"), ValueType::new("cpu", "nanoseconds")]),
+            aggregator: Aggregator::new(vec![
+                ValueType::new("samples", "count"),
+                ValueType::new("cpu", "nanoseconds"),
+            ]),
             pending: VecDeque::new(),
             summary: RecordSummary::default(),
             stack: Vec::with_capacity(256),
+            user_frames: Vec::with_capacity(256),
+            retry: Vec::new(),
             unwind: None,
         }
     }
@@ -242,7 +313,6 @@ impl Pipeline {
                 pid,
                 &mut self.native,
                 self.attach_perf_maps,
-                &mut self.summary.warnings,
             );
             self.processes.insert(pid, process);
         }
@@ -258,21 +328,80 @@ impl Pipeline {
     /// Symbolizes and aggregates the samples taken before `until_ns`
     /// (`u64::MAX`: all of them).
     fn process_pending(&mut self, until_ns: u64) {
-        let due: HashSet<u32> = self.pending.iter().take_while(|s| s.time_ns < until_ns).map(|s| s.pid).collect();
+        let due: HashSet<u32> = self
+            .pending
+            .iter()
+            .take_while(|s| s.time_ns < until_ns)
+            .map(|s| s.pid)
+            .collect();
         for pid in due {
             if let Some(p) = self.processes.get_mut(&pid) {
-                p.refresh_managed(until_ns == u64::MAX);
+                p.refresh_managed(false);
             }
         }
         while self.pending.front().is_some_and(|s| s.time_ns < until_ns) {
-            let Some(sample) = self.pending.pop_front() else { break };
-            self.add_sample(&sample);
+            let Some(sample) = self.pending.pop_front() else {
+                break;
+            };
+            self.add_sample(&sample, false);
         }
     }
 
-    fn add_sample(&mut self, sample: &RawSample) {
-        self.summary.samples += 1;
-        let Self { native, processes, aggregator, summary, stack, procfs, .. } = self;
+    /// The end of the recording: every perf map read one last time, then
+    /// every sample symbolized, the held-back ones included.
+    fn process_all(&mut self) {
+        for process in self.processes.values_mut() {
+            process.refresh_managed(true);
+        }
+        let pending: Vec<RawSample> = self.pending.drain(..).collect();
+        let retry = std::mem::take(&mut self.retry);
+        for sample in pending.iter().chain(&retry) {
+            self.add_sample(sample, true);
+        }
+    }
+
+    /// Symbolizes one sample and adds it. Before the final pass, a sample
+    /// with a JIT frame its process's perf map does not name yet goes to the
+    /// retry queue instead: runtimes before .NET 5 buffer their perf map and
+    /// write most of it late, so the final read names it.
+    fn add_sample(&mut self, sample: &RawSample, final_pass: bool) {
+        let Self {
+            native,
+            processes,
+            aggregator,
+            summary,
+            stack,
+            procfs,
+            user_frames,
+            retry,
+            ..
+        } = self;
+        user_frames.clear();
+        if let Some(process) = processes.get_mut(&sample.pid) {
+            for (i, &addr) in sample.user_stack.iter().enumerate() {
+                let is_return_address = i > 0;
+                user_frames.push(user_frame(
+                    native,
+                    procfs,
+                    process,
+                    addr,
+                    is_return_address,
+                    sample.time_ns,
+                ));
+            }
+            let unresolved_jit = process.managed.is_some()
+                && user_frames
+                    .iter()
+                    .any(|f| f.kind == FrameKind::Unknown && f.module.is_none());
+            if unresolved_jit && !final_pass && retry.len() < MAX_RETRY_SAMPLES {
+                retry.push(sample.clone());
+                return;
+            }
+        }
+        let Some(process) = processes.get(&sample.pid) else {
+            return;
+        };
+        summary.samples += 1;
         stack.clear();
         for &addr in &sample.kernel_stack {
             let frame = native.symbolize_kernel(addr);
@@ -282,16 +411,14 @@ impl Pipeline {
         if sample.kernel_stack_truncated {
             stack.push(aggregator.intern(&Frame::synthetic("[truncated kernel stack]")));
         }
-        let Some(process) = processes.get_mut(&sample.pid) else { return };
-        for (i, &addr) in sample.user_stack.iter().enumerate() {
-            let is_return_address = i > 0;
-            let frame = user_frame(native, procfs, process, addr, is_return_address, sample.time_ns);
-            match frame.kind {
-                FrameKind::Managed => summary.managed_frames += 1,
-                FrameKind::Native => summary.native_frames += 1,
-                _ => summary.unknown_frames += 1,
+        for frame in user_frames.iter() {
+            match (frame.kind, &frame.module) {
+                (FrameKind::Managed, _) => summary.managed_frames += 1,
+                (FrameKind::Native, _) => summary.native_frames += 1,
+                (_, Some(_)) => summary.unnamed_frames += 1,
+                (_, None) => summary.unknown_frames += 1,
             }
-            stack.push(aggregator.intern(&frame));
+            stack.push(aggregator.intern(frame));
         }
         if sample.user_stack_truncated {
             summary.truncated_stacks += 1;
@@ -299,7 +426,10 @@ impl Pipeline {
         }
         let mut labels = vec![
             Label::num(label_keys::PROCESS_PID, i64::from(sample.pid)),
-            Label::str(label_keys::PROCESS_EXECUTABLE_NAME, process.exe_name.clone()),
+            Label::str(
+                label_keys::PROCESS_EXECUTABLE_NAME,
+                process.exe_name.clone(),
+            ),
             Label::num(label_keys::THREAD_ID, i64::from(sample.tid)),
             Label::str(label_keys::THREAD_NAME, sample.thread_name.clone()),
         ];
@@ -310,17 +440,42 @@ impl Pipeline {
         aggregator.add(stack, labels, &[1, value]);
     }
 
-    /// Turns perf maps off again in the processes where we turned them on.
+    /// Turns perf maps off again in the processes where we turned them on,
+    /// and removes the perf files of the processes the command started.
     fn restore_processes(&mut self, keep_files: bool) {
         for process in self.processes.values_mut() {
+            self.summary.warnings.append(&mut process.warnings);
+            if !keep_files
+                && process.launched_here
+                && let Some(managed) = process.managed.as_ref()
+            {
+                // The process may be gone, and /proc/PID/root with it: it
+                // shared our mount namespace, so our root is its root.
+                let location = TargetLocation {
+                    root: "/".into(),
+                    ..managed.location().clone()
+                };
+                if let Err(e) = remove_perf_files_at(&location) {
+                    self.summary
+                        .warnings
+                        .push(format!("pid {}: removing its perf map: {e}", process.pid));
+                }
+            }
             if let Some(handle) = process.perf_map.take() {
                 self.summary.perf_maps_enabled += 1;
                 let cleanup = handle.finish(keep_files);
                 if let Err(e) = cleanup.disable {
-                    self.summary.warnings.push(format!("pid {}: turning perf maps off again: {e}", process.pid));
+                    self.summary.warnings.push(format!(
+                        "pid {}: turning perf maps off again: {e}",
+                        process.pid
+                    ));
                 }
                 for (path, e) in cleanup.failed {
-                    self.summary.warnings.push(format!("pid {}: removing {}: {e}", process.pid, path.display()));
+                    self.summary.warnings.push(format!(
+                        "pid {}: removing {}: {e}",
+                        process.pid,
+                        path.display()
+                    ));
                 }
             }
         }
@@ -335,7 +490,11 @@ fn user_frame(
     is_return_address: bool,
     time_ns: u64,
 ) -> Arc<Frame> {
-    let lookup = if is_return_address { addr.saturating_sub(1) } else { addr };
+    let lookup = if is_return_address {
+        addr.saturating_sub(1)
+    } else {
+        addr
+    };
     if let Some(managed) = process.managed.as_ref()
         && let Some(symbol) = managed.lookup(lookup, time_ns)
     {
@@ -375,7 +534,11 @@ fn sudo_user() -> Option<(u32, u32, CString)> {
 fn spawn_command(command: &[OsString]) -> anyhow::Result<tokio::process::Child> {
     let (program, args) = command.split_first().context("no command given")?;
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args).env("DOTNET_PerfMapEnabled", "1").kill_on_drop(false);
+    // .NET 5+ reads DOTNET_ settings; .NET Core 3.x only COMPlus_ ones.
+    cmd.args(args)
+        .env("DOTNET_PerfMapEnabled", "1")
+        .env("COMPlus_PerfMapEnabled", "1")
+        .kill_on_drop(false);
     if let Some((uid, gid, name)) = sudo_user() {
         // SAFETY: only async-signal-safe libc calls between fork and exec.
         unsafe {
@@ -390,13 +553,41 @@ fn spawn_command(command: &[OsString]) -> anyhow::Result<tokio::process::Child> 
             });
         }
     }
-    cmd.spawn().with_context(|| format!("cannot run {}", program.to_string_lossy()))
+    cmd.spawn()
+        .with_context(|| format!("cannot run {}", program.to_string_lossy()))
+}
+
+/// Whether `pid` descends from this process (the launched command's tree).
+fn is_descendant_of_self(procfs: &ProcFs, pid: u32) -> bool {
+    let me = std::process::id();
+    let mut current = pid;
+    // Bounded: a process tree deeper than this is not ours to clean up.
+    for _ in 0..64 {
+        match procfs.process_info(current) {
+            Ok(info) if info.ppid == me => return true,
+            Ok(info) if info.ppid > 1 => current = info.ppid,
+            _ => return false,
+        }
+    }
+    false
+}
+
+fn same_mount_namespace(pid: u32) -> bool {
+    let ns = |p: &str| {
+        std::fs::metadata(p)
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .ok()
+    };
+    let theirs = ns(&format!("/proc/{pid}/ns/mnt"));
+    theirs.is_some() && theirs == ns("/proc/self/ns/mnt")
 }
 
 fn process_exists(pid: u32) -> bool {
     // A zombie still answers kill(0); its stat state is Z.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
         Err(_) => false,
     }
 }
@@ -417,7 +608,9 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     } = config;
     for &pid in &pids {
         if !process_exists(pid) {
-            bail!("process {pid} does not exist (not running): check the pid with `ps` or `clrbpf ps`");
+            bail!(
+                "process {pid} does not exist (not running): check the pid with `ps` or `clrbpf ps`"
+            );
         }
     }
     let mut warnings = system::prepare()?;
@@ -438,18 +631,20 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     for &pid in &pids {
         pipeline.track(pid);
     }
-    let start_unix_ns = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
+    let start_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
     let started = Instant::now();
 
     let mut child = if command.is_empty() {
         None
     } else {
         let child = spawn_command(&command)?;
-        if let Some(pid) = child.id() {
-            if !whole_host {
-                sampler.add_target(pid)?;
-                sampler.remove_target(std::process::id());
-            }
+        if let Some(pid) = child.id()
+            && !whole_host
+        {
+            sampler.add_target(pid)?;
+            sampler.remove_target(std::process::id());
         }
         Some(child)
     };
@@ -524,7 +719,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     }
     let period_ns = sampler.period_ns;
     drop(sampler);
-    pipeline.process_pending(u64::MAX);
+    pipeline.process_all();
     pipeline.restore_processes(keep_perf_maps);
 
     let mut summary = std::mem::take(&mut pipeline.summary);
@@ -542,8 +737,12 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         elapsed.as_nanos() as i64,
     );
     profile.default_sample_type = Some(1);
-    profile.comments.push(format!("clrbpf {}", env!("CARGO_PKG_VERSION")));
-    profile.comments.push(format!("frequency {frequency_hz} Hz"));
+    profile
+        .comments
+        .push(format!("clrbpf {}", env!("CARGO_PKG_VERSION")));
+    profile
+        .comments
+        .push(format!("frequency {frequency_hz} Hz"));
     let owner = sudo_user().map(|(uid, gid, _)| (uid, gid));
     // Folded stacks and flame graphs count samples, as perf's do.
     let sample_type_index = match format {
@@ -556,9 +755,22 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
 }
 
 /// The end-of-recording summary, for a person.
-pub fn print_summary(summary: &RecordSummary, output: &std::path::Path, mut w: impl std::io::Write) -> std::io::Result<()> {
-    let user_frames = summary.managed_frames + summary.native_frames + summary.unknown_frames;
-    let share = |n: u64| if user_frames == 0 { 0.0 } else { 100.0 * n as f64 / user_frames as f64 };
+pub fn print_summary(
+    summary: &RecordSummary,
+    output: &std::path::Path,
+    mut w: impl std::io::Write,
+) -> std::io::Result<()> {
+    let user_frames = summary.managed_frames
+        + summary.native_frames
+        + summary.unnamed_frames
+        + summary.unknown_frames;
+    let share = |n: u64| {
+        if user_frames == 0 {
+            0.0
+        } else {
+            100.0 * n as f64 / user_frames as f64
+        }
+    };
     writeln!(
         w,
         "clrbpf: recorded {:.1} s ({}), {} samples from {} processes, {} lost, written to {}",
@@ -571,9 +783,10 @@ pub fn print_summary(summary: &RecordSummary, output: &std::path::Path, mut w: i
     )?;
     writeln!(
         w,
-        "clrbpf: user frames named: {:.1}% managed, {:.1}% native, {:.1}% unknown ({} frames); {} kernel frames",
+        "clrbpf: user frames: {:.1}% managed, {:.1}% native named, {:.1}% native without symbols (file+offset), {:.1}% unknown ({} frames); {} kernel frames",
         share(summary.managed_frames),
         share(summary.native_frames),
+        share(summary.unnamed_frames),
         share(summary.unknown_frames),
         user_frames,
         summary.kernel_frames
@@ -586,7 +799,11 @@ pub fn print_summary(summary: &RecordSummary, output: &std::path::Path, mut w: i
         )?;
     }
     if summary.perf_maps_enabled > 0 {
-        writeln!(w, "clrbpf: turned perf maps on and off again in {} running .NET processes", summary.perf_maps_enabled)?;
+        writeln!(
+            w,
+            "clrbpf: turned perf maps on and off again in {} running .NET processes",
+            summary.perf_maps_enabled
+        )?;
     }
     if summary.bpf_stats.run_count > 0 {
         writeln!(

@@ -1,1 +1,871 @@
-//! Helpers for the privileged end-to-end tests.
+//! Helpers for the privileged end-to-end tests: the last stage of the data
+//! flow seen from outside. The tests run the real `clrbpf` binary against
+//! real .NET workloads (`tests/workloads/*.cs`) on the real kernel, then read
+//! the files it writes the way a user's tools would (prost for pprof,
+//! `go tool pprof`, plain text for folded stacks and SVG).
+//!
+//! `cargo xtask test` builds everything and passes the paths in environment
+//! variables; the helpers panic with a message saying so when they are
+//! missing, and [`must_have_privileges`] panics when the machine cannot run
+//! BPF: a privileged test never skips silently.
+
+use std::{
+    collections::BTreeSet,
+    env,
+    ffi::OsStr,
+    fs,
+    io::{BufRead as _, BufReader, Read as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Output, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+        mpsc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use clrbpf::pprof_proto::Profile;
+use prost::Message as _;
+
+/// Path of the `clrbpf` binary under test (`target/release/clrbpf`).
+pub const ENV_BIN: &str = "CLRBPF_BIN";
+/// The .NET 8 `dotnet` host.
+pub const ENV_DOTNET8: &str = "CLRBPF_DOTNET8";
+/// The .NET Core 3.1 `dotnet` host.
+pub const ENV_DOTNET31: &str = "CLRBPF_DOTNET31";
+/// `tests/workloads/bin`, holding `net8/<Name>.dll` and `netcore31/<Name>.dll`.
+pub const ENV_WORKLOADS: &str = "CLRBPF_WORKLOADS";
+
+/// The environment variable that makes CoreCLR write `/tmp/perf-PID.map`.
+pub const ENV_PERF_MAP: &str = "DOTNET_PerfMapEnabled";
+
+/// How long a workload may take to print `READY` (runtime start-up and JIT
+/// on a loaded 2-core CI machine).
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A .NET runtime the workloads run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Runtime {
+    Net8,
+    NetCore31,
+}
+
+impl Runtime {
+    fn bin_dir(self) -> &'static str {
+        match self {
+            Self::Net8 => "net8",
+            Self::NetCore31 => "netcore31",
+        }
+    }
+}
+
+/// Paths of everything under test, from the environment `cargo xtask test` sets.
+#[derive(Clone, Debug)]
+pub struct Env {
+    pub clrbpf: PathBuf,
+    pub dotnet8: PathBuf,
+    pub dotnet31: PathBuf,
+    pub workloads: PathBuf,
+}
+
+impl Env {
+    /// Reads the paths; panics naming `cargo xtask test` when one is missing.
+    pub fn from_env() -> Self {
+        let env = Self {
+            clrbpf: path_from_env(ENV_BIN),
+            dotnet8: path_from_env(ENV_DOTNET8),
+            dotnet31: path_from_env(ENV_DOTNET31),
+            workloads: path_from_env(ENV_WORKLOADS),
+        };
+        let Self {
+            clrbpf,
+            dotnet8,
+            dotnet31,
+            workloads,
+        } = &env;
+        for path in [clrbpf, dotnet8, dotnet31, workloads] {
+            assert!(
+                path.exists(),
+                "{} does not exist; run the integration tests through `cargo xtask test`, which builds it",
+                path.display()
+            );
+        }
+        env
+    }
+
+    /// The `dotnet` host of `runtime`.
+    pub fn dotnet(&self, runtime: Runtime) -> &Path {
+        match runtime {
+            Runtime::Net8 => &self.dotnet8,
+            Runtime::NetCore31 => &self.dotnet31,
+        }
+    }
+
+    /// The compiled workload `name` (`"Hot"`) for `runtime`; panics when absent.
+    pub fn workload(&self, runtime: Runtime, name: &str) -> PathBuf {
+        let dll = self
+            .workloads
+            .join(runtime.bin_dir())
+            .join(format!("{name}.dll"));
+        assert!(
+            dll.is_file(),
+            "workload {} is missing; `cargo xtask workloads` (run by `cargo xtask test`) builds tests/workloads/{name}.cs",
+            dll.display()
+        );
+        dll
+    }
+
+    /// `[dotnet, Name.dll, args...]`, the command line of a workload, for
+    /// `clrbpf record -- ...` or `sh -c`.
+    pub fn workload_command(&self, runtime: Runtime, name: &str, args: &[&str]) -> Vec<String> {
+        let mut command = vec![
+            lossy(self.dotnet(runtime).as_os_str()),
+            lossy(self.workload(runtime, name).as_os_str()),
+        ];
+        command.extend(args.iter().map(|a| (*a).to_owned()));
+        command
+    }
+}
+
+fn path_from_env(name: &str) -> PathBuf {
+    match env::var_os(name) {
+        Some(value) if !value.is_empty() => PathBuf::from(value),
+        _ => panic!(
+            "{name} is not set: the privileged integration tests run through `cargo xtask test`, which builds clrbpf, the .NET runtimes and the workloads and sets {ENV_BIN}, {ENV_DOTNET8}, {ENV_DOTNET31} and {ENV_WORKLOADS}"
+        ),
+    }
+}
+
+fn lossy(s: &OsStr) -> String {
+    s.to_string_lossy().into_owned()
+}
+
+/// Panics, with the reason and the fix, unless this process can do what
+/// `clrbpf record` does: be root, open a system-wide `cpu-clock` perf event
+/// and create a BPF map. These tests must fail loudly, never skip.
+pub fn must_have_privileges() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert!(
+        euid == 0,
+        "the integration tests need root (euid is {euid}): run `cargo xtask test` as root"
+    );
+    if let Err(e) = open_cpu_clock_event() {
+        panic!(
+            "perf_event_open(cpu-clock, all processes, cpu 0) failed: {e}; the kernel must allow system-wide perf events (CONFIG_PERF_EVENTS, CAP_PERFMON or root, kernel.perf_event_paranoid)"
+        );
+    }
+    if let Err(e) = create_bpf_map() {
+        panic!(
+            "bpf(BPF_MAP_CREATE) failed: {e}; the kernel must support BPF (CONFIG_BPF_SYSCALL) and this process needs CAP_BPF or root"
+        );
+    }
+    assert!(
+        Path::new("/sys/kernel/btf/vmlinux").exists(),
+        "/sys/kernel/btf/vmlinux is missing: clrbpf needs a kernel with BTF (CONFIG_DEBUG_INFO_BTF)"
+    );
+}
+
+/// `struct perf_event_attr` up to `PERF_ATTR_SIZE_VER0`, the prefix every
+/// kernel accepts.
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttrVer0 {
+    kind: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    bp_addr: u64,
+}
+
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+const PERF_ATTR_FLAG_DISABLED: u64 = 1;
+
+fn open_cpu_clock_event() -> std::io::Result<()> {
+    let attr = PerfEventAttrVer0 {
+        kind: PERF_TYPE_SOFTWARE,
+        size: size_of::<PerfEventAttrVer0>() as u32,
+        config: PERF_COUNT_SW_CPU_CLOCK,
+        flags: PERF_ATTR_FLAG_DISABLED,
+        ..Default::default()
+    };
+    let (all_processes, cpu0, no_group, no_flags) = (-1, 0, -1, 0);
+    // SAFETY: `attr` is a valid perf_event_attr of the size it declares and
+    // outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &raw const attr,
+            all_processes,
+            cpu0,
+            no_group,
+            no_flags,
+        )
+    };
+    close_fd(fd)
+}
+
+/// The `BPF_MAP_CREATE` prefix of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct BpfMapCreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+}
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+
+fn create_bpf_map() -> std::io::Result<()> {
+    let attr = BpfMapCreateAttr {
+        map_type: BPF_MAP_TYPE_ARRAY,
+        key_size: 4,
+        value_size: 8,
+        max_entries: 1,
+        ..Default::default()
+    };
+    // SAFETY: `attr` is a valid bpf_attr prefix of the size passed and
+    // outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_CREATE,
+            &raw const attr,
+            size_of::<BpfMapCreateAttr>(),
+        )
+    };
+    close_fd(fd)
+}
+
+fn close_fd(fd: libc::c_long) -> std::io::Result<()> {
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the fd was just returned to us and is closed once.
+    unsafe { libc::close(fd as libc::c_int) };
+    Ok(())
+}
+
+/// A running workload, killed when dropped. Its stdout is collected so a
+/// test can read the workload's own measurements.
+pub struct TestProcess {
+    child: Child,
+    pid: u32,
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: Option<thread::JoinHandle<()>>,
+}
+
+impl TestProcess {
+    /// Starts workload `name` on `runtime` with `args` and waits until it
+    /// prints `READY`. With `perf_map`, the runtime writes
+    /// `/tmp/perf-PID.map` from the start; without, the variable is removed
+    /// from the environment so only an attaching profiler can turn it on.
+    pub fn start(env: &Env, runtime: Runtime, name: &str, args: &[&str], perf_map: bool) -> Self {
+        let mut command = Command::new(env.dotnet(runtime));
+        command
+            .arg(env.workload(runtime, name))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for variable in [ENV_PERF_MAP, "COMPlus_PerfMapEnabled"] {
+            command.env_remove(variable);
+        }
+        if perf_map {
+            command.env(ENV_PERF_MAP, "1");
+        }
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("start workload {name}: {e}"));
+        let pid = child.id();
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let reader = {
+            let lines = Arc::clone(&lines);
+            thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if line == "READY" {
+                        let _ = ready_tx.send(());
+                    }
+                    lines.lock().expect("reader never panics").push(line);
+                }
+            })
+        };
+        let mut process = Self {
+            child,
+            pid,
+            lines,
+            reader: Some(reader),
+        };
+        if ready_rx.recv_timeout(READY_TIMEOUT).is_err() {
+            let status = process.child.try_wait().ok().flatten();
+            panic!(
+                "workload {name} did not print READY within {READY_TIMEOUT:?} (exit status {status:?}); stdout so far: {:?}",
+                process.lines()
+            );
+        }
+        let printed = parse_value::<u32>(&process.lines(), "PID");
+        assert_eq!(
+            printed,
+            Some(pid),
+            "workload {name} printed another PID than the process started"
+        );
+        process
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The stdout lines so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().expect("reader never panics").clone()
+    }
+
+    /// Waits for the workload to exit by itself (it was started with a
+    /// duration) and returns its status and every line it printed.
+    pub fn wait(mut self, timeout: Duration) -> (ExitStatus, Vec<String>) {
+        let status = wait_with_timeout(&mut self.child, timeout)
+            .unwrap_or_else(|| panic!("workload {} still runs after {timeout:?}", self.pid));
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        (status, self.lines())
+    }
+}
+
+impl Drop for TestProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_with_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The value after `KEY ` on the first line that starts with it, parsed:
+/// how the workloads print their measurements (`RATIO_A 0.7512`).
+pub fn parse_value<T: std::str::FromStr>(lines: &[String], key: &str) -> Option<T> {
+    lines.iter().find_map(|line| {
+        let rest = line.strip_prefix(key)?.strip_prefix(' ')?;
+        rest.trim().parse().ok()
+    })
+}
+
+/// [`parse_value`] over a block of text such as a captured stdout.
+pub fn parse_value_in<T: std::str::FromStr>(text: &str, key: &str) -> Option<T> {
+    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    parse_value(&lines, key)
+}
+
+/// Runs `clrbpf args...` in `cwd`, capturing stdout and stderr. Kills it
+/// (SIGINT, then SIGKILL) and panics with what it printed when it runs
+/// longer than `timeout`. Both streams are echoed so a failing test shows them.
+pub fn run_clrbpf<S: AsRef<OsStr>>(env: &Env, args: &[S], cwd: &Path, timeout: Duration) -> Output {
+    let mut command = Command::new(&env.clrbpf);
+    command
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let shown = format!(
+        "{} {}",
+        env.clrbpf.display(),
+        args.iter()
+            .map(|a| lossy(a.as_ref()))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    eprintln!("$ {shown}");
+    let mut child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("start `{shown}`: {e}"));
+    let stdout = drain(child.stdout.take().expect("stdout is piped"));
+    let stderr = drain(child.stderr.take().expect("stderr is piped"));
+    let status = match wait_with_timeout(&mut child, timeout) {
+        Some(status) => status,
+        None => {
+            let pid = child.id() as libc::pid_t;
+            // SAFETY: kill has no memory preconditions; the pid is our child,
+            // not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGINT) };
+            let status = wait_with_timeout(&mut child, Duration::from_secs(10));
+            if status.is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            let stdout = stdout.join().unwrap_or_default();
+            let stderr = stderr.join().unwrap_or_default();
+            panic!(
+                "`{shown}` ran longer than {timeout:?}; stdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&stdout),
+                String::from_utf8_lossy(&stderr)
+            );
+        }
+    };
+    let output = Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    };
+    eprintln!(
+        "clrbpf exited with {}; stdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+fn drain(mut stream: impl std::io::Read + Send + 'static) -> thread::JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stream.read_to_end(&mut bytes);
+        bytes
+    })
+}
+
+/// Panics with clrbpf's stderr unless it exited 0.
+pub fn assert_success(output: &Output) {
+    assert!(
+        output.status.success(),
+        "clrbpf failed ({}); stderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A scratch directory, removed when dropped, unless the test is failing:
+/// then it is kept and its path printed, so the files can be inspected.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(label: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = env::temp_dir().join(format!(
+            "clrbpf-it-{}-{}-{label}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+        Self { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            eprintln!("keeping {} for inspection", self.path.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Reads a gzip-compressed pprof file.
+pub fn read_profile(path: &Path) -> Profile {
+    let file = fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_end(&mut bytes)
+        .unwrap_or_else(|e| panic!("gunzip {}: {e}", path.display()));
+    Profile::decode(bytes.as_slice())
+        .unwrap_or_else(|e| panic!("decode {} as pprof: {e}", path.display()))
+}
+
+/// A label value as pprof stores it: a string or a number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LabelValue {
+    Str(String),
+    Num(i64),
+}
+
+/// A pprof sample with its ids resolved, for assertions.
+#[derive(Clone, Debug)]
+pub struct SampleView {
+    pub labels: Vec<(String, LabelValue)>,
+    /// Function names, leaf first; an inlined chain contributes each of its
+    /// functions, innermost first, as pprof orders `Location.line`.
+    pub frames: Vec<String>,
+    pub values: Vec<i64>,
+}
+
+impl SampleView {
+    pub fn label(&self, key: &str) -> Option<&LabelValue> {
+        self.labels.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// A label read as a number, whether it was stored as one or as a
+    /// decimal string.
+    pub fn label_num(&self, key: &str) -> Option<i64> {
+        match self.label(key)? {
+            LabelValue::Num(n) => Some(*n),
+            LabelValue::Str(s) => s.parse().ok(),
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.label_num("process.pid")
+            .and_then(|p| u32::try_from(p).ok())
+    }
+
+    /// Whether the needles occur, by substring, in this order from the leaf
+    /// towards the root (not necessarily adjacent).
+    pub fn stack_contains(&self, needles: &[&str]) -> bool {
+        let mut frames = self.frames.iter();
+        needles
+            .iter()
+            .all(|needle| frames.any(|frame| frame.contains(needle)))
+    }
+}
+
+/// The string at `index` of the profile's string table; panics when out of range.
+pub fn string(profile: &Profile, index: i64) -> &str {
+    usize::try_from(index)
+        .ok()
+        .and_then(|i| profile.string_table.get(i))
+        .unwrap_or_else(|| {
+            panic!(
+                "string index {index} outside the table of {}",
+                profile.string_table.len()
+            )
+        })
+}
+
+/// Every sample, ids resolved. Panics on a dangling location or function id:
+/// that is a broken profile.
+pub fn samples(profile: &Profile) -> Vec<SampleView> {
+    let locations: std::collections::HashMap<u64, _> =
+        profile.location.iter().map(|l| (l.id, l)).collect();
+    let functions: std::collections::HashMap<u64, _> =
+        profile.function.iter().map(|f| (f.id, f)).collect();
+    profile
+        .sample
+        .iter()
+        .map(|sample| {
+            let mut frames = Vec::new();
+            for id in &sample.location_id {
+                let location = locations
+                    .get(id)
+                    .unwrap_or_else(|| panic!("sample refers to missing location {id}"));
+                for line in &location.line {
+                    let function = functions.get(&line.function_id).unwrap_or_else(|| {
+                        panic!(
+                            "location {id} refers to missing function {}",
+                            line.function_id
+                        )
+                    });
+                    frames.push(string(profile, function.name).to_owned());
+                }
+            }
+            let labels = sample
+                .label
+                .iter()
+                .map(|label| {
+                    let key = string(profile, label.key).to_owned();
+                    let value = if label.str != 0 {
+                        LabelValue::Str(string(profile, label.str).to_owned())
+                    } else {
+                        LabelValue::Num(label.num)
+                    };
+                    (key, value)
+                })
+                .collect();
+            SampleView {
+                labels,
+                frames,
+                values: sample.value.clone(),
+            }
+        })
+        .collect()
+}
+
+/// The sample types as `type/unit` strings (`cpu/nanoseconds`).
+pub fn sample_types(profile: &Profile) -> Vec<String> {
+    profile
+        .sample_type
+        .iter()
+        .map(|t| format!("{}/{}", string(profile, t.r#type), string(profile, t.unit)))
+        .collect()
+}
+
+/// The index of sample type `type_unit` (`"cpu/nanoseconds"`) in each
+/// sample's values; panics when the profile has no such type.
+pub fn value_index(profile: &Profile, type_unit: &str) -> usize {
+    let types = sample_types(profile);
+    types
+        .iter()
+        .position(|t| t == type_unit)
+        .unwrap_or_else(|| panic!("no sample type {type_unit} in {types:?}"))
+}
+
+/// The distinct `process.pid` labels of the profile.
+pub fn pids(profile: &Profile) -> BTreeSet<u32> {
+    samples(profile)
+        .iter()
+        .filter_map(SampleView::pid)
+        .collect()
+}
+
+/// Panics unless some sample (of process `pid`, when given) has a stack
+/// containing `needles` (substrings of function names, leaf to root order).
+/// The message lists the heaviest stacks of that process to show what the
+/// profile held instead.
+pub fn assert_some_stack_contains(profile: &Profile, pid: Option<u32>, needles: &[&str]) {
+    let all = samples(profile);
+    let of_pid: Vec<&SampleView> = all
+        .iter()
+        .filter(|s| pid.is_none_or(|pid| s.pid() == Some(pid)))
+        .collect();
+    if of_pid.iter().any(|s| s.stack_contains(needles)) {
+        return;
+    }
+    let mut heaviest = of_pid.clone();
+    heaviest.sort_by_key(|s| std::cmp::Reverse(s.values.first().copied().unwrap_or(0)));
+    let shown: Vec<String> = heaviest
+        .iter()
+        .take(10)
+        .map(|s| format!("  {:?} {}", s.values, s.frames.join(" <- ")))
+        .collect();
+    panic!(
+        "no stack of {} contains {needles:?}; {} of {} samples are from it, the heaviest:\n{}",
+        pid.map_or_else(|| "any process".to_owned(), |p| format!("pid {p}")),
+        of_pid.len(),
+        all.len(),
+        shown.join("\n")
+    );
+}
+
+/// `go tool pprof -top FILE`: the reference reader must accept the file.
+/// Returns its report.
+pub fn go_pprof_top(path: &Path) -> String {
+    let output = Command::new("go")
+        .args(["tool", "pprof", "-top"])
+        .arg(path)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("start `go tool pprof` (apt-get install golang-go): {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "`go tool pprof -top {}` failed ({}):\n{}\n{}",
+        path.display(),
+        output.status,
+        stdout,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// Checks that `text` is well-formed folded stacks (`a;b;c 12` per line,
+/// as inferno and Brendan Gregg's flamegraph.pl read them) and returns the
+/// lines as (frames root first, count). Frame names may contain spaces (C++
+/// and CLR signatures do), so the count is what follows the last space.
+pub fn parse_folded(text: &str) -> Vec<(Vec<String>, u64)> {
+    assert!(!text.trim().is_empty(), "the folded-stacks file is empty");
+    text.lines()
+        .enumerate()
+        .map(|(n, line)| {
+            let (stack, count) = line
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("folded line {} has no count: {line:?}", n + 1));
+            let count: u64 = count
+                .parse()
+                .unwrap_or_else(|_| panic!("folded line {} ends in no count: {line:?}", n + 1));
+            assert!(count > 0, "folded line {} has count 0: {line:?}", n + 1);
+            let frames: Vec<String> = stack.split(';').map(str::to_owned).collect();
+            assert!(
+                !stack.is_empty() && frames.iter().all(|f| !f.is_empty()),
+                "folded line {} has an empty frame: {line:?}",
+                n + 1
+            );
+            (frames, count)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use clrbpf::pprof_proto::{Function, Label, Line, Location, Sample, ValueType};
+
+    use super::*;
+
+    fn tiny_profile() -> Profile {
+        let strings = [
+            "",
+            "samples",
+            "count",
+            "cpu",
+            "nanoseconds",
+            "Hot::Spin(uint64)",
+            "Hot::Main(string[])",
+            "process.pid",
+            "thread.name",
+            "main",
+        ];
+        Profile {
+            string_table: strings.iter().map(|s| (*s).to_owned()).collect(),
+            sample_type: vec![
+                ValueType { r#type: 1, unit: 2 },
+                ValueType { r#type: 3, unit: 4 },
+            ],
+            function: vec![
+                Function {
+                    id: 1,
+                    name: 5,
+                    ..Default::default()
+                },
+                Function {
+                    id: 2,
+                    name: 6,
+                    ..Default::default()
+                },
+            ],
+            location: vec![
+                Location {
+                    id: 1,
+                    line: vec![Line {
+                        function_id: 1,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+                Location {
+                    id: 2,
+                    line: vec![Line {
+                        function_id: 2,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            ],
+            sample: vec![Sample {
+                location_id: vec![1, 2],
+                value: vec![3, 30_000_000],
+                label: vec![
+                    Label {
+                        key: 7,
+                        num: 42,
+                        ..Default::default()
+                    },
+                    Label {
+                        key: 8,
+                        str: 9,
+                        ..Default::default()
+                    },
+                ],
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn samples_resolve_frames_leaf_first_and_labels() {
+        let profile = tiny_profile();
+        let samples = samples(&profile);
+        assert_eq!(samples.len(), 1);
+        assert_eq!(
+            samples[0].frames,
+            ["Hot::Spin(uint64)", "Hot::Main(string[])"]
+        );
+        assert_eq!(samples[0].pid(), Some(42));
+        assert_eq!(
+            samples[0].label("thread.name"),
+            Some(&LabelValue::Str("main".to_owned()))
+        );
+        assert_eq!(sample_types(&profile), ["samples/count", "cpu/nanoseconds"]);
+        assert_eq!(value_index(&profile, "cpu/nanoseconds"), 1);
+    }
+
+    #[test]
+    fn stack_contains_wants_the_needles_in_leaf_to_root_order() {
+        let profile = tiny_profile();
+        let sample = &samples(&profile)[0];
+        assert!(sample.stack_contains(&["Hot::Spin", "Hot::Main"]));
+        assert!(!sample.stack_contains(&["Hot::Main", "Hot::Spin"]));
+        assert!(!sample.stack_contains(&["Cold"]));
+        assert_some_stack_contains(&profile, Some(42), &["Hot::Spin"]);
+        assert_some_stack_contains(&profile, None, &["Hot::Main"]);
+    }
+
+    #[test]
+    #[should_panic(expected = "no stack of pid 7 contains")]
+    fn assert_some_stack_contains_checks_the_pid() {
+        assert_some_stack_contains(&tiny_profile(), Some(7), &["Hot::Spin"]);
+    }
+
+    #[test]
+    #[should_panic(expected = "missing function")]
+    fn a_dangling_function_id_is_a_broken_profile() {
+        let mut profile = tiny_profile();
+        profile.function.pop();
+        samples(&profile);
+    }
+
+    #[test]
+    fn parse_value_reads_workload_measurements() {
+        let lines = ["PID 12", "READY", "RATIO_A 0.7512", "RATIO_AB 3"].map(String::from);
+        assert_eq!(parse_value::<u32>(&lines, "PID"), Some(12));
+        assert_eq!(parse_value::<f64>(&lines, "RATIO_A"), Some(0.7512));
+        assert_eq!(parse_value::<u32>(&lines, "MISSING"), None);
+        assert_eq!(
+            parse_value_in::<u32>("x\nRATIO_AB 3\n", "RATIO_AB"),
+            Some(3)
+        );
+    }
+
+    #[test]
+    fn parse_folded_accepts_spaces_inside_frames() {
+        let parsed = parse_folded("main;Foo::Bar(value class X) 3\nmain 1\n");
+        assert_eq!(parsed.len(), 2);
+        assert_eq!(parsed[0].0, ["main", "Foo::Bar(value class X)"]);
+        assert_eq!(parsed[0].1, 3);
+    }
+
+    #[test]
+    #[should_panic(expected = "ends in no count")]
+    fn parse_folded_rejects_a_line_without_count() {
+        parse_folded("main;foo bar\n");
+    }
+
+    #[test]
+    #[should_panic(expected = "empty frame")]
+    fn parse_folded_rejects_empty_frames() {
+        parse_folded("main;;foo 2\n");
+    }
+}

@@ -1,1 +1,237 @@
-fn main() {}
+//! clrbpf's developer tasks, run as `cargo xtask <task>`: everything a
+//! newcomer needs, from installing the toolchain pieces to the privileged
+//! end-to-end tests. Each task runs the setup it depends on first, so
+//! `cargo xtask demo` and `cargo xtask test` work on a fresh machine.
+
+mod cmd;
+mod setup;
+mod workloads;
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{Context as _, anyhow};
+use clap::{Parser, Subcommand};
+
+/// Environment variables the integration tests read (`tests/src/lib.rs`
+/// names the same ones).
+const ENV_BIN: &str = "CLRBPF_BIN";
+const ENV_DOTNET8: &str = "CLRBPF_DOTNET8";
+const ENV_DOTNET31: &str = "CLRBPF_DOTNET31";
+const ENV_WORKLOADS: &str = "CLRBPF_WORKLOADS";
+
+/// Skips the eBPF object in builds that do not run it (clippy, unit tests):
+/// the release build the integration tests use builds it once.
+const ENV_AYA_BUILD_SKIP: &str = "AYA_BUILD_SKIP";
+
+#[derive(Parser)]
+#[command(about = "clrbpf developer tasks", disable_help_subcommand = true)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what the other tasks need: nightly rust-src, bpf-linker,
+    /// Debian packages (mono-mcs, golang-go, linux-perf, bpfcc-tools,
+    /// bpftool), the .NET 8 and .NET Core 3.1 runtimes, tracefs. Idempotent.
+    Setup {
+        /// Where the .NET runtimes are unpacked [default: target/runtimes]
+        #[arg(long, value_name = "DIR")]
+        runtimes_dir: Option<PathBuf>,
+    },
+    /// Build target/release/clrbpf (with its eBPF object).
+    Build,
+    /// Compile tests/workloads/*.cs into tests/workloads/bin/{net8,netcore31}/.
+    Workloads,
+    /// Run every check CI runs: fmt, clippy, unit tests, privileged
+    /// integration tests (needs root).
+    Test,
+    /// Profile a bundled .NET workload; writes profile.pb.gz and
+    /// flamegraph.svg and prints the top functions (needs root).
+    Demo,
+}
+
+/// Where things are in the repository.
+struct Repo {
+    root: PathBuf,
+    target: PathBuf,
+}
+
+impl Repo {
+    fn locate() -> anyhow::Result<Self> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .ok_or_else(|| anyhow!("xtask/ has no parent directory"))?
+            .to_path_buf();
+        let target = match env::var_os("CARGO_TARGET_DIR") {
+            Some(dir) => root.join(dir),
+            None => root.join("target"),
+        };
+        Ok(Self { root, target })
+    }
+
+    fn runtimes_dir(&self) -> PathBuf {
+        self.target.join("runtimes")
+    }
+
+    fn clrbpf_bin(&self) -> PathBuf {
+        self.target.join("release").join("clrbpf")
+    }
+
+    fn workloads_src(&self) -> PathBuf {
+        self.root.join("tests").join("workloads")
+    }
+
+    fn workloads_bin(&self) -> PathBuf {
+        self.workloads_src().join("bin")
+    }
+
+    /// `cargo`, run from the repository root.
+    fn cargo(&self) -> Command {
+        // The cargo that runs xtask, so the toolchain stays the same.
+        let mut cargo = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cargo.current_dir(&self.root);
+        cargo
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = Repo::locate().and_then(|repo| match cli.task {
+        Task::Setup { runtimes_dir } => {
+            let dir = match runtimes_dir {
+                Some(dir) => std::path::absolute(&dir)
+                    .with_context(|| format!("resolve {}", dir.display()))?,
+                None => repo.runtimes_dir(),
+            };
+            setup::run(&dir)
+        }
+        Task::Build => build(&repo),
+        Task::Workloads => workloads(&repo),
+        Task::Test => test(&repo),
+        Task::Demo => demo(&repo),
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn build(repo: &Repo) -> anyhow::Result<()> {
+    setup::run(&repo.runtimes_dir())?;
+    build_release(repo)
+}
+
+/// The release binary, with the real eBPF object even when the caller's
+/// shell exports AYA_BUILD_SKIP for quick checks.
+fn build_release(repo: &Repo) -> anyhow::Result<()> {
+    cmd::run(
+        repo.cargo()
+            .args(["build", "--release", "--package", "clrbpf"])
+            .env_remove(ENV_AYA_BUILD_SKIP),
+    )
+    .context("build target/release/clrbpf")?;
+    println!("build: {}", repo.clrbpf_bin().display());
+    Ok(())
+}
+
+fn workloads(repo: &Repo) -> anyhow::Result<()> {
+    setup::run(&repo.runtimes_dir())?;
+    workloads::build(&repo.workloads_src())
+}
+
+fn test(repo: &Repo) -> anyhow::Result<()> {
+    setup::run(&repo.runtimes_dir())?;
+    // Cheapest check first.
+    step("format", repo.cargo().args(["fmt", "--all", "--check"]))?;
+    build_release(repo)?;
+    workloads::build(&repo.workloads_src())?;
+    // Linting it needs nightly and build-std:
+    // cargo +nightly clippy -p clrbpf-ebpf --target bpfel-unknown-none -Z build-std=core
+    println!(
+        "test: clippy skips clrbpf-ebpf: it only builds for bpfel-unknown-none (the release build above compiles it)"
+    );
+    step(
+        "clippy",
+        repo.cargo()
+            .args(["clippy", "--workspace", "--exclude", "clrbpf-ebpf"])
+            .args(["--all-targets", "--", "-D", "warnings"])
+            .env(ENV_AYA_BUILD_SKIP, "1"),
+    )?;
+    step(
+        "unit tests",
+        repo.cargo().arg("test").env(ENV_AYA_BUILD_SKIP, "1"),
+    )?;
+    let dotnet8 = setup::NET8.host_in(&repo.runtimes_dir());
+    let dotnet31 = setup::NETCORE31.host_in(&repo.runtimes_dir());
+    // The library's own tests that need root, ptrace, gcc, go or a real
+    // runtime: marked #[ignore] so a plain `cargo test` runs anywhere.
+    // Measurements (`measure_*`) are for `cargo xtask bench`, not here.
+    step(
+        "privileged unit tests",
+        repo.cargo()
+            .args(["test", "--package", "clrbpf", "--lib", "--"])
+            .args(["--ignored", "--skip", "measure_", "--test-threads=1"])
+            .env(ENV_AYA_BUILD_SKIP, "1")
+            .env(ENV_DOTNET8, &dotnet8)
+            .env(ENV_DOTNET31, &dotnet31),
+    )?;
+    step(
+        "integration tests",
+        repo.cargo()
+            .args(["test", "--package", "clrbpf-integration-tests", "--release"])
+            .args(["--", "--test-threads=1"])
+            .env_remove(ENV_AYA_BUILD_SKIP)
+            .env(ENV_BIN, repo.clrbpf_bin())
+            .env(ENV_DOTNET8, dotnet8)
+            .env(ENV_DOTNET31, dotnet31)
+            .env(ENV_WORKLOADS, repo.workloads_bin()),
+    )?;
+    println!("test: every step passed");
+    Ok(())
+}
+
+fn step(name: &str, cmd: &mut Command) -> anyhow::Result<()> {
+    println!("test: step {name}");
+    cmd::run(cmd).with_context(|| format!("test step `{name}` failed"))
+}
+
+fn demo(repo: &Repo) -> anyhow::Result<()> {
+    setup::run(&repo.runtimes_dir())?;
+    build_release(repo)?;
+    workloads::build(&repo.workloads_src())?;
+    let dotnet8 = setup::NET8.host_in(&repo.runtimes_dir());
+    let demo_dll = repo.workloads_bin().join("net8").join("Demo.dll");
+    for output in ["profile.pb.gz", "flamegraph.svg"] {
+        cmd::run(
+            Command::new(repo.clrbpf_bin())
+                .current_dir(&repo.root)
+                .args(["record", "-F", "99", "-o", output, "--"])
+                .arg(&dotnet8)
+                .arg(&demo_dll)
+                .arg("10"),
+        )
+        .context("profile the demo workload (clrbpf needs root)")?;
+    }
+    cmd::run(Command::new("go").current_dir(&repo.root).args([
+        "tool",
+        "pprof",
+        "-top",
+        "-nodecount=15",
+        "profile.pb.gz",
+    ]))?;
+    println!(
+        "demo: wrote {} and {}; explore with `go tool pprof -http=: profile.pb.gz`",
+        repo.root.join("profile.pb.gz").display(),
+        repo.root.join("flamegraph.svg").display()
+    );
+    Ok(())
+}

@@ -1,4 +1,6 @@
 //! The .NET runtime from the outside: the diagnostic IPC client (EnablePerfMap,
 //! ProcessInfo, EventPipe sessions) and what is decoded from it.
 
+pub mod events;
 pub mod ipc;
+pub mod nettrace;

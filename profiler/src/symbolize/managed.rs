@@ -7,8 +7,11 @@
 //!
 //! Strategy:
 //! 1. Locate the files as the target sees them: its namespace pid (`NSpid`)
-//!    and perf directory (`DOTNET_PerfMapJitDumpPath`, default `/tmp`), read
-//!    through `/proc/PID/root` with [`super::target_fs`] (no symlink escapes).
+//!    and perf directory (`DOTNET_PerfMapJitDumpPath`, default `/tmp`; for
+//!    runtimes before .NET 8 the perf map is in `$TMPDIR`), read through
+//!    `/proc/PID/root` with [`super::target_fs`] (no symlink escapes).
+//!    Files last modified before the process started belong to an earlier
+//!    process with the same pid (the runtime never deletes them): ignored.
 //! 2. On each [`ManagedSymbols::refresh`], read only the bytes appended since
 //!    the last one and feed them to the incremental parsers. A file that was
 //!    replaced or truncated (different inode, shorter, or different first
@@ -32,7 +35,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::jit_index::JitCodeIndex;
 use super::jitdump::{JitDumpCounts, JitDumpError, JitDumpLimits, JitDumpParser};
@@ -254,7 +257,16 @@ pub struct TargetLocation {
     pub perf_dir: PathBuf,
     /// Where runtimes before .NET 8 write the perf map (`$TMPDIR` or `/tmp`).
     pub legacy_perf_map_dir: PathBuf,
+    /// When the process started. The runtime never deletes its perf files,
+    /// so `/tmp` keeps those of dead processes, and pids are reused: a file
+    /// last modified before this (minus [`STALE_FILE_SLACK`]) belongs to an
+    /// earlier process and is ignored. `None` disables the check.
+    pub started_at: Option<SystemTime>,
 }
+
+/// Tolerance of the stale-file check: the start time is known to about a
+/// second (boot time is whole seconds), file times to a clock tick.
+pub const STALE_FILE_SLACK: Duration = Duration::from_secs(2);
 
 impl TargetLocation {
     /// Reads the namespace pid and perf directory of a live process.
@@ -266,6 +278,7 @@ impl TargetLocation {
             root: target_fs::proc_root(pid),
             perf_dir: dirs.perf_dir,
             legacy_perf_map_dir: dirs.legacy_perf_map_dir,
+            started_at: target_fs::process_start_time(pid),
         }
     }
 }
@@ -302,6 +315,8 @@ pub enum FileStatus {
     NotNeeded,
     /// Stopped on an earlier parse error; see [`ManagedSymbolErrors::jitdump_stop`].
     Stopped,
+    /// Left by an earlier process with the same pid: ignored.
+    Stale,
     /// Open or read failed; counted in [`ManagedSymbolErrors`].
     Failed,
 }
@@ -335,6 +350,8 @@ pub struct ManagedSymbolErrors {
     pub read_errors: u64,
     /// Files parsed again from the start after being replaced or truncated.
     pub restarts: u64,
+    /// Distinct files ignored as left by an earlier process with the same pid.
+    pub stale_files: u64,
     /// Ranges the index refused (empty, overflowing, oversized).
     pub rejected_ranges: u64,
     /// Lookups cut short by overlapping ranges.
@@ -355,6 +372,16 @@ struct TrackedFile {
     identity: Option<(u64, u64)>,
     /// Its first bytes (up to [`FINGERPRINT_LEN`]).
     fingerprint: Vec<u8>,
+    /// The last file found stale, so it is counted once.
+    stale: Option<(u64, u64)>,
+}
+
+/// What [`open_tracked`] found.
+#[derive(Debug)]
+enum Opened {
+    Missing,
+    Stale { first_seen: bool },
+    File { file: File, restarted: bool },
 }
 
 /// The offset/reset contract both parsers share.
@@ -396,6 +423,7 @@ pub struct ManagedSymbols {
     open_errors: u64,
     read_errors: u64,
     restarts: u64,
+    stale_files: u64,
     last_io_error: Option<String>,
     read_buf: Vec<u8>,
 }
@@ -427,6 +455,7 @@ impl ManagedSymbols {
             open_errors: 0,
             read_errors: 0,
             restarts: 0,
+            stale_files: 0,
             last_io_error: None,
             read_buf: Vec::new(),
         }
@@ -484,6 +513,7 @@ impl ManagedSymbols {
             open_errors: self.open_errors,
             read_errors: self.read_errors,
             restarts: self.restarts,
+            stale_files: self.stale_files,
             rejected_ranges: self.index.rejected_ranges(),
             lookup_step_limit_hits: self.index.lookup_step_limit_hits(),
             last_io_error: self.last_io_error.clone(),
@@ -503,12 +533,17 @@ impl ManagedSymbols {
             ..
         } = self;
         let mut refresh = FileRefresh::default();
-        let file = match open_tracked(&location.root, &paths.jitdump, jitdump_file, jitdump) {
-            Ok(Some((file, restarted))) => {
+        let file = match open_tracked(location, &paths.jitdump, jitdump_file, jitdump) {
+            Ok(Opened::File { file, restarted }) => {
                 refresh.restarted = restarted;
                 file
             }
-            Ok(None) => return refresh,
+            Ok(Opened::Missing) => return refresh,
+            Ok(Opened::Stale { first_seen }) => {
+                self.stale_files += u64::from(first_seen);
+                refresh.status = FileStatus::Stale;
+                return refresh;
+            }
             Err(error) => {
                 self.open_errors += 1;
                 self.last_io_error = Some(error.to_string());
@@ -575,19 +610,31 @@ impl ManagedSymbols {
             ..
         } = self;
         let mut refresh = FileRefresh::default();
-        let mut opened = open_tracked(&location.root, &paths.perf_map, perf_map_file, perf_map);
-        if let (Ok(None), Some(legacy)) = (&opened, &paths.legacy_perf_map) {
-            opened = open_tracked(&location.root, legacy, perf_map_file, perf_map);
-            if matches!(opened, Ok(Some(_))) {
+        let mut opened = open_tracked(location, &paths.perf_map, perf_map_file, perf_map);
+        // Look in the legacy directory while the perf map was never found.
+        if let Some(legacy) = &paths.legacy_perf_map
+            && perf_map_file.identity.is_none()
+            && matches!(opened, Ok(Opened::Missing | Opened::Stale { .. }))
+        {
+            let mut legacy_file = TrackedFile::default();
+            let in_legacy = open_tracked(location, legacy, &mut legacy_file, perf_map);
+            if matches!(in_legacy, Ok(Opened::File { .. })) {
                 paths.switch_to_legacy();
+                *perf_map_file = legacy_file;
+                opened = in_legacy;
             }
         }
         let file = match opened {
-            Ok(Some((file, restarted))) => {
+            Ok(Opened::File { file, restarted }) => {
                 refresh.restarted = restarted;
                 file
             }
-            Ok(None) => return refresh,
+            Ok(Opened::Missing) => return refresh,
+            Ok(Opened::Stale { first_seen }) => {
+                self.stale_files += u64::from(first_seen);
+                refresh.status = FileStatus::Stale;
+                return refresh;
+            }
             Err(error) => {
                 self.open_errors += 1;
                 self.last_io_error = Some(error.to_string());
@@ -636,16 +683,16 @@ fn ingest_perf_map(
 }
 
 /// Opens a perf file and decides whether its parser must start over.
-/// `Ok(None)` when the file does not exist.
 fn open_tracked(
-    root: &Path,
+    location: &TargetLocation,
     path: &Path,
     tracked: &mut TrackedFile,
     parser: &mut impl IncrementalParser,
-) -> Result<Option<(File, bool)>, TargetFsError> {
+) -> Result<Opened, TargetFsError> {
+    let root = &location.root;
     let file = match target_fs::open_in_root_dir(root, path) {
         Ok(file) => file,
-        Err(error) if error.is_not_found() => return Ok(None),
+        Err(error) if error.is_not_found() => return Ok(Opened::Missing),
         Err(error) => return Err(error),
     };
     let open_error = |source: io::Error| TargetFsError::Open {
@@ -655,6 +702,15 @@ fn open_tracked(
     };
     let metadata = file.metadata().map_err(open_error)?;
     let identity = (metadata.dev(), metadata.ino());
+    if let (Some(started), Ok(modified)) = (location.started_at, metadata.modified())
+        && modified
+            .checked_add(STALE_FILE_SLACK)
+            .is_some_and(|m| m < started)
+    {
+        let first_seen = tracked.stale != Some(identity);
+        tracked.stale = Some(identity);
+        return Ok(Opened::Stale { first_seen });
+    }
     let mut prefix = [0u8; FINGERPRINT_LEN];
     let prefix_len = read_prefix(&file, &mut prefix).map_err(open_error)?;
     let prefix = &prefix[..prefix_len];
@@ -669,7 +725,10 @@ fn open_tracked(
     if replaced || prefix.len() > tracked.fingerprint.len() {
         tracked.fingerprint = prefix.to_vec();
     }
-    Ok(Some((file, replaced)))
+    Ok(Opened::File {
+        file,
+        restarted: replaced,
+    })
 }
 
 fn read_prefix(file: &File, prefix: &mut [u8]) -> io::Result<usize> {
@@ -725,6 +784,7 @@ pub fn remove_perf_files(pid: u32, ns_pid: u32) -> Result<usize, TargetFsError> 
         root: target_fs::proc_root(pid),
         perf_dir: dirs.perf_dir,
         legacy_perf_map_dir: dirs.legacy_perf_map_dir,
+        started_at: None,
     })
 }
 
@@ -807,6 +867,7 @@ pub fn bench_perf_map_load(entries: usize) -> Duration {
         root: PathBuf::from("/nonexistent"),
         perf_dir: PathBuf::from("/tmp"),
         legacy_perf_map_dir: PathBuf::from("/tmp"),
+        started_at: None,
     };
     let started = Instant::now();
     let mut symbols = ManagedSymbols::at(location, config);
@@ -959,6 +1020,7 @@ mod tests {
                     root,
                     perf_dir: PathBuf::from("/tmp"),
                     legacy_perf_map_dir: PathBuf::from("/tmp"),
+                    started_at: None,
                 },
             }
         }
@@ -1282,6 +1344,38 @@ mod tests {
         assert_eq!(symbols.refresh(3).perf_map.bytes_read, 0);
         target.append("perfinfo-7.map", b"x");
         assert_eq!(remove_perf_files_at(&target.location).expect("remove"), 3);
+    }
+
+    #[test]
+    fn files_left_by_an_earlier_process_are_ignored() {
+        let mut target = Target::new();
+        target.append("perf-7.map", b"0x1000 10 old()\n");
+        let mut dump = jitdump_header();
+        dump.extend(code_load(5, 0x1000, 0x10, "old()"));
+        target.append("jit-7.dump", &dump);
+        let long_ago = SystemTime::now() - Duration::from_secs(3600);
+        for name in ["perf-7.map", "jit-7.dump"] {
+            File::options()
+                .write(true)
+                .open(target.host_path(name))
+                .expect("open")
+                .set_modified(long_ago)
+                .expect("set mtime");
+        }
+        target.location.started_at = Some(SystemTime::now() - Duration::from_secs(10));
+        let mut symbols = target.symbols();
+        let stats = symbols.refresh(1);
+        assert_eq!(stats.jitdump.status, FileStatus::Stale);
+        assert_eq!(stats.perf_map.status, FileStatus::Stale);
+        assert!(symbols.is_empty());
+        symbols.refresh(2);
+        assert_eq!(symbols.errors().stale_files, 2, "each file counted once");
+        // The new process enables perf maps later: the file is rewritten.
+        std::fs::write(target.host_path("perf-7.map"), b"0x2000 10 new()\n").expect("write");
+        let stats = symbols.refresh(3);
+        assert_eq!(stats.perf_map.symbols_added, 1);
+        assert_eq!(lookup_name(&symbols, 0x2000, 3).as_deref(), Some("new()"));
+        assert!(symbols.lookup(0x1000, 3).is_none());
     }
 
     #[test]

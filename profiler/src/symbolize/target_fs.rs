@@ -18,6 +18,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Environment variable that moves CoreCLR's perf map and jitdump out of
 /// `/tmp` (read once by the runtime at startup).
@@ -256,6 +257,49 @@ pub fn parse_ns_pid(status: &str) -> Option<u32> {
         .find_map(|line| line.strip_prefix("NSpid:"))?
         .split_whitespace()
         .next_back()?
+        .parse()
+        .ok()
+}
+
+/// When process `pid` started, from `/proc/PID/stat` (clock ticks after
+/// boot) and the boot time in `/proc/stat` (whole seconds, so about one
+/// second of error). `None` when the process is gone.
+pub fn process_start_time(pid: u32) -> Option<SystemTime> {
+    let stat = read_bounded(
+        File::open(format!("/proc/{pid}/stat")).ok()?,
+        MAX_STATUS_BYTES,
+    )
+    .ok()?;
+    let ticks = parse_stat_start_ticks(&String::from_utf8_lossy(&stat.bytes))?;
+    let system = read_bounded(File::open("/proc/stat").ok()?, MAX_ENVIRON_BYTES).ok()?;
+    let boot = parse_boot_time(&String::from_utf8_lossy(&system.bytes))?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    if ticks_per_second == 0 {
+        return None;
+    }
+    let after_boot = Duration::from_secs(ticks / ticks_per_second)
+        + Duration::from_nanos((ticks % ticks_per_second) * 1_000_000_000 / ticks_per_second);
+    UNIX_EPOCH
+        .checked_add(Duration::from_secs(boot))?
+        .checked_add(after_boot)
+}
+
+/// Field 22 (`starttime`) of a `/proc/PID/stat` line. The command name
+/// (field 2) may hold spaces and parentheses, so fields are counted after
+/// its last `)`.
+pub fn parse_stat_start_ticks(stat: &str) -> Option<u64> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    // Field 3 (state) is the first after the name: starttime is 19 further.
+    after_comm.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The `btime` line of `/proc/stat`: boot time, seconds since the epoch.
+pub fn parse_boot_time(proc_stat: &str) -> Option<u64> {
+    proc_stat
+        .lines()
+        .find_map(|line| line.strip_prefix("btime "))?
+        .trim()
         .parse()
         .ok()
 }
@@ -636,6 +680,24 @@ mod tests {
             Path::new("/tmp")
         );
         assert_eq!(target_tmp_dir(u32::MAX), Path::new("/tmp"));
+    }
+
+    #[test]
+    fn start_time_fields() {
+        let stat = "4242 (dot net) (x)) S 1 4242 4242 0 -1 4194560 1234 0 0 0 5 6 0 0 20 0 \
+                    12 0 98765 123456789 2000 18446744073709551615";
+        assert_eq!(parse_stat_start_ticks(stat), Some(98765));
+        assert_eq!(parse_stat_start_ticks("4242 (short) S 1 2"), None);
+        assert_eq!(parse_stat_start_ticks("no parenthesis"), None);
+        assert_eq!(
+            parse_boot_time("cpu  1 2 3\nintr 5\nbtime 1700000000\nprocesses 9\n"),
+            Some(1_700_000_000)
+        );
+        assert_eq!(parse_boot_time("cpu 1\n"), None);
+        let started = process_start_time(std::process::id()).expect("own start time");
+        let now = SystemTime::now();
+        assert!(started <= now + Duration::from_secs(2));
+        assert!(process_start_time(u32::MAX).is_none());
     }
 
     #[test]
