@@ -813,8 +813,12 @@ pub fn print_summary(
         )?;
     }
     if let Some(memory) = &summary.unwind_memory {
-        let errors: Vec<String> =
-            summary.unwind_errors.iter().filter(|(_, n)| *n > 0).map(|(e, n)| format!("{} {n}", e.name())).collect();
+        let errors: Vec<String> = summary
+            .unwind_errors
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(e, n)| format!("{} {n}", e.name()))
+            .collect();
         writeln!(
             w,
             "clrbpf: unwind tables {:.1} MiB in {} files for {} processes (cap {:.0} MiB); walks ended early: {}",
@@ -822,7 +826,11 @@ pub fn print_summary(
             memory.tables,
             memory.processes,
             memory.capacity_bytes as f64 / 1048576.0,
-            if errors.is_empty() { "none".to_owned() } else { errors.join(", ") }
+            if errors.is_empty() {
+                "none".to_owned()
+            } else {
+                errors.join(", ")
+            }
         )?;
     }
     for warning in &summary.warnings {
