@@ -67,6 +67,11 @@ pub struct RecordConfig {
     pub format: OutputFormat,
     pub keep_perf_maps: bool,
     pub perf_map_attach: bool,
+    /// Walk user stacks with `.eh_frame` unwind tables in the kernel.
+    pub dwarf_unwind: bool,
+    /// Kernel memory for unwind tables, allocated in full at load when
+    /// [`Self::dwarf_unwind`] is on.
+    pub unwind_table_memory_bytes: u64,
     pub command: Vec<OsString>,
     /// Progress line and summary on stderr.
     pub verbose: bool,
@@ -603,6 +608,8 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         format,
         keep_perf_maps,
         perf_map_attach,
+        dwarf_unwind,
+        unwind_table_memory_bytes,
         command,
         verbose,
     } = config;
@@ -624,6 +631,8 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     let mut sampler = Sampler::start(&SamplerConfig {
         frequency_hz,
         target_pids: (!whole_host).then_some(initial_targets),
+        user_unwind: dwarf_unwind,
+        unwind_table_memory_bytes,
         ..SamplerConfig::default()
     })?;
     let mut pipeline = Pipeline::new(perf_map_attach);

@@ -1,67 +1,60 @@
-//! In-kernel DWARF unwinding, end to end: `clrbpf record` of programs whose
-//! native code has no frame pointers, checked in the pprof it writes.
-//!
-//! Needs root, a kernel with BPF, the release build of `clrbpf` (with its
-//! eBPF object), Debian's `xz`, and for the .NET test the runtime that
-//! `cargo xtask setup` unpacks plus `mcs`. Self-contained (the shared
-//! harness in `tests/src` was being written at the same time).
+//! In-kernel DWARF unwinding (`record --dwarf-unwind`), end to end: profiles
+//! of programs whose native code has no frame pointers, checked in the pprof
+//! `clrbpf record` writes. Run by `cargo xtask test` (root); the xz test
+//! needs Debian's `xz`.
 
-use std::{
-    collections::HashMap,
-    path::{Path, PathBuf},
-    process::Command,
+use std::{collections::HashMap, time::Duration};
+
+use clrbpf::pprof_proto::Profile;
+use clrbpf_integration_tests::{
+    Env, TempDir, assert_success, must_have_privileges, read_profile, run_clrbpf,
 };
 
-use clrbpf::{export::pprof::read_pprof, pprof_proto::Profile};
+/// Generous: the runs last seconds, but a loaded CI machine starts .NET slowly.
+const TIMEOUT: Duration = Duration::from_secs(120);
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ is inside the workspace")
-        .to_path_buf()
+/// One frame of a sample: function name (or address) and mapping file.
+#[derive(Clone, Debug)]
+struct FrameView {
+    name: String,
+    file: String,
 }
 
-fn clrbpf_binary() -> PathBuf {
-    let path = workspace().join("target/release/clrbpf");
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build --release -p clrbpf` first",
-        path.display()
-    );
-    path
+/// A sample's stack, leaf first, with its sample count.
+struct StackView {
+    frames: Vec<FrameView>,
+    count: u64,
 }
 
-fn require_root() {
-    // SAFETY: no arguments, no side effects.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "these tests load BPF programs: run them as root"
-    );
+impl StackView {
+    fn user_frames(&self) -> usize {
+        self.frames
+            .iter()
+            .filter(|f| !f.file.starts_with("[kernel"))
+            .count()
+    }
+
+    /// Whether the needles occur, by substring of the function name, in
+    /// this order from the leaf towards the root.
+    fn contains(&self, needles: &[&str]) -> bool {
+        let mut frames = self.frames.iter();
+        needles
+            .iter()
+            .all(|needle| frames.any(|f| f.name.contains(needle)))
+    }
 }
 
-/// Runs `clrbpf record -o <out> -- command...` and reads the profile.
-fn record(out: &Path, command: &[&str], env: &[(&str, &str)]) -> Profile {
-    let output = Command::new(clrbpf_binary())
-        .args(["record", "-o"])
-        .arg(out)
-        .arg("--")
-        .args(command)
-        .envs(env.iter().copied())
-        .output()
-        .expect("run clrbpf record");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "clrbpf record failed:\n{stderr}");
-    eprintln!("{stderr}");
-    let bytes = std::fs::read(out).expect("read the profile");
-    read_pprof(&bytes).expect("a valid pprof")
-}
-
-/// Each sample's stack as (function name, mapping file), leaf first, with
-/// its sample count (pprof samples are aggregated by stack and labels).
-fn stacks(profile: &Profile) -> Vec<(Vec<(String, String)>, u64)> {
+/// Every sample's stack with the mapping of each frame (the shared
+/// harness keeps only names; the kernel/user split needs the mapping).
+fn stacks(profile: &Profile) -> Vec<StackView> {
     let strings = &profile.string_table;
-    let s = |i: i64| strings.get(i as usize).cloned().unwrap_or_default();
+    let s = |i: i64| {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| strings.get(i))
+            .cloned()
+            .unwrap_or_default()
+    };
     let functions: HashMap<u64, String> =
         profile.function.iter().map(|f| (f.id, s(f.name))).collect();
     let mappings: HashMap<u64, String> = profile
@@ -69,50 +62,68 @@ fn stacks(profile: &Profile) -> Vec<(Vec<(String, String)>, u64)> {
         .iter()
         .map(|m| (m.id, s(m.filename)))
         .collect();
-    let locations: HashMap<u64, Vec<(String, String)>> = profile
+    let locations: HashMap<u64, Vec<FrameView>> = profile
         .location
         .iter()
         .map(|l| {
             let file = mappings.get(&l.mapping_id).cloned().unwrap_or_default();
-            let names = if l.line.is_empty() {
-                vec![(format!("{:#x}", l.address), file)]
+            let frames = if l.line.is_empty() {
+                vec![FrameView {
+                    name: format!("{:#x}", l.address),
+                    file,
+                }]
             } else {
                 l.line
                     .iter()
-                    .map(|line| {
-                        (
-                            functions
-                                .get(&line.function_id)
-                                .cloned()
-                                .unwrap_or_default(),
-                            file.clone(),
-                        )
+                    .map(|line| FrameView {
+                        name: functions
+                            .get(&line.function_id)
+                            .cloned()
+                            .unwrap_or_default(),
+                        file: file.clone(),
                     })
                     .collect()
             };
-            (l.id, names)
+            (l.id, frames)
         })
         .collect();
     profile
         .sample
         .iter()
-        .map(|sample| {
-            let stack = sample
+        .map(|sample| StackView {
+            frames: sample
                 .location_id
                 .iter()
                 .flat_map(|id| locations.get(id).cloned().unwrap_or_default())
-                .collect();
-            let count = sample.value.first().copied().unwrap_or(0).max(0) as u64;
-            (stack, count)
+                .collect(),
+            count: sample.value.first().copied().unwrap_or(0).max(0) as u64,
         })
         .collect()
 }
 
-fn user_frames(stack: &[(String, String)]) -> usize {
-    stack
-        .iter()
-        .filter(|(_, file)| !file.starts_with("[kernel"))
-        .count()
+fn total(stacks: &[StackView], keep: impl Fn(&StackView) -> bool) -> u64 {
+    stacks.iter().filter(|s| keep(s)).map(|s| s.count).sum()
+}
+
+/// `clrbpf record --dwarf-unwind -o DIR/name -- command...`, checked and read.
+fn record_with_dwarf(env: &Env, dir: &TempDir, name: &str, command: &[String]) -> Profile {
+    let out = dir.join(name);
+    let mut args = vec![
+        "record".to_owned(),
+        "--dwarf-unwind".to_owned(),
+        "-o".to_owned(),
+        out.to_string_lossy().into_owned(),
+        "--".to_owned(),
+    ];
+    args.extend(command.iter().cloned());
+    let output = run_clrbpf(env, &args, dir.path(), TIMEOUT);
+    assert_success(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("clrbpf: unwind tables"),
+        "the summary has no unwind line:\n{stderr}"
+    );
+    read_profile(&out)
 }
 
 /// Issue 3's acceptance: Debian's xz has no frame pointers (neither has
@@ -120,9 +131,9 @@ fn user_frames(stack: &[(String, String)]) -> usize {
 /// tables give the whole stack down to `_start`.
 #[test]
 fn xz_without_frame_pointers_has_deep_stacks() {
-    require_root();
-    let dir = std::env::temp_dir().join(format!("clrbpf-unwind-xz-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    must_have_privileges();
+    let env = Env::from_env();
+    let dir = TempDir::new("unwind-xz");
     // Incompressible pseudo-random input keeps xz in its match finder and
     // range coder: a few seconds of CPU at -9.
     let input = dir.join("input.bin");
@@ -136,32 +147,29 @@ fn xz_without_frame_pointers_has_deep_stacks() {
         })
         .collect();
     std::fs::write(&input, data).expect("write input");
-    let out = dir.join("xz.pb.gz");
-    let input_arg = input.to_str().expect("utf-8 temp path");
-    let profile = record(&out, &["xz", "-9", "-T1", "-k", "-f", input_arg], &[]);
+    let command = ["xz", "-9", "-T1", "-k", "-f"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain([input.to_string_lossy().into_owned()])
+        .collect::<Vec<_>>();
+    let profile = record_with_dwarf(&env, &dir, "xz.pb.gz", &command);
     let stacks = stacks(&profile);
-    // Samples of the xz process only (the launcher's own are filtered out
-    // by the kernel side).
-    let count = |keep: &dyn Fn(&[(String, String)]) -> bool| -> u64 {
-        stacks.iter().filter(|(s, _)| keep(s)).map(|(_, n)| n).sum()
-    };
-    let total = count(&|_| true);
-    assert!(total >= 100, "only {total} samples");
-    let deep = count(&|s| user_frames(s) >= 4);
-    let share = deep as f64 / total as f64;
+    let all = total(&stacks, |_| true);
+    assert!(all >= 100, "only {all} samples");
+    let deep = total(&stacks, |s| s.user_frames() >= 4);
+    let share = deep as f64 / all as f64;
     eprintln!(
-        "{deep} of {total} samples have 4+ user frames ({:.1}%)",
+        "{deep} of {all} samples have 4+ user frames ({:.1}%)",
         share * 100.0
     );
     assert!(
         share >= 0.8,
-        "only {deep} of {total} samples have 4 or more user frames"
+        "only {deep} of {all} samples have 4 or more user frames"
     );
     // And the walks reach the program's entry.
-    let to_main = count(&|s| s.iter().any(|(f, _)| f.contains("__libc_start_main")));
+    let to_main = total(&stacks, |s| s.contains(&["__libc_start_main"]));
     assert!(
-        to_main as f64 >= 0.8 * total as f64,
-        "only {to_main} of {total} stacks reach __libc_start_main"
+        to_main as f64 >= 0.8 * all as f64,
+        "only {to_main} of {all} stacks reach __libc_start_main"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -96,12 +96,15 @@ pub struct SamplerConfig {
     /// frame pointers only.
     pub user_unwind: bool,
     /// Kernel memory for unwind tables (the `--unwind-table-memory-mb`
-    /// cap), allocated when the programs load.
+    /// cap). The row array is a BPF array map, allocated (and charged to
+    /// our memory cgroup) in full when the programs load, so this is what
+    /// unwinding costs in kernel memory whatever is profiled; with
+    /// [`Self::user_unwind`] off the array has one row.
     pub unwind_table_memory_bytes: u64,
 }
 
 /// Default of [`SamplerConfig::unwind_table_memory_bytes`].
-pub const DEFAULT_UNWIND_TABLE_MEMORY_BYTES: u64 = 256 << 20;
+pub const DEFAULT_UNWIND_TABLE_MEMORY_BYTES: u64 = 64 << 20;
 
 impl Default for SamplerConfig {
     fn default() -> Self {
@@ -109,7 +112,7 @@ impl Default for SamplerConfig {
             frequency_hz: 99,
             target_pids: None,
             ring_buffer_bytes: 8 * 1024 * 1024,
-            user_unwind: true,
+            user_unwind: false,
             unwind_table_memory_bytes: DEFAULT_UNWIND_TABLE_MEMORY_BYTES,
         }
     }
