@@ -184,11 +184,18 @@ impl UnwindTable {
 pub fn load_bias(segments: &[LoadSegment], map_start: u64, map_offset: u64) -> Option<u64> {
     // Mappings start at page-aligned offsets, segments need not: match the
     // segment's page-aligned start. p_vaddr and p_offset are equal modulo
-    // the page size, so the bias is the same either way.
-    let segment = segments.iter().find(|s| {
-        let aligned = s.file_offset & !0xfff;
-        aligned <= map_offset && map_offset < s.file_offset.saturating_add(s.file_size.max(1))
-    })?;
+    // the page size, so the bias is the same either way. Two segments can
+    // share a file page (lld packs them: libcoreclr's read-only segment
+    // ends at 0x1a801c, its code starts at 0x1a8020 at another vaddr page),
+    // so of the segments covering the offset, the one starting last is the
+    // one the kernel mapped there: the first would shift every pc.
+    let segment = segments
+        .iter()
+        .filter(|s| {
+            let aligned = s.file_offset & !0xfff;
+            aligned <= map_offset && map_offset < s.file_offset.saturating_add(s.file_size.max(1))
+        })
+        .max_by_key(|s| s.file_offset)?;
     Some(
         map_start
             .wrapping_sub(map_offset)
