@@ -56,6 +56,11 @@ pub mod sample_flags {
     /// The user stack was walked with the unwind tables (`.eh_frame` rows
     /// and the frame-pointer rule), not by `bpf_get_stack`.
     pub const USER_STACK_UNWOUND: u32 = 1 << 4;
+    /// The walk met a pc in none of the process's indexed mappings (code
+    /// mapped after userspace last read its maps: a new JIT code heap, a
+    /// `dlopen`) and stepped it by the frame-pointer rule; userspace should
+    /// read the process's maps again.
+    pub const USER_PC_UNINDEXED: u32 = 1 << 5;
 }
 
 /// One sample, as the eBPF side writes it into the `SAMPLES` ring buffer.

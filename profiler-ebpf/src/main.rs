@@ -128,6 +128,9 @@ fn try_on_cpu_sample(ctx: &PerfEventContext) -> Result<(), i64> {
                     flags |= sample_flags::USER_STACK_UNWOUND;
                     user_frames = walk.frames;
                     unwind_error = walk.error;
+                    if walk.unindexed {
+                        flags |= sample_flags::USER_PC_UNINDEXED;
+                    }
                     if walk.error == UnwindError::TooDeep as u32 {
                         flags |= sample_flags::USER_STACK_TRUNCATED;
                     }

@@ -80,7 +80,9 @@ pub struct WalkState {
     error: u32,
     /// 1 while `regs` hold a frame not yet recorded.
     more: u32,
-    _pad: u32,
+    /// 1 once a pc was in no indexed mapping (see
+    /// [`clrbpf_common::sample_flags::USER_PC_UNINDEXED`]).
+    unindexed: u32,
 }
 
 #[map]
@@ -236,12 +238,28 @@ extern "C" fn walk_one(index: u64, _ctx: *mut c_void) -> i64 {
     state.frames = index as u32 + 1;
     let tgid = state.tgid;
     let mut interrupted = state.interrupted != 0;
-    match next_frame(
+    let mut unindexed = false;
+    // A pc outside every indexed mapping is most often code mapped since
+    // userspace read the maps (a JIT code heap grows with new anonymous
+    // mappings): the frame-pointer rule, as for the JIT code already
+    // indexed, instead of ending the walk; the sample is flagged so the
+    // maps are read again.
+    let outcome = next_frame(
         &mut state.regs,
         &mut interrupted,
-        &mut |pc| lookup(tgid, pc),
+        &mut |pc| match lookup(tgid, pc) {
+            Err(UnwindError::NoMapping) => {
+                unindexed = true;
+                Ok(None)
+            }
+            other => other,
+        },
         &UserMemory,
-    ) {
+    );
+    if unindexed {
+        state.unindexed = 1;
+    }
+    match outcome {
         Ok(true) => {
             state.interrupted = u32::from(interrupted);
             0
@@ -263,6 +281,8 @@ pub struct WalkResult {
     pub frames: u32,
     /// An [`UnwindError`] number, 0 for a clean end.
     pub error: u32,
+    /// A pc was in no indexed mapping.
+    pub unindexed: bool,
 }
 
 /// Walks the user stack from `regs` into `EVENT_SCRATCH`'s user stack.
@@ -278,7 +298,7 @@ pub fn walk_user_stack(tgid: u32, regs: UnwindRegs) -> Option<WalkResult> {
             frames: 0,
             error: 0,
             more: 1,
-            _pad: 0,
+            unindexed: 0,
         };
         bpf_loop(
             MAX_USER_STACK_DEPTH as u32,
@@ -300,6 +320,7 @@ pub fn walk_user_stack(tgid: u32, regs: UnwindRegs) -> Option<WalkResult> {
         Some(WalkResult {
             frames: state.frames,
             error,
+            unindexed: state.unindexed != 0,
         })
     }
 }

@@ -26,7 +26,9 @@ use anyhow::{Context as _, bail};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
-    bpf::{KernelCounters, ProgramStats, Sampler, SamplerConfig, UnwindMaps, UnwindMemory, system},
+    bpf::{
+        KernelCounters, ProgramStats, Sampler, SamplerConfig, UnwindReport, UnwindWorker, system,
+    },
     clr::ipc::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
     export::output::{OutputFormat, write_profile},
     process::{
@@ -96,8 +98,9 @@ pub struct RecordSummary {
     pub kernel: KernelCounters,
     pub bpf_stats: ProgramStats,
     /// Kernel-side user-stack walks ended by each error kind.
-    pub unwind_errors: Vec<(clrbpf_common::unwind::UnwindError, u64)>,
-    pub unwind_memory: Option<UnwindMemory>,
+    /// Kernel-side unwinding (`--dwarf-unwind`): walks ended early by
+    /// kind, table memory, processes indexed.
+    pub unwind: Option<UnwindReport>,
     pub command_status: Option<std::process::ExitStatus>,
     pub stopped_by: &'static str,
     pub warnings: Vec<String>,
@@ -285,7 +288,7 @@ struct Pipeline {
     user_frames: Vec<Arc<Frame>>,
     /// Samples waiting for a perf map that names their JIT frames.
     retry: Vec<RawSample>,
-    unwind: Option<UnwindMaps>,
+    unwind: Option<UnwindWorker>,
 }
 
 impl Pipeline {
@@ -310,9 +313,6 @@ impl Pipeline {
 
     fn track(&mut self, pid: u32) {
         if !self.processes.contains_key(&pid) {
-            if let Some(unwind) = self.unwind.as_mut() {
-                unwind.track_process(pid);
-            }
             let process = TrackedProcess::discover(
                 &self.procfs,
                 pid,
@@ -320,6 +320,9 @@ impl Pipeline {
                 self.attach_perf_maps,
             );
             self.processes.insert(pid, process);
+            if let Some(unwind) = self.unwind.as_ref() {
+                unwind.track_process(pid);
+            }
         }
     }
 
@@ -636,7 +639,10 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         ..SamplerConfig::default()
     })?;
     let mut pipeline = Pipeline::new(perf_map_attach);
-    pipeline.unwind = sampler.take_unwind_maps();
+    pipeline.unwind = match sampler.take_unwind_maps() {
+        Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
+        None => None,
+    };
     for &pid in &pids {
         pipeline.track(pid);
     }
@@ -685,11 +691,10 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         }
         pipeline.summary.malformed_records += sampler.drain(&mut raw);
         pipeline.accept(&mut raw);
-        if let Some(unwind) = pipeline.unwind.as_mut() {
+        if let Some(unwind) = pipeline.unwind.as_ref() {
             for pid in sampler.take_pids_to_rescan() {
                 unwind.refresh_process(pid);
             }
-            unwind.forget_exited();
         }
         pipeline.process_pending(monotonic_ns().saturating_sub(SYMBOLIZE_DELAY.as_nanos() as u64));
         if command_exited_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE) {
@@ -722,9 +727,8 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     pipeline.accept(&mut raw);
     pipeline.summary.kernel = sampler.counters();
     pipeline.summary.bpf_stats = sampler.on_cpu_program_stats();
-    if let Some(unwind) = pipeline.unwind.as_ref() {
-        pipeline.summary.unwind_errors = unwind.error_counts();
-        pipeline.summary.unwind_memory = Some(unwind.memory());
+    if let Some(unwind) = pipeline.unwind.take() {
+        pipeline.summary.unwind = unwind.finish();
     }
     let period_ns = sampler.period_ns;
     drop(sampler);
@@ -821,20 +825,23 @@ pub fn print_summary(
             summary.bpf_stats.run_time_ns as f64 / summary.bpf_stats.run_count as f64 / 1000.0
         )?;
     }
-    if let Some(memory) = &summary.unwind_memory {
-        let errors: Vec<String> = summary
-            .unwind_errors
+    if let Some(unwind) = &summary.unwind {
+        let errors: Vec<String> = unwind
+            .errors
             .iter()
             .filter(|(_, n)| *n > 0)
             .map(|(e, n)| format!("{} {n}", e.name()))
             .collect();
+        let memory = &unwind.memory;
         writeln!(
             w,
-            "clrbpf: unwind tables {:.1} MiB in {} files for {} processes (cap {:.0} MiB); walks ended early: {}",
+            "clrbpf: unwind tables {:.1} MiB in {} files, {} processes indexed (cap {:.0} MiB); {} user stacks walked with them, {} by frame pointers (process not indexed yet); walks ended early: {}",
             memory.table_bytes as f64 / 1048576.0,
             memory.tables,
-            memory.processes,
+            unwind.stats.processes_indexed,
             memory.capacity_bytes as f64 / 1048576.0,
+            summary.kernel.user_stacks_unwound,
+            summary.kernel.unwind_process_unknown,
             if errors.is_empty() {
                 "none".to_owned()
             } else {

@@ -7,7 +7,8 @@ use std::{collections::HashMap, time::Duration};
 
 use clrbpf::pprof_proto::Profile;
 use clrbpf_integration_tests::{
-    Env, TempDir, assert_success, must_have_privileges, read_profile, run_clrbpf,
+    Env, Runtime, TempDir, assert_some_stack_contains, assert_success, must_have_privileges,
+    parse_value_in, read_profile, run_clrbpf, samples,
 };
 
 /// Generous: the runs last seconds, but a loaded CI machine starts .NET slowly.
@@ -105,16 +106,23 @@ fn total(stacks: &[StackView], keep: impl Fn(&StackView) -> bool) -> u64 {
     stacks.iter().filter(|s| keep(s)).map(|s| s.count).sum()
 }
 
-/// `clrbpf record --dwarf-unwind -o DIR/name -- command...`, checked and read.
-fn record_with_dwarf(env: &Env, dir: &TempDir, name: &str, command: &[String]) -> Profile {
+/// `clrbpf record --dwarf-unwind [extra...] -o DIR/name -- command...`,
+/// checked; the profile and clrbpf's stdout (the command's output).
+fn record_with_dwarf(
+    env: &Env,
+    dir: &TempDir,
+    name: &str,
+    extra: &[&str],
+    command: &[String],
+) -> (Profile, String) {
     let out = dir.join(name);
-    let mut args = vec![
-        "record".to_owned(),
-        "--dwarf-unwind".to_owned(),
+    let mut args = vec!["record".to_owned(), "--dwarf-unwind".to_owned()];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args.extend([
         "-o".to_owned(),
         out.to_string_lossy().into_owned(),
         "--".to_owned(),
-    ];
+    ]);
     args.extend(command.iter().cloned());
     let output = run_clrbpf(env, &args, dir.path(), TIMEOUT);
     assert_success(&output);
@@ -123,7 +131,10 @@ fn record_with_dwarf(env: &Env, dir: &TempDir, name: &str, command: &[String]) -
         stderr.contains("clrbpf: unwind tables"),
         "the summary has no unwind line:\n{stderr}"
     );
-    read_profile(&out)
+    (
+        read_profile(&out),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
 }
 
 /// Issue 3's acceptance: Debian's xz has no frame pointers (neither has
@@ -152,7 +163,7 @@ fn xz_without_frame_pointers_has_deep_stacks() {
         .map(|s| (*s).to_owned())
         .chain([input.to_string_lossy().into_owned()])
         .collect::<Vec<_>>();
-    let profile = record_with_dwarf(&env, &dir, "xz.pb.gz", &command);
+    let (profile, _) = record_with_dwarf(&env, &dir, "xz.pb.gz", &[], &command);
     let stacks = stacks(&profile);
     let all = total(&stacks, |_| true);
     assert!(all >= 100, "only {all} samples");
@@ -171,5 +182,56 @@ fn xz_without_frame_pointers_has_deep_stacks() {
     assert!(
         to_main as f64 >= 0.8 * all as f64,
         "only {to_main} of {all} stacks reach __libc_start_main"
+    );
+}
+
+/// The case frame pointers cannot cross: managed code calls glibc's qsort
+/// (no frame pointers) through P/Invoke, and qsort calls back into a
+/// managed comparer. A sample in the comparer must walk up through the
+/// reverse P/Invoke stub (JIT, frame pointers), glibc's merge sort (unwind
+/// tables), the P/Invoke stub and on to the managed caller of qsort.
+#[test]
+fn dotnet_stack_crosses_glibc_qsort_to_the_managed_caller() {
+    must_have_privileges();
+    let env = Env::from_env();
+    let dir = TempDir::new("unwind-qsort");
+    let command = env.workload_command(Runtime::Net8, "Qsort", &["8"]);
+    let (profile, stdout) = record_with_dwarf(&env, &dir, "qsort.pb.gz", &["-F", "199"], &command);
+    let pid: u32 = parse_value_in(&stdout, "PID")
+        .unwrap_or_else(|| panic!("Qsort printed no PID line; stdout:\n{stdout}"));
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    let _ = std::fs::remove_file(format!("/tmp/jit-{pid}.dump"));
+    // Leaf to root: the comparer, glibc's sort, qsort, the managed caller.
+    let through_qsort = [
+        "Qsort::CompareInts",
+        "msort_with_tmp",
+        "qsort",
+        "Qsort::SortMany",
+    ];
+    assert_some_stack_contains(&profile, Some(pid), &through_qsort);
+    // Until the tables of a new process are built (a second or two) its
+    // stacks are walked by frame pointers and stop in glibc; after that,
+    // every sample in the sort must reach SortMany.
+    let all = samples(&profile);
+    let in_sort: Vec<_> = all
+        .iter()
+        .filter(|s| s.pid() == Some(pid) && s.stack_contains(&["msort_with_tmp"]))
+        .collect();
+    let weight = |s: &&clrbpf_integration_tests::SampleView| s.values.first().copied().unwrap_or(0);
+    let sorted: i64 = in_sort.iter().map(weight).sum();
+    let reached: i64 = in_sort
+        .iter()
+        .filter(|s| s.stack_contains(&["msort_with_tmp", "qsort", "Qsort::SortMany"]))
+        .map(weight)
+        .sum();
+    let share = reached as f64 / sorted.max(1) as f64;
+    eprintln!(
+        "{reached} of {sorted} samples in glibc's sort reach Qsort::SortMany ({:.1}%)",
+        share * 100.0
+    );
+    assert!(sorted >= 200, "only {sorted} samples in glibc's sort");
+    assert!(
+        share >= 0.5,
+        "only {reached} of {sorted} samples in glibc's sort reach Qsort::SortMany"
     );
 }

@@ -6,7 +6,7 @@
 pub mod system;
 pub mod unwind_maps;
 
-pub use unwind_maps::{UnwindMaps, UnwindMapsStats, UnwindMemory};
+pub use unwind_maps::{UnwindMaps, UnwindMapsStats, UnwindMemory, UnwindReport, UnwindWorker};
 
 use std::{
     fs, io,
@@ -293,8 +293,8 @@ impl Sampler {
         let mut malformed = 0;
         while let Some(item) = self.samples.next() {
             match decode_event(&item, &mut self.thread_names) {
-                Some((sample, unwind_error)) => {
-                    if unwind_error == Some(UnwindError::NoMapping) {
+                Some((sample, unwind_error, unindexed)) => {
+                    if unindexed || unwind_error == Some(UnwindError::NoMapping) {
                         self.rescan.insert(sample.pid);
                     }
                     out.push(sample);
@@ -402,12 +402,12 @@ fn parse_prog_fdinfo(text: &str) -> ProgramStats {
 }
 
 /// Decodes one ring-buffer record, with the error that ended its user-stack
-/// walk. `None` when the record is not a whole [`RawSampleEvent`] or names
+/// walk and whether the walk met a pc in no indexed mapping. `None` when the record is not a whole [`RawSampleEvent`] or names
 /// an unknown kind.
 fn decode_event(
     bytes: &[u8],
     names: &mut std::collections::HashMap<[u8; 16], Arc<str>>,
-) -> Option<(RawSample, Option<UnwindError>)> {
+) -> Option<(RawSample, Option<UnwindError>, bool)> {
     if bytes.len() < size_of::<RawSampleEvent>() {
         return None;
     }
@@ -442,7 +442,11 @@ fn decode_event(
         kernel_stack_truncated: event.flags & sample_flags::KERNEL_STACK_TRUNCATED != 0,
         user_stack_truncated: event.flags & sample_flags::USER_STACK_TRUNCATED != 0,
     };
-    Some((sample, UnwindError::from_u32(event.user_unwind_error)))
+    Some((
+        sample,
+        UnwindError::from_u32(event.user_unwind_error),
+        event.flags & sample_flags::USER_PC_UNINDEXED != 0,
+    ))
 }
 
 #[cfg(test)]
@@ -491,13 +495,14 @@ mod tests {
             std::slice::from_raw_parts((&raw const event).cast::<u8>(), size_of::<RawSampleEvent>())
         };
         let mut names = Default::default();
-        let (sample, error) = decode_event(bytes, &mut names).expect("valid record");
+        let (sample, error, unindexed) = decode_event(bytes, &mut names).expect("valid record");
         assert_eq!(error, None);
+        assert!(!unindexed);
         assert_eq!(sample.kernel_stack.len(), clrbpf_common::MAX_STACK_DEPTH);
         assert_eq!(sample.user_stack, vec![0x1000, 0x2000]);
         assert_eq!(&*sample.thread_name, "main");
         assert!(sample.kernel_stack_truncated && !sample.user_stack_truncated);
-        let (again, _) = decode_event(bytes, &mut names).expect("valid record");
+        let (again, _, _) = decode_event(bytes, &mut names).expect("valid record");
         assert!(Arc::ptr_eq(&sample.thread_name, &again.thread_name));
     }
 

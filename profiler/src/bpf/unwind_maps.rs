@@ -528,3 +528,104 @@ impl UnwindMaps {
         self.stats.tables_evicted += 1;
     }
 }
+
+/// What the record loop asks of the [`UnwindWorker`].
+enum UnwindRequest {
+    Track(u32),
+    Refresh(u32),
+    Forget(u32),
+}
+
+/// What the worker knows when it stops: for the end summary.
+#[derive(Clone, Debug, Default)]
+pub struct UnwindReport {
+    /// Kernel-side walks ended by each error kind.
+    pub errors: Vec<(UnwindError, u64)>,
+    pub memory: UnwindMemory,
+    pub stats: UnwindMapsStats,
+}
+
+/// [`UnwindMaps`] on a thread of its own. Indexing a .NET process builds
+/// tables for libcoreclr, libclrjit, ICU and the rest: seconds of CPU on a
+/// busy machine, which must not stall the loop that drains the ring buffer
+/// and reads a short-lived process's maps while it is alive. Until a
+/// process's index is written, the kernel side walks it by frame pointers.
+pub struct UnwindWorker {
+    requests: Option<std::sync::mpsc::Sender<UnwindRequest>>,
+    thread: Option<std::thread::JoinHandle<UnwindReport>>,
+}
+
+impl UnwindWorker {
+    /// Moves `maps` to a new thread.
+    pub fn spawn(maps: UnwindMaps) -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<UnwindRequest>();
+        let thread = std::thread::Builder::new()
+            .name("clrbpf-unwind".into())
+            .spawn(move || {
+                let mut maps = maps;
+                loop {
+                    match rx.recv_timeout(EXIT_CHECK_EVERY) {
+                        Ok(UnwindRequest::Track(pid)) => {
+                            maps.track_process(pid);
+                        }
+                        Ok(UnwindRequest::Refresh(pid)) => {
+                            maps.refresh_process(pid);
+                        }
+                        Ok(UnwindRequest::Forget(pid)) => maps.forget_process(pid),
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                    }
+                    maps.forget_exited();
+                }
+                UnwindReport {
+                    errors: maps.error_counts(),
+                    memory: maps.memory(),
+                    stats: maps.stats(),
+                }
+            })?;
+        Ok(Self {
+            requests: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, request: UnwindRequest) {
+        if let Some(tx) = &self.requests {
+            // A send fails only when the thread is gone (it panicked): the
+            // kernel side then keeps walking by frame pointers.
+            let _ = tx.send(request);
+        }
+    }
+
+    /// Index a process seen for the first time (queued; returns at once).
+    pub fn track_process(&self, pid: u32) {
+        self.send(UnwindRequest::Track(pid));
+    }
+
+    /// Re-read a process's mappings (a walk met a pc in none of them).
+    pub fn refresh_process(&self, pid: u32) {
+        self.send(UnwindRequest::Refresh(pid));
+    }
+
+    pub fn forget_process(&self, pid: u32) {
+        self.send(UnwindRequest::Forget(pid));
+    }
+
+    /// Stops the thread once the queued requests are done and returns what
+    /// it counted; `None` if it panicked. Call before the sampler (the
+    /// owner of the programs) is dropped, so the error counters are read
+    /// while the maps are still loaded.
+    pub fn finish(mut self) -> Option<UnwindReport> {
+        self.requests = None;
+        self.thread.take()?.join().ok()
+    }
+}
+
+impl Drop for UnwindWorker {
+    fn drop(&mut self) {
+        self.requests = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
