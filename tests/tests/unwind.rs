@@ -195,7 +195,7 @@ fn dotnet_stack_crosses_glibc_qsort_to_the_managed_caller() {
     must_have_privileges();
     let env = Env::from_env();
     let dir = TempDir::new("unwind-qsort");
-    let command = env.workload_command(Runtime::Net8, "Qsort", &["8"]);
+    let command = env.workload_command(Runtime::Net8, "Qsort", &["10"]);
     let (profile, stdout) = record_with_dwarf(&env, &dir, "qsort.pb.gz", &["-F", "199"], &command);
     let pid: u32 = parse_value_in(&stdout, "PID")
         .unwrap_or_else(|| panic!("Qsort printed no PID line; stdout:\n{stdout}"));
@@ -209,9 +209,10 @@ fn dotnet_stack_crosses_glibc_qsort_to_the_managed_caller() {
         "Qsort::SortMany",
     ];
     assert_some_stack_contains(&profile, Some(pid), &through_qsort);
-    // Until the tables of a new process are built (a second or two) its
-    // stacks are walked by frame pointers and stop in glibc; after that,
-    // every sample in the sort must reach SortMany.
+    // Until the tables of a new process are built (1-2 s here, more on a
+    // loaded machine) its stacks are walked by frame pointers and stop in
+    // glibc (then no sample reaches SortMany); after that, all but a few
+    // (samples in a prologue) do: 75-80% of a 10 s run here.
     let all = samples(&profile);
     let in_sort: Vec<_> = all
         .iter()
@@ -231,7 +232,7 @@ fn dotnet_stack_crosses_glibc_qsort_to_the_managed_caller() {
     );
     assert!(sorted >= 200, "only {sorted} samples in glibc's sort");
     assert!(
-        share >= 0.5,
+        share >= 0.4,
         "only {reached} of {sorted} samples in glibc's sort reach Qsort::SortMany"
     );
 }
