@@ -14,10 +14,15 @@
 //!    tables are evicted whole, unused ones first; processes still using an
 //!    evicted table are rewritten to the frame-pointer rule for it first, so
 //!    the kernel never reads rows that are being replaced.
-//! 4. A sample whose pc is in no indexed mapping (a `dlopen` after the scan)
-//!    makes the record loop call [`UnwindMaps::refresh_process`]; exited
-//!    processes are dropped by [`UnwindMaps::forget_process`] or
-//!    [`UnwindMaps::forget_exited`].
+//! 4. A sample whose walk met a pc in no indexed mapping (a `dlopen` or a
+//!    new JIT code heap after the scan; the kernel stepped it by frame
+//!    pointer and flagged the sample) makes the record loop call
+//!    [`UnwindMaps::refresh_process`]; exited processes are dropped by
+//!    [`UnwindMaps::forget_process`] or [`UnwindMaps::forget_exited`].
+//! 5. All of it runs on its own thread ([`UnwindWorker`]): indexing a .NET
+//!    process reads and parses ~20 files (seconds on a loaded machine), and
+//!    the record loop must keep draining samples and reading the maps of
+//!    short-lived processes meanwhile.
 
 use std::{
     collections::{HashMap, HashSet},
