@@ -12,6 +12,11 @@ pub mod unwind;
 /// never returns more.
 pub const MAX_STACK_DEPTH: usize = 127;
 
+/// Most frames a user stack holds in a [`RawSampleEvent`]. The kernel-side
+/// unwinder walks up to this many; `bpf_get_stack` (the frame-pointer
+/// fallback) never returns more than [`MAX_STACK_DEPTH`].
+pub const MAX_USER_STACK_DEPTH: usize = 128;
+
 /// Length of a task's `comm`, as the kernel's `TASK_COMM_LEN`.
 pub const TASK_COMM_LEN: usize = 16;
 
@@ -48,6 +53,14 @@ pub mod sample_flags {
     pub const KERNEL_STACK_ERROR: u32 = 1 << 2;
     /// `bpf_get_stack` failed for the user stack.
     pub const USER_STACK_ERROR: u32 = 1 << 3;
+    /// The user stack was walked with the unwind tables (`.eh_frame` rows
+    /// and the frame-pointer rule), not by `bpf_get_stack`.
+    pub const USER_STACK_UNWOUND: u32 = 1 << 4;
+    /// The walk met a pc in none of the process's indexed mappings (code
+    /// mapped after userspace last read its maps: a new JIT code heap, a
+    /// `dlopen`) and stepped it by the frame-pointer rule; userspace should
+    /// read the process's maps again.
+    pub const USER_PC_UNINDEXED: u32 = 1 << 5;
 }
 
 /// One sample, as the eBPF side writes it into the `SAMPLES` ring buffer.
@@ -60,7 +73,7 @@ pub struct RawSampleEvent {
     /// Depends on `kind`: the period for on-CPU, the off-CPU interval.
     pub value: u64,
     pub kernel_stack: [u64; MAX_STACK_DEPTH],
-    pub user_stack: [u64; MAX_STACK_DEPTH],
+    pub user_stack: [u64; MAX_USER_STACK_DEPTH],
     /// Process id (tgid) in the initial PID namespace.
     pub pid: u32,
     /// Thread id in the initial PID namespace.
@@ -72,12 +85,16 @@ pub struct RawSampleEvent {
     pub user_stack_len: u32,
     /// [`sample_flags`] bits.
     pub flags: u32,
-    pub _pad: u32,
+    /// Why the user-stack walk ended early: an
+    /// [`unwind::UnwindError`] number, 0 for a clean end.
+    pub user_unwind_error: u32,
     /// The thread's name (`comm`), NUL-padded.
     pub comm: [u8; TASK_COMM_LEN],
 }
 
-const _: () = assert!(size_of::<RawSampleEvent>() == 16 + 2 * 8 * MAX_STACK_DEPTH + 32 + 16);
+const _: () = assert!(
+    size_of::<RawSampleEvent>() == 16 + 8 * MAX_STACK_DEPTH + 8 * MAX_USER_STACK_DEPTH + 32 + 16
+);
 
 #[cfg(feature = "user")]
 // SAFETY: `#[repr(C)]`, only integers and arrays of integers, no implicit padding.
@@ -101,7 +118,17 @@ pub enum Counter {
     UserStackErrors = 5,
     /// Processes added to the profiled set because a profiled process forked.
     ForksFollowed = 6,
+    /// User stacks walked with the unwind tables.
+    UserStacksUnwound = 7,
+    /// Samples of a process with no mapping index yet (userspace has not
+    /// seen it): their user stack came from `bpf_get_stack`.
+    UnwindProcessUnknown = 8,
+    /// The user registers could not be read (a kernel thread, a failed read).
+    UserRegsUnavailable = 9,
 }
+
+/// Slots of the `UNWIND_ERRORS` map: one per `UnwindError` number.
+pub const UNWIND_ERROR_SLOTS: u32 = 32;
 
 /// Number of slots in the `COUNTERS` map.
 pub const COUNTER_SLOTS: u32 = 16;
@@ -115,6 +142,15 @@ pub mod names {
     pub const MAP_SAMPLES: &str = "SAMPLES";
     pub const MAP_TARGET_PIDS: &str = "TARGET_PIDS";
     pub const MAP_COUNTERS: &str = "COUNTERS";
+    /// `Array<UnwindRow>`, mmap-able: every loaded table's rows.
+    pub const MAP_UNWIND_ROWS: &str = "UNWIND_ROWS";
+    /// `HashMap<u32 tgid, ProcessMappings>`.
+    pub const MAP_PROCESS_MAPPINGS: &str = "PROCESS_MAPPINGS";
+    /// `PerCpuArray<u64>` indexed by `UnwindError` number.
+    pub const MAP_UNWIND_ERRORS: &str = "UNWIND_ERRORS";
+    /// `u32`: 1 = walk user stacks with the unwind tables, 0 = only
+    /// `bpf_get_stack` (frame pointers).
+    pub const GLOBAL_USER_UNWIND: &str = "USER_UNWIND";
     /// `u32`: 0 = every process, 1 = only the tgids in `TARGET_PIDS`.
     pub const GLOBAL_FILTER_PIDS: &str = "FILTER_PIDS";
     /// `u32`: clrbpf's own tgid, never sampled.

@@ -389,28 +389,88 @@ pub trait MemoryReader {
 /// a table longer than [`MAX_TABLE_ROWS`], which the bounded search cannot
 /// finish.
 pub fn find_row(rows: &[UnwindRow], pc: u64) -> Option<&UnwindRow> {
-    // Invariant: rows[..lo] start at or before pc, rows[hi..] after it.
-    let mut lo = 0usize;
-    let mut hi = rows.len();
-    for _ in 0..=MAX_TABLE_ROWS_LOG2 {
-        if lo >= hi {
-            break;
-        }
-        let mid = lo + (hi - lo) / 2;
-        if rows.get(mid)?.pc <= pc {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    if lo < hi {
+    if rows.len() > MAX_TABLE_ROWS {
         return None;
     }
-    let row = rows.get(lo.checked_sub(1)?)?;
+    let index = find_row_index(
+        rows.len() as u32,
+        |i| rows.get(i as usize).map(|r| r.pc),
+        pc,
+    )?;
+    let row = rows.get(index as usize)?;
     if row.cfa_rule == CfaRule::NoInfo as u8 {
         None
     } else {
         Some(row)
+    }
+}
+
+/// The index of the last of `len` sorted rows starting at or before `pc`,
+/// reading each row's start with `pc_at` (a slice on the host, a BPF array
+/// map in the kernel, where rows cannot form a slice). At most
+/// `MAX_TABLE_ROWS_LOG2 + 1` probes, whatever `len` is: a longer table, or a
+/// `pc_at` that fails, gives `None`. The caller still checks the row for
+/// [`CfaRule::NoInfo`].
+#[inline(always)]
+pub fn find_row_index(len: u32, pc_at: impl Fn(u32) -> Option<u64>, pc: u64) -> Option<u32> {
+    let mut search = SortedSearch::new(len);
+    for _ in 0..=MAX_TABLE_ROWS_LOG2 {
+        let Some(mid) = search.probe() else {
+            break;
+        };
+        search.narrow(mid, pc_at(mid)? <= pc);
+    }
+    search.found()
+}
+
+/// The state of a binary search for the last of `len` sorted entries that
+/// starts at or before a key, one probe at a time. [`find_row_index`] and
+/// [`find_mapping`] drive it in a loop; the eBPF side drives the same steps
+/// but keeps the state in map memory between probes, so the verifier sees
+/// unknown bounds instead of exploring every (lo, hi) pair.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SortedSearch {
+    /// Entries before `lo` start at or before the key.
+    pub lo: u32,
+    /// Entries from `hi` on start after the key.
+    pub hi: u32,
+}
+
+impl SortedSearch {
+    pub const fn new(len: u32) -> Self {
+        Self { lo: 0, hi: len }
+    }
+
+    /// The index to probe next, `None` once the search is over.
+    #[inline(always)]
+    pub fn probe(&self) -> Option<u32> {
+        if self.lo >= self.hi {
+            None
+        } else {
+            Some(self.lo + (self.hi - self.lo) / 2)
+        }
+    }
+
+    /// Narrows after probing `mid`: `at_or_before` tells whether the entry
+    /// at `mid` starts at or before the key.
+    #[inline(always)]
+    pub fn narrow(&mut self, mid: u32, at_or_before: bool) {
+        if at_or_before {
+            self.lo = mid.saturating_add(1);
+        } else {
+            self.hi = mid;
+        }
+    }
+
+    /// The index found: `None` when no entry starts at or before the key,
+    /// or when the search was cut short before it finished.
+    #[inline(always)]
+    pub fn found(&self) -> Option<u32> {
+        if self.lo < self.hi {
+            return None;
+        }
+        self.lo.checked_sub(1)
     }
 }
 
@@ -601,23 +661,136 @@ where
         }
         *slot = regs.pc;
         frames += 1;
-        let lookup_pc = if interrupted { regs.pc } else { regs.pc - 1 };
-        let row = match lookup(lookup_pc) {
-            Ok(row) => row,
-            Err(e) => return (frames, Some(e)),
-        };
-        let outcome = match (row, interrupted) {
-            (None, true) => step_interrupted_without_row(&mut regs, mem),
-            (row, _) => step(&mut regs, row.as_ref(), mem),
-        };
-        match outcome {
-            Ok(StepOutcome::Caller) => interrupted = false,
-            Ok(StepOutcome::Interrupted) => interrupted = true,
-            Ok(StepOutcome::EndOfStack) => return (frames, None),
+        match next_frame(&mut regs, &mut interrupted, &mut lookup, mem) {
+            Ok(true) => {}
+            Ok(false) => return (frames, None),
             Err(e) => return (frames, Some(e)),
         }
     }
     (frames, Some(UnwindError::TooDeep))
+}
+
+/// One iteration of [`walk`], for callers that cannot hold the whole walk in
+/// one loop (the eBPF side runs it under `bpf_loop`): the frame in `regs`
+/// (whose pc the caller has recorded) is replaced by its caller's. Returns
+/// `Ok(true)` when `regs` hold another frame, `Ok(false)` at the outermost
+/// frame. `interrupted` is true for the sampled leaf and for a frame a signal
+/// interrupted; it is updated for the next frame.
+#[inline(always)]
+pub fn next_frame<M, L>(
+    regs: &mut UnwindRegs,
+    interrupted: &mut bool,
+    lookup: &mut L,
+    mem: &M,
+) -> Result<bool, UnwindError>
+where
+    M: MemoryReader + ?Sized,
+    L: FnMut(u64) -> Result<Option<UnwindRow>, UnwindError>,
+{
+    let lookup_pc = if *interrupted {
+        regs.pc
+    } else {
+        regs.pc.wrapping_sub(1)
+    };
+    let row = lookup(lookup_pc)?;
+    let outcome = match (row, *interrupted) {
+        (None, true) => step_interrupted_without_row(regs, mem)?,
+        (row, _) => step(regs, row.as_ref(), mem)?,
+    };
+    match outcome {
+        StepOutcome::Caller => *interrupted = false,
+        StepOutcome::Interrupted => *interrupted = true,
+        StepOutcome::EndOfStack => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Most executable mappings one process's [`ProcessMappings`] holds. .NET
+/// processes map each ReadyToRun assembly executable, so a few hundred are
+/// normal; contiguous mappings unwound the same way are merged first.
+pub const MAX_PROCESS_MAPPINGS: usize = 512;
+/// [`find_mapping`] finishes in `MAX_PROCESS_MAPPINGS_LOG2 + 1` probes.
+pub const MAX_PROCESS_MAPPINGS_LOG2: u32 = 9;
+const _: () = assert!(1 << MAX_PROCESS_MAPPINGS_LOG2 == MAX_PROCESS_MAPPINGS);
+
+/// One executable mapping of a process, as the kernel side looks it up:
+/// `[start, end)`, the load bias that turns a pc into the ELF virtual
+/// address of its file's table, and where that table's rows are in the
+/// shared row array. `row_count` 0 means "no table": anonymous executable
+/// memory (JIT code), a file that is not ELF or has no `.eh_frame`, or a
+/// table evicted under the memory cap. The frame-pointer rule applies there.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappingEntry {
+    pub start: u64,
+    pub end: u64,
+    pub bias: u64,
+    /// Index of the table's first row in the shared row array.
+    pub row_offset: u32,
+    pub row_count: u32,
+}
+
+const _: () = assert!(size_of::<MappingEntry>() == 32);
+
+#[cfg(feature = "user")]
+// SAFETY: `#[repr(C)]`, only integers, no implicit padding (checked above).
+unsafe impl aya::Pod for MappingEntry {}
+
+/// The value of the per-process mapping map (keyed by tgid): the first
+/// `len` entries, sorted by `start`, not overlapping. Userspace replaces the
+/// whole value at once, so the kernel never sees a half-written index.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessMappings {
+    pub len: u32,
+    pub _pad: u32,
+    pub entries: [MappingEntry; MAX_PROCESS_MAPPINGS],
+}
+
+const _: () = assert!(size_of::<ProcessMappings>() == 8 + 32 * MAX_PROCESS_MAPPINGS);
+
+#[cfg(feature = "user")]
+// SAFETY: `#[repr(C)]`, integers and an array of Pod structs, explicit padding.
+unsafe impl aya::Pod for ProcessMappings {}
+
+impl ProcessMappings {
+    pub const EMPTY: Self = Self {
+        len: 0,
+        _pad: 0,
+        entries: [MappingEntry {
+            start: 0,
+            end: 0,
+            bias: 0,
+            row_offset: 0,
+            row_count: 0,
+        }; MAX_PROCESS_MAPPINGS],
+    };
+}
+
+/// The index of the entry holding `pc` among `len` sorted entries read with
+/// `entry_at`; `None` when no entry holds it. Bounded like
+/// [`find_row_index`].
+#[inline(always)]
+pub fn find_mapping(
+    len: u32,
+    entry_at: impl Fn(u32) -> Option<(u64, u64)>,
+    pc: u64,
+) -> Option<u32> {
+    let len = if len as usize > MAX_PROCESS_MAPPINGS {
+        MAX_PROCESS_MAPPINGS as u32
+    } else {
+        len
+    };
+    let mut search = SortedSearch::new(len);
+    for _ in 0..=MAX_PROCESS_MAPPINGS_LOG2 {
+        let Some(mid) = search.probe() else {
+            break;
+        };
+        search.narrow(mid, entry_at(mid)?.0 <= pc);
+    }
+    let index = search.found()?;
+    let (start, end) = entry_at(index)?;
+    (start <= pc && pc < end).then_some(index)
 }
 
 #[cfg(test)]
@@ -1007,6 +1180,39 @@ mod tests {
             lookups,
             [LIBC + 0x20, JIT + 0x3f, TRAMPOLINE - 1, START + 0x10]
         );
+    }
+
+    #[test]
+    fn find_mapping_finds_the_holding_entry_only() {
+        let entries = [(0x1000u64, 0x2000u64), (0x2000, 0x3000), (0x5000, 0x6000)];
+        let at = |i: u32| entries.get(i as usize).copied();
+        assert_eq!(find_mapping(3, at, 0xfff), None);
+        assert_eq!(find_mapping(3, at, 0x1000), Some(0));
+        assert_eq!(find_mapping(3, at, 0x1fff), Some(0));
+        assert_eq!(find_mapping(3, at, 0x2000), Some(1));
+        assert_eq!(find_mapping(3, at, 0x3000), None, "gap");
+        assert_eq!(find_mapping(3, at, 0x5fff), Some(2));
+        assert_eq!(find_mapping(3, at, 0x6000), None);
+        assert_eq!(find_mapping(0, at, 0x1000), None);
+        // A length beyond what the reader holds: the failed read gives None.
+        assert_eq!(find_mapping(9, at, 0x5800), None);
+        // A hostile length is clamped to the bound.
+        let many: Vec<(u64, u64)> = (0..MAX_PROCESS_MAPPINGS as u64)
+            .map(|i| (i * 0x1000, i * 0x1000 + 0x800))
+            .collect();
+        let at = |i: u32| many.get(i as usize).copied();
+        assert_eq!(find_mapping(u32::MAX, at, 0x1f_f400), Some(0x1ff));
+        assert_eq!(find_mapping(u32::MAX, at, 0x1f_f900), None);
+    }
+
+    #[test]
+    fn find_row_index_is_bounded() {
+        // A reader that claims 2^32-1 rows: the search gives up instead of
+        // returning an index it did not bound.
+        assert_eq!(find_row_index(u32::MAX, |i| Some(u64::from(i)), 5), None);
+        assert_eq!(find_row_index(3, |i| Some(u64::from(i) * 10), 25), Some(2));
+        assert_eq!(find_row_index(3, |_| None, 25), None);
+        assert_eq!(find_row_index(3, |i| Some(u64::from(i) * 10 + 1), 0), None);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! `follow_fork` and `forget_exit` keep the set of profiled processes in step
 //! with the process tree when clrbpf profiles a command and its children.
 //!
-//! Kept minimal and bounded: no loops over untrusted data, no string work.
+//! With `USER_UNWIND` set, user stacks of indexed processes are walked with
+//! the unwind tables ([`unwind`]); otherwise `bpf_get_stack` follows frame
+//! pointers. Kept bounded: every loop has a constant bound, no string work.
 #![no_std]
 #![no_main]
 
@@ -23,8 +25,10 @@ use aya_ebpf::{
 };
 use clrbpf_common::{
     COUNTER_SLOTS, Counter, MAX_STACK_DEPTH, RawSampleEvent, SampleKind, TASK_COMM_LEN,
-    sample_flags,
+    sample_flags, unwind::UnwindError,
 };
+
+mod unwind;
 
 /// 0: profile every process; 1: only the tgids in `TARGET_PIDS`.
 #[unsafe(no_mangle)]
@@ -35,6 +39,10 @@ static SELF_TGID: Global<u32> = Global::new(0);
 /// Nanoseconds one on-CPU sample stands for (1e9 / frequency).
 #[unsafe(no_mangle)]
 static ON_CPU_PERIOD_NS: Global<u64> = Global::new(10_101_010);
+/// 1: walk user stacks with the unwind tables for processes userspace has
+/// indexed; 0: frame pointers only (`bpf_get_stack`).
+#[unsafe(no_mangle)]
+static USER_UNWIND: Global<u32> = Global::new(0);
 
 /// Raw samples for userspace. The size is set at load time.
 #[map]
@@ -51,7 +59,9 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS,
 const CLONE_THREAD: u64 = 0x0001_0000;
 /// `BPF_RB_NO_WAKEUP` from include/uapi/linux/bpf.h.
 const BPF_RB_NO_WAKEUP: u64 = 1;
-const STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
+const KERNEL_STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
+/// `bpf_get_stack` returns at most `perf_event_max_stack` (127) frames.
+const FP_USER_STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
 
 #[inline(always)]
 fn count(counter: Counter) {
@@ -86,25 +96,17 @@ fn try_on_cpu_sample(ctx: &PerfEventContext) -> Result<(), i64> {
         count(Counter::Filtered);
         return Ok(());
     }
-    let Some(mut entry) = SAMPLES.reserve::<RawSampleEvent>(0) else {
-        count(Counter::SamplesLost);
+    let Some(event) = unwind::EVENT_SCRATCH.get_ptr_mut(0) else {
         return Ok(());
     };
-    let event = entry.as_mut_ptr();
-    // SAFETY: `event` points to a reserved, exclusively owned ring buffer
-    // record of the right size; every field is written before submit.
+    // SAFETY: a per-CPU scratch record, only this program on this CPU uses
+    // it; every field read by userspace is written before output.
     unsafe {
         let kernel_len = bpf_get_stack(
             ctx.as_ptr(),
             addr_of_mut!((*event).kernel_stack).cast::<c_void>(),
-            STACK_BYTES,
+            KERNEL_STACK_BYTES,
             0,
-        );
-        let user_len = bpf_get_stack(
-            ctx.as_ptr(),
-            addr_of_mut!((*event).user_stack).cast::<c_void>(),
-            STACK_BYTES,
-            u64::from(BPF_F_USER_STACK),
         );
         let mut flags = 0;
         let kernel_frames = if kernel_len < 0 {
@@ -114,18 +116,46 @@ fn try_on_cpu_sample(ctx: &PerfEventContext) -> Result<(), i64> {
         } else {
             (kernel_len as u32) / 8
         };
-        let user_frames = if user_len < 0 {
-            count(Counter::UserStackErrors);
-            flags |= sample_flags::USER_STACK_ERROR;
-            0
-        } else {
-            (user_len as u32) / 8
-        };
         if kernel_frames as usize == MAX_STACK_DEPTH {
             flags |= sample_flags::KERNEL_STACK_TRUNCATED;
         }
-        if user_frames as usize == MAX_STACK_DEPTH {
-            flags |= sample_flags::USER_STACK_TRUNCATED;
+        let mut user_frames = 0;
+        let mut unwind_error = 0;
+        if USER_UNWIND.load() != 0 && unwind::has_mappings(tgid) {
+            match unwind::user_regs(ctx).and_then(|regs| unwind::walk_user_stack(tgid, regs)) {
+                Some(walk) => {
+                    count(Counter::UserStacksUnwound);
+                    flags |= sample_flags::USER_STACK_UNWOUND;
+                    user_frames = walk.frames;
+                    unwind_error = walk.error;
+                    if walk.unindexed {
+                        flags |= sample_flags::USER_PC_UNINDEXED;
+                    }
+                    if walk.error == UnwindError::TooDeep as u32 {
+                        flags |= sample_flags::USER_STACK_TRUNCATED;
+                    }
+                }
+                None => count(Counter::UserRegsUnavailable),
+            }
+        } else {
+            if USER_UNWIND.load() != 0 {
+                count(Counter::UnwindProcessUnknown);
+            }
+            let user_len = bpf_get_stack(
+                ctx.as_ptr(),
+                addr_of_mut!((*event).user_stack).cast::<c_void>(),
+                FP_USER_STACK_BYTES,
+                u64::from(BPF_F_USER_STACK),
+            );
+            if user_len < 0 {
+                count(Counter::UserStackErrors);
+                flags |= sample_flags::USER_STACK_ERROR;
+            } else {
+                user_frames = (user_len as u32) / 8;
+            }
+            if user_frames as usize == MAX_STACK_DEPTH {
+                flags |= sample_flags::USER_STACK_TRUNCATED;
+            }
         }
         (*event).time_ns = bpf_ktime_get_ns();
         (*event).value = ON_CPU_PERIOD_NS.load();
@@ -136,12 +166,18 @@ fn try_on_cpu_sample(ctx: &PerfEventContext) -> Result<(), i64> {
         (*event).kernel_stack_len = kernel_frames;
         (*event).user_stack_len = user_frames;
         (*event).flags = flags;
-        (*event)._pad = 0;
+        (*event).user_unwind_error = unwind_error;
         (*event).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
+        // Userspace drains the ring on a timer, so no wakeup per record: the
+        // wakeup is an irq_work per sample, the most expensive part in a VM.
+        if SAMPLES
+            .output::<RawSampleEvent>(&*event, BPF_RB_NO_WAKEUP)
+            .is_err()
+        {
+            count(Counter::SamplesLost);
+            return Ok(());
+        }
     }
-    // Userspace drains the ring on a timer, so no wakeup per record: the
-    // wakeup is an irq_work per sample, the most expensive part in a VM.
-    entry.submit(BPF_RB_NO_WAKEUP);
     count(Counter::SamplesSubmitted);
     Ok(())
 }

@@ -88,6 +88,19 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_perf_map_attach: bool,
 
+    /// Walk native user stacks without frame pointers (glibc, most
+    /// distribution binaries) with unwind tables built from their
+    /// `.eh_frame`, in the kernel. Off: frame pointers only.
+    #[arg(long)]
+    pub dwarf_unwind: bool,
+
+    /// Kernel memory reserved for unwind tables when --dwarf-unwind is on,
+    /// allocated in full when recording starts (24 bytes per table row;
+    /// the least-recently-used tables are evicted when it is full).
+    #[arg(long, value_name = "MB", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub unwind_table_memory_mb: u64,
+
     /// No progress line and no summary.
     #[arg(short, long)]
     pub quiet: bool,

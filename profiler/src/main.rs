@@ -65,6 +65,8 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         format,
         keep_perf_maps,
         no_perf_map_attach,
+        dwarf_unwind,
+        unwind_table_memory_mb,
         quiet,
         command,
     } = args;
@@ -90,6 +92,8 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         format,
         keep_perf_maps,
         perf_map_attach: !no_perf_map_attach,
+        dwarf_unwind,
+        unwind_table_memory_bytes: unwind_table_memory_mb << 20,
         command,
         verbose: !quiet,
     };

@@ -26,7 +26,9 @@ use anyhow::{Context as _, bail};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
-    bpf::{KernelCounters, ProgramStats, Sampler, SamplerConfig, system},
+    bpf::{
+        KernelCounters, ProgramStats, Sampler, SamplerConfig, UnwindReport, UnwindWorker, system,
+    },
     clr::ipc::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
     export::output::{OutputFormat, write_profile},
     process::{
@@ -67,6 +69,11 @@ pub struct RecordConfig {
     pub format: OutputFormat,
     pub keep_perf_maps: bool,
     pub perf_map_attach: bool,
+    /// Walk user stacks with `.eh_frame` unwind tables in the kernel.
+    pub dwarf_unwind: bool,
+    /// Kernel memory for unwind tables, allocated in full at load when
+    /// [`Self::dwarf_unwind`] is on.
+    pub unwind_table_memory_bytes: u64,
     pub command: Vec<OsString>,
     /// Progress line and summary on stderr.
     pub verbose: bool,
@@ -90,6 +97,10 @@ pub struct RecordSummary {
     pub perf_maps_enabled: usize,
     pub kernel: KernelCounters,
     pub bpf_stats: ProgramStats,
+    /// Kernel-side user-stack walks ended by each error kind.
+    /// Kernel-side unwinding (`--dwarf-unwind`): walks ended early by
+    /// kind, table memory, processes indexed.
+    pub unwind: Option<UnwindReport>,
     pub command_status: Option<std::process::ExitStatus>,
     pub stopped_by: &'static str,
     pub warnings: Vec<String>,
@@ -277,6 +288,7 @@ struct Pipeline {
     user_frames: Vec<Arc<Frame>>,
     /// Samples waiting for a perf map that names their JIT frames.
     retry: Vec<RawSample>,
+    unwind: Option<UnwindWorker>,
 }
 
 impl Pipeline {
@@ -295,6 +307,7 @@ impl Pipeline {
             stack: Vec::with_capacity(256),
             user_frames: Vec::with_capacity(256),
             retry: Vec::new(),
+            unwind: None,
         }
     }
 
@@ -307,6 +320,9 @@ impl Pipeline {
                 self.attach_perf_maps,
             );
             self.processes.insert(pid, process);
+            if let Some(unwind) = self.unwind.as_ref() {
+                unwind.track_process(pid);
+            }
         }
     }
 
@@ -595,6 +611,8 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         format,
         keep_perf_maps,
         perf_map_attach,
+        dwarf_unwind,
+        unwind_table_memory_bytes,
         command,
         verbose,
     } = config;
@@ -616,9 +634,15 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     let mut sampler = Sampler::start(&SamplerConfig {
         frequency_hz,
         target_pids: (!whole_host).then_some(initial_targets),
+        user_unwind: dwarf_unwind,
+        unwind_table_memory_bytes,
         ..SamplerConfig::default()
     })?;
     let mut pipeline = Pipeline::new(perf_map_attach);
+    pipeline.unwind = match sampler.take_unwind_maps() {
+        Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
+        None => None,
+    };
     for &pid in &pids {
         pipeline.track(pid);
     }
@@ -667,6 +691,11 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         }
         pipeline.summary.malformed_records += sampler.drain(&mut raw);
         pipeline.accept(&mut raw);
+        if let Some(unwind) = pipeline.unwind.as_ref() {
+            for pid in sampler.take_pids_to_rescan() {
+                unwind.refresh_process(pid);
+            }
+        }
         pipeline.process_pending(monotonic_ns().saturating_sub(SYMBOLIZE_DELAY.as_nanos() as u64));
         if command_exited_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE) {
             break "command exited";
@@ -698,6 +727,9 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     pipeline.accept(&mut raw);
     pipeline.summary.kernel = sampler.counters();
     pipeline.summary.bpf_stats = sampler.on_cpu_program_stats();
+    if let Some(unwind) = pipeline.unwind.take() {
+        pipeline.summary.unwind = unwind.finish();
+    }
     let period_ns = sampler.period_ns;
     drop(sampler);
     pipeline.process_all();
@@ -791,6 +823,30 @@ pub fn print_summary(
             w,
             "clrbpf: BPF time per sample {:.2} us",
             summary.bpf_stats.run_time_ns as f64 / summary.bpf_stats.run_count as f64 / 1000.0
+        )?;
+    }
+    if let Some(unwind) = &summary.unwind {
+        let errors: Vec<String> = unwind
+            .errors
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(e, n)| format!("{} {n}", e.name()))
+            .collect();
+        let memory = &unwind.memory;
+        writeln!(
+            w,
+            "clrbpf: unwind tables {:.1} MiB in {} files, {} processes indexed (cap {:.0} MiB); {} user stacks walked with them, {} by frame pointers (process not indexed yet); walks ended early: {}",
+            memory.table_bytes as f64 / 1048576.0,
+            memory.tables,
+            unwind.stats.processes_indexed,
+            memory.capacity_bytes as f64 / 1048576.0,
+            summary.kernel.user_stacks_unwound,
+            summary.kernel.unwind_process_unknown,
+            if errors.is_empty() {
+                "none".to_owned()
+            } else {
+                errors.join(", ")
+            }
         )?;
     }
     for warning in &summary.warnings {

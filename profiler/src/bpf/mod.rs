@@ -4,6 +4,9 @@
 //! [`RawSample`]s for the rest of the pipeline.
 
 pub mod system;
+pub mod unwind_maps;
+
+pub use unwind_maps::{UnwindMaps, UnwindMapsStats, UnwindMemory, UnwindReport, UnwindWorker};
 
 use std::{
     fs, io,
@@ -19,7 +22,10 @@ use aya::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
-use clrbpf_common::{COUNTER_SLOTS, Counter, RawSampleEvent, SampleKind, names, sample_flags};
+use clrbpf_common::{
+    COUNTER_SLOTS, Counter, RawSampleEvent, SampleKind, names, sample_flags,
+    unwind::{UnwindError, UnwindRow},
+};
 
 use crate::profile::RawSample;
 
@@ -58,6 +64,12 @@ pub enum BpfError {
     },
     #[error("eBPF object has no `{name}`: the embedded object does not match this binary")]
     Missing { name: &'static str },
+    #[error("mapping `{map}` into memory failed: {source}")]
+    Mmap {
+        map: &'static str,
+        #[source]
+        source: io::Error,
+    },
     #[error("cannot read the online CPUs: {0}")]
     OnlineCpus(#[source] io::Error),
     #[error(
@@ -79,7 +91,20 @@ pub struct SamplerConfig {
     pub target_pids: Option<Vec<u32>>,
     /// Ring buffer size in bytes (a power of two multiple of the page size).
     pub ring_buffer_bytes: u32,
+    /// Walk user stacks in the kernel with `.eh_frame` unwind tables (for
+    /// processes indexed through [`Sampler::take_unwind_maps`]); false:
+    /// frame pointers only.
+    pub user_unwind: bool,
+    /// Kernel memory for unwind tables (the `--unwind-table-memory-mb`
+    /// cap). The row array is a BPF array map, allocated (and charged to
+    /// our memory cgroup) in full when the programs load, so this is what
+    /// unwinding costs in kernel memory whatever is profiled; with
+    /// [`Self::user_unwind`] off the array has one row.
+    pub unwind_table_memory_bytes: u64,
 }
+
+/// Default of [`SamplerConfig::unwind_table_memory_bytes`].
+pub const DEFAULT_UNWIND_TABLE_MEMORY_BYTES: u64 = 64 << 20;
 
 impl Default for SamplerConfig {
     fn default() -> Self {
@@ -87,6 +112,8 @@ impl Default for SamplerConfig {
             frequency_hz: 99,
             target_pids: None,
             ring_buffer_bytes: 8 * 1024 * 1024,
+            user_unwind: false,
+            unwind_table_memory_bytes: DEFAULT_UNWIND_TABLE_MEMORY_BYTES,
         }
     }
 }
@@ -101,6 +128,9 @@ pub struct KernelCounters {
     pub kernel_stack_errors: u64,
     pub user_stack_errors: u64,
     pub forks_followed: u64,
+    pub user_stacks_unwound: u64,
+    pub unwind_process_unknown: u64,
+    pub user_regs_unavailable: u64,
 }
 
 /// Run-time statistics of one BPF program from the kernel's BPF stats
@@ -122,6 +152,9 @@ pub struct Sampler {
     pub period_ns: u64,
     pub cpus: Vec<u32>,
     thread_names: std::collections::HashMap<[u8; 16], Arc<str>>,
+    unwind_maps: Option<UnwindMaps>,
+    /// Processes with samples whose pc was in no indexed mapping.
+    rescan: std::collections::HashSet<u32>,
 }
 
 impl Sampler {
@@ -133,11 +166,21 @@ impl Sampler {
         let period_ns = 1_000_000_000 / config.frequency_hz.max(1);
         let filter: u32 = u32::from(config.target_pids.is_some());
         let self_tgid = std::process::id();
+        let user_unwind = u32::from(config.user_unwind);
+        let unwind_rows = u32::try_from(
+            (config.unwind_table_memory_bytes / size_of::<UnwindRow>() as u64).max(1),
+        )
+        .unwrap_or(u32::MAX);
         let mut ebpf = EbpfLoader::new()
             .override_global(names::GLOBAL_FILTER_PIDS, &filter, true)
             .override_global(names::GLOBAL_SELF_TGID, &self_tgid, true)
             .override_global(names::GLOBAL_ON_CPU_PERIOD_NS, &period_ns, true)
+            .override_global(names::GLOBAL_USER_UNWIND, &user_unwind, true)
             .map_max_entries(names::MAP_SAMPLES, config.ring_buffer_bytes)
+            .map_max_entries(
+                names::MAP_UNWIND_ROWS,
+                if config.user_unwind { unwind_rows } else { 1 },
+            )
             .load(EBPF_OBJECT)
             .map_err(|source| BpfError::Load { source })?;
 
@@ -150,6 +193,26 @@ impl Sampler {
         }
         let samples: RingBuf<MapData> = take_map(&mut ebpf, names::MAP_SAMPLES)?;
         let counters: PerCpuArray<MapData, u64> = take_map(&mut ebpf, names::MAP_COUNTERS)?;
+        let unwind_maps = if config.user_unwind {
+            let rows_map: MapData = match ebpf.take_map(names::MAP_UNWIND_ROWS) {
+                Some(aya::maps::Map::Array(data)) => data,
+                _ => {
+                    return Err(BpfError::Missing {
+                        name: names::MAP_UNWIND_ROWS,
+                    });
+                }
+            };
+            let process_mappings = take_map(&mut ebpf, names::MAP_PROCESS_MAPPINGS)?;
+            let errors = take_map(&mut ebpf, names::MAP_UNWIND_ERRORS)?;
+            Some(UnwindMaps::new(
+                rows_map,
+                unwind_rows,
+                process_mappings,
+                errors,
+            )?)
+        } else {
+            None
+        };
 
         // Follow the process tree before sampling starts, so no child is missed.
         for (program, category, name) in [
@@ -182,6 +245,8 @@ impl Sampler {
             period_ns,
             cpus,
             thread_names: Default::default(),
+            unwind_maps,
+            rescan: Default::default(),
         })
     }
 
@@ -193,6 +258,18 @@ impl Sampler {
                 map: names::MAP_TARGET_PIDS,
                 source,
             })
+    }
+
+    /// The unwind maps to keep in step with the profiled processes (once;
+    /// `None` when [`SamplerConfig::user_unwind`] is off).
+    pub fn take_unwind_maps(&mut self) -> Option<UnwindMaps> {
+        self.unwind_maps.take()
+    }
+
+    /// Processes that had samples with a pc in no indexed mapping since the
+    /// last call: rescan them with [`UnwindMaps::refresh_process`].
+    pub fn take_pids_to_rescan(&mut self) -> Vec<u32> {
+        self.rescan.drain().collect()
     }
 
     /// Removes a process from the profiled set.
@@ -216,7 +293,12 @@ impl Sampler {
         let mut malformed = 0;
         while let Some(item) = self.samples.next() {
             match decode_event(&item, &mut self.thread_names) {
-                Some(sample) => out.push(sample),
+                Some((sample, unwind_error, unindexed)) => {
+                    if unindexed || unwind_error == Some(UnwindError::NoMapping) {
+                        self.rescan.insert(sample.pid);
+                    }
+                    out.push(sample);
+                }
                 None => malformed += 1,
             }
         }
@@ -239,6 +321,9 @@ impl Sampler {
             kernel_stack_errors: get(Counter::KernelStackErrors),
             user_stack_errors: get(Counter::UserStackErrors),
             forks_followed: get(Counter::ForksFollowed),
+            user_stacks_unwound: get(Counter::UserStacksUnwound),
+            unwind_process_unknown: get(Counter::UnwindProcessUnknown),
+            user_regs_unavailable: get(Counter::UserRegsUnavailable),
         }
     }
 
@@ -316,12 +401,13 @@ fn parse_prog_fdinfo(text: &str) -> ProgramStats {
     stats
 }
 
-/// Decodes one ring-buffer record. `None` when the record is not a whole
-/// [`RawSampleEvent`] or names an unknown kind.
+/// Decodes one ring-buffer record, with the error that ended its user-stack
+/// walk and whether the walk met a pc in no indexed mapping. `None` when the record is not a whole [`RawSampleEvent`] or names
+/// an unknown kind.
 fn decode_event(
     bytes: &[u8],
     names: &mut std::collections::HashMap<[u8; 16], Arc<str>>,
-) -> Option<RawSample> {
+) -> Option<(RawSample, Option<UnwindError>, bool)> {
     if bytes.len() < size_of::<RawSampleEvent>() {
         return None;
     }
@@ -343,7 +429,7 @@ fn decode_event(
             String::from_utf8_lossy(&event.comm[..end]).into()
         })
         .clone();
-    Some(RawSample {
+    let sample = RawSample {
         time_ns: event.time_ns,
         pid: event.pid,
         tid: event.tid,
@@ -355,7 +441,12 @@ fn decode_event(
         user_stack: event.user_stack[..user_len].to_vec(),
         kernel_stack_truncated: event.flags & sample_flags::KERNEL_STACK_TRUNCATED != 0,
         user_stack_truncated: event.flags & sample_flags::USER_STACK_TRUNCATED != 0,
-    })
+    };
+    Some((
+        sample,
+        UnwindError::from_u32(event.user_unwind_error),
+        event.flags & sample_flags::USER_PC_UNINDEXED != 0,
+    ))
 }
 
 #[cfg(test)]
@@ -395,6 +486,7 @@ mod tests {
         event.tid = 8;
         event.kernel_stack_len = 10_000;
         event.user_stack_len = 2;
+        event.user_unwind_error = 77; // unknown: decoded as no error
         event.user_stack[0] = 0x1000;
         event.user_stack[1] = 0x2000;
         event.comm[..4].copy_from_slice(b"main");
@@ -403,12 +495,14 @@ mod tests {
             std::slice::from_raw_parts((&raw const event).cast::<u8>(), size_of::<RawSampleEvent>())
         };
         let mut names = Default::default();
-        let sample = decode_event(bytes, &mut names).expect("valid record");
+        let (sample, error, unindexed) = decode_event(bytes, &mut names).expect("valid record");
+        assert_eq!(error, None);
+        assert!(!unindexed);
         assert_eq!(sample.kernel_stack.len(), clrbpf_common::MAX_STACK_DEPTH);
         assert_eq!(sample.user_stack, vec![0x1000, 0x2000]);
         assert_eq!(&*sample.thread_name, "main");
         assert!(sample.kernel_stack_truncated && !sample.user_stack_truncated);
-        let again = decode_event(bytes, &mut names).expect("valid record");
+        let (again, _, _) = decode_event(bytes, &mut names).expect("valid record");
         assert!(Arc::ptr_eq(&sample.thread_name, &again.thread_name));
     }
 

@@ -4,12 +4,14 @@
 //! Place in the data flow: for each executable mapping of a profiled process,
 //! userspace builds (once per file, shared by [`FileIdentity`]) an
 //! [`UnwindTable`] of sorted rows ([`eh_frame`]), keeps them in an
-//! [`UnwindTableCache`] under a byte budget ([`table`]), and (next) loads
-//! them into BPF maps with a per-process index of mappings. The kernel side
+//! [`UnwindTableCache`] under a byte budget ([`table`]), and
+//! `crate::bpf::unwind_maps` loads them into BPF maps ([`arena`] places the
+//! rows) with a per-process index of mappings. The kernel side
 //! then walks a sampled stack with the pure step function of
 //! [`clrbpf_common::unwind`]; [`replay`] runs that same walk on the host over
 //! captured memory, which is how it is tested.
 
+pub mod arena;
 pub mod eh_frame;
 pub mod replay;
 pub mod table;
@@ -19,9 +21,10 @@ mod capture;
 #[cfg(test)]
 mod tests;
 
+pub use arena::{RowArena, build_process_mappings};
 pub use eh_frame::UnwindRowStats;
 pub use replay::{MapsEntry, MemorySnapshot, ProcessUnwindTables, UnwindMapping, parse_proc_maps};
-pub use table::{FileIdentity, LoadSegment, UnwindTable, UnwindTableCache};
+pub use table::{FileIdentity, LoadSegment, UnwindTable, UnwindTableCache, load_bias};
 
 /// Why a file got no unwind table.
 #[derive(Debug, thiserror::Error)]

@@ -175,20 +175,33 @@ impl UnwindTable {
     /// at ELF virtual address `pc - bias` (wrapping). `None` when no
     /// `PT_LOAD` segment holds that offset.
     pub fn load_bias(&self, map_start: u64, map_offset: u64) -> Option<u64> {
-        // Mappings start at page-aligned offsets, segments need not: match
-        // the segment's page-aligned start. p_vaddr and p_offset are equal
-        // modulo the page size, so the bias is the same either way.
-        let segment = self.segments.iter().find(|s| {
+        load_bias(&self.segments, map_start, map_offset)
+    }
+}
+
+/// [`UnwindTable::load_bias`] over a file's `PT_LOAD` segments, for callers
+/// that keep the segments but not the rows.
+pub fn load_bias(segments: &[LoadSegment], map_start: u64, map_offset: u64) -> Option<u64> {
+    // Mappings start at page-aligned offsets, segments need not: match the
+    // segment's page-aligned start. p_vaddr and p_offset are equal modulo
+    // the page size, so the bias is the same either way. Two segments can
+    // share a file page (lld packs them: libcoreclr's read-only segment
+    // ends at 0x1a801c, its code starts at 0x1a8020 at another vaddr page),
+    // so of the segments covering the offset, the one starting last is the
+    // one the kernel mapped there: the first would shift every pc.
+    let segment = segments
+        .iter()
+        .filter(|s| {
             let aligned = s.file_offset & !0xfff;
             aligned <= map_offset && map_offset < s.file_offset.saturating_add(s.file_size.max(1))
-        })?;
-        Some(
-            map_start
-                .wrapping_sub(map_offset)
-                .wrapping_add(segment.file_offset)
-                .wrapping_sub(segment.vaddr),
-        )
-    }
+        })
+        .max_by_key(|s| s.file_offset)?;
+    Some(
+        map_start
+            .wrapping_sub(map_offset)
+            .wrapping_add(segment.file_offset)
+            .wrapping_sub(segment.vaddr),
+    )
 }
 
 /// Reads a whole ELF file, refusing more than [`MAX_ELF_FILE_BYTES`].

@@ -159,6 +159,49 @@ fn load_bias_maps_pcs_to_elf_addresses() {
     assert_eq!(table.load_bias(0x1000, 0x7fff_0000_0000), None);
 }
 
+/// libcoreclr's layout (lld): the read-only segment's last bytes and the
+/// code segment's first share the file page 0x1a8000, at different vaddr
+/// pages. The code mapping's bias comes from the code segment; taking the
+/// first segment covering the offset shifted every pc by a page.
+#[test]
+fn load_bias_of_segments_sharing_a_file_page() {
+    let segments = [
+        LoadSegment {
+            file_offset: 0,
+            file_size: 0x1a801c,
+            vaddr: 0,
+        },
+        LoadSegment {
+            file_offset: 0x1a8020,
+            file_size: 0x4b67e0,
+            vaddr: 0x1a9020,
+        },
+        LoadSegment {
+            file_offset: 0x65e800,
+            file_size: 0x1d398,
+            vaddr: 0x660800,
+        },
+    ];
+    let code_start = 0x7f64_067a_9000;
+    let bias = load_bias(&segments, code_start, 0x1a8000).expect("code mapping");
+    assert_eq!(code_start + 0x3b0 - bias, 0x1a93b0);
+    // The read-only mapping at offset 0 keeps its own bias.
+    assert_eq!(
+        load_bias(&segments, 0x7f64_0660_0000, 0),
+        Some(0x7f64_0660_0000)
+    );
+    // An offset past every segment has none.
+    assert_eq!(load_bias(&segments, 0x1000, 0x70_0000), None);
+    // Hostile: empty and overflowing segments never panic.
+    assert_eq!(load_bias(&[], 0x1000, 0), None);
+    let huge = [LoadSegment {
+        file_offset: u64::MAX - 1,
+        file_size: u64::MAX,
+        vaddr: u64::MAX,
+    }];
+    let _ = load_bias(&huge, u64::MAX, u64::MAX - 0xfff);
+}
+
 #[test]
 fn hostile_elf_files_never_panic() {
     let data = std::fs::read("/usr/bin/xz").expect("xz");
@@ -778,4 +821,78 @@ fn measure_table_sizes_of_a_dotnet_process() {
         total_bytes / 1024,
         rules.len()
     );
+}
+
+/// The workload of the `--dwarf-unwind` integration test: managed code
+/// calling glibc's `qsort` with a managed comparer.
+const QSORT_APP: &str = include_str!("../../../tests/workloads/Qsort.cs");
+
+/// A .NET thread inside glibc's qsort, called by P/Invoke, calling back
+/// into a managed comparer: JIT frames (frame pointers) above and below
+/// glibc frames (no frame pointers). The walk must cross both ways and
+/// reach the managed caller of qsort.
+#[test]
+#[ignore = "needs ptrace (root), mcs and the .NET runtime: run by cargo xtask test"]
+fn replay_dotnet_thread_in_qsort_with_a_managed_comparer() {
+    let dotnet = coreclr_dir().join("dotnet");
+    assert!(
+        dotnet.exists(),
+        "{} missing: run cargo xtask setup",
+        dotnet.display()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("App.cs"), QSORT_APP).expect("App.cs");
+    std::fs::write(
+        dir.path().join("App.runtimeconfig.json"),
+        r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.0"}}}"#,
+    )
+    .expect("runtimeconfig");
+    let status = Command::new("mcs")
+        .current_dir(dir.path())
+        .args(["-optimize+", "-out:App.dll", "App.cs"])
+        .stdout(Stdio::null())
+        .status()
+        .expect("running mcs");
+    assert!(status.success(), "mcs failed");
+    let mut child = KillOnDrop(
+        Command::new(&dotnet)
+            .args([dir.path().join("App.dll").as_os_str(), "30".as_ref()])
+            .env("DOTNET_PerfMapEnabled", "1")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting dotnet"),
+    );
+    let pid = child.0.id();
+    let rx = lines_of(&mut child.0);
+    wait_line(&rx, "READY");
+    // Let the comparer tier up and the loop settle.
+    std::thread::sleep(Duration::from_secs(1));
+    let sort_many = perf_map_ranges(pid, "Qsort::SortMany");
+    assert!(!sort_many.is_empty(), "SortMany missing from the perf map");
+    let within = |pc: u64| sort_many.iter().any(|(s, e)| *s < pc && pc <= *e);
+    let (mut in_libc, mut reached) = (0, 0);
+    let mut failures = Vec::new();
+    for _ in 0..15 {
+        let captured = capture_thread(pid as i32, pid as i32).expect("ptrace capture");
+        let (frames, err, _) = replay(&captured);
+        let text = show(&frames);
+        // msort_with_tmp is static: Debian's libc names no symbol for it.
+        if frames.iter().any(is_libc) {
+            in_libc += 1;
+            if frames.iter().any(|f| within(f.pc)) {
+                reached += 1;
+            } else if failures.len() < 3 {
+                failures.push(format!("error {err:?}:{text}"));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    let _ = std::fs::remove_file(format!("/tmp/jit-{pid}.dump"));
+    eprintln!(
+        "{reached} of {in_libc} captures in libc reach SortMany{}",
+        failures.join("\n")
+    );
+    assert!(in_libc >= 5, "only {in_libc} of 15 captures in qsort");
+    assert_eq!(reached, in_libc, "{}", failures.join("\n"));
 }

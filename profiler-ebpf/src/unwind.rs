@@ -1,0 +1,326 @@
+//! User-stack walking in the kernel with the unwind tables userspace loads
+//! (`clrbpf::bpf::unwind_maps`): the kernel half of issue 3.
+//!
+//! Strategy, per sample:
+//! 1. The user registers come from the perf context when the tick hit user
+//!    mode, else from the task's saved `pt_regs` (`bpf_task_pt_regs`), which
+//!    hold the user registers at kernel entry.
+//! 2. `bpf_loop` runs [`walk_one`] up to [`MAX_USER_STACK_DEPTH`] times; each
+//!    call records a pc and calls [`next_frame`] of `clrbpf_common::unwind`,
+//!    the same code the host tests replay, with a [`MemoryReader`] over
+//!    `bpf_probe_read_user`. Walk state lives in a per-CPU map, not on the
+//!    512-byte stack.
+//! 3. A lookup finds the pc's mapping in the process's sorted
+//!    [`ProcessMappings`] (one hash lookup, at most 10 probes), then its row by
+//!    binary search in the shared `UNWIND_ROWS` array (at most 25 probes). A
+//!    mapping without rows (JIT code, files without tables) gives "no row":
+//!    the frame-pointer rule.
+//! 4. A failed step ends the walk with its [`UnwindError`], counted per kind
+//!    in `UNWIND_ERRORS` and carried in the sample; a walk that still had
+//!    frames after the last slot is marked truncated.
+//!
+//! A per-process sorted array was chosen over an LPM trie keyed by (pid,
+//! address), as the OpenTelemetry profiler and parca use: userspace replaces
+//! a process's whole index with one map update (the kernel never sees half of
+//! a refresh), there is no prefix decomposition, and the lookup cost is one
+//! hash lookup plus a short search. The price is a fixed bound of
+//! [`clrbpf_common::unwind::MAX_PROCESS_MAPPINGS`] executable mappings per
+//! process (userspace merges contiguous ones and counts what it drops).
+
+use core::{ffi::c_void, ptr::addr_of};
+
+use aya_ebpf::{
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, pt_regs},
+    helpers::{
+        bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+    },
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+    programs::PerfEventContext,
+};
+use clrbpf_common::{
+    MAX_USER_STACK_DEPTH, RawSampleEvent, UNWIND_ERROR_SLOTS,
+    unwind::{
+        CfaRule, MAX_PROCESS_MAPPINGS, MAX_PROCESS_MAPPINGS_LOG2, MAX_TABLE_ROWS_LOG2,
+        MemoryReader, ProcessMappings, SortedSearch, UnwindError, UnwindRegs, UnwindRow,
+        next_frame,
+    },
+};
+
+/// Every loaded table's rows; userspace sizes it from the memory cap and
+/// writes it through `mmap`.
+#[map]
+pub static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// tgid -> the process's executable mappings.
+#[map]
+pub static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> =
+    HashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
+
+/// Walks ended by each [`UnwindError`], indexed by its number.
+#[map]
+pub static UNWIND_ERRORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(UNWIND_ERROR_SLOTS, 0);
+
+/// The sample being built: too large for the stack.
+#[map]
+pub static EVENT_SCRATCH: PerCpuArray<RawSampleEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU state of the walk in progress, shared by the `bpf_loop` calls.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WalkState {
+    regs: UnwindRegs,
+    tgid: u32,
+    /// 1 while the frame in `regs` is interrupted (the leaf, a signal frame).
+    interrupted: u32,
+    /// Frames written to the sample's user stack.
+    frames: u32,
+    /// The [`UnwindError`] that ended the walk, 0 for none.
+    error: u32,
+    /// 1 while `regs` hold a frame not yet recorded.
+    more: u32,
+    /// 1 once a pc was in no indexed mapping (see
+    /// [`clrbpf_common::sample_flags::USER_PC_UNINDEXED`]).
+    unindexed: u32,
+}
+
+#[map]
+static WALK_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+
+/// The binary search in progress. Kept in map memory between probes (read
+/// and written volatile) so the verifier sees unknown bounds at each probe
+/// and prunes, instead of exploring every (lo, hi) pair of the search.
+#[map]
+static SEARCH: PerCpuArray<SortedSearch> = PerCpuArray::with_max_entries(1, 0);
+
+/// [`clrbpf_common::unwind::find_row_index`]'s steps with the state in
+/// `SEARCH`: the index of the last of `len` entries whose key (`key_at`)
+/// is at or before `key`.
+#[inline(always)]
+fn search<const LOG2: u32>(len: u32, key_at: impl Fn(u32) -> Option<u64>, key: u64) -> Option<u32> {
+    let state = SEARCH.get_ptr_mut(0)?;
+    // SAFETY: per-CPU value, only this program on this CPU uses it.
+    unsafe {
+        core::ptr::write_volatile(state, SortedSearch::new(len));
+        for _ in 0..=LOG2 {
+            let mut s = core::ptr::read_volatile(state);
+            let Some(mid) = s.probe() else {
+                break;
+            };
+            s.narrow(mid, key_at(mid)? <= key);
+            core::ptr::write_volatile(state, s);
+        }
+        core::ptr::read_volatile(state).found()
+    }
+}
+
+/// Target memory, read with `bpf_probe_read_user`.
+struct UserMemory;
+
+impl MemoryReader for UserMemory {
+    #[inline(always)]
+    fn read_u64(&self, addr: u64) -> Option<u64> {
+        // SAFETY: the helper checks the address; a fault gives an error.
+        unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+    }
+}
+
+/// The user registers of the sampled thread, `None` for a kernel thread or
+/// when they cannot be read.
+#[inline(always)]
+pub fn user_regs(ctx: &PerfEventContext) -> Option<UnwindRegs> {
+    // SAFETY: the perf context's `regs` are readable by perf_event programs.
+    let regs = unsafe { &(*ctx.ctx).regs };
+    if regs.cs & 3 == 3 {
+        return Some(UnwindRegs {
+            pc: regs.rip,
+            sp: regs.rsp,
+            fp: regs.rbp,
+            lr: 0,
+        });
+    }
+    // The tick hit kernel mode: the user registers are the ones saved at
+    // kernel entry.
+    // SAFETY: helpers available to tracing programs since 5.15; the result
+    // is only read through bpf_probe_read_kernel.
+    let saved = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
+    if saved.is_null() {
+        return None;
+    }
+    // SAFETY: probe reads of kernel memory; a fault gives an error.
+    unsafe {
+        let cs: u64 = bpf_probe_read_kernel(addr_of!((*saved).cs)).ok()?;
+        if cs & 3 != 3 {
+            return None;
+        }
+        Some(UnwindRegs {
+            pc: bpf_probe_read_kernel(addr_of!((*saved).rip)).ok()?,
+            sp: bpf_probe_read_kernel(addr_of!((*saved).rsp)).ok()?,
+            fp: bpf_probe_read_kernel(addr_of!((*saved).rbp)).ok()?,
+            lr: 0,
+        })
+    }
+}
+
+/// Whether userspace has indexed this process's mappings.
+#[inline(always)]
+pub fn has_mappings(tgid: u32) -> bool {
+    PROCESS_MAPPINGS.get_ptr(&tgid).is_some()
+}
+
+/// The row for `pc` in process `tgid`: the lookup of
+/// [`clrbpf_common::unwind::walk`].
+#[inline(always)]
+fn lookup(tgid: u32, pc: u64) -> Result<Option<UnwindRow>, UnwindError> {
+    // SAFETY: read only; userspace replaces values whole.
+    let mappings = unsafe { PROCESS_MAPPINGS.get(&tgid) }.ok_or(UnwindError::NoMapping)?;
+    let len = if mappings.len as usize > MAX_PROCESS_MAPPINGS {
+        MAX_PROCESS_MAPPINGS as u32
+    } else {
+        mappings.len
+    };
+    let index = search::<MAX_PROCESS_MAPPINGS_LOG2>(
+        len,
+        |i| mappings.entries.get(i as usize).map(|e| e.start),
+        pc,
+    )
+    .ok_or(UnwindError::NoMapping)?;
+    let entry = mappings
+        .entries
+        .get(index as usize)
+        .ok_or(UnwindError::NoMapping)?;
+    if pc >= entry.end {
+        return Err(UnwindError::NoMapping);
+    }
+    if entry.row_count == 0 {
+        return Ok(None);
+    }
+    let vaddr = pc.wrapping_sub(entry.bias);
+    let first = entry.row_offset;
+    let at = search::<MAX_TABLE_ROWS_LOG2>(
+        entry.row_count,
+        |i| UNWIND_ROWS.get(first.wrapping_add(i)).map(|r| r.pc),
+        vaddr,
+    )
+    .ok_or(UnwindError::NoTableRow)?;
+    let row = UNWIND_ROWS
+        .get(first.wrapping_add(at))
+        .ok_or(UnwindError::NoTableRow)?;
+    if row.cfa_rule == CfaRule::NoInfo as u8 {
+        return Err(UnwindError::NoTableRow);
+    }
+    Ok(Some(*row))
+}
+
+/// One `bpf_loop` iteration: record the current frame, step to its caller.
+/// Returns 1 to stop the loop.
+#[inline(never)]
+extern "C" fn walk_one(index: u64, _ctx: *mut c_void) -> i64 {
+    let (Some(state), Some(event)) = (WALK_STATE.get_ptr_mut(0), EVENT_SCRATCH.get_ptr_mut(0))
+    else {
+        return 1;
+    };
+    // SAFETY: per-CPU values, only this program on this CPU uses them.
+    let (state, event) = unsafe { (&mut *state, &mut *event) };
+    if state.more == 0 {
+        return 1;
+    }
+    let Some(slot) = event.user_stack.get_mut(index as usize) else {
+        return 1;
+    };
+    if state.regs.pc == 0 {
+        state.error = UnwindError::PcZero as u32;
+        state.more = 0;
+        return 1;
+    }
+    *slot = state.regs.pc;
+    state.frames = index as u32 + 1;
+    let tgid = state.tgid;
+    let mut interrupted = state.interrupted != 0;
+    let mut unindexed = false;
+    // A pc outside every indexed mapping is most often code mapped since
+    // userspace read the maps (a JIT code heap grows with new anonymous
+    // mappings): the frame-pointer rule, as for the JIT code already
+    // indexed, instead of ending the walk; the sample is flagged so the
+    // maps are read again.
+    let outcome = next_frame(
+        &mut state.regs,
+        &mut interrupted,
+        &mut |pc| match lookup(tgid, pc) {
+            Err(UnwindError::NoMapping) => {
+                unindexed = true;
+                Ok(None)
+            }
+            other => other,
+        },
+        &UserMemory,
+    );
+    if unindexed {
+        state.unindexed = 1;
+    }
+    match outcome {
+        Ok(true) => {
+            state.interrupted = u32::from(interrupted);
+            0
+        }
+        Ok(false) => {
+            state.more = 0;
+            1
+        }
+        Err(e) => {
+            state.error = e as u32;
+            state.more = 0;
+            1
+        }
+    }
+}
+
+/// What a walk produced.
+pub struct WalkResult {
+    pub frames: u32,
+    /// An [`UnwindError`] number, 0 for a clean end.
+    pub error: u32,
+    /// A pc was in no indexed mapping.
+    pub unindexed: bool,
+}
+
+/// Walks the user stack from `regs` into `EVENT_SCRATCH`'s user stack.
+#[inline(always)]
+pub fn walk_user_stack(tgid: u32, regs: UnwindRegs) -> Option<WalkResult> {
+    let state = WALK_STATE.get_ptr_mut(0)?;
+    // SAFETY: per-CPU value, only this program on this CPU uses it.
+    unsafe {
+        *state = WalkState {
+            regs,
+            tgid,
+            interrupted: 1,
+            frames: 0,
+            error: 0,
+            more: 1,
+            unindexed: 0,
+        };
+        bpf_loop(
+            MAX_USER_STACK_DEPTH as u32,
+            walk_one as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        );
+        let state = &*state;
+        let error = if state.more != 0 {
+            UnwindError::TooDeep as u32
+        } else {
+            state.error
+        };
+        if error != 0
+            && let Some(slot) = UNWIND_ERRORS.get_ptr_mut(error)
+        {
+            *slot += 1;
+        }
+        Some(WalkResult {
+            frames: state.frames,
+            error,
+            unindexed: state.unindexed != 0,
+        })
+    }
+}

@@ -1,0 +1,636 @@
+//! Keeps the kernel-side unwind maps in step with the profiled processes:
+//! the user half of the in-kernel DWARF unwinder (`profiler-ebpf/src/unwind.rs`).
+//!
+//! 1. When a process is first seen, its `/proc/PID/maps` is read; each
+//!    executable file mapping is opened through `/proc/PID/map_files` (the
+//!    very file mapped, wherever its path points) and known by (device,
+//!    inode, size, mtime), then by [`FileIdentity`] (build id): a file mapped
+//!    by many processes gets one table.
+//! 2. A file's table ([`UnwindTableCache`]) is copied once into the shared
+//!    `UNWIND_ROWS` array (mmap-ed: a copy, no syscall per row) at a range
+//!    the [`RowArena`] gives; the process's index ([`ProcessMappings`]) is
+//!    written with one map update.
+//! 3. Under the memory cap (the array's size), the least recently used
+//!    tables are evicted whole, unused ones first; processes still using an
+//!    evicted table are rewritten to the frame-pointer rule for it first, so
+//!    the kernel never reads rows that are being replaced.
+//! 4. A sample whose walk met a pc in no indexed mapping (a `dlopen` or a
+//!    new JIT code heap after the scan; the kernel stepped it by frame
+//!    pointer and flagged the sample) makes the record loop call
+//!    [`UnwindMaps::refresh_process`]; exited processes are dropped by
+//!    [`UnwindMaps::forget_process`] or [`UnwindMaps::forget_exited`].
+//! 5. All of it runs on its own thread ([`UnwindWorker`]): indexing a .NET
+//!    process reads and parses ~20 files (seconds on a loaded machine), and
+//!    the record loop must keep draining samples and reading the maps of
+//!    short-lived processes meanwhile.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fs::{self, File},
+    os::{
+        fd::{AsFd as _, AsRawFd as _},
+        unix::fs::MetadataExt as _,
+    },
+    ptr::NonNull,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
+use clrbpf_common::{
+    UNWIND_ERROR_SLOTS,
+    unwind::{MappingEntry, ProcessMappings, UnwindError, UnwindRow},
+};
+
+use super::BpfError;
+use crate::unwind::{
+    FileIdentity, LoadSegment, RowArena, UnwindTableCache, build_process_mappings, load_bias,
+    parse_proc_maps, table::read_elf_file,
+};
+
+/// A process is rescanned at most this often.
+const RESCAN_EVERY: Duration = Duration::from_millis(500);
+/// Exited processes are looked for at most this often.
+const EXIT_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// Bytes of built tables kept in userspace to avoid re-parsing a file whose
+/// rows were evicted from the kernel and are needed again.
+const BUILD_CACHE_BYTES: usize = 32 << 20;
+
+/// The `UNWIND_ROWS` array, mapped into this process.
+struct RowsMmap {
+    base: NonNull<UnwindRow>,
+    rows: usize,
+    bytes: usize,
+}
+
+// SAFETY: the mapping is owned by this value and only written through
+// `&mut self`.
+unsafe impl Send for RowsMmap {}
+
+impl RowsMmap {
+    fn new(map: &MapData, rows: u32) -> Result<Self, BpfError> {
+        let page = 4096usize;
+        let bytes = (rows as usize * size_of::<UnwindRow>()).div_ceil(page) * page;
+        // SAFETY: a fresh shared mapping of an mmap-able BPF array's fd; the
+        // kernel checks the length against the array.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(BpfError::Mmap {
+                map: clrbpf_common::names::MAP_UNWIND_ROWS,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(Self {
+            base: NonNull::new(base.cast()).expect("mmap succeeded"),
+            rows: rows as usize,
+            bytes,
+        })
+    }
+
+    fn write(&mut self, offset: u32, rows: &[UnwindRow]) {
+        let offset = offset as usize;
+        assert!(
+            offset + rows.len() <= self.rows,
+            "the arena hands out ranges inside the array"
+        );
+        // SAFETY: in bounds (checked above); the array is ours to write.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                rows.as_ptr(),
+                self.base.as_ptr().add(offset),
+                rows.len(),
+            );
+        }
+    }
+}
+
+impl Drop for RowsMmap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.bytes) };
+    }
+}
+
+/// What identifies a mapped file cheaply, before reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct FileStatKey {
+    dev: u64,
+    inode: u64,
+    size: u64,
+    mtime_ns: i64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum FileState {
+    /// A table exists, keyed by [`FileIdentity::key`].
+    Table(u64),
+    /// Not ELF, no `.eh_frame`, or unreadable: the frame-pointer rule.
+    NoTable,
+}
+
+/// A table in the kernel's row array.
+struct LoadedTable {
+    offset: u32,
+    len: u32,
+    segments: Box<[LoadSegment]>,
+    /// Processes whose index points at it.
+    users: u32,
+    last_used: u64,
+}
+
+struct ProcessIndex {
+    /// Table keys used by the process's index.
+    tables: HashSet<u64>,
+    /// The index entries with the table each came from.
+    entries: Vec<(MappingEntry, Option<u64>)>,
+    scanned_at: Instant,
+}
+
+/// Counters of the userspace side of unwinding.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindMapsStats {
+    pub processes_indexed: u64,
+    pub tables_loaded: u64,
+    pub tables_evicted: u64,
+    /// Files whose table could not be built (not ELF, no CFI, unreadable).
+    pub files_without_table: u64,
+    /// Tables larger than the whole memory cap.
+    pub tables_too_large: u64,
+    /// Executable mappings beyond the per-process bound.
+    pub mappings_dropped: u64,
+    pub map_update_errors: u64,
+}
+
+/// Memory the unwind tables take in the kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindMemory {
+    /// Rows of loaded tables, in bytes.
+    pub table_bytes: u64,
+    pub tables: usize,
+    /// The row array (allocated at load time: the cap).
+    pub capacity_bytes: u64,
+    /// Per-process indexes, in bytes.
+    pub index_bytes: u64,
+    pub processes: usize,
+}
+
+/// The unwind maps of the loaded kernel side. Built by
+/// [`super::Sampler::take_unwind_maps`].
+pub struct UnwindMaps {
+    rows: RowsMmap,
+    /// Keeps the row array's fd open: the program's instructions name it
+    /// until the program is loaded.
+    _rows_map: MapData,
+    process_mappings: BpfHashMap<MapData, u32, ProcessMappings>,
+    errors: PerCpuArray<MapData, u64>,
+    arena: RowArena,
+    tables: HashMap<u64, LoadedTable>,
+    files: HashMap<FileStatKey, FileState>,
+    processes: HashMap<u32, ProcessIndex>,
+    builder: UnwindTableCache,
+    clock: u64,
+    exits_checked_at: Instant,
+    stats: UnwindMapsStats,
+}
+
+impl UnwindMaps {
+    pub(super) fn new(
+        rows_map: MapData,
+        rows: u32,
+        process_mappings: BpfHashMap<MapData, u32, ProcessMappings>,
+        errors: PerCpuArray<MapData, u64>,
+    ) -> Result<Self, BpfError> {
+        Ok(Self {
+            rows: RowsMmap::new(&rows_map, rows)?,
+            _rows_map: rows_map,
+            process_mappings,
+            errors,
+            arena: RowArena::new(rows),
+            tables: HashMap::new(),
+            files: HashMap::new(),
+            processes: HashMap::new(),
+            builder: UnwindTableCache::new(BUILD_CACHE_BYTES),
+            clock: 0,
+            exits_checked_at: Instant::now(),
+            stats: UnwindMapsStats::default(),
+        })
+    }
+
+    /// Indexes a process seen for the first time (no effect if it is
+    /// indexed already). Returns false when the process is gone.
+    pub fn track_process(&mut self, pid: u32) -> bool {
+        if self.processes.contains_key(&pid) {
+            return true;
+        }
+        self.scan(pid)
+    }
+
+    /// Re-reads a process's mappings (a sample's pc was in none of them:
+    /// `dlopen`, new JIT memory), at most every [`RESCAN_EVERY`].
+    pub fn refresh_process(&mut self, pid: u32) -> bool {
+        if self
+            .processes
+            .get(&pid)
+            .is_some_and(|p| p.scanned_at.elapsed() < RESCAN_EVERY)
+        {
+            return true;
+        }
+        self.scan(pid)
+    }
+
+    /// Drops a process's index (it exited). Its tables stay loaded until
+    /// memory is needed: another process may map the same files.
+    pub fn forget_process(&mut self, pid: u32) {
+        // Absent is fine: it may never have been indexed.
+        let _ = self.process_mappings.remove(&pid);
+        if let Some(index) = self.processes.remove(&pid) {
+            for key in index.tables {
+                if let Some(t) = self.tables.get_mut(&key) {
+                    t.users = t.users.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    /// Forgets indexed processes that no longer exist, at most every
+    /// [`EXIT_CHECK_EVERY`].
+    pub fn forget_exited(&mut self) {
+        if self.exits_checked_at.elapsed() < EXIT_CHECK_EVERY {
+            return;
+        }
+        self.exits_checked_at = Instant::now();
+        let gone: Vec<u32> = self
+            .processes
+            .keys()
+            .copied()
+            .filter(|pid| fs::metadata(format!("/proc/{pid}")).is_err())
+            .collect();
+        for pid in gone {
+            self.forget_process(pid);
+        }
+    }
+
+    pub fn memory(&self) -> UnwindMemory {
+        UnwindMemory {
+            table_bytes: self.arena.used() * size_of::<UnwindRow>() as u64,
+            tables: self.tables.len(),
+            capacity_bytes: u64::from(self.arena.capacity()) * size_of::<UnwindRow>() as u64,
+            index_bytes: (self.processes.len() * size_of::<ProcessMappings>()) as u64,
+            processes: self.processes.len(),
+        }
+    }
+
+    /// Bytes of kernel memory in use for unwinding: loaded rows and indexes.
+    pub fn memory_bytes(&self) -> u64 {
+        let m = self.memory();
+        m.table_bytes + m.index_bytes
+    }
+
+    /// Memory used by one process's tables and index (tables shared with
+    /// other processes count in full).
+    pub fn process_memory_bytes(&self, pid: u32) -> Option<u64> {
+        let index = self.processes.get(&pid)?;
+        let rows: u64 = index
+            .tables
+            .iter()
+            .filter_map(|k| self.tables.get(k))
+            .map(|t| u64::from(t.len))
+            .sum();
+        Some(rows * size_of::<UnwindRow>() as u64 + size_of::<ProcessMappings>() as u64)
+    }
+
+    /// Kernel-side walks that ended with each error, summed over CPUs.
+    pub fn error_counts(&self) -> Vec<(UnwindError, u64)> {
+        UnwindError::ALL
+            .iter()
+            .map(|&e| {
+                let n = self
+                    .errors
+                    .get(&(e as u32), 0)
+                    .map(|v| v.iter().sum())
+                    .unwrap_or(0);
+                (e, n)
+            })
+            .filter(|&(e, _)| (e as u32) < UNWIND_ERROR_SLOTS)
+            .collect()
+    }
+
+    pub fn stats(&self) -> UnwindMapsStats {
+        self.stats
+    }
+
+    fn scan(&mut self, pid: u32) -> bool {
+        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            self.forget_process(pid);
+            return false;
+        };
+        self.clock += 1;
+        let now = self.clock;
+        let mut entries = Vec::new();
+        let mut used = HashSet::new();
+        for m in parse_proc_maps(&text) {
+            if !m.executable || m.start >= m.end {
+                continue;
+            }
+            let table = if m.path.is_empty() || m.path.starts_with('[') {
+                None
+            } else {
+                self.table_for_mapping(pid, m.start, m.end)
+            };
+            let mut entry = MappingEntry {
+                start: m.start,
+                end: m.end,
+                ..MappingEntry::default()
+            };
+            let mut source = None;
+            if let Some(key) = table
+                && let Some(t) = self.tables.get_mut(&key)
+                && let Some(bias) = load_bias(&t.segments, m.start, m.offset)
+            {
+                t.last_used = now;
+                entry.bias = bias;
+                entry.row_offset = t.offset;
+                entry.row_count = t.len;
+                source = Some(key);
+                used.insert(key);
+            }
+            entries.push((entry, source));
+        }
+        // A table loaded late in this scan may have evicted one loaded
+        // earlier in it: keep only entries whose table is still there.
+        for (entry, source) in &mut entries {
+            if let Some(key) = *source
+                && !self
+                    .tables
+                    .get(&key)
+                    .is_some_and(|t| t.offset == entry.row_offset && t.len == entry.row_count)
+            {
+                entry.row_count = 0;
+                *source = None;
+                used.remove(&key);
+            }
+        }
+        let old = self.processes.remove(&pid);
+        for key in &used {
+            if let Some(t) = self.tables.get_mut(key) {
+                t.users += 1;
+            }
+        }
+        if let Some(old) = old {
+            for key in old.tables {
+                if let Some(t) = self.tables.get_mut(&key) {
+                    t.users = t.users.saturating_sub(1);
+                }
+            }
+        } else {
+            self.stats.processes_indexed += 1;
+        }
+        let index = ProcessIndex {
+            tables: used,
+            entries,
+            scanned_at: Instant::now(),
+        };
+        self.write_index(pid, &index);
+        self.processes.insert(pid, index);
+        true
+    }
+
+    fn write_index(&mut self, pid: u32, index: &ProcessIndex) {
+        let (value, dropped) =
+            build_process_mappings(index.entries.iter().map(|(e, _)| *e).collect());
+        self.stats.mappings_dropped += dropped as u64;
+        if self.process_mappings.insert(pid, *value, 0).is_err() {
+            self.stats.map_update_errors += 1;
+        }
+    }
+
+    /// The table key of the file mapped at `[start, end)` in `pid`, loading
+    /// its rows into the kernel when needed.
+    fn table_for_mapping(&mut self, pid: u32, start: u64, end: u64) -> Option<u64> {
+        let file = File::open(format!("/proc/{pid}/map_files/{start:x}-{end:x}")).ok()?;
+        let meta = file.metadata().ok()?;
+        let stat_key = FileStatKey {
+            dev: meta.dev(),
+            inode: meta.ino(),
+            size: meta.size(),
+            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+        };
+        match self.files.get(&stat_key) {
+            Some(FileState::NoTable) => return None,
+            Some(FileState::Table(key)) if self.tables.contains_key(key) => return Some(*key),
+            _ => {}
+        }
+        let state = self.load_file(&file);
+        self.files.insert(stat_key, state);
+        match state {
+            FileState::Table(key) => Some(key),
+            FileState::NoTable => None,
+        }
+    }
+
+    fn load_file(&mut self, file: &File) -> FileState {
+        let Ok(data) = read_elf_file(file) else {
+            self.stats.files_without_table += 1;
+            return FileState::NoTable;
+        };
+        let Ok(identity) = FileIdentity::of_elf_bytes(&data) else {
+            self.stats.files_without_table += 1;
+            return FileState::NoTable;
+        };
+        let key = identity.key();
+        if self.tables.contains_key(&key) {
+            return FileState::Table(key);
+        }
+        let Ok(table) = self.builder.get_or_build(&data) else {
+            self.stats.files_without_table += 1;
+            return FileState::NoTable;
+        };
+        let rows = table.rows();
+        if rows.is_empty() {
+            self.stats.files_without_table += 1;
+            return FileState::NoTable;
+        }
+        let Ok(len) = u32::try_from(rows.len()) else {
+            self.stats.tables_too_large += 1;
+            return FileState::NoTable;
+        };
+        let Some(offset) = self.allocate_rows(len) else {
+            self.stats.tables_too_large += 1;
+            return FileState::NoTable;
+        };
+        self.rows.write(offset, rows);
+        self.tables.insert(
+            key,
+            LoadedTable {
+                offset,
+                len,
+                segments: table.segments().into(),
+                users: 0,
+                last_used: self.clock,
+            },
+        );
+        self.stats.tables_loaded += 1;
+        FileState::Table(key)
+    }
+
+    /// A free range of `len` rows, evicting least recently used tables
+    /// (unused ones first, never one used in the current scan) until it fits.
+    fn allocate_rows(&mut self, len: u32) -> Option<u32> {
+        if len > self.arena.capacity() {
+            return None;
+        }
+        loop {
+            if let Some(offset) = self.arena.allocate(len) {
+                return Some(offset);
+            }
+            let victim = self
+                .tables
+                .iter()
+                .filter(|(_, t)| t.last_used < self.clock)
+                .min_by_key(|(_, t)| (t.users > 0, t.last_used))
+                .map(|(k, _)| *k)?;
+            self.evict(victim);
+        }
+    }
+
+    fn evict(&mut self, key: u64) {
+        let Some(table) = self.tables.remove(&key) else {
+            return;
+        };
+        // First point every process that uses it at the frame-pointer rule,
+        // then free the rows for reuse.
+        let users: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(_, p)| p.tables.contains(&key))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in users {
+            let Some(mut index) = self.processes.remove(&pid) else {
+                continue;
+            };
+            index.tables.remove(&key);
+            for (entry, source) in &mut index.entries {
+                if *source == Some(key) {
+                    entry.row_count = 0;
+                    *source = None;
+                }
+            }
+            self.write_index(pid, &index);
+            self.processes.insert(pid, index);
+        }
+        self.files
+            .retain(|_, state| !matches!(state, FileState::Table(k) if *k == key));
+        self.arena.free(table.offset, table.len);
+        self.stats.tables_evicted += 1;
+    }
+}
+
+/// What the record loop asks of the [`UnwindWorker`].
+enum UnwindRequest {
+    Track(u32),
+    Refresh(u32),
+    Forget(u32),
+}
+
+/// What the worker knows when it stops: for the end summary.
+#[derive(Clone, Debug, Default)]
+pub struct UnwindReport {
+    /// Kernel-side walks ended by each error kind.
+    pub errors: Vec<(UnwindError, u64)>,
+    pub memory: UnwindMemory,
+    pub stats: UnwindMapsStats,
+}
+
+/// [`UnwindMaps`] on a thread of its own. Indexing a .NET process builds
+/// tables for libcoreclr, libclrjit, ICU and the rest: seconds of CPU on a
+/// busy machine, which must not stall the loop that drains the ring buffer
+/// and reads a short-lived process's maps while it is alive. Until a
+/// process's index is written, the kernel side walks it by frame pointers.
+pub struct UnwindWorker {
+    requests: Option<std::sync::mpsc::Sender<UnwindRequest>>,
+    thread: Option<std::thread::JoinHandle<UnwindReport>>,
+}
+
+impl UnwindWorker {
+    /// Moves `maps` to a new thread.
+    pub fn spawn(maps: UnwindMaps) -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<UnwindRequest>();
+        let thread = std::thread::Builder::new()
+            .name("clrbpf-unwind".into())
+            .spawn(move || {
+                let mut maps = maps;
+                loop {
+                    match rx.recv_timeout(EXIT_CHECK_EVERY) {
+                        Ok(UnwindRequest::Track(pid)) => {
+                            maps.track_process(pid);
+                        }
+                        Ok(UnwindRequest::Refresh(pid)) => {
+                            maps.refresh_process(pid);
+                        }
+                        Ok(UnwindRequest::Forget(pid)) => maps.forget_process(pid),
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                    }
+                    maps.forget_exited();
+                }
+                UnwindReport {
+                    errors: maps.error_counts(),
+                    memory: maps.memory(),
+                    stats: maps.stats(),
+                }
+            })?;
+        Ok(Self {
+            requests: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, request: UnwindRequest) {
+        if let Some(tx) = &self.requests {
+            // A send fails only when the thread is gone (it panicked): the
+            // kernel side then keeps walking by frame pointers.
+            let _ = tx.send(request);
+        }
+    }
+
+    /// Index a process seen for the first time (queued; returns at once).
+    pub fn track_process(&self, pid: u32) {
+        self.send(UnwindRequest::Track(pid));
+    }
+
+    /// Re-read a process's mappings (a walk met a pc in none of them).
+    pub fn refresh_process(&self, pid: u32) {
+        self.send(UnwindRequest::Refresh(pid));
+    }
+
+    pub fn forget_process(&self, pid: u32) {
+        self.send(UnwindRequest::Forget(pid));
+    }
+
+    /// Stops the thread once the queued requests are done and returns what
+    /// it counted; `None` if it panicked. Call before the sampler (the
+    /// owner of the programs) is dropped, so the error counters are read
+    /// while the maps are still loaded.
+    pub fn finish(mut self) -> Option<UnwindReport> {
+        self.requests = None;
+        self.thread.take()?.join().ok()
+    }
+}
+
+impl Drop for UnwindWorker {
+    fn drop(&mut self) {
+        self.requests = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
