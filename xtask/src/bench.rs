@@ -16,9 +16,9 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// Seconds the CPU-bound workload runs per measurement.
-const WORKLOAD_SECONDS: u32 = 8;
+const WORKLOAD_SECONDS: u32 = 6;
 /// Rounds per mode; the median is reported.
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 /// Give the profiler time to load and attach before the workload starts.
 const PROFILER_WARMUP: Duration = Duration::from_millis(1500);
 
