@@ -108,6 +108,7 @@ struct ProfilerRun {
     usage: Usage,
     wall: Duration,
     bpf_us_per_sample: Option<f64>,
+    samples: Option<u64>,
 }
 
 fn run_profiled(
@@ -148,6 +149,7 @@ fn run_profiled(
     let ops = run_workload(inputs, threads);
     let mut usage = Usage::default();
     let mut bpf_us_per_sample = None;
+    let mut samples = None;
     if let Some(child) = profiler.as_mut() {
         interrupt(child);
         let (status, u) = wait_with_usage(child)?;
