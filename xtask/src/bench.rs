@@ -177,6 +177,7 @@ fn run_profiled(
         usage,
         wall: started.elapsed(),
         bpf_us_per_sample,
+        samples,
     })
 }
 
