@@ -170,6 +170,14 @@ fn run_profiled(
                     .parse()
                     .ok()
             });
+            samples = stderr.lines().find_map(|l| {
+                l.split(" samples from ")
+                    .next()?
+                    .rsplit(' ')
+                    .next()?
+                    .parse()
+                    .ok()
+            });
         }
     }
     Ok(ProfilerRun {
@@ -275,6 +283,24 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
             mode.name()
         );
         println!("| {} peak RSS | {rss:.1} MiB | |", mode.name());
+    }
+    // The direct cost, which the machine's noise does not blur: clrbpf's
+    // own CPU plus the kernel time of its BPF program, as a share of all
+    // CPUs over the run.
+    let mut direct: Vec<f64> = of(Mode::Clrbpf)
+        .filter_map(|r| {
+            let bpf_s = r.bpf_us_per_sample? * r.samples? as f64 / 1e6;
+            Some(
+                100.0 * (r.usage.cpu.as_secs_f64() + bpf_s)
+                    / (r.wall.as_secs_f64() * threads as f64),
+            )
+        })
+        .collect();
+    if !direct.is_empty() {
+        println!(
+            "| clrbpf direct cost (own CPU + BPF time, % of all {threads} CPUs, median) | {:.2}% | <= 1% |",
+            median(&mut direct)
+        );
     }
     let mut bpf: Vec<f64> = of(Mode::Clrbpf)
         .filter_map(|r| r.bpf_us_per_sample)
