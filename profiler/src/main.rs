@@ -7,6 +7,7 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use clrbpf::{
     cli::{Cli, Command, RecordArgs},
+    clr::session::ClrEventKinds,
     export::output::OutputFormat,
     record::{RecordConfig, print_summary, record},
 };
@@ -65,9 +66,17 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         format,
         keep_perf_maps,
         no_perf_map_attach,
+        clr_events,
+        no_clr_events,
+        split,
         quiet,
         command,
     } = args;
+    let clr_events = if no_clr_events {
+        ClrEventKinds::NONE
+    } else {
+        ClrEventKinds::parse(&clr_events).map_err(|e| anyhow::anyhow!("--clr-events: {e}"))?
+    };
     let format = match format.or_else(|| OutputFormat::from_path(&output)) {
         Some(format) => format,
         None => anyhow::bail!(
@@ -92,6 +101,8 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         perf_map_attach: !no_perf_map_attach,
         command,
         verbose: !quiet,
+        clr_events,
+        split,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

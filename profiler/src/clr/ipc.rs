@@ -966,6 +966,65 @@ impl DiagnosticClient {
     pub fn disable_perf_map(&self) -> Result<(), IpcError> {
         self.status_command(CommandId::DISABLE_PERF_MAP, &[])
     }
+
+    /// Starts an EventPipe session with CollectTracing2 (`payload` from
+    /// [`crate::clr::session::collect_tracing2_payload`]). Returns the
+    /// connection, on which the nettrace stream follows (its timeouts are
+    /// cleared), and the session id for [`Self::stop_tracing`].
+    pub fn collect_tracing(&self, payload: &[u8]) -> Result<(UnixStream, u64), IpcError> {
+        let command = CommandId::COLLECT_TRACING_2;
+        let (stream, reply) = self.exchange(command, payload, HEADER_LEN + 8)?;
+        let session_id = parse_session_id(reply).map_err(|e| self.reply_error(command, e))?;
+        stream
+            .set_read_timeout(None)
+            .and_then(|()| stream.set_write_timeout(None))
+            .map_err(|source| self.io_error(command, source))?;
+        Ok((stream, session_id))
+    }
+
+    /// Stops session `session_id` (StopTracing, on a new connection). The
+    /// runtime then flushes (and runs rundown, if asked) and ends the stream.
+    pub fn stop_tracing(&self, session_id: u64) -> Result<(), IpcError> {
+        let command = CommandId::STOP_TRACING;
+        let (_stream, reply) = self.exchange(command, &session_id.to_le_bytes(), HEADER_LEN + 8)?;
+        parse_session_id(reply)
+            .map(|_| ())
+            .map_err(|e| self.reply_error(command, e))
+    }
+
+    fn reply_error(
+        &self,
+        command: CommandId,
+        error: Result<ResponseError, RuntimeError>,
+    ) -> IpcError {
+        match error {
+            Ok(source) => IpcError::Response {
+                pid: self.pid,
+                command,
+                source,
+            },
+            Err(error) => self.refused(command, error),
+        }
+    }
+}
+
+/// The u64 session id of a CollectTracing / StopTracing reply; `Err(Ok)` for
+/// a malformed reply, `Err(Err)` for a refusal.
+pub fn parse_session_id(reply: ServerReply) -> Result<u64, Result<ResponseError, RuntimeError>> {
+    match reply {
+        ServerReply::Error(error) => Err(Err(error)),
+        ServerReply::Ok(payload) => {
+            let id: [u8; 8] = payload.as_slice().try_into().map_err(|_| {
+                Ok(ResponseError::Truncated {
+                    field: "sessionId",
+                    offset: 0,
+                    needed: 8,
+                    len: payload.len(),
+                })
+            })?;
+            Ok(u64::from_le_bytes(id))
+        }
+    }
 }
 
 /// Sets the socket timeouts to the time left before `deadline`.
