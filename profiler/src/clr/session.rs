@@ -192,6 +192,11 @@ pub struct SessionEnd {
     pub error: Option<String>,
     /// Events not delivered because the recording stopped listening.
     pub undelivered: u64,
+    /// The trace header's sync tick converted like event times, minus
+    /// CLOCK_MONOTONIC when the header arrived: near 0 (the runtime stamps
+    /// it at session start) when the runtime's tick clock is the clock of
+    /// BPF samples, as on Linux. `None` without a header.
+    pub clock_skew_ns: Option<i64>,
 }
 
 #[derive(Debug)]
@@ -286,11 +291,13 @@ impl ClrSession {
         deadline: Duration,
         on_event: &mut impl FnMut(SessionEvent),
     ) -> (SessionEnd, Option<IpcError>) {
-        let stop_error = if self.end.is_none() {
-            self.client.stop_tracing(self.session_id).err()
-        } else {
-            None
-        };
+        // StopTracing is answered only once the runtime has flushed the
+        // session into the stream: send it from another thread while this
+        // one keeps draining, or a full channel would stall both sides.
+        let stopper = self
+            .end
+            .is_none()
+            .then(|| stop_in_background(&self.client, self.session_id));
         let until = Instant::now() + deadline;
         while self.end.is_none() {
             let left = until.saturating_duration_since(Instant::now());
@@ -321,6 +328,10 @@ impl ClrSession {
         {
             let _ = reader.join();
         }
+        let stop_error = stopper.and_then(|stopper| {
+            // Its own deadline (the client's) bounds the wait.
+            stopper.join().ok().and_then(Result::err)
+        });
         (self.end.take().unwrap_or_default(), stop_error)
     }
 }
@@ -348,7 +359,9 @@ pub fn method_rundown(
     };
     let payload = collect_tracing2_payload(SESSION_BUFFER_MB, true, &[provider]);
     let (mut stream, session_id) = client.collect_tracing(&payload)?;
-    client.stop_tracing(session_id)?;
+    // The runtime writes the rundown before it answers StopTracing: read
+    // the stream here while another thread waits for the answer.
+    let stopper = stop_in_background(&client, session_id);
     let until = Instant::now() + deadline;
     let mut parser = NettraceParser::new();
     let mut decoder = ClrEventDecoder::new();
@@ -391,7 +404,21 @@ pub fn method_rundown(
     {
         error = Some(e.to_string());
     }
+    match stopper.join() {
+        Ok(Err(e)) if methods.is_empty() => return Err(e),
+        Ok(Err(e)) => error = error.or_else(|| Some(e.to_string())),
+        _ => {}
+    }
     Ok((methods, error))
+}
+
+/// Sends StopTracing from a new thread; join it for the result.
+fn stop_in_background(
+    client: &DiagnosticClient,
+    session_id: u64,
+) -> JoinHandle<Result<(), IpcError>> {
+    let client = client.clone();
+    std::thread::spawn(move || client.stop_tracing(session_id))
 }
 
 /// The reader thread: socket -> parser -> decoder -> channel.
@@ -400,6 +427,7 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
     let mut decoder = ClrEventDecoder::new();
     let mut header: Option<TraceHeader> = None;
     let mut undelivered = 0u64;
+    let mut clock_skew_ns = None;
     let mut buf = vec![0u8; READ_CHUNK];
     let mut error = None;
     loop {
@@ -413,7 +441,18 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
             }
         };
         let fed = parser.feed(&buf[..n], &mut |item| match item {
-            ParsedItem::Trace(h) => header = Some(*h),
+            ParsedItem::Trace(h) => {
+                header = Some(*h);
+                clock_skew_ns = h
+                    .ticks_to_ns(h.sync_time_qpc)
+                    .map(|t| t as i64 - monotonic_ns() as i64);
+                if clock_skew_ns.is_some_and(|skew| skew.abs() > 10_000_000_000) {
+                    tracing::warn!(
+                        ?clock_skew_ns,
+                        "the runtime's event clock is not CLOCK_MONOTONIC: CLR event times are off"
+                    );
+                }
+            }
             ParsedItem::Event(record) => {
                 let Some(event) = decoder.decode(&record) else {
                     return;
@@ -453,8 +492,21 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
         decode: decoder.stats().clone(),
         error,
         undelivered,
+        clock_skew_ns,
     };
     let _ = sender.send(SessionMessage::Ended(end));
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 #[cfg(test)]
