@@ -54,7 +54,12 @@ pub struct ClrCollector {
     /// without EnablePerfMap).
     rundown: bool,
     rundown_methods: usize,
+    /// The rundown runs on its own thread: it can take seconds in a big
+    /// application, and the recording loop must keep draining samples.
+    rundown_job: Option<std::thread::JoinHandle<RundownResult>>,
 }
+
+type RundownResult = Result<(Vec<MethodLoad>, Option<String>), IpcError>;
 
 impl ClrCollector {
     /// For host process `pid`, whose runtime was just seen.
@@ -80,6 +85,7 @@ impl ClrCollector {
             sessions_started: 0,
             rundown,
             rundown_methods: 0,
+            rundown_job: None,
         }
     }
 
@@ -98,7 +104,10 @@ impl ClrCollector {
                     self.sessions_started += 1;
                     self.state = CollectorState::Running(Box::new(session));
                     if self.rundown {
-                        self.run_rundown(procfs, on_method);
+                        let (procfs, pid) = (procfs.clone(), self.pid);
+                        self.rundown_job = Some(std::thread::spawn(move || {
+                            method_rundown(&procfs, pid, RUNDOWN_DEADLINE)
+                        }));
                     }
                 }
                 Err(IpcError::SocketNotFound { .. }) if since.elapsed() < SOCKET_WAIT => {}
@@ -111,6 +120,7 @@ impl ClrCollector {
                 }
             }
         }
+        self.collect_rundown(false, on_method);
         let Self {
             state, intake, end, ..
         } = self;
@@ -132,8 +142,22 @@ impl ClrCollector {
         taken
     }
 
-    fn run_rundown(&mut self, procfs: &ProcFs, on_method: &mut impl FnMut(&MethodLoad, u64)) {
-        match method_rundown(procfs, self.pid, RUNDOWN_DEADLINE) {
+    /// Takes the rundown's methods once it is done (`wait`: wait for it).
+    fn collect_rundown(&mut self, wait: bool, on_method: &mut impl FnMut(&MethodLoad, u64)) {
+        if !wait && !self.rundown_job.as_ref().is_some_and(|j| j.is_finished()) {
+            return;
+        }
+        let Some(job) = self.rundown_job.take() else {
+            return;
+        };
+        let Ok(result) = job.join() else {
+            self.warnings.push(format!(
+                "pid {}: the method rundown thread failed",
+                self.pid
+            ));
+            return;
+        };
+        match result {
             Ok((methods, error)) => {
                 tracing::debug!(pid = self.pid, methods = methods.len(), ?error, "method rundown");
                 self.rundown_methods = methods.len();
@@ -163,6 +187,7 @@ impl ClrCollector {
     /// Stops the session (the end of the recording) and takes its last
     /// events.
     pub fn stop(&mut self, on_method: &mut impl FnMut(&MethodLoad, u64)) {
+        self.collect_rundown(true, on_method);
         let state = std::mem::replace(&mut self.state, CollectorState::Ended);
         if let CollectorState::Running(session) = state {
             let intake = &mut self.intake;
