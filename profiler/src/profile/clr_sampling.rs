@@ -294,6 +294,12 @@ impl SamplingController {
 
 /// Ticks of the controller per window.
 pub const CONTROLLER_TICKS_PER_WINDOW: u64 = 20;
+/// Exception types tracked per window; the types beyond (a hostile or
+/// generated set) share one tally, so memory stays bounded and the total
+/// stays exact, but they are not each guaranteed a kept sample.
+pub const MAX_EXCEPTION_TYPES_PER_WINDOW: usize = 1024;
+/// The tally of the types beyond [`MAX_EXCEPTION_TYPES_PER_WINDOW`].
+pub const OTHER_EXCEPTION_TYPES: &str = "[other exception types]";
 
 #[derive(Clone, Debug)]
 struct ExceptionType<T> {
@@ -351,6 +357,13 @@ impl<T> ExceptionSampler<T> {
     pub fn offer(&mut self, time_ns: u64, type_name: &str, make: impl FnOnce() -> T) -> bool {
         self.advance(time_ns);
         self.tick_seen += 1;
+        let type_name = if self.types.len() >= MAX_EXCEPTION_TYPES_PER_WINDOW
+            && !self.types.contains_key(type_name)
+        {
+            OTHER_EXCEPTION_TYPES
+        } else {
+            type_name
+        };
         let first_of_type = !self.types.contains_key(type_name);
         let keep = first_of_type
             || (self.window_kept < self.limit && self.rng.next_f64() < self.probability());
@@ -542,6 +555,18 @@ mod tests {
         }
         assert_eq!(out.iter().map(|w| w.count).sum::<u64>(), total);
         assert!(out.iter().any(|w| w.item == "Once"));
+    }
+
+    #[test]
+    fn generated_exception_types_stay_bounded_and_counted() {
+        let mut sampler = ExceptionSampler::new(500, SECOND, 9);
+        let n = 50_000u64;
+        for i in 0..n {
+            sampler.offer(i, &format!("Generated{i}"), || ());
+        }
+        assert!(sampler.types.len() <= MAX_EXCEPTION_TYPES_PER_WINDOW + 1);
+        let out = sampler.finish();
+        assert_eq!(out.iter().map(|w| w.count).sum::<u64>(), n);
     }
 
     #[test]
