@@ -139,6 +139,8 @@ struct TrackedProcess {
     jit_module: Arc<Module>,
     clr: Option<ClrCollector>,
     clr_events: ClrEventKinds,
+    /// CLR events arrived since the perf map was last read.
+    clr_symbols_stale: bool,
     /// Name methods from the session's MethodLoad events (no perf map).
     methods_from_events: bool,
 }
@@ -185,6 +187,7 @@ impl TrackedProcess {
             }),
             clr: None,
             clr_events,
+            clr_symbols_stale: false,
             methods_from_events: false,
         };
         process.refresh_maps(procfs, native);
@@ -298,10 +301,17 @@ impl TrackedProcess {
                 add_event_method(managed, method, time_ns);
             }
         });
-        // Event stacks are symbolized at the end, maybe after the process
-        // exited: read its perf map while it is there.
-        if taken > 0 {
-            self.refresh_managed(false);
+        // Event stacks are symbolized later, maybe after the process
+        // exited: read its perf map while it is there, once more after the
+        // last events (the rate limit may have skipped the read they need).
+        self.clr_symbols_stale |= taken > 0;
+        if self.clr_symbols_stale
+            && self
+                .managed_read_at
+                .is_none_or(|t| t.elapsed() >= MANAGED_REFRESH_EVERY)
+        {
+            self.clr_symbols_stale = false;
+            self.refresh_managed(true);
         }
     }
 
@@ -459,42 +469,29 @@ impl Pipeline {
                     .clr
                     .push((process.pid, process.exe_name.clone(), clr.counters()));
             }
-            for weighted in clr.finish() {
-                let crate::profile::clr_sampling::Weighted {
-                    item,
-                    count,
-                    delay_ns,
-                } = weighted;
-                stack.clear();
-                for &addr in &item.stack {
-                    let frame = user_frame(native, procfs, process, addr, true, item.time_ns);
-                    stack.push(aggregator.intern(&frame));
-                }
-                if item.stack.is_empty() {
-                    stack.push(aggregator.intern(&Frame::synthetic("[no stack]")));
-                }
-                let mut labels = vec![
-                    Label::num(label_keys::PROCESS_PID, i64::from(process.pid)),
-                    Label::str(
-                        label_keys::PROCESS_EXECUTABLE_NAME,
-                        process.exe_name.clone(),
-                    ),
-                    Label::num(
-                        label_keys::THREAD_ID,
-                        i64::try_from(item.thread_id).unwrap_or(i64::MAX),
-                    ),
-                ];
-                if let Some(id) = &process.container_id {
-                    labels.push(Label::str(label_keys::CONTAINER_ID, id.clone()));
-                }
-                labels.extend(item.labels);
-                let count = i64::try_from(count).unwrap_or(i64::MAX);
-                let delay = i64::try_from(delay_ns).unwrap_or(i64::MAX);
-                let values = match item.kind {
-                    ClrSampleKind::Contention => [0, 0, count, delay, 0],
-                    ClrSampleKind::Exception => [0, 0, 0, 0, count],
-                };
-                aggregator.add(stack, labels, &values);
+            let kept = clr.finish();
+            add_clr_samples(native, procfs, aggregator, stack, process, kept);
+        }
+    }
+
+    /// Adds the CLR samples of the sampling windows closed so far, so a
+    /// long recording holds at most one window of them per process.
+    fn flush_clr_windows(&mut self) {
+        let Self {
+            native,
+            processes,
+            aggregator,
+            stack,
+            procfs,
+            ..
+        } = self;
+        for process in processes.values_mut() {
+            let Some(kept) = process.clr.as_mut().map(ClrCollector::take_completed) else {
+                continue;
+            };
+            if !kept.is_empty() {
+                process.refresh_managed(true);
+                add_clr_samples(native, procfs, aggregator, stack, process, kept);
             }
         }
     }
@@ -704,6 +701,55 @@ fn user_frame(
     }
 }
 
+/// Symbolizes weighted CLR samples (their stacks like CPU samples' user
+/// stacks, at the event's time) and adds them with their exact shares.
+fn add_clr_samples(
+    native: &mut NativeSymbolizer,
+    procfs: &ProcFs,
+    aggregator: &mut Aggregator,
+    stack: &mut Vec<u32>,
+    process: &mut TrackedProcess,
+    kept: Vec<crate::profile::clr_sampling::Weighted<crate::clr::intake::ClrSample>>,
+) {
+    for weighted in kept {
+        let crate::profile::clr_sampling::Weighted {
+            item,
+            count,
+            delay_ns,
+        } = weighted;
+        stack.clear();
+        for &addr in &item.stack {
+            let frame = user_frame(native, procfs, process, addr, true, item.time_ns);
+            stack.push(aggregator.intern(&frame));
+        }
+        if item.stack.is_empty() {
+            stack.push(aggregator.intern(&Frame::synthetic("[no stack]")));
+        }
+        let mut labels = vec![
+            Label::num(label_keys::PROCESS_PID, i64::from(process.pid)),
+            Label::str(
+                label_keys::PROCESS_EXECUTABLE_NAME,
+                process.exe_name.clone(),
+            ),
+            Label::num(
+                label_keys::THREAD_ID,
+                i64::try_from(item.thread_id).unwrap_or(i64::MAX),
+            ),
+        ];
+        if let Some(id) = &process.container_id {
+            labels.push(Label::str(label_keys::CONTAINER_ID, id.clone()));
+        }
+        labels.extend(item.labels);
+        let count = i64::try_from(count).unwrap_or(i64::MAX);
+        let delay = i64::try_from(delay_ns).unwrap_or(i64::MAX);
+        let values = match item.kind {
+            ClrSampleKind::Contention => [0, 0, count, delay, 0],
+            ClrSampleKind::Exception => [0, 0, 0, 0, count],
+        };
+        aggregator.add(stack, labels, &values);
+    }
+}
+
 /// The invoking user under sudo: (uid, gid, name).
 fn sudo_user() -> Option<(u32, u32, CString)> {
     let uid = std::env::var("SUDO_UID").ok()?.parse().ok()?;
@@ -859,6 +905,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         pipeline.summary.malformed_records += sampler.drain(&mut raw);
         pipeline.accept(&mut raw);
         pipeline.poll_clr();
+        pipeline.flush_clr_windows();
         pipeline.process_pending(monotonic_ns().saturating_sub(SYMBOLIZE_DELAY.as_nanos() as u64));
         if command_exited_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE) {
             break "command exited";

@@ -217,6 +217,11 @@ impl ClrCollector {
         }
     }
 
+    /// The kept samples of the sampling windows closed so far.
+    pub fn take_completed(&mut self) -> Vec<Weighted<ClrSample>> {
+        self.intake.take_completed()
+    }
+
     /// Every kept sample with its weights (closes the sampling windows).
     pub fn finish(&mut self) -> Vec<Weighted<ClrSample>> {
         self.intake.finish()
