@@ -101,6 +101,28 @@ pub struct RecordArgs {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_memory_mb: u64,
 
+    /// CLR events to collect from .NET processes over EventPipe, as extra
+    /// sample types in the profile: contention (contentions/count,
+    /// delay/nanoseconds, with the lock owner on .NET 8+), exceptions
+    /// (exceptions/count, by exception.type), waits (.NET 9+). Sampled per
+    /// minute, with exact totals.
+    #[arg(
+        long,
+        value_name = "KINDS",
+        default_value = "contention,exceptions,waits",
+        conflicts_with = "no_clr_events"
+    )]
+    pub clr_events: String,
+
+    /// No EventPipe session: CPU samples only.
+    #[arg(long)]
+    pub no_clr_events: bool,
+
+    /// Write one file per kind: <stem>.cpu.pb.gz, <stem>.contention.pb.gz,
+    /// <stem>.exceptions.pb.gz.
+    #[arg(long)]
+    pub split: bool,
+
     /// No progress line and no summary.
     #[arg(short, long)]
     pub quiet: bool,

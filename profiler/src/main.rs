@@ -7,6 +7,7 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use clrbpf::{
     cli::{Cli, Command, RecordArgs},
+    clr::session::ClrEventKinds,
     export::output::OutputFormat,
     record::{RecordConfig, print_summary, record},
 };
@@ -67,9 +68,17 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         no_perf_map_attach,
         dwarf_unwind,
         unwind_table_memory_mb,
+        clr_events,
+        no_clr_events,
+        split,
         quiet,
         command,
     } = args;
+    let clr_events = if no_clr_events {
+        ClrEventKinds::NONE
+    } else {
+        ClrEventKinds::parse(&clr_events).map_err(|e| anyhow::anyhow!("--clr-events: {e}"))?
+    };
     let format = match format.or_else(|| OutputFormat::from_path(&output)) {
         Some(format) => format,
         None => anyhow::bail!(
@@ -96,6 +105,8 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         unwind_table_memory_bytes: unwind_table_memory_mb << 20,
         command,
         verbose: !quiet,
+        clr_events,
+        split,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -29,7 +29,12 @@ use crate::{
     bpf::{
         KernelCounters, ProgramStats, Sampler, SamplerConfig, UnwindReport, UnwindWorker, system,
     },
-    clr::ipc::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
+    clr::{
+        collector::ClrCollector,
+        intake::{ClrCounters, ClrSampleKind},
+        ipc::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
+        session::ClrEventKinds,
+    },
     export::output::{OutputFormat, write_profile},
     process::{
         ProcFs,
@@ -77,6 +82,10 @@ pub struct RecordConfig {
     pub command: Vec<OsString>,
     /// Progress line and summary on stderr.
     pub verbose: bool,
+    /// CLR events collected from .NET processes (none: no EventPipe session).
+    pub clr_events: ClrEventKinds,
+    /// One output file per kind (`<stem>.cpu.pb.gz`, ...) instead of one.
+    pub split: bool,
 }
 
 /// What one recording collected, for the summary line and for tests.
@@ -104,6 +113,10 @@ pub struct RecordSummary {
     pub command_status: Option<std::process::ExitStatus>,
     pub stopped_by: &'static str,
     pub warnings: Vec<String>,
+    /// Exact CLR event counters per process that had an EventPipe session.
+    pub clr: Vec<(u32, Arc<str>, ClrCounters)>,
+    /// Files written (more than one with `split`).
+    pub outputs: Vec<PathBuf>,
 }
 
 fn monotonic_ns() -> u64 {
@@ -135,10 +148,22 @@ struct TrackedProcess {
     attach: bool,
     warnings: Vec<String>,
     jit_module: Arc<Module>,
+    clr: Option<ClrCollector>,
+    clr_events: ClrEventKinds,
+    /// CLR events arrived since the perf map was last read.
+    clr_symbols_stale: bool,
+    /// Name methods from the session's MethodLoad events (no perf map).
+    methods_from_events: bool,
 }
 
 impl TrackedProcess {
-    fn discover(procfs: &ProcFs, pid: u32, native: &mut NativeSymbolizer, attach: bool) -> Self {
+    fn discover(
+        procfs: &ProcFs,
+        pid: u32,
+        native: &mut NativeSymbolizer,
+        attach: bool,
+        clr_events: ClrEventKinds,
+    ) -> Self {
         let info = procfs.process_info(pid).ok();
         let launched_here = info.as_ref().is_some_and(|i| i.ns_pid == pid)
             && is_descendant_of_self(procfs, pid)
@@ -171,6 +196,10 @@ impl TrackedProcess {
                 file_offset: 0,
                 has_functions: true,
             }),
+            clr: None,
+            clr_events,
+            clr_symbols_stale: false,
+            methods_from_events: false,
         };
         process.refresh_maps(procfs, native);
         process
@@ -209,12 +238,33 @@ impl TrackedProcess {
         let pid = self.pid;
         tracing::debug!(pid, version = ?runtime.version, "found a .NET runtime");
         self.managed = Some(ManagedSymbols::new(pid));
+        // Runtimes before .NET 8 cannot be asked for perf maps: a process we
+        // did not start gets its JIT frames named from method rundown and
+        // MethodLoad events.
+        self.methods_from_events =
+            self.attach && !self.launched_here && runtime.major().is_some_and(|m| m < 8);
+        if self.clr_events.any() {
+            self.clr = Some(ClrCollector::new(
+                pid,
+                self.clr_events,
+                runtime.major(),
+                self.methods_from_events,
+            ));
+        }
         if !self.attach {
             return;
         }
         match PerfMapAttach::attach(procfs, pid) {
             Ok(PerfMapAttachOutcome::Enabled(handle)) => self.perf_map = Some(handle),
             Ok(PerfMapAttachOutcome::AlreadyEnabled { .. }) => {}
+            Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { .. }))
+                if self.methods_from_events && self.clr.is_some() =>
+            {
+                tracing::debug!(
+                    pid,
+                    "no EnablePerfMap before .NET 8: naming methods by rundown"
+                );
+            }
             Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { .. })) => {
                 let version = runtime.version.as_deref().unwrap_or("before 8");
                 self.warnings.push(format!(
@@ -251,9 +301,77 @@ impl TrackedProcess {
         );
     }
 
+    /// Starts or drains this process's EventPipe session.
+    fn poll_clr(&mut self, procfs: &ProcFs) {
+        let Some(clr) = self.clr.as_mut() else {
+            return;
+        };
+        let mut managed = self.managed.as_mut().filter(|_| self.methods_from_events);
+        let taken = clr.poll(procfs, &mut |method, time_ns| {
+            if let Some(managed) = managed.as_deref_mut() {
+                add_event_method(managed, method, time_ns);
+            }
+        });
+        // Event stacks are symbolized later, maybe after the process
+        // exited: read its perf map while it is there, once more after the
+        // last events (the rate limit may have skipped the read they need).
+        self.clr_symbols_stale |= taken > 0;
+        if self.clr_symbols_stale
+            && self
+                .managed_read_at
+                .is_none_or(|t| t.elapsed() >= MANAGED_REFRESH_EVERY)
+        {
+            self.clr_symbols_stale = false;
+            self.refresh_managed(true);
+        }
+    }
+
+    /// Stops this process's EventPipe session, if any.
+    fn stop_clr(&mut self) {
+        let Some(clr) = self.clr.as_mut() else {
+            return;
+        };
+        let mut managed = self.managed.as_mut().filter(|_| self.methods_from_events);
+        clr.stop(&mut |method, time_ns| {
+            if let Some(managed) = managed.as_deref_mut() {
+                add_event_method(managed, method, time_ns);
+            }
+        });
+    }
+
     fn mapping_for(&self, addr: u64) -> Option<&Mapping> {
         self.mappings.find(addr)
     }
+}
+
+/// Sample types added after `samples/count` and `cpu/nanoseconds` when CLR
+/// events are collected.
+const CLR_SAMPLE_TYPES: [(&str, &str); 3] = [
+    ("contentions", "count"),
+    ("delay", "nanoseconds"),
+    ("exceptions", "count"),
+];
+
+/// Names a method from a MethodLoad or rundown event, as a perf map line
+/// would (so frames look the same whichever source named them).
+fn add_event_method(
+    managed: &mut ManagedSymbols,
+    method: &crate::clr::events::MethodLoad,
+    time_ns: u64,
+) {
+    use crate::clr::events::MethodEventKind;
+    let valid_from = match method.kind {
+        MethodEventKind::Load => time_ns,
+        // Rundown describes code that existed before the session.
+        MethodEventKind::RundownStart | MethodEventKind::RundownEnd => 0,
+        MethodEventKind::Unload => return,
+    };
+    let raw = format!(
+        "{}[{}]",
+        method.display_name(),
+        method.tier().perf_map_name()
+    );
+    managed.insert_method(method.start, u64::from(method.size), &raw, valid_from);
 }
 
 fn mapped_file(pid: u32, m: &Mapping) -> Option<MappedFile<'_>> {
@@ -279,6 +397,7 @@ fn mapped_file(pid: u32, m: &Mapping) -> Option<MappedFile<'_>> {
 struct Pipeline {
     procfs: ProcFs,
     attach_perf_maps: bool,
+    clr_events: ClrEventKinds,
     native: NativeSymbolizer,
     processes: HashMap<u32, TrackedProcess>,
     aggregator: Aggregator,
@@ -292,16 +411,21 @@ struct Pipeline {
 }
 
 impl Pipeline {
-    fn new(attach_perf_maps: bool) -> Self {
+    fn new(attach_perf_maps: bool, clr_events: ClrEventKinds) -> Self {
+        let mut sample_types = vec![
+            ValueType::new("samples", "count"),
+            ValueType::new("cpu", "nanoseconds"),
+        ];
+        if clr_events.any() {
+            sample_types.extend(CLR_SAMPLE_TYPES.map(|(t, u)| ValueType::new(t, u)));
+        }
         Self {
             procfs: ProcFs::default(),
             attach_perf_maps,
+            clr_events,
             native: NativeSymbolizer::new(),
             processes: HashMap::new(),
-            aggregator: Aggregator::new(vec![
-                ValueType::new("samples", "count"),
-                ValueType::new("cpu", "nanoseconds"),
-            ]),
+            aggregator: Aggregator::new(sample_types),
             pending: VecDeque::new(),
             summary: RecordSummary::default(),
             stack: Vec::with_capacity(256),
@@ -318,10 +442,72 @@ impl Pipeline {
                 pid,
                 &mut self.native,
                 self.attach_perf_maps,
+                self.clr_events,
             );
             self.processes.insert(pid, process);
             if let Some(unwind) = self.unwind.as_ref() {
                 unwind.track_process(pid);
+            }
+        }
+    }
+
+    /// Starts, drains (and notices the end of) every EventPipe session.
+    fn poll_clr(&mut self) {
+        for process in self.processes.values_mut() {
+            process.poll_clr(&self.procfs);
+        }
+    }
+
+    /// The end of the recording: stops every session, then adds the kept
+    /// CLR events, symbolized like CPU samples' user stacks at their own
+    /// time and weighted so the totals are exact.
+    fn finish_clr(&mut self) {
+        for process in self.processes.values_mut() {
+            process.stop_clr();
+        }
+        let Self {
+            native,
+            processes,
+            aggregator,
+            summary,
+            stack,
+            procfs,
+            ..
+        } = self;
+        for process in processes.values_mut() {
+            let Some(mut clr) = process.clr.take() else {
+                continue;
+            };
+            process.refresh_managed(true);
+            summary.warnings.append(&mut clr.take_warnings());
+            if clr.had_session() {
+                summary
+                    .clr
+                    .push((process.pid, process.exe_name.clone(), clr.counters()));
+            }
+            let kept = clr.finish();
+            add_clr_samples(native, procfs, aggregator, stack, process, kept);
+        }
+    }
+
+    /// Adds the CLR samples of the sampling windows closed so far, so a
+    /// long recording holds at most one window of them per process.
+    fn flush_clr_windows(&mut self) {
+        let Self {
+            native,
+            processes,
+            aggregator,
+            stack,
+            procfs,
+            ..
+        } = self;
+        for process in processes.values_mut() {
+            let Some(kept) = process.clr.as_mut().map(ClrCollector::take_completed) else {
+                continue;
+            };
+            if !kept.is_empty() {
+                process.refresh_managed(true);
+                add_clr_samples(native, procfs, aggregator, stack, process, kept);
             }
         }
     }
@@ -531,6 +717,55 @@ fn user_frame(
     }
 }
 
+/// Symbolizes weighted CLR samples (their stacks like CPU samples' user
+/// stacks, at the event's time) and adds them with their exact shares.
+fn add_clr_samples(
+    native: &mut NativeSymbolizer,
+    procfs: &ProcFs,
+    aggregator: &mut Aggregator,
+    stack: &mut Vec<u32>,
+    process: &mut TrackedProcess,
+    kept: Vec<crate::profile::clr_sampling::Weighted<crate::clr::intake::ClrSample>>,
+) {
+    for weighted in kept {
+        let crate::profile::clr_sampling::Weighted {
+            item,
+            count,
+            delay_ns,
+        } = weighted;
+        stack.clear();
+        for &addr in &item.stack {
+            let frame = user_frame(native, procfs, process, addr, true, item.time_ns);
+            stack.push(aggregator.intern(&frame));
+        }
+        if item.stack.is_empty() {
+            stack.push(aggregator.intern(&Frame::synthetic("[no stack]")));
+        }
+        let mut labels = vec![
+            Label::num(label_keys::PROCESS_PID, i64::from(process.pid)),
+            Label::str(
+                label_keys::PROCESS_EXECUTABLE_NAME,
+                process.exe_name.clone(),
+            ),
+            Label::num(
+                label_keys::THREAD_ID,
+                i64::try_from(item.thread_id).unwrap_or(i64::MAX),
+            ),
+        ];
+        if let Some(id) = &process.container_id {
+            labels.push(Label::str(label_keys::CONTAINER_ID, id.clone()));
+        }
+        labels.extend(item.labels);
+        let count = i64::try_from(count).unwrap_or(i64::MAX);
+        let delay = i64::try_from(delay_ns).unwrap_or(i64::MAX);
+        let values = match item.kind {
+            ClrSampleKind::Contention => [0, 0, count, delay, 0],
+            ClrSampleKind::Exception => [0, 0, 0, 0, count],
+        };
+        aggregator.add(stack, labels, &values);
+    }
+}
+
 /// The invoking user under sudo: (uid, gid, name).
 fn sudo_user() -> Option<(u32, u32, CString)> {
     let uid = std::env::var("SUDO_UID").ok()?.parse().ok()?;
@@ -615,6 +850,8 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         unwind_table_memory_bytes,
         command,
         verbose,
+        clr_events,
+        split,
     } = config;
     for &pid in &pids {
         if !process_exists(pid) {
@@ -638,7 +875,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         unwind_table_memory_bytes,
         ..SamplerConfig::default()
     })?;
-    let mut pipeline = Pipeline::new(perf_map_attach);
+    let mut pipeline = Pipeline::new(perf_map_attach, clr_events);
     pipeline.unwind = match sampler.take_unwind_maps() {
         Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
         None => None,
@@ -696,6 +933,8 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
                 unwind.refresh_process(pid);
             }
         }
+        pipeline.poll_clr();
+        pipeline.flush_clr_windows();
         pipeline.process_pending(monotonic_ns().saturating_sub(SYMBOLIZE_DELAY.as_nanos() as u64));
         if command_exited_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE) {
             break "command exited";
@@ -732,6 +971,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     }
     let period_ns = sampler.period_ns;
     drop(sampler);
+    pipeline.finish_clr();
     pipeline.process_all();
     pipeline.restore_processes(keep_perf_maps);
 
@@ -762,9 +1002,92 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         OutputFormat::Pprof => 1,
         OutputFormat::Collapsed | OutputFormat::Svg => 0,
     };
-    write_profile(&profile, format, sample_type_index, &output, owner)
-        .with_context(|| format!("write {}", output.display()))?;
+    if split && clr_events.any() {
+        for (path, types, index) in split_outputs(&output, format) {
+            let part = select_sample_types(&profile, &types);
+            write_profile(&part, format, index, &path, owner)
+                .with_context(|| format!("write {}", path.display()))?;
+            summary.outputs.push(path);
+        }
+    } else {
+        write_profile(&profile, format, sample_type_index, &output, owner)
+            .with_context(|| format!("write {}", output.display()))?;
+        summary.outputs.push(output);
+    }
     Ok(summary)
+}
+
+/// `--split`: for `out.pb.gz`, `out.cpu.pb.gz` (samples, cpu),
+/// `out.contention.pb.gz` (contentions, delay) and `out.exceptions.pb.gz`,
+/// with the sample types each keeps (indices into the combined profile)
+/// and the one folded stacks and flame graphs show.
+fn split_outputs(
+    output: &std::path::Path,
+    format: OutputFormat,
+) -> Vec<(PathBuf, Vec<usize>, usize)> {
+    let name = output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (stem, extension) = match name.strip_suffix(".pb.gz") {
+        Some(stem) => (stem.to_owned(), ".pb.gz".to_owned()),
+        None => match name.rsplit_once('.') {
+            Some((stem, ext)) if !stem.is_empty() => (stem.to_owned(), format!(".{ext}")),
+            _ => (name.clone(), String::new()),
+        },
+    };
+    let folded = !matches!(format, OutputFormat::Pprof);
+    [
+        ("cpu", vec![0, 1], if folded { 0 } else { 1 }),
+        ("contention", vec![2, 3], 1),
+        ("exceptions", vec![4], 0),
+    ]
+    .into_iter()
+    .map(|(kind, types, index)| {
+        (
+            output.with_file_name(format!("{stem}.{kind}{extension}")),
+            types,
+            index,
+        )
+    })
+    .collect()
+}
+
+/// The part of `profile` with only the sample types `types`, and only the
+/// samples with a value in one of them.
+fn select_sample_types(
+    profile: &crate::profile::Profile,
+    types: &[usize],
+) -> crate::profile::Profile {
+    let mut part = profile.clone();
+    part.sample_types = types
+        .iter()
+        .filter_map(|&i| profile.sample_types.get(i).cloned())
+        .collect();
+    part.samples = profile
+        .samples
+        .iter()
+        .filter_map(|sample| {
+            let values: Vec<i64> = types
+                .iter()
+                .map(|&i| sample.values.get(i).copied().unwrap_or(0))
+                .collect();
+            values
+                .iter()
+                .any(|&v| v != 0)
+                .then(|| crate::profile::ProfileSample {
+                    values,
+                    ..sample.clone()
+                })
+        })
+        .collect();
+    let keeps_cpu = types.contains(&1);
+    if !keeps_cpu {
+        part.period_type = None;
+        part.period = 0;
+    }
+    part.default_sample_type = Some(types.len().saturating_sub(1));
+    part
 }
 
 /// The end-of-recording summary, for a person.
@@ -817,6 +1140,20 @@ pub fn print_summary(
             "clrbpf: turned perf maps on and off again in {} running .NET processes",
             summary.perf_maps_enabled
         )?;
+    }
+    for (pid, name, counters) in &summary.clr {
+        writeln!(
+            w,
+            "clrbpf: pid {pid} ({name}): {} exceptions thrown, {} contentions, {:.1} ms contention time",
+            counters.exceptions,
+            counters.contentions,
+            counters.contention_ns as f64 / 1e6
+        )?;
+    }
+    if summary.outputs.len() > 1 {
+        for path in &summary.outputs {
+            writeln!(w, "clrbpf: wrote {}", path.display())?;
+        }
     }
     if summary.bpf_stats.run_count > 0 {
         writeln!(

@@ -92,8 +92,14 @@ fn launch_mode_measures_the_cpu_split_of_two_methods() {
     let profile = read_profile(&output_path);
     assert_eq!(
         sample_types(&profile),
-        ["samples/count", "cpu/nanoseconds"],
-        "sample types"
+        [
+            "samples/count",
+            "cpu/nanoseconds",
+            "contentions/count",
+            "delay/nanoseconds",
+            "exceptions/count"
+        ],
+        "sample types (CLR events are on by default)"
     );
     assert_some_stack_contains(&profile, Some(pid), &["Ratio::HotA"]);
     assert_some_stack_contains(&profile, Some(pid), &["Ratio::HotB"]);

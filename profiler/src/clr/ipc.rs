@@ -966,6 +966,65 @@ impl DiagnosticClient {
     pub fn disable_perf_map(&self) -> Result<(), IpcError> {
         self.status_command(CommandId::DISABLE_PERF_MAP, &[])
     }
+
+    /// Starts an EventPipe session with CollectTracing2 (`payload` from
+    /// [`crate::clr::session::collect_tracing2_payload`]). Returns the
+    /// connection, on which the nettrace stream follows (its timeouts are
+    /// cleared), and the session id for [`Self::stop_tracing`].
+    pub fn collect_tracing(&self, payload: &[u8]) -> Result<(UnixStream, u64), IpcError> {
+        let command = CommandId::COLLECT_TRACING_2;
+        let (stream, reply) = self.exchange(command, payload, HEADER_LEN + 8)?;
+        let session_id = parse_session_id(reply).map_err(|e| self.reply_error(command, e))?;
+        stream
+            .set_read_timeout(None)
+            .and_then(|()| stream.set_write_timeout(None))
+            .map_err(|source| self.io_error(command, source))?;
+        Ok((stream, session_id))
+    }
+
+    /// Stops session `session_id` (StopTracing, on a new connection). The
+    /// runtime then flushes (and runs rundown, if asked) and ends the stream.
+    pub fn stop_tracing(&self, session_id: u64) -> Result<(), IpcError> {
+        let command = CommandId::STOP_TRACING;
+        let (_stream, reply) = self.exchange(command, &session_id.to_le_bytes(), HEADER_LEN + 8)?;
+        parse_session_id(reply)
+            .map(|_| ())
+            .map_err(|e| self.reply_error(command, e))
+    }
+
+    fn reply_error(
+        &self,
+        command: CommandId,
+        error: Result<ResponseError, RuntimeError>,
+    ) -> IpcError {
+        match error {
+            Ok(source) => IpcError::Response {
+                pid: self.pid,
+                command,
+                source,
+            },
+            Err(error) => self.refused(command, error),
+        }
+    }
+}
+
+/// The u64 session id of a CollectTracing / StopTracing reply; `Err(Ok)` for
+/// a malformed reply, `Err(Err)` for a refusal.
+pub fn parse_session_id(reply: ServerReply) -> Result<u64, Result<ResponseError, RuntimeError>> {
+    match reply {
+        ServerReply::Error(error) => Err(Err(error)),
+        ServerReply::Ok(payload) => {
+            let id: [u8; 8] = payload.as_slice().try_into().map_err(|_| {
+                Ok(ResponseError::Truncated {
+                    field: "sessionId",
+                    offset: 0,
+                    needed: 8,
+                    len: payload.len(),
+                })
+            })?;
+            Ok(u64::from_le_bytes(id))
+        }
+    }
 }
 
 /// Sets the socket timeouts to the time left before `deadline`.
@@ -1855,6 +1914,120 @@ mod tests {
         );
     }
 
+    fn nettrace_fixture(name: &str) -> Vec<u8> {
+        use std::io::Read as _;
+        let path = format!(
+            "{}/src/clr/nettrace/testdata/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let file = fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let mut bytes = Vec::new();
+        flate2::read::GzDecoder::new(file)
+            .read_to_end(&mut bytes)
+            .expect("gunzip fixture");
+        bytes
+    }
+
+    /// A session against a fake runtime replaying a real capture: the
+    /// CollectTracing2 request, the stream on the same connection, the
+    /// StopTracing on a second one, and every contention and exception of
+    /// the capture delivered once.
+    #[test]
+    fn a_session_streams_a_real_capture_and_stops() {
+        use crate::clr::{
+            events::{ClrEvent, ClrEventDecoder},
+            nettrace::{NettraceParser, ParsedItem},
+            session::{ClrEventKinds, ClrSession, collect_tracing2_payload},
+        };
+        let capture = nettrace_fixture("net8.nettrace.gz");
+        let mut expected = (0u64, 0u64);
+        let mut decoder = ClrEventDecoder::new();
+        NettraceParser::new()
+            .feed(&capture, &mut |item| {
+                if let ParsedItem::Event(record) = item {
+                    match decoder.decode(&record) {
+                        Some(ClrEvent::ContentionStop(_)) => expected.0 += 1,
+                        Some(ClrEvent::ExceptionThrown(_)) => expected.1 += 1,
+                        _ => {}
+                    }
+                }
+            })
+            .expect("fixture parses");
+        assert!(expected.0 > 0 && expected.1 > 0, "{expected:?}");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (procfs, tmp) = fake_target(dir.path(), "/tmp", "");
+        let mut first = ok_reply(&0x5e55_u64.to_le_bytes());
+        first.extend_from_slice(&capture);
+        let server = serve(
+            bind_in(&tmp, "dotnet-diagnostic-7-100-socket"),
+            vec![first, ok_reply(&0x5e55_u64.to_le_bytes())],
+        );
+        let session = ClrSession::start(&procfs, 5, ClrEventKinds::ALL, Some(8)).expect("start");
+        let mut seen = (0u64, 0u64);
+        let (end, stop_error) =
+            session.stop(Duration::from_secs(10), &mut |event| match event.event {
+                ClrEvent::ContentionStop(_) => seen.0 += 1,
+                ClrEvent::ExceptionThrown(_) => {
+                    assert!(!event.stack.is_empty(), "exception without its stack");
+                    assert!(event.time_ns > 0);
+                    seen.1 += 1;
+                }
+                _ => {}
+            });
+        assert!(stop_error.is_none(), "{stop_error:?}");
+        assert!(end.error.is_none(), "{:?}", end.error);
+        assert_eq!(seen, expected);
+        let requests = server.join().expect("server");
+        assert_eq!(requests[0].0, CommandId::COLLECT_TRACING_2);
+        assert_eq!(
+            requests[0].1,
+            collect_tracing2_payload(
+                crate::clr::session::SESSION_BUFFER_MB,
+                false,
+                &[crate::clr::session::ProviderConfig {
+                    name: crate::clr::events::RUNTIME_PROVIDER.to_owned(),
+                    keywords: ClrEventKinds::ALL.keywords(Some(8)),
+                    level: 5,
+                }]
+            )
+        );
+        assert_eq!(
+            requests[1],
+            (CommandId::STOP_TRACING, 0x5e55_u64.to_le_bytes().to_vec())
+        );
+    }
+
+    #[test]
+    fn a_refused_session_is_an_error_and_a_cut_stream_keeps_its_events() {
+        use crate::clr::session::{ClrEventKinds, ClrSession};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (procfs, tmp) = fake_target(dir.path(), "/tmp", "");
+        let capture = nettrace_fixture("netcore31.nettrace.gz");
+        let mut cut = ok_reply(&1u64.to_le_bytes());
+        cut.extend_from_slice(&capture[..capture.len() / 2]);
+        let server = serve(
+            bind_in(&tmp, "dotnet-diagnostic-7-100-socket"),
+            vec![error_reply(RuntimeError::UNKNOWN_COMMAND), cut],
+        );
+        let err = ClrSession::start(&procfs, 5, ClrEventKinds::ALL, Some(3)).expect_err("refused");
+        assert_eq!(err.runtime_error(), Some(RuntimeError::UnknownCommand));
+        // The target "exits" half way through its stream.
+        let mut session =
+            ClrSession::start(&procfs, 5, ClrEventKinds::ALL, Some(3)).expect("start");
+        let mut events = 0;
+        for _ in 0..200 {
+            events += session.drain(&mut |_| {});
+            if session.has_ended() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(session.has_ended(), "a closed stream ends the session");
+        assert!(events > 0, "the events before the cut are kept");
+        server.join().expect("server");
+    }
+
     #[test]
     fn dropping_an_attach_turns_perf_maps_off() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -2170,6 +2343,42 @@ public static class Hot {
             "{:?}",
             info.clr_product_version
         );
+    }
+
+    /// A real session: the runtime's event clock is CLOCK_MONOTONIC (the
+    /// clock of BPF samples), on .NET 8 and 3.1, and the rundown lists the
+    /// method compiled before it.
+    #[test]
+    #[ignore = "needs a .NET runtime: run by cargo xtask test"]
+    fn real_sessions_use_the_monotonic_clock_and_rundown_lists_methods() {
+        use crate::clr::session::{ClrEventKinds, ClrSession, method_rundown};
+        for runtime in [Runtime::Net8, Runtime::NetCore31] {
+            let mut app = DotnetApp::start(runtime, &[]);
+            let _ = app.client();
+            let procfs = ProcFs::default();
+            let session =
+                ClrSession::start(&procfs, app.pid(), ClrEventKinds::ALL, None).expect("start");
+            let (methods, error) =
+                method_rundown(&procfs, app.pid(), Duration::from_secs(10)).expect("rundown");
+            assert!(error.is_none(), "{error:?}");
+            assert!(
+                methods
+                    .iter()
+                    .any(|m| m.display_name().contains("Hot::Spin")),
+                "rundown without Hot::Spin ({} methods)",
+                methods.len()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+            let (end, stop_error) = session.stop(Duration::from_secs(5), &mut |_| {});
+            assert!(stop_error.is_none(), "{stop_error:?}");
+            assert!(end.error.is_none(), "{:?}", end.error);
+            let skew = end.clock_skew_ns.expect("a trace header");
+            assert!(
+                skew.abs() < 2_000_000_000,
+                "event clock {skew} ns away from CLOCK_MONOTONIC"
+            );
+            assert!(app.is_running(), "the target died");
+        }
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! The .NET runtime from the outside: the diagnostic IPC client (EnablePerfMap,
 //! ProcessInfo, EventPipe sessions) and what is decoded from it.
 
+pub mod collector;
 pub mod events;
+pub mod intake;
 pub mod ipc;
 pub mod nettrace;
+pub mod session;

@@ -2,6 +2,7 @@
 //! writer in [`crate::export`] reads.
 
 mod aggregate;
+pub mod clr_sampling;
 mod model;
 
 pub use aggregate::Aggregator;

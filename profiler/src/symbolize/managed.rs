@@ -487,6 +487,21 @@ impl ManagedSymbols {
         RefreshStats { perf_map, jitdump }
     }
 
+    /// Adds a method the runtime reported itself (EventPipe MethodLoad or
+    /// rundown MethodDCEnd events), `raw_name` spelled like a perf map name
+    /// (tier suffix included), valid from `valid_from_ns`. Returns false for
+    /// a rejected range.
+    pub fn insert_method(
+        &mut self,
+        start: u64,
+        size: u64,
+        raw_name: &str,
+        valid_from_ns: u64,
+    ) -> bool {
+        let symbol = ManagedSymbol::from_raw_name(raw_name, start, size, &mut self.interner);
+        self.index.insert(symbol, valid_from_ns)
+    }
+
     /// The symbol that owned `addr` at `time_ns` (CLOCK_MONOTONIC).
     pub fn lookup(&self, addr: u64, time_ns: u64) -> Option<&ManagedSymbol> {
         self.index.lookup(addr, time_ns)

@@ -1,0 +1,258 @@
+//! The CLR event side of one profiled .NET process during `record`: starts
+//! its EventPipe session ([`super::session`]) once the runtime is seen,
+//! retrying while the diagnostic socket is not there yet (a runtime creates
+//! it early in startup, but after `libcoreclr.so` is mapped), drains it on
+//! every tick into the [`ClrIntake`], and stops it at the end. Failures
+//! (no socket: `DOTNET_EnableDiagnostics=0`; a process exiting
+//! mid-session; a refused command) become one warning each; CPU profiling
+//! of the process goes on regardless.
+
+use std::time::{Duration, Instant};
+
+use super::{
+    events::{ClrEvent, MethodLoad},
+    intake::{ClrCounters, ClrIntake, ClrSample},
+    ipc::IpcError,
+    session::{
+        ClrEventKinds, ClrSession, SessionEnd, SessionEvent, WAIT_HANDLE_MIN_MAJOR, method_rundown,
+    },
+};
+use crate::{process::ProcFs, profile::clr_sampling::Weighted};
+
+/// How long a missing diagnostic socket is waited for after the runtime
+/// was seen.
+const SOCKET_WAIT: Duration = Duration::from_secs(10);
+/// Pause between two attempts to start the session.
+const RETRY_EVERY: Duration = Duration::from_millis(200);
+/// How long the stream may take to end after StopTracing.
+const STOP_DEADLINE: Duration = Duration::from_secs(3);
+/// How long a method rundown may take.
+const RUNDOWN_DEADLINE: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
+enum CollectorState {
+    Waiting {
+        since: Instant,
+        last_try: Option<Instant>,
+    },
+    Running(Box<ClrSession>),
+    Ended,
+}
+
+/// Per-process CLR event collection; see the module documentation.
+#[derive(Debug)]
+pub struct ClrCollector {
+    pid: u32,
+    kinds: ClrEventKinds,
+    runtime_major: Option<u32>,
+    state: CollectorState,
+    intake: ClrIntake,
+    end: Option<SessionEnd>,
+    warnings: Vec<String>,
+    sessions_started: u32,
+    /// Run a method rundown once the session is up (catch-up for runtimes
+    /// without EnablePerfMap).
+    rundown: bool,
+    rundown_methods: usize,
+    /// The rundown runs on its own thread: it can take seconds in a big
+    /// application, and the recording loop must keep draining samples.
+    rundown_job: Option<std::thread::JoinHandle<RundownResult>>,
+}
+
+type RundownResult = Result<(Vec<MethodLoad>, Option<String>), IpcError>;
+
+impl ClrCollector {
+    /// For host process `pid`, whose runtime was just seen.
+    pub fn new(pid: u32, kinds: ClrEventKinds, runtime_major: Option<u32>, rundown: bool) -> Self {
+        let mut warnings = Vec::new();
+        if kinds.waits && runtime_major.is_some_and(|m| m < WAIT_HANDLE_MIN_MAJOR) {
+            warnings.push(format!(
+                "pid {pid}: wait-handle events need .NET 9+ (it runs .NET {}.x): no waits recorded",
+                runtime_major.unwrap_or_default()
+            ));
+        }
+        Self {
+            pid,
+            kinds,
+            runtime_major,
+            state: CollectorState::Waiting {
+                since: Instant::now(),
+                last_try: None,
+            },
+            intake: ClrIntake::default(),
+            end: None,
+            warnings,
+            sessions_started: 0,
+            rundown,
+            rundown_methods: 0,
+            rundown_job: None,
+        }
+    }
+
+    /// Starts the session if due, then takes what it delivered. Method
+    /// load events go to `on_method` (with their time), the others to the
+    /// intake. Returns the number of events taken.
+    pub fn poll(&mut self, procfs: &ProcFs, on_method: &mut impl FnMut(&MethodLoad, u64)) -> usize {
+        if let CollectorState::Waiting { since, last_try } = &mut self.state {
+            if last_try.is_some_and(|t| t.elapsed() < RETRY_EVERY) {
+                return 0;
+            }
+            *last_try = Some(Instant::now());
+            let since = *since;
+            match ClrSession::start(procfs, self.pid, self.kinds, self.runtime_major) {
+                Ok(session) => {
+                    self.sessions_started += 1;
+                    self.state = CollectorState::Running(Box::new(session));
+                    if self.rundown {
+                        let (procfs, pid) = (procfs.clone(), self.pid);
+                        self.rundown_job = Some(std::thread::spawn(move || {
+                            method_rundown(&procfs, pid, RUNDOWN_DEADLINE)
+                        }));
+                    }
+                }
+                Err(IpcError::SocketNotFound { .. }) if since.elapsed() < SOCKET_WAIT => {}
+                Err(e) => {
+                    self.warnings.push(format!(
+                        "pid {}: no CLR events (lock contention, exceptions): {e}; CPU profiling goes on",
+                        self.pid
+                    ));
+                    self.state = CollectorState::Ended;
+                }
+            }
+        }
+        self.collect_rundown(false, on_method);
+        let Self {
+            state, intake, end, ..
+        } = self;
+        let mut taken = 0;
+        if let CollectorState::Running(session) = state {
+            taken = session.drain(&mut |event| route(intake, on_method, event));
+            if session.has_ended() {
+                // The process exited (or the runtime closed the session).
+                let CollectorState::Running(session) =
+                    std::mem::replace(state, CollectorState::Ended)
+                else {
+                    unreachable!("matched above");
+                };
+                let (session_end, _) =
+                    session.stop(STOP_DEADLINE, &mut |event| route(intake, on_method, event));
+                *end = Some(session_end);
+            }
+        }
+        taken
+    }
+
+    /// Takes the rundown's methods once it is done (`wait`: wait for it).
+    fn collect_rundown(&mut self, wait: bool, on_method: &mut impl FnMut(&MethodLoad, u64)) {
+        if !wait && !self.rundown_job.as_ref().is_some_and(|j| j.is_finished()) {
+            return;
+        }
+        let Some(job) = self.rundown_job.take() else {
+            return;
+        };
+        let Ok(result) = job.join() else {
+            self.warnings.push(format!(
+                "pid {}: the method rundown thread failed",
+                self.pid
+            ));
+            return;
+        };
+        match result {
+            Ok((methods, error)) => {
+                tracing::debug!(pid = self.pid, methods = methods.len(), ?error, "method rundown");
+                self.rundown_methods = methods.len();
+                for method in &methods {
+                    on_method(method, 0);
+                }
+                if let Some(error) = error {
+                    self.warnings.push(format!(
+                        "pid {}: method rundown incomplete ({} methods): {error}",
+                        self.pid,
+                        methods.len()
+                    ));
+                }
+            }
+            Err(e) => self.warnings.push(format!(
+                "pid {}: method rundown failed, JIT frames compiled before the attach stay unnamed: {e}",
+                self.pid
+            )),
+        }
+    }
+
+    /// Methods the rundown listed.
+    pub fn rundown_methods(&self) -> usize {
+        self.rundown_methods
+    }
+
+    /// Stops the session (the end of the recording) and takes its last
+    /// events.
+    pub fn stop(&mut self, on_method: &mut impl FnMut(&MethodLoad, u64)) {
+        self.collect_rundown(true, on_method);
+        let state = std::mem::replace(&mut self.state, CollectorState::Ended);
+        if let CollectorState::Running(session) = state {
+            let intake = &mut self.intake;
+            let (session_end, stop_error) =
+                session.stop(STOP_DEADLINE, &mut |event| route(intake, on_method, event));
+            if let Some(error) = &session_end.error {
+                self.warnings
+                    .push(format!("pid {}: CLR event stream: {error}", self.pid));
+            }
+            if let Some(e) = stop_error
+                && session_end.error.is_some()
+            {
+                self.warnings.push(format!(
+                    "pid {}: stopping the EventPipe session: {e}",
+                    self.pid
+                ));
+            }
+            self.end = Some(session_end);
+        }
+        if let Some(end) = &self.end
+            && end.stream.lost_events > 0
+        {
+            self.warnings.push(format!(
+                "pid {}: the runtime dropped {} CLR events (its session buffer was full); totals are low by that much",
+                self.pid, end.stream.lost_events
+            ));
+        }
+    }
+
+    /// The kept samples of the sampling windows closed so far.
+    pub fn take_completed(&mut self) -> Vec<Weighted<ClrSample>> {
+        self.intake.take_completed()
+    }
+
+    /// Every kept sample with its weights (closes the sampling windows).
+    pub fn finish(&mut self) -> Vec<Weighted<ClrSample>> {
+        self.intake.finish()
+    }
+
+    pub fn counters(&self) -> ClrCounters {
+        self.intake.counters()
+    }
+
+    /// Whether a session ever ran.
+    pub fn had_session(&self) -> bool {
+        self.sessions_started > 0
+    }
+
+    /// How the stream ended, once it has.
+    pub fn session_end(&self) -> Option<&SessionEnd> {
+        self.end.as_ref()
+    }
+
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+}
+
+fn route(
+    intake: &mut ClrIntake,
+    on_method: &mut impl FnMut(&MethodLoad, u64),
+    event: SessionEvent,
+) {
+    if let ClrEvent::Method(method) = &event.event {
+        on_method(method, event.time_ns);
+    }
+    intake.add(event);
+}

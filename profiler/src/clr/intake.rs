@@ -1,0 +1,319 @@
+//! What `record` does with the events of one process's EventPipe session
+//! ([`super::session`]) before they become profile samples: pairs
+//! ContentionStart/Stop per thread into contentions with a duration, counts
+//! every contention and exception exactly (the per-process counters of the
+//! summary), and hands each one to its sampler
+//! ([`crate::profile::clr_sampling`]). The kept events come out weighted,
+//! with raw stacks still to symbolize like CPU samples' user stacks.
+
+use std::collections::HashMap;
+
+use super::{
+    events::{ClrEvent, ContentionStart, ExceptionThrown},
+    session::SessionEvent,
+};
+use crate::profile::{
+    Label,
+    clr_sampling::{
+        ContentionSampler, DEFAULT_CONTENTION_LIMIT, DEFAULT_EXCEPTION_LIMIT, ExceptionSampler,
+        Weighted,
+    },
+};
+
+/// Label keys of CLR event samples (OpenTelemetry names, DESIGN.md decision 6).
+pub mod clr_label_keys {
+    pub const EXCEPTION_TYPE: &str = "exception.type";
+    pub const EXCEPTION_MESSAGE: &str = "exception.message";
+    pub const LOCK_OWNER_THREAD_ID: &str = "lock.owner.thread.id";
+}
+
+/// Window of the samplers' limits.
+pub const CLR_WINDOW_NS: u64 = 60 * 1_000_000_000;
+/// Threads with an open ContentionStart tracked at most.
+const MAX_OPEN_CONTENTIONS: usize = 1 << 16;
+/// Longest exception message kept in a label, in bytes.
+const MAX_MESSAGE_BYTES: usize = 256;
+
+/// Which kind of CLR sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClrSampleKind {
+    Contention,
+    Exception,
+}
+
+/// A kept event, still with raw addresses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClrSample {
+    pub kind: ClrSampleKind,
+    pub time_ns: u64,
+    pub thread_id: u64,
+    /// Return addresses, leaf first.
+    pub stack: Vec<u64>,
+    pub labels: Vec<Label>,
+}
+
+/// Exact per-process counters, for the summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClrCounters {
+    pub exceptions: u64,
+    pub contentions: u64,
+    pub contention_ns: u64,
+    /// ContentionStop without a start (attached mid-wait, or lost events)
+    /// and without a runtime-measured duration: not counted.
+    pub unpaired_contention_stops: u64,
+    pub method_loads: u64,
+}
+
+#[derive(Debug)]
+struct OpenContention {
+    time_ns: u64,
+    stack: Vec<u64>,
+    owner: Option<u64>,
+}
+
+/// Per-process intake; see the module documentation.
+#[derive(Debug)]
+pub struct ClrIntake {
+    open: HashMap<u64, OpenContention>,
+    contention: ContentionSampler<ClrSample>,
+    exceptions: ExceptionSampler<ClrSample>,
+    counters: ClrCounters,
+}
+
+impl Default for ClrIntake {
+    fn default() -> Self {
+        Self::new(
+            DEFAULT_CONTENTION_LIMIT,
+            DEFAULT_EXCEPTION_LIMIT,
+            CLR_WINDOW_NS,
+        )
+    }
+}
+
+impl ClrIntake {
+    pub fn new(contention_limit: usize, exception_limit: usize, window_ns: u64) -> Self {
+        Self {
+            open: HashMap::new(),
+            contention: ContentionSampler::new(contention_limit, window_ns, 0x00c0_ffee),
+            exceptions: ExceptionSampler::new(exception_limit, window_ns, 0x0bad_cafe),
+            counters: ClrCounters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> ClrCounters {
+        self.counters
+    }
+
+    /// Takes one event. Method events are not handled here (they feed the
+    /// symbol index); the caller passes them elsewhere.
+    pub fn add(&mut self, event: SessionEvent) {
+        let SessionEvent {
+            time_ns,
+            thread_id,
+            stack,
+            event,
+        } = event;
+        match event {
+            ClrEvent::ContentionStart(ContentionStart {
+                lock_owner_thread_id,
+                ..
+            }) => {
+                if self.open.len() >= MAX_OPEN_CONTENTIONS && !self.open.contains_key(&thread_id) {
+                    return;
+                }
+                self.open.insert(
+                    thread_id,
+                    OpenContention {
+                        time_ns,
+                        stack,
+                        owner: lock_owner_thread_id,
+                    },
+                );
+            }
+            ClrEvent::ContentionStop(stop) => {
+                let start = self.open.remove(&thread_id);
+                let measured = stop
+                    .duration_ns
+                    .filter(|d| d.is_finite() && *d >= 0.0)
+                    .map(|d| d.min(u64::MAX as f64) as u64);
+                let duration_ns = match (&start, measured) {
+                    (_, Some(d)) => d,
+                    (Some(start), None) => time_ns.saturating_sub(start.time_ns),
+                    (None, None) => {
+                        self.counters.unpaired_contention_stops += 1;
+                        return;
+                    }
+                };
+                self.counters.contentions += 1;
+                self.counters.contention_ns =
+                    self.counters.contention_ns.saturating_add(duration_ns);
+                self.contention.offer(time_ns, duration_ns, || {
+                    let (stack, owner) = match start {
+                        Some(start) if !start.stack.is_empty() => (start.stack, start.owner),
+                        Some(start) => (stack, start.owner),
+                        None => (stack, None),
+                    };
+                    let mut labels = Vec::new();
+                    if let Some(owner) = owner {
+                        labels.push(Label::num(
+                            clr_label_keys::LOCK_OWNER_THREAD_ID,
+                            i64::try_from(owner).unwrap_or(i64::MAX),
+                        ));
+                    }
+                    ClrSample {
+                        kind: ClrSampleKind::Contention,
+                        time_ns,
+                        thread_id,
+                        stack,
+                        labels,
+                    }
+                });
+            }
+            ClrEvent::ExceptionThrown(ExceptionThrown {
+                type_name, message, ..
+            }) => {
+                self.counters.exceptions += 1;
+                self.exceptions.offer(time_ns, &type_name, || ClrSample {
+                    kind: ClrSampleKind::Exception,
+                    time_ns,
+                    thread_id,
+                    stack,
+                    labels: vec![
+                        Label::str(clr_label_keys::EXCEPTION_TYPE, type_name.as_str()),
+                        Label::str(
+                            clr_label_keys::EXCEPTION_MESSAGE,
+                            truncate(&message, MAX_MESSAGE_BYTES),
+                        ),
+                    ],
+                });
+            }
+            ClrEvent::Method(_) => self.counters.method_loads += 1,
+            _ => {}
+        }
+    }
+
+    /// Weighted samples of the windows closed so far.
+    pub fn take_completed(&mut self) -> Vec<Weighted<ClrSample>> {
+        let mut out = self.contention.take_completed();
+        out.append(&mut self.exceptions.take_completed());
+        out
+    }
+
+    /// Closes the current windows: every kept sample not taken yet.
+    pub fn finish(&mut self) -> Vec<Weighted<ClrSample>> {
+        let mut out = self.contention.finish();
+        out.append(&mut self.exceptions.finish());
+        out
+    }
+}
+
+fn truncate(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clr::events::ContentionStop;
+
+    fn start(time_ns: u64, tid: u64, owner: Option<u64>) -> SessionEvent {
+        SessionEvent {
+            time_ns,
+            thread_id: tid,
+            stack: vec![0x1000, 0x2000],
+            event: ClrEvent::ContentionStart(ContentionStart {
+                flags: 0,
+                clr_instance_id: 0,
+                lock_id: None,
+                associated_object_id: None,
+                lock_owner_thread_id: owner,
+            }),
+        }
+    }
+
+    fn stop(time_ns: u64, tid: u64, duration_ns: Option<f64>) -> SessionEvent {
+        SessionEvent {
+            time_ns,
+            thread_id: tid,
+            stack: vec![0x3000],
+            event: ClrEvent::ContentionStop(ContentionStop {
+                flags: 0,
+                clr_instance_id: 0,
+                duration_ns,
+            }),
+        }
+    }
+
+    fn exception(time_ns: u64, ty: &str) -> SessionEvent {
+        SessionEvent {
+            time_ns,
+            thread_id: 9,
+            stack: vec![0x4000],
+            event: ClrEvent::ExceptionThrown(ExceptionThrown {
+                type_name: ty.to_owned(),
+                message: "é".repeat(300),
+                eip: 0,
+                hresult: 0,
+                flags: 0,
+                clr_instance_id: 0,
+            }),
+        }
+    }
+
+    #[test]
+    fn contentions_pair_per_thread_and_prefer_the_runtime_duration() {
+        let mut intake = ClrIntake::default();
+        intake.add(start(100, 1, Some(77)));
+        intake.add(start(150, 2, None));
+        intake.add(stop(1_100, 1, None));
+        intake.add(stop(2_150, 2, Some(1_500.0)));
+        intake.add(stop(3_000, 3, None));
+        intake.add(stop(3_000, 4, Some(f64::NAN)));
+        let counters = intake.counters();
+        assert_eq!(counters.contentions, 2);
+        assert_eq!(counters.contention_ns, 1_000 + 1_500);
+        assert_eq!(counters.unpaired_contention_stops, 2);
+        let out = intake.finish();
+        assert_eq!(out.len(), 2);
+        let first = out
+            .iter()
+            .find(|w| w.item.thread_id == 1)
+            .expect("thread 1");
+        assert_eq!(first.delay_ns, 1_000);
+        assert_eq!(first.item.stack, vec![0x1000, 0x2000], "stack of the start");
+        assert_eq!(
+            first.item.labels,
+            vec![Label::num(clr_label_keys::LOCK_OWNER_THREAD_ID, 77)]
+        );
+    }
+
+    #[test]
+    fn exceptions_are_counted_labelled_and_truncated() {
+        let mut intake = ClrIntake::default();
+        for i in 0..10 {
+            intake.add(exception(i, "System.InvalidOperationException"));
+        }
+        assert_eq!(intake.counters().exceptions, 10);
+        let out = intake.finish();
+        assert_eq!(out.iter().map(|w| w.count).sum::<u64>(), 10);
+        let labels = &out[0].item.labels;
+        assert_eq!(
+            labels[0],
+            Label::str(
+                clr_label_keys::EXCEPTION_TYPE,
+                "System.InvalidOperationException"
+            )
+        );
+        let crate::profile::LabelValue::Str(message) = &labels[1].value else {
+            panic!("message is a string label");
+        };
+        assert!(message.len() <= MAX_MESSAGE_BYTES && message.starts_with('é'));
+    }
+}

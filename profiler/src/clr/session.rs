@@ -1,0 +1,562 @@
+//! One EventPipe session per profiled .NET process: the source of CLR
+//! events (contention, exceptions, waits, method loads) for `record`. It
+//! sits between the diagnostic IPC client ([`super::ipc`]) and the samplers
+//! of [`crate::profile::clr_sampling`].
+//!
+//! 1. [`ClrSession::start`] sends CollectTracing2 (provider
+//!    `Microsoft-Windows-DotNETRuntime`, the keywords of the chosen
+//!    [`ClrEventKinds`] plus Jit | Loader, level Verbose, no rundown) and
+//!    keeps the connection: the nettrace stream follows on it.
+//! 2. A reader thread feeds the stream to [`NettraceParser`], decodes each
+//!    event with [`ClrEventDecoder`], keeps the kinds asked for, converts
+//!    its timestamp to CLOCK_MONOTONIC ns (the runtime's tick clock on Linux,
+//!    the clock of BPF samples) and sends it over a bounded channel. A full
+//!    channel blocks the reader, so back-pressure reaches the runtime, which
+//!    drops events into its own counters ([`NettraceStats::lost_events`])
+//!    rather than us dropping them silently.
+//! 3. [`ClrSession::stop`] sends StopTracing on a second connection and
+//!    drains the stream to its end (bounded by a deadline). A target that
+//!    exits mid-session just ends the stream: what was read is kept.
+//!
+//! Limits: the thread ids are the target's own (its PID namespace); a
+//! process in a time namespace has its own CLOCK_MONOTONIC offset.
+
+use std::{
+    io::Read,
+    os::unix::net::UnixStream,
+    sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, sync_channel},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use super::{
+    events::{ClrDecodeStats, ClrEvent, ClrEventDecoder, RUNTIME_PROVIDER},
+    ipc::{DiagnosticClient, IpcError, encode_string},
+    nettrace::{NettraceParser, NettraceStats, ParsedItem, TraceHeader},
+};
+use crate::process::ProcFs;
+
+/// Runtime keywords ([`RUNTIME_PROVIDER`]).
+pub mod keywords {
+    pub const LOADER: u64 = 0x8;
+    pub const JIT: u64 = 0x10;
+    pub const CONTENTION: u64 = 0x4000;
+    pub const EXCEPTION: u64 = 0x8000;
+    /// .NET 9+.
+    pub const WAIT_HANDLE: u64 = 0x400_0000_0000;
+}
+
+/// EventPipe levels.
+pub const LEVEL_VERBOSE: u32 = 5;
+/// The runtime's session buffer; events beyond it are dropped (and counted).
+pub const SESSION_BUFFER_MB: u32 = 64;
+/// NetTrace format on the wire.
+const FORMAT_NETTRACE: u32 = 1;
+/// Events in flight between the reader thread and the recording loop.
+const CHANNEL_BOUND: usize = 1 << 16;
+/// Bytes per socket read.
+const READ_CHUNK: usize = 64 * 1024;
+/// The first .NET with WaitHandle events.
+pub const WAIT_HANDLE_MIN_MAJOR: u32 = 9;
+
+/// Which CLR event kinds to collect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClrEventKinds {
+    pub contention: bool,
+    pub exceptions: bool,
+    pub waits: bool,
+}
+
+impl ClrEventKinds {
+    pub const ALL: Self = Self {
+        contention: true,
+        exceptions: true,
+        waits: true,
+    };
+    pub const NONE: Self = Self {
+        contention: false,
+        exceptions: false,
+        waits: false,
+    };
+
+    /// Parses `contention,exceptions,waits` (any subset, comma separated).
+    pub fn parse(list: &str) -> Result<Self, String> {
+        let mut kinds = Self::NONE;
+        for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            match word {
+                "contention" => kinds.contention = true,
+                "exceptions" => kinds.exceptions = true,
+                "waits" => kinds.waits = true,
+                other => {
+                    return Err(format!(
+                        "unknown CLR event kind {other:?}: use contention, exceptions, waits"
+                    ));
+                }
+            }
+        }
+        Ok(kinds)
+    }
+
+    pub fn any(self) -> bool {
+        let Self {
+            contention,
+            exceptions,
+            waits,
+        } = self;
+        contention || exceptions || waits
+    }
+
+    /// The runtime keywords to enable for these kinds on a runtime of
+    /// major version `runtime_major` (WaitHandle exists from .NET 9; an
+    /// unknown version gets it too, older runtimes ignore unknown bits).
+    /// Jit | Loader are always on: method loads name JIT frames.
+    pub fn keywords(self, runtime_major: Option<u32>) -> u64 {
+        let Self {
+            contention,
+            exceptions,
+            waits,
+        } = self;
+        let mut k = keywords::JIT | keywords::LOADER;
+        if contention {
+            k |= keywords::CONTENTION;
+        }
+        if exceptions {
+            k |= keywords::EXCEPTION;
+        }
+        if waits && runtime_major.is_none_or(|m| m >= WAIT_HANDLE_MIN_MAJOR) {
+            k |= keywords::WAIT_HANDLE;
+        }
+        k
+    }
+
+    /// Whether a decoded event is one the recording wants.
+    pub fn wants(self, event: &ClrEvent) -> bool {
+        match event {
+            ClrEvent::ContentionStart(_) | ClrEvent::ContentionStop(_) => self.contention,
+            ClrEvent::ExceptionThrown(_) => self.exceptions,
+            ClrEvent::WaitHandleWaitStart(_) | ClrEvent::WaitHandleWaitStop(_) => self.waits,
+            ClrEvent::Method(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// One provider of a CollectTracing request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProviderConfig {
+    pub name: String,
+    pub keywords: u64,
+    pub level: u32,
+}
+
+/// The CollectTracing2 payload: buffer size, format, rundown flag and
+/// providers (`keywords | level | name | filter data`).
+pub fn collect_tracing2_payload(
+    buffer_mb: u32,
+    request_rundown: bool,
+    providers: &[ProviderConfig],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + providers.len() * 96);
+    out.extend_from_slice(&buffer_mb.to_le_bytes());
+    out.extend_from_slice(&FORMAT_NETTRACE.to_le_bytes());
+    out.push(u8::from(request_rundown));
+    let count = u32::try_from(providers.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&count.to_le_bytes());
+    for provider in providers {
+        out.extend_from_slice(&provider.keywords.to_le_bytes());
+        out.extend_from_slice(&provider.level.to_le_bytes());
+        encode_string(&mut out, &provider.name);
+        encode_string(&mut out, "");
+    }
+    out
+}
+
+/// A decoded event with what every consumer needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionEvent {
+    /// CLOCK_MONOTONIC ns (0 if the stream had no usable header).
+    pub time_ns: u64,
+    /// OS thread id in the target's PID namespace.
+    pub thread_id: u64,
+    /// Return addresses, leaf first (empty when the runtime walked none).
+    pub stack: Vec<u64>,
+    pub event: ClrEvent,
+}
+
+/// How a session's stream ended.
+#[derive(Clone, Debug, Default)]
+pub struct SessionEnd {
+    pub stream: NettraceStats,
+    pub decode: ClrDecodeStats,
+    /// A hard stream error or read failure, for the summary.
+    pub error: Option<String>,
+    /// Events not delivered because the recording stopped listening.
+    pub undelivered: u64,
+    /// The trace header's sync tick converted like event times, minus
+    /// CLOCK_MONOTONIC when the header arrived: near 0 (the runtime stamps
+    /// it at session start) when the runtime's tick clock is the clock of
+    /// BPF samples, as on Linux. `None` without a header.
+    pub clock_skew_ns: Option<i64>,
+}
+
+#[derive(Debug)]
+enum SessionMessage {
+    Event(SessionEvent),
+    Ended(SessionEnd),
+}
+
+/// A running EventPipe session; see the module documentation.
+#[derive(Debug)]
+pub struct ClrSession {
+    client: DiagnosticClient,
+    session_id: u64,
+    receiver: Receiver<SessionMessage>,
+    reader: Option<JoinHandle<()>>,
+    end: Option<SessionEnd>,
+}
+
+impl ClrSession {
+    /// Starts a streaming session in host process `pid` for `kinds`.
+    pub fn start(
+        procfs: &ProcFs,
+        pid: u32,
+        kinds: ClrEventKinds,
+        runtime_major: Option<u32>,
+    ) -> Result<Self, IpcError> {
+        let client = DiagnosticClient::discover(procfs, pid)?;
+        let provider = ProviderConfig {
+            name: RUNTIME_PROVIDER.to_owned(),
+            keywords: kinds.keywords(runtime_major),
+            level: LEVEL_VERBOSE,
+        };
+        let payload = collect_tracing2_payload(SESSION_BUFFER_MB, false, &[provider]);
+        let (stream, session_id) = client.collect_tracing(&payload)?;
+        let (sender, receiver) = sync_channel(CHANNEL_BOUND);
+        let reader = std::thread::Builder::new()
+            .name(format!("clr-events-{pid}"))
+            .spawn(move || read_session(stream, kinds, &sender))
+            .map_err(|source| IpcError::Io {
+                pid,
+                command: super::ipc::CommandId::COLLECT_TRACING_2,
+                source,
+            })?;
+        tracing::debug!(pid, session_id, "EventPipe session started");
+        Ok(Self {
+            client,
+            session_id,
+            receiver,
+            reader: Some(reader),
+            end: None,
+        })
+    }
+
+    /// The host pid.
+    pub fn pid(&self) -> u32 {
+        self.client.pid()
+    }
+
+    /// Hands every event received so far to `on_event`; returns how many.
+    pub fn drain(&mut self, on_event: &mut impl FnMut(SessionEvent)) -> usize {
+        let mut n = 0;
+        while self.end.is_none() {
+            match self.receiver.try_recv() {
+                Ok(SessionMessage::Event(event)) => {
+                    n += 1;
+                    on_event(event);
+                }
+                Ok(SessionMessage::Ended(end)) => self.end = Some(end),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    self.end = Some(SessionEnd {
+                        error: Some("the session reader stopped".to_owned()),
+                        ..SessionEnd::default()
+                    });
+                }
+            }
+        }
+        n
+    }
+
+    /// Whether the stream has ended (target exited or session stopped).
+    pub fn has_ended(&self) -> bool {
+        self.end.is_some()
+    }
+
+    /// Stops the session, hands the remaining events to `on_event` and
+    /// returns how the stream ended. Waits at most `deadline` for the end
+    /// of the stream; the StopTracing error, if any, is returned too (it is
+    /// normal when the process has exited).
+    pub fn stop(
+        mut self,
+        deadline: Duration,
+        on_event: &mut impl FnMut(SessionEvent),
+    ) -> (SessionEnd, Option<IpcError>) {
+        // StopTracing is answered only once the runtime has flushed the
+        // session into the stream: send it from another thread while this
+        // one keeps draining, or a full channel would stall both sides.
+        let stopper = self
+            .end
+            .is_none()
+            .then(|| stop_in_background(&self.client, self.session_id));
+        let until = Instant::now() + deadline;
+        while self.end.is_none() {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.receiver.recv_timeout(left) {
+                Ok(SessionMessage::Event(event)) => on_event(event),
+                Ok(SessionMessage::Ended(end)) => self.end = Some(end),
+                Err(RecvTimeoutError::Timeout) => {
+                    self.end = Some(SessionEnd {
+                        error: Some(format!(
+                            "the stream did not end within {deadline:?} of StopTracing"
+                        )),
+                        ..SessionEnd::default()
+                    });
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.end = Some(SessionEnd {
+                        error: Some("the session reader stopped".to_owned()),
+                        ..SessionEnd::default()
+                    });
+                }
+            }
+        }
+        // The reader has sent its last message, or is stuck in a read of a
+        // stopped process: join only the former (dropping the receiver ends
+        // the latter's next send).
+        if let Some(reader) = self.reader.take()
+            && reader.is_finished()
+        {
+            let _ = reader.join();
+        }
+        let stop_error = stopper.and_then(|stopper| {
+            // Its own deadline (the client's) bounds the wait.
+            stopper.join().ok().and_then(Result::err)
+        });
+        (self.end.take().unwrap_or_default(), stop_error)
+    }
+}
+
+/// Method rundown for catch-up on runtimes that cannot write perf maps on
+/// request (.NET Core 3.x-7): a throw-away session with `requestRundown`,
+/// stopped at once, makes the runtime list every method compiled so far
+/// (MethodDCEndVerbose). Start the streaming session first, so a method
+/// compiled during the rundown is in one of the two (seed 004: enumerate
+/// after the events are on; duplicates are harmless, the index keys them
+/// by address and time). Blocks up to `deadline`; returns the methods the
+/// stream held by then, and an error string if it did not end cleanly.
+pub fn method_rundown(
+    procfs: &ProcFs,
+    pid: u32,
+    deadline: Duration,
+) -> Result<(Vec<super::events::MethodLoad>, Option<String>), IpcError> {
+    let client = DiagnosticClient::discover(procfs, pid)?;
+    // A session needs a provider; level Informational keeps the verbose
+    // method events of the live process out of this one.
+    let provider = ProviderConfig {
+        name: RUNTIME_PROVIDER.to_owned(),
+        keywords: keywords::JIT | keywords::LOADER,
+        level: 4,
+    };
+    let payload = collect_tracing2_payload(SESSION_BUFFER_MB, true, &[provider]);
+    let (mut stream, session_id) = client.collect_tracing(&payload)?;
+    // The runtime writes the rundown before it answers StopTracing: read
+    // the stream here while another thread waits for the answer.
+    let stopper = stop_in_background(&client, session_id);
+    let until = Instant::now() + deadline;
+    let mut parser = NettraceParser::new();
+    let mut decoder = ClrEventDecoder::new();
+    let mut methods = Vec::new();
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut error = None;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            error = Some(format!("rundown did not end within {deadline:?}"));
+            break;
+        }
+        if let Err(e) = stream.set_read_timeout(Some(left)) {
+            error = Some(e.to_string());
+            break;
+        }
+        let n = match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                error = Some(format!("reading the rundown stream: {e}"));
+                break;
+            }
+        };
+        let fed = parser.feed(&buf[..n], &mut |item| {
+            if let ParsedItem::Event(record) = item
+                && let Some(ClrEvent::Method(method)) = decoder.decode(&record)
+            {
+                methods.push(method);
+            }
+        });
+        if let Err(e) = fed {
+            error = Some(e.to_string());
+            break;
+        }
+    }
+    if error.is_none()
+        && let Err(e) = parser.finish()
+    {
+        error = Some(e.to_string());
+    }
+    match stopper.join() {
+        Ok(Err(e)) if methods.is_empty() => return Err(e),
+        Ok(Err(e)) => error = error.or_else(|| Some(e.to_string())),
+        _ => {}
+    }
+    Ok((methods, error))
+}
+
+/// Sends StopTracing from a new thread; join it for the result.
+fn stop_in_background(
+    client: &DiagnosticClient,
+    session_id: u64,
+) -> JoinHandle<Result<(), IpcError>> {
+    let client = client.clone();
+    std::thread::spawn(move || client.stop_tracing(session_id))
+}
+
+/// The reader thread: socket -> parser -> decoder -> channel.
+fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSender<SessionMessage>) {
+    let mut parser = NettraceParser::new();
+    let mut decoder = ClrEventDecoder::new();
+    let mut header: Option<TraceHeader> = None;
+    let mut undelivered = 0u64;
+    let mut clock_skew_ns = None;
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut error = None;
+    loop {
+        let n = match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                error = Some(format!("reading the event stream: {e}"));
+                break;
+            }
+        };
+        let fed = parser.feed(&buf[..n], &mut |item| match item {
+            ParsedItem::Trace(h) => {
+                header = Some(*h);
+                clock_skew_ns = h
+                    .ticks_to_ns(h.sync_time_qpc)
+                    .map(|t| t as i64 - monotonic_ns() as i64);
+                if clock_skew_ns.is_some_and(|skew| skew.abs() > 10_000_000_000) {
+                    tracing::warn!(
+                        ?clock_skew_ns,
+                        "the runtime's event clock is not CLOCK_MONOTONIC: CLR event times are off"
+                    );
+                }
+            }
+            ParsedItem::Event(record) => {
+                let Some(event) = decoder.decode(&record) else {
+                    return;
+                };
+                if !kinds.wants(&event) {
+                    return;
+                }
+                let time_ns = header
+                    .and_then(|h| h.ticks_to_ns(record.timestamp))
+                    .unwrap_or(0);
+                let message = SessionMessage::Event(SessionEvent {
+                    time_ns,
+                    thread_id: record.thread_id,
+                    stack: record.stack.map(<[u64]>::to_vec).unwrap_or_default(),
+                    event,
+                });
+                if sender.send(message).is_err() {
+                    undelivered += 1;
+                }
+            }
+            _ => {}
+        });
+        if let Err(e) = fed {
+            error = Some(e.to_string());
+            break;
+        }
+    }
+    if error.is_none()
+        && let Err(e) = parser.finish()
+    {
+        // A stream cut by the target's exit has no end tag: worth a
+        // debug line, not a warning.
+        tracing::debug!(error = %e, "event stream ended without its end tag");
+    }
+    let end = SessionEnd {
+        stream: *parser.stats(),
+        decode: decoder.stats().clone(),
+        error,
+        undelivered,
+        clock_skew_ns,
+    };
+    let _ = sender.send(SessionMessage::Ended(end));
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_matches_the_documented_collect_tracing2_request() {
+        // shared/reference/clr-runtime-interfaces.md §1.5, dotnet/runtime#42382,
+        // except that we send an empty filter as count 0.
+        let payload = collect_tracing2_payload(
+            256,
+            true,
+            &[ProviderConfig {
+                name: RUNTIME_PROVIDER.to_owned(),
+                keywords: 0xFFFF_FFFF_FFFF_FFBF,
+                level: 5,
+            }],
+        );
+        let mut expected = vec![0, 1, 0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 0];
+        expected.extend_from_slice(&[0xbf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
+        expected.extend_from_slice(&[5, 0, 0, 0, 32, 0, 0, 0]);
+        for unit in "Microsoft-Windows-DotNETRuntime\0".encode_utf16() {
+            expected.extend_from_slice(&unit.to_le_bytes());
+        }
+        expected.extend_from_slice(&[0, 0, 0, 0]);
+        assert_eq!(payload, expected);
+    }
+
+    #[test]
+    fn kinds_parse_and_choose_keywords() {
+        let kinds = ClrEventKinds::parse("contention, exceptions").expect("valid");
+        assert_eq!(
+            kinds,
+            ClrEventKinds {
+                contention: true,
+                exceptions: true,
+                waits: false
+            }
+        );
+        assert!(ClrEventKinds::parse("locks").is_err());
+        assert!(!ClrEventKinds::parse("").expect("empty").any());
+        assert_eq!(
+            ClrEventKinds::ALL.keywords(Some(8)),
+            0x4000 | 0x8000 | 0x10 | 0x8
+        );
+        assert_eq!(
+            ClrEventKinds::ALL.keywords(Some(9)),
+            0x4000 | 0x8000 | 0x10 | 0x8 | 0x400_0000_0000
+        );
+        assert_eq!(ClrEventKinds::NONE.keywords(None), 0x18);
+    }
+}

@@ -1,0 +1,271 @@
+//! CLR events in `clrbpf record`: lock contention and exceptions from a real
+//! runtime's EventPipe session, checked against what the workloads measured
+//! themselves. Run by `cargo xtask test` (root, one test at a time).
+
+use std::{process::Command, time::Duration};
+
+use clrbpf_integration_tests::{
+    Env, LabelValue, Runtime, TempDir, TestProcess, assert_success, go_pprof_top,
+    must_have_privileges, parse_value, read_profile, run_clrbpf, sample_types, samples,
+    value_index,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the workloads wait before the measured part, so that clrbpf has
+/// attached and started its session.
+const START_DELAY_S: &str = "4";
+
+fn privileged_env() -> Env {
+    must_have_privileges();
+    Env::from_env()
+}
+
+/// `record -p PID` of a Contention workload; returns (profile path, the
+/// workload's own total wait, in ns).
+fn record_contention(env: &Env, runtime: Runtime, dir: &TempDir) -> (std::path::PathBuf, i64) {
+    let workload = TestProcess::start(
+        env,
+        runtime,
+        "Contention",
+        &[START_DELAY_S, "4", "20", "25"],
+        false,
+    );
+    let output_path = dir.join("contention.pb.gz");
+    let output = run_clrbpf(
+        env,
+        &[
+            "record".to_owned(),
+            "-p".to_owned(),
+            workload.pid().to_string(),
+            "-o".to_owned(),
+            output_path.to_string_lossy().into_owned(),
+        ],
+        dir.path(),
+        TIMEOUT,
+    );
+    assert_success(&output);
+    let (status, lines) = workload.wait(TIMEOUT);
+    assert!(status.success(), "workload failed: {lines:?}");
+    let waited: i64 =
+        parse_value(&lines, "WAITED_NS").unwrap_or_else(|| panic!("no WAITED_NS in {lines:?}"));
+    (output_path, waited)
+}
+
+fn assert_contention_matches(runtime: Runtime) {
+    let env = privileged_env();
+    let dir = TempDir::new("contention");
+    let (path, waited_ns) = record_contention(&env, runtime, &dir);
+    let profile = read_profile(&path);
+    assert_eq!(
+        sample_types(&profile),
+        [
+            "samples/count",
+            "cpu/nanoseconds",
+            "contentions/count",
+            "delay/nanoseconds",
+            "exceptions/count"
+        ]
+    );
+    let delay = value_index(&profile, "delay/nanoseconds");
+    let contentions = value_index(&profile, "contentions/count");
+    let all = samples(&profile);
+    let on_waiter: i64 = all
+        .iter()
+        .filter(|s| s.stack_contains(&["Contention::WaitForGate"]))
+        .map(|s| s.values[delay])
+        .sum();
+    let total: i64 = all.iter().map(|s| s.values[delay]).sum();
+    let count: i64 = all.iter().map(|s| s.values[contentions]).sum();
+    assert!(count > 0, "no contention recorded");
+    let error = (on_waiter - waited_ns).abs() as f64 / waited_ns as f64;
+    assert!(
+        error <= 0.15,
+        "delay on Contention::WaitForGate {on_waiter} ns, workload measured {waited_ns} ns ({:.1}% off; total delay {total} ns over {count} contentions)",
+        error * 100.0
+    );
+    let top = Command::new("go")
+        .args(["tool", "pprof", "-sample_index=delay", "-top"])
+        .arg(&path)
+        .output()
+        .expect("run go tool pprof");
+    let text = String::from_utf8_lossy(&top.stdout);
+    assert!(top.status.success(), "go tool pprof failed: {text}");
+    assert!(
+        text.contains("Contention::WaitForGate"),
+        "pprof -sample_index=delay -top does not show the waiting method:\n{text}"
+    );
+}
+
+#[test]
+fn net8_contention_delay_matches_the_waiting_threads() {
+    assert_contention_matches(Runtime::Net8);
+}
+
+#[test]
+fn netcore31_contention_delay_matches_the_waiting_threads() {
+    assert_contention_matches(Runtime::NetCore31);
+}
+
+#[test]
+fn net8_exception_counts_are_upscaled_per_type() {
+    let env = privileged_env();
+    let dir = TempDir::new("exceptions");
+    let workload = TestProcess::start(
+        &env,
+        Runtime::Net8,
+        "Exceptions",
+        &[START_DELAY_S, "20000", "300", "1"],
+        false,
+    );
+    let output_path = dir.join("exceptions.pb.gz");
+    let output = run_clrbpf(
+        &env,
+        &[
+            "record".to_owned(),
+            "-p".to_owned(),
+            workload.pid().to_string(),
+            "--split".to_owned(),
+            "-o".to_owned(),
+            output_path.to_string_lossy().into_owned(),
+        ],
+        dir.path(),
+        TIMEOUT,
+    );
+    assert_success(&output);
+    let (status, lines) = workload.wait(TIMEOUT);
+    assert!(status.success(), "workload failed: {lines:?}");
+    for kind in ["cpu", "contention"] {
+        let part = dir.join(&format!("exceptions.{kind}.pb.gz"));
+        assert!(part.exists(), "--split did not write {}", part.display());
+    }
+    let path = dir.join("exceptions.exceptions.pb.gz");
+    let profile = read_profile(&path);
+    assert_eq!(sample_types(&profile), ["exceptions/count"]);
+    let all = samples(&profile);
+    let mut sampled = 0usize;
+    for ty in [
+        "System.InvalidOperationException",
+        "System.ArgumentException",
+        "System.TimeoutException",
+    ] {
+        let thrown: i64 = parse_value(&lines, &format!("THROWN_{ty}"))
+            .unwrap_or_else(|| panic!("no THROWN_{ty} in {lines:?}"));
+        let of_type: Vec<_> = all
+            .iter()
+            .filter(|s| s.label("exception.type") == Some(&LabelValue::Str(ty.to_owned())))
+            .collect();
+        sampled += of_type.len();
+        let counted: i64 = of_type.iter().map(|s| s.values[0]).sum();
+        let error = (counted - thrown).abs() as f64 / thrown as f64;
+        assert!(
+            error <= 0.10,
+            "{ty}: profile says {counted}, the workload threw {thrown}"
+        );
+        assert!(
+            of_type
+                .iter()
+                .any(|s| s.frames.iter().any(|f| f.contains("Exceptions::"))),
+            "{ty}: no sample names a throwing method of the workload"
+        );
+    }
+    // Sampled, not every exception kept: aggregated samples are far fewer.
+    assert!(sampled < 5000, "{sampled} distinct exception samples");
+    let top = go_pprof_top(&path);
+    assert!(top.contains("Exceptions::"), "{top}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("20301 exceptions thrown"),
+        "the summary lacks the exact count:\n{stderr}"
+    );
+}
+
+#[test]
+fn no_clr_events_gives_cpu_sample_types_only() {
+    let env = privileged_env();
+    let dir = TempDir::new("no-clr-events");
+    let workload = TestProcess::start(&env, Runtime::Net8, "Hot", &["3"], false);
+    let output_path = dir.join("p.pb.gz");
+    let output = run_clrbpf(
+        &env,
+        &[
+            "record".to_owned(),
+            "-p".to_owned(),
+            workload.pid().to_string(),
+            "--no-clr-events".to_owned(),
+            "-o".to_owned(),
+            output_path.to_string_lossy().into_owned(),
+        ],
+        dir.path(),
+        TIMEOUT,
+    );
+    assert_success(&output);
+    let profile = read_profile(&output_path);
+    assert_eq!(sample_types(&profile), ["samples/count", "cpu/nanoseconds"]);
+}
+
+#[test]
+fn diagnostics_disabled_warns_and_profiles_the_cpu() {
+    let env = privileged_env();
+    let dir = TempDir::new("diagnostics-disabled");
+    let dotnet = env.dotnet(Runtime::Net8).to_path_buf();
+    let workload = env.workload(Runtime::Net8, "Hot");
+    let output_path = dir.join("p.pb.gz");
+    let mut args = vec![
+        "record".to_owned(),
+        "-o".to_owned(),
+        output_path.to_string_lossy().into_owned(),
+        "--".to_owned(),
+        "env".to_owned(),
+        "DOTNET_EnableDiagnostics=0".to_owned(),
+    ];
+    args.push(dotnet.to_string_lossy().into_owned());
+    args.push(workload.to_string_lossy().into_owned());
+    args.push("12".to_owned());
+    let output = run_clrbpf(&env, &args, dir.path(), TIMEOUT);
+    assert_success(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("no CLR events"),
+        "no warning about the missing diagnostic socket:\n{stderr}"
+    );
+    let profile = read_profile(&output_path);
+    let cpu = value_index(&profile, "cpu/nanoseconds");
+    let on_spin: i64 = samples(&profile)
+        .iter()
+        .filter(|s| s.stack_contains(&["Hot::Spin"]))
+        .map(|s| s.values[cpu])
+        .sum();
+    assert!(on_spin > 0, "no CPU on Hot::Spin");
+}
+
+#[test]
+fn netcore31_attach_names_methods_compiled_before_it() {
+    let env = privileged_env();
+    let dir = TempDir::new("netcore31-attach");
+    // No DOTNET_PerfMapEnabled: only the method rundown can name Hot.Spin,
+    // compiled long before clrbpf attaches.
+    let hot = TestProcess::start(&env, Runtime::NetCore31, "Hot", &["60"], false);
+    std::thread::sleep(Duration::from_secs(1));
+    let output_path = dir.join("p.pb.gz");
+    let output = run_clrbpf(
+        &env,
+        &[
+            "record".to_owned(),
+            "-p".to_owned(),
+            hot.pid().to_string(),
+            "-d".to_owned(),
+            "3".to_owned(),
+            "-o".to_owned(),
+            output_path.to_string_lossy().into_owned(),
+        ],
+        dir.path(),
+        TIMEOUT,
+    );
+    assert_success(&output);
+    let profile = read_profile(&output_path);
+    clrbpf_integration_tests::assert_some_stack_contains(
+        &profile,
+        Some(hot.pid()),
+        &["Hot::Spin", "Hot::Main"],
+    );
+}

@@ -1,0 +1,59 @@
+// Exceptions: throws and catches three exception types at very different
+// rates (default 20000 InvalidOperationException, 300 ArgumentException,
+// 1 TimeoutException), spread evenly, and prints the exact counts
+// (THROWN_<Type>), the ground truth for clrbpf's exceptions/count.
+//
+// Usage: Exceptions.dll [START_DELAY_S=3] [FREQUENT=20000] [SOMETIMES=300] [ONCE=1]
+using System;
+using System.Diagnostics;
+using System.Globalization;
+using System.Runtime.CompilerServices;
+using System.Threading;
+
+static class Exceptions
+{
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    static void ThrowFrequent(int i) { throw new InvalidOperationException("frequent " + (i % 10)); }
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    static void ThrowSometimes(int i) { throw new ArgumentException("sometimes"); }
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    static void ThrowOnce() { throw new TimeoutException("once"); }
+
+    static int Main(string[] args)
+    {
+        double delay = args.Length > 0 ? double.Parse(args[0], CultureInfo.InvariantCulture) : 3;
+        int frequent = args.Length > 1 ? int.Parse(args[1]) : 20000;
+        int sometimes = args.Length > 2 ? int.Parse(args[2]) : 300;
+        int once = args.Length > 3 ? int.Parse(args[3]) : 1;
+        Console.WriteLine("PID " + Process.GetCurrentProcess().Id);
+        Console.WriteLine("READY");
+        Console.Out.Flush();
+        Thread.Sleep((int)(delay * 1000));
+        long nFrequent = 0, nSometimes = 0, nOnce = 0;
+        var sw = Stopwatch.StartNew();
+        for (int i = 0; i < frequent; i++)
+        {
+            try { ThrowFrequent(i); } catch (InvalidOperationException) { nFrequent++; }
+            if (sometimes > 0 && (long)i * sometimes / frequent != (long)(i + 1) * sometimes / frequent)
+            {
+                try { ThrowSometimes(i); } catch (ArgumentException) { nSometimes++; }
+            }
+            if (i == frequent / 2)
+            {
+                for (int k = 0; k < once; k++)
+                {
+                    try { ThrowOnce(); } catch (TimeoutException) { nOnce++; }
+                }
+            }
+        }
+        Console.WriteLine("THROWN_System.InvalidOperationException " + nFrequent);
+        Console.WriteLine("THROWN_System.ArgumentException " + nSometimes);
+        Console.WriteLine("THROWN_System.TimeoutException " + nOnce);
+        Console.WriteLine("THROWS_PER_S " + (long)((nFrequent + nSometimes + nOnce) / sw.Elapsed.TotalSeconds));
+        Console.Out.Flush();
+        Thread.Sleep(1000);
+        return 0;
+    }
+}
