@@ -2209,9 +2209,11 @@ public static class Hot {
 
     /// Waits until `path` contains `needle` (the runtime writes the replay
     /// before it answers, but give a slow machine some slack).
+    /// Up to 20 s: the runtime writes the replay on its own schedule, and a
+    /// loaded 2-core CI machine can be slow to get to it.
     fn wait_for_content(path: &Path, needle: &str) -> String {
         let mut content = String::new();
-        for _ in 0..100 {
+        for _ in 0..400 {
             content = std::fs::read_to_string(path).unwrap_or_default();
             if content.contains(needle) {
                 break;
