@@ -42,6 +42,17 @@ pub enum Command {
         #[arg(long, default_value_t = 11)]
         runs: usize,
     },
+    /// Time parsing and decoding a nettrace capture (gzip or raw), repeated
+    /// COPIES times, on one core (for `cargo xtask bench`).
+    #[command(hide = true)]
+    BenchClrIntake {
+        #[arg(long)]
+        file: PathBuf,
+        #[arg(long, default_value_t = 200)]
+        copies: usize,
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
 }
 
 #[derive(Debug, clap::Args)]

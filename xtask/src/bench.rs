@@ -23,6 +23,7 @@ const ROUNDS: usize = 5;
 const PROFILER_WARMUP: Duration = Duration::from_millis(1500);
 
 pub struct BenchInputs<'a> {
+    pub repo_root: &'a Path,
     pub clrbpf: &'a Path,
     pub dotnet8: &'a Path,
     pub workloads: &'a Path,
@@ -325,12 +326,83 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         .and_then(|s| s.split_whitespace().next())
         .unwrap_or("?");
     println!("| perf map load, 100,000 entries (median) | {perf_map_ms} ms | <= 50 ms |");
+    clr_benches(inputs)?;
     if !have_perf {
         println!("\nbench: perf is not installed (apt-get install linux-perf): no comparison row");
     }
     println!(
         "\nbench: bcc's `profile` is not compared: it compiles its BPF at run time and needs kernel headers, which this kernel (no CONFIG_IKHEADERS) does not ship"
     );
+    Ok(())
+}
+
+/// CLR events: intake rate of the nettrace parser and decoders on a real
+/// capture, and the target's exception throughput with and without the
+/// EventPipe session (interleaved rounds, medians).
+fn clr_benches(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
+    let fixture = inputs
+        .repo_root
+        .join("profiler/src/clr/nettrace/testdata/net8.nettrace.gz");
+    let out = Command::new(inputs.clrbpf)
+        .args(["bench-clr-intake", "--file"])
+        .arg(&fixture)
+        .output()
+        .context("run clrbpf bench-clr-intake")?;
+    let line = String::from_utf8_lossy(&out.stdout);
+    let rate = line
+        .split("median ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or("?");
+    println!(
+        "| CLR event intake, parse + decode (median, one core) | {rate} events/s | >= 200000 events/s |"
+    );
+
+    let dll = inputs.workloads.join("net8").join("Exceptions.dll");
+    let storm = ["0", "200000", "300", "1"];
+    let modes: [(&str, Option<&[&str]>); 3] = [
+        ("no profiler", None),
+        ("clrbpf record, CLR events on", Some(&[])),
+        ("clrbpf record --no-clr-events", Some(&["--no-clr-events"])),
+    ];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+    for _ in 0..ROUNDS {
+        for (i, (_, flags)) in modes.iter().enumerate() {
+            let mut cmd = match flags {
+                None => Command::new(inputs.dotnet8),
+                Some(flags) => {
+                    let mut c = Command::new(inputs.clrbpf);
+                    c.args(["record", "-q", "-o"])
+                        .arg(inputs.scratch.join("storm.pb.gz"))
+                        .args(*flags)
+                        .arg("--")
+                        .arg(inputs.dotnet8);
+                    c
+                }
+            };
+            let out = cmd
+                .arg(&dll)
+                .args(storm)
+                .stdin(Stdio::null())
+                .output()
+                .context("run the exception storm")?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            if let Some(rate) = text.lines().find_map(|l| {
+                l.strip_prefix("THROWS_PER_S ")
+                    .and_then(|v| v.trim().parse().ok())
+            }) {
+                rates[i].push(rate);
+            }
+        }
+    }
+    let baseline = median(&mut rates[0].clone());
+    for (i, (name, _)) in modes.iter().enumerate() {
+        let m = median(&mut rates[i]);
+        println!(
+            "| exception storm (200k throws), {name} (median throws/s) | {m:.0} ({:+.1}%) | |",
+            100.0 * (m / baseline - 1.0)
+        );
+    }
     Ok(())
 }
 

@@ -249,6 +249,7 @@ fn bench(repo: &Repo) -> anyhow::Result<()> {
     let dotnet8 = setup::NET8.host_in(&repo.runtimes_dir());
     let scratch = bench::scratch_dir(&repo.target);
     bench::run(&bench::BenchInputs {
+        repo_root: &repo.root,
         clrbpf: &repo.clrbpf_bin(),
         dotnet8: &dotnet8,
         workloads: &repo.workloads_bin(),
