@@ -119,18 +119,6 @@ pub struct RecordSummary {
     pub outputs: Vec<PathBuf>,
 }
 
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
 /// What we know of one profiled process.
 struct TrackedProcess {
     pid: u32,
@@ -292,7 +280,7 @@ impl TrackedProcess {
             return;
         }
         self.managed_read_at = Some(Instant::now());
-        let stats = managed.refresh(monotonic_ns());
+        let stats = managed.refresh(crate::profile::monotonic_ns());
         tracing::debug!(
             pid = self.pid,
             ?stats,
@@ -935,7 +923,9 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         }
         pipeline.poll_clr();
         pipeline.flush_clr_windows();
-        pipeline.process_pending(monotonic_ns().saturating_sub(SYMBOLIZE_DELAY.as_nanos() as u64));
+        pipeline.process_pending(
+            crate::profile::monotonic_ns().saturating_sub(SYMBOLIZE_DELAY.as_nanos() as u64),
+        );
         if command_exited_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE) {
             break "command exited";
         }

@@ -445,7 +445,7 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
                 header = Some(*h);
                 clock_skew_ns = h
                     .ticks_to_ns(h.sync_time_qpc)
-                    .map(|t| t as i64 - monotonic_ns() as i64);
+                    .map(|t| t as i64 - crate::profile::monotonic_ns() as i64);
                 if clock_skew_ns.is_some_and(|skew| skew.abs() > 10_000_000_000) {
                     tracing::warn!(
                         ?clock_skew_ns,
@@ -495,18 +495,6 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
         clock_skew_ns,
     };
     let _ = sender.send(SessionMessage::Ended(end));
-}
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
 }
 
 #[cfg(test)]

@@ -1477,14 +1477,7 @@ mod live_tests {
     use super::*;
 
     fn monotonic_now_ns() -> u64 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid timespec to write to.
-        let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        assert_eq!(rc, 0);
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+        crate::profile::monotonic_ns()
     }
 
     #[test]
