@@ -420,12 +420,60 @@ pub struct ManagedSymbols {
     jitdump_file: TrackedFile,
     index: JitCodeIndex,
     interner: SymbolInterner,
+    io: FileIoCounters,
+    read_buf: Vec<u8>,
+}
+
+/// What opening and reading the perf files went through, shared by the
+/// perf map and the jitdump paths.
+#[derive(Debug, Default)]
+struct FileIoCounters {
     open_errors: u64,
     read_errors: u64,
     restarts: u64,
     stale_files: u64,
     last_io_error: Option<String>,
-    read_buf: Vec<u8>,
+}
+
+impl FileIoCounters {
+    /// The file to read, or `None` with `refresh` saying why not.
+    fn opened(
+        &mut self,
+        opened: Result<Opened, TargetFsError>,
+        refresh: &mut FileRefresh,
+    ) -> Option<File> {
+        match opened {
+            Ok(Opened::File { file, restarted }) => {
+                refresh.restarted = restarted;
+                self.restarts += u64::from(restarted);
+                Some(file)
+            }
+            Ok(Opened::Missing) => None,
+            Ok(Opened::Stale { first_seen }) => {
+                self.stale_files += u64::from(first_seen);
+                refresh.status = FileStatus::Stale;
+                None
+            }
+            Err(error) => {
+                self.open_errors += 1;
+                self.last_io_error = Some(error.to_string());
+                refresh.status = FileStatus::Failed;
+                None
+            }
+        }
+    }
+
+    /// Records the outcome of one incremental read of `path`.
+    fn read(&mut self, result: io::Result<u64>, path: &Path, refresh: &mut FileRefresh) {
+        match result {
+            Ok(bytes) => refresh.bytes_read = bytes,
+            Err(error) => {
+                self.read_errors += 1;
+                self.last_io_error = Some(format!("cannot read {}: {error}", path.display()));
+                refresh.status = FileStatus::Failed;
+            }
+        }
+    }
 }
 
 impl ManagedSymbols {
@@ -452,11 +500,7 @@ impl ManagedSymbols {
             jitdump_file: TrackedFile::default(),
             index: JitCodeIndex::new(),
             interner: SymbolInterner::default(),
-            open_errors: 0,
-            read_errors: 0,
-            restarts: 0,
-            stale_files: 0,
-            last_io_error: None,
+            io: FileIoCounters::default(),
             read_buf: Vec::new(),
         }
     }
@@ -525,13 +569,13 @@ impl ManagedSymbols {
             perf_map: self.perf_map.counts(),
             jitdump: self.jitdump.counts(),
             jitdump_stop: self.jitdump.error().cloned(),
-            open_errors: self.open_errors,
-            read_errors: self.read_errors,
-            restarts: self.restarts,
-            stale_files: self.stale_files,
+            open_errors: self.io.open_errors,
+            read_errors: self.io.read_errors,
+            restarts: self.io.restarts,
+            stale_files: self.io.stale_files,
             rejected_ranges: self.index.rejected_ranges(),
             lookup_step_limit_hits: self.index.lookup_step_limit_hits(),
-            last_io_error: self.last_io_error.clone(),
+            last_io_error: self.io.last_io_error.clone(),
         }
     }
 
@@ -545,28 +589,14 @@ impl ManagedSymbols {
             index,
             interner,
             read_buf,
+            io,
             ..
         } = self;
         let mut refresh = FileRefresh::default();
-        let file = match open_tracked(location, &paths.jitdump, jitdump_file, jitdump) {
-            Ok(Opened::File { file, restarted }) => {
-                refresh.restarted = restarted;
-                file
-            }
-            Ok(Opened::Missing) => return refresh,
-            Ok(Opened::Stale { first_seen }) => {
-                self.stale_files += u64::from(first_seen);
-                refresh.status = FileStatus::Stale;
-                return refresh;
-            }
-            Err(error) => {
-                self.open_errors += 1;
-                self.last_io_error = Some(error.to_string());
-                refresh.status = FileStatus::Failed;
-                return refresh;
-            }
+        let opened = open_tracked(location, &paths.jitdump, jitdump_file, jitdump);
+        let Some(file) = io.opened(opened, &mut refresh) else {
+            return refresh;
         };
-        self.restarts += u64::from(refresh.restarted);
         if jitdump.error().is_some() {
             // Nothing after the bad record can be framed; wait for the file
             // to be replaced.
@@ -600,15 +630,7 @@ impl ManagedSymbols {
         } else {
             FileStatus::Read
         };
-        match result {
-            Ok(bytes) => refresh.bytes_read = bytes,
-            Err(error) => {
-                self.read_errors += 1;
-                self.last_io_error =
-                    Some(format!("cannot read {}: {error}", paths.jitdump.display()));
-                refresh.status = FileStatus::Failed;
-            }
-        }
+        io.read(result, &paths.jitdump, &mut refresh);
         refresh
     }
 
@@ -622,6 +644,7 @@ impl ManagedSymbols {
             index,
             interner,
             read_buf,
+            io,
             ..
         } = self;
         let mut refresh = FileRefresh::default();
@@ -639,25 +662,9 @@ impl ManagedSymbols {
                 opened = in_legacy;
             }
         }
-        let file = match opened {
-            Ok(Opened::File { file, restarted }) => {
-                refresh.restarted = restarted;
-                file
-            }
-            Ok(Opened::Missing) => return refresh,
-            Ok(Opened::Stale { first_seen }) => {
-                self.stale_files += u64::from(first_seen);
-                refresh.status = FileStatus::Stale;
-                return refresh;
-            }
-            Err(error) => {
-                self.open_errors += 1;
-                self.last_io_error = Some(error.to_string());
-                refresh.status = FileStatus::Failed;
-                return refresh;
-            }
+        let Some(file) = io.opened(opened, &mut refresh) else {
+            return refresh;
         };
-        self.restarts += u64::from(refresh.restarted);
         let result = read_incrementally(
             &file,
             perf_map,
@@ -668,15 +675,7 @@ impl ManagedSymbols {
             },
         );
         refresh.status = FileStatus::Read;
-        match result {
-            Ok(bytes) => refresh.bytes_read = bytes,
-            Err(error) => {
-                self.read_errors += 1;
-                self.last_io_error =
-                    Some(format!("cannot read {}: {error}", paths.perf_map.display()));
-                refresh.status = FileStatus::Failed;
-            }
-        }
+        io.read(result, &paths.perf_map, &mut refresh);
         refresh
     }
 }
