@@ -214,14 +214,13 @@ impl FrameReader<'_> {
                 name,
             });
         }
-        if min_reader_version > TRACE_READER_VERSION || version < TRACE_READER_VERSION {
-            return Err(NettraceError::UnsupportedObjectVersion {
-                offset: type_offset,
-                name,
-                version,
-                min_reader_version,
-            });
-        }
+        check_object_version(
+            name,
+            version,
+            min_reader_version,
+            type_offset,
+            TRACE_READER_VERSION,
+        )?;
         need!(self, TRACE_BODY_LEN + 1);
         let body_offset = self.abs();
         let header = parse_trace_body(self.take(TRACE_BODY_LEN), body_offset)?;
@@ -257,14 +256,13 @@ impl FrameReader<'_> {
                 name,
             });
         };
-        if min_reader_version > BLOCK_READER_VERSION || version < BLOCK_READER_VERSION {
-            return Err(NettraceError::UnsupportedObjectVersion {
-                offset: type_offset,
-                name,
-                version,
-                min_reader_version,
-            });
-        }
+        check_object_version(
+            name,
+            version,
+            min_reader_version,
+            type_offset,
+            BLOCK_READER_VERSION,
+        )?;
         need!(self, 4);
         let size_offset = self.abs();
         let size = self.i32();
@@ -362,4 +360,24 @@ pub(crate) fn write_block_object(out: &mut Vec<u8>, kind: BlockKind, body: &[u8]
     out.extend(std::iter::repeat_n(0u8, padding));
     out.extend(body);
     out.push(TAG_END_OBJECT);
+}
+
+/// An object this reader understands: written at `reader_version` or later,
+/// and not demanding a newer reader.
+fn check_object_version(
+    name: String,
+    version: i32,
+    min_reader_version: i32,
+    offset: u64,
+    reader_version: i32,
+) -> Result<(), NettraceError> {
+    if min_reader_version > reader_version || version < reader_version {
+        return Err(NettraceError::UnsupportedObjectVersion {
+            offset,
+            name,
+            version,
+            min_reader_version,
+        });
+    }
+    Ok(())
 }
