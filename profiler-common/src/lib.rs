@@ -5,6 +5,7 @@
 //! compile time so both sides agree byte for byte.
 #![no_std]
 
+pub mod offcpu;
 pub mod unwind;
 
 /// Most frames one stack (kernel or user) holds in a [`RawSampleEvent`].
@@ -65,15 +66,21 @@ pub mod sample_flags {
 
 /// One sample, as the eBPF side writes it into the `SAMPLES` ring buffer.
 /// Stacks are leaf first; only the first `*_stack_len` entries are valid.
+/// The fixed header comes first and the stacks last.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct RawSampleEvent {
     /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC, the clock of jitdump records.
+    /// For an off-CPU sample, the time the thread blocked.
     pub time_ns: u64,
-    /// Depends on `kind`: the period for on-CPU, the off-CPU interval.
+    /// Depends on `kind`: the period for on-CPU; for off-CPU the interval
+    /// weighted by the sampling rule ([`offcpu::keep_interval`]).
     pub value: u64,
-    pub kernel_stack: [u64; MAX_STACK_DEPTH],
-    pub user_stack: [u64; MAX_USER_STACK_DEPTH],
+    /// Off-CPU: the interval as measured, before weighting. 0 for on-CPU.
+    pub interval_ns: u64,
+    /// Off-CPU: the system call the thread blocked in (`orig_ax` of its
+    /// saved user registers), -1 when it blocked outside one (a page fault).
+    pub syscall: i64,
     /// Process id (tgid) in the initial PID namespace.
     pub pid: u32,
     /// Thread id in the initial PID namespace.
@@ -88,12 +95,28 @@ pub struct RawSampleEvent {
     /// Why the user-stack walk ended early: an
     /// [`unwind::UnwindError`] number, 0 for a clean end.
     pub user_unwind_error: u32,
+    /// Off-CPU: [`offcpu::wake_flags`] bits.
+    pub wake_flags: u32,
+    /// Off-CPU: the thread that woke this one (0 when unknown or woken
+    /// from an interrupt), and its process.
+    pub waker_tid: u32,
+    pub waker_pid: u32,
+    /// Off-CPU: ids in the `WAKER_STACKS` map of the waker's kernel and user
+    /// stacks, negative when not taken.
+    pub waker_kernel_stack_id: i32,
+    pub waker_user_stack_id: i32,
+    pub _pad: u32,
     /// The thread's name (`comm`), NUL-padded.
     pub comm: [u8; TASK_COMM_LEN],
+    /// Off-CPU: the waker's name.
+    pub waker_comm: [u8; TASK_COMM_LEN],
+    pub kernel_stack: [u64; MAX_STACK_DEPTH],
+    pub user_stack: [u64; MAX_USER_STACK_DEPTH],
 }
 
 const _: () = assert!(
-    size_of::<RawSampleEvent>() == 16 + 8 * MAX_STACK_DEPTH + 8 * MAX_USER_STACK_DEPTH + 32 + 16
+    size_of::<RawSampleEvent>()
+        == 32 + 4 * 14 + 2 * TASK_COMM_LEN + 8 * MAX_STACK_DEPTH + 8 * MAX_USER_STACK_DEPTH
 );
 
 #[cfg(feature = "user")]
@@ -125,6 +148,16 @@ pub enum Counter {
     UnwindProcessUnknown = 8,
     /// The user registers could not be read (a kernel thread, a failed read).
     UserRegsUnavailable = 9,
+    /// Blocking switches of profiled threads whose stack was taken.
+    OffCpuBlocked = 10,
+    /// Off-CPU intervals measured at switch-in.
+    OffCpuIntervals = 11,
+    /// Off-CPU intervals kept (written to the ring buffer).
+    OffCpuKept = 12,
+    /// Blocking switches not tracked because the pending-stack map was full.
+    OffCpuPendingFull = 13,
+    /// Wakeups of a blocked profiled thread whose waker was recorded.
+    OffCpuWakers = 14,
 }
 
 /// Slots of the `UNWIND_ERRORS` map: one per `UnwindError` number.
@@ -139,6 +172,21 @@ pub mod names {
     pub const PROG_ON_CPU_SAMPLE: &str = "on_cpu_sample";
     pub const PROG_FOLLOW_FORK: &str = "follow_fork";
     pub const PROG_FORGET_EXIT: &str = "forget_exit";
+    /// `sched:sched_switch`: off-CPU stacks and intervals.
+    pub const PROG_OFF_CPU_SWITCH: &str = "off_cpu_switch";
+    /// `sched:sched_waking`: the waker of a blocked profiled thread.
+    pub const PROG_OFF_CPU_WAKING: &str = "off_cpu_waking";
+    /// `HashMap<u32 tid, RawSampleEvent>`: threads blocked now, with the
+    /// stack they blocked in.
+    pub const MAP_OFF_CPU_PENDING: &str = "OFF_CPU_PENDING";
+    /// `HashMap<u32 tid, OffCpuThreadTotals>`: exact per-thread totals.
+    pub const MAP_OFF_CPU_TOTALS: &str = "OFF_CPU_TOTALS";
+    /// `StackTrace`: the wakers' stacks.
+    pub const MAP_WAKER_STACKS: &str = "WAKER_STACKS";
+    /// `u32`: 1 = off-CPU programs record, 0 = they return at once.
+    pub const GLOBAL_OFF_CPU: &str = "OFF_CPU";
+    /// `u64`: intervals at least this long are always kept.
+    pub const GLOBAL_OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
     pub const MAP_SAMPLES: &str = "SAMPLES";
     pub const MAP_TARGET_PIDS: &str = "TARGET_PIDS";
     pub const MAP_COUNTERS: &str = "COUNTERS";

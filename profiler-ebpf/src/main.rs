@@ -1,6 +1,8 @@
 //! clrbpf's kernel side. `on_cpu_sample` runs on every `cpu-clock` tick of
 //! every online CPU and writes one [`RawSampleEvent`] (thread, time, kernel
 //! and user stacks) into the `SAMPLES` ring buffer; userspace does the rest.
+//! `off_cpu_switch` and `off_cpu_waking` ([`offcpu`]) measure where profiled
+//! threads block and who wakes them.
 //! `follow_fork` and `forget_exit` keep the set of profiled processes in step
 //! with the process tree when clrbpf profiles a command and its children.
 //!
@@ -28,6 +30,7 @@ use clrbpf_common::{
     sample_flags, unwind::UnwindError,
 };
 
+mod offcpu;
 mod unwind;
 
 /// 0: profile every process; 1: only the tgids in `TARGET_PIDS`.
@@ -167,7 +170,16 @@ fn try_on_cpu_sample(ctx: &PerfEventContext) -> Result<(), i64> {
         (*event).user_stack_len = user_frames;
         (*event).flags = flags;
         (*event).user_unwind_error = unwind_error;
+        (*event).interval_ns = 0;
+        (*event).syscall = -1;
+        (*event).wake_flags = 0;
+        (*event).waker_tid = 0;
+        (*event).waker_pid = 0;
+        (*event).waker_kernel_stack_id = -1;
+        (*event).waker_user_stack_id = -1;
+        (*event)._pad = 0;
         (*event).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
+        (*event).waker_comm = [0; TASK_COMM_LEN];
         // Userspace drains the ring on a timer, so no wakeup per record: the
         // wakeup is an irq_work per sample, the most expensive part in a VM.
         if SAMPLES
@@ -219,15 +231,15 @@ fn try_follow_fork(ctx: &TracePointContext) -> Result<(), i64> {
     Ok(())
 }
 
-/// `sched:sched_process_exit`: drop an exiting process from the set so the
-/// map does not fill with dead pids.
+/// `sched:sched_process_exit` (once per exiting thread): drop an exiting
+/// process from the set so the map does not fill with dead pids, and the
+/// thread's parked off-CPU record.
 #[tracepoint]
 pub fn forget_exit(_ctx: TracePointContext) -> u32 {
-    if FILTER_PIDS.load() != 0 {
-        let pid_tgid = bpf_get_current_pid_tgid();
-        if (pid_tgid >> 32) as u32 == pid_tgid as u32 {
-            let _ = TARGET_PIDS.remove(&((pid_tgid >> 32) as u32));
-        }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    offcpu::forget_thread(pid_tgid as u32);
+    if FILTER_PIDS.load() != 0 && (pid_tgid >> 32) as u32 == pid_tgid as u32 {
+        let _ = TARGET_PIDS.remove(&((pid_tgid >> 32) as u32));
     }
     0
 }

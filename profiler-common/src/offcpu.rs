@@ -1,0 +1,129 @@
+//! Off-CPU rules shared by the kernel side (the `sched_switch` program) and
+//! userspace: which intervals are kept and with what weight, and the exact
+//! per-thread totals the kernel keeps for every interval, kept or not.
+//!
+//! The keep rule makes the profile's total an unbiased estimate of the
+//! true off-CPU time while bounding the records written: an interval at
+//! least `min_ns` long is kept with its own length; a shorter one is kept
+//! with probability `interval / min_ns` and then weighs `min_ns` (1/p
+//! upscaling), so its expected contribution is its own length. A thread can
+//! then produce at most about one record per `min_ns` of off-CPU time,
+//! whatever its switch rate: the rate limit that keeps a host doing
+//! hundreds of thousands of short sleeps per second cheap.
+
+/// Bits of [`crate::RawSampleEvent::wake_flags`].
+pub mod wake_flags {
+    /// A `sched_waking` for the blocked thread was seen and the current
+    /// thread and stacks recorded (in an interrupt, the interrupted thread:
+    /// userspace tells from the kernel stack).
+    pub const RECORDED: u32 = 1 << 0;
+}
+
+/// Longest `min_ns` [`keep_interval`] takes (about 4.29 s): shorter
+/// intervals are shifted left 32 bits in a `u64`.
+pub const MAX_MIN_NS: u64 = u32::MAX as u64;
+
+/// Whether to keep an off-CPU interval of `interval_ns`, and the weight
+/// (nanoseconds) it is recorded with. `random` is a uniform 32-bit value
+/// (`bpf_get_prandom_u32`). `min_ns` of 0 keeps everything; values above
+/// [`MAX_MIN_NS`] are treated as [`MAX_MIN_NS`].
+#[inline(always)]
+pub fn keep_interval(interval_ns: u64, min_ns: u64, random: u32) -> Option<u64> {
+    let min_ns = if min_ns > MAX_MIN_NS {
+        MAX_MIN_NS
+    } else {
+        min_ns
+    };
+    if interval_ns >= min_ns {
+        return Some(interval_ns);
+    }
+    // interval_ns < min_ns <= 2^32 - 1, so the shift cannot overflow.
+    let threshold = (interval_ns << 32) / min_ns;
+    if u64::from(random) < threshold {
+        Some(min_ns)
+    } else {
+        None
+    }
+}
+
+/// Exact off-CPU totals of one thread, kept by the kernel side for every
+/// interval it measured, in the `OFF_CPU_TOTALS` map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuThreadTotals {
+    /// Sum of every measured interval.
+    pub blocked_ns: u64,
+    /// Sum of the weights of the kept intervals (what the profile holds).
+    pub recorded_ns: u64,
+    /// Intervals measured.
+    pub intervals: u64,
+    /// Intervals kept and written to the ring buffer.
+    pub recorded: u64,
+    /// Kept intervals lost because the ring buffer was full.
+    pub lost: u64,
+    /// The thread's process.
+    pub pid: u32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(size_of::<OffCpuThreadTotals>() == 48);
+
+#[cfg(feature = "user")]
+// SAFETY: `#[repr(C)]`, only integers, explicit padding.
+unsafe impl aya::Pod for OffCpuThreadTotals {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic stand-in for `bpf_get_prandom_u32`: every 32-bit
+    /// value visited evenly.
+    fn uniform(n: u64) -> impl Iterator<Item = u32> {
+        (0..n).map(move |i| ((i << 32) / n) as u32)
+    }
+
+    #[test]
+    fn long_intervals_are_kept_with_their_length() {
+        assert_eq!(keep_interval(5_000_000, 1_000_000, 0), Some(5_000_000));
+        assert_eq!(
+            keep_interval(1_000_000, 1_000_000, u32::MAX),
+            Some(1_000_000)
+        );
+        assert_eq!(keep_interval(7, 0, u32::MAX), Some(7));
+    }
+
+    #[test]
+    fn short_intervals_are_upscaled_without_bias() {
+        let min = 1_000_000;
+        for interval in [1, 999, 250_000, 333_333, 999_999] {
+            let draws = 100_000u64;
+            let total: u64 = uniform(draws)
+                .filter_map(|r| keep_interval(interval, min, r))
+                .sum();
+            let kept = uniform(draws)
+                .filter(|&r| keep_interval(interval, min, r).is_some())
+                .count() as u64;
+            // Every kept draw weighs `min`; on average they add up to the
+            // true total within one draw's weight.
+            assert!(
+                total.abs_diff(interval * draws) <= min,
+                "interval {interval}: {total} vs {}",
+                interval * draws
+            );
+            assert!(kept <= draws * interval / min + 1);
+        }
+    }
+
+    #[test]
+    fn zero_length_intervals_are_never_kept_below_the_threshold() {
+        assert_eq!(keep_interval(0, 1_000_000, 0), None);
+    }
+
+    #[test]
+    fn a_huge_threshold_is_clamped_not_overflowed() {
+        let interval = MAX_MIN_NS - 1;
+        assert_eq!(keep_interval(interval, u64::MAX, 0), Some(MAX_MIN_NS));
+        assert_eq!(keep_interval(MAX_MIN_NS, u64::MAX, 0), Some(MAX_MIN_NS));
+        assert_eq!(keep_interval(interval, u64::MAX, u32::MAX), None);
+    }
+}

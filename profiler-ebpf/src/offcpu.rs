@@ -1,0 +1,352 @@
+//! Off-CPU time in the kernel (issue 4): where profiled threads block, for
+//! how long, and who wakes them.
+//!
+//! 1. `sched:sched_switch`, switch-out half: the tracepoint runs in the
+//!    context of `prev`. When `prev` is a thread of a profiled process going
+//!    to sleep (state S or D; preemption is not off-CPU time), its kernel
+//!    and user stacks are taken as for an on-CPU sample (the unwind tables
+//!    when userspace indexed the process, else frame pointers), stamped with
+//!    the time and the system call it blocked in, and parked in
+//!    `OFF_CPU_PENDING` under its tid.
+//! 2. `sched:sched_waking` for a parked thread: the first wakeup records
+//!    the current thread's ids and name and the kernel and user stacks
+//!    (`bpf_get_stackid`, frame pointers: the cheap path). Userspace tells
+//!    from the kernel stack whether it was a thread's wakeup or an
+//!    interrupt's (a timer running out): the tracepoint's common flags
+//!    cannot say, as a BPF program sees the regs pointer written over them.
+//! 3. `sched:sched_switch`, switch-in half (`next`): the interval is
+//!    measured, added to the thread's exact totals in `OFF_CPU_TOTALS`, and
+//!    kept or not by [`keep_interval`]; a kept one goes to the ring buffer
+//!    straight from the parked record. The entry is removed either way.
+//!
+//! Cost: every switch on the host does one hash lookup (the `next` side)
+//! and, for `prev`, the profiled-set test; stacks are taken only for
+//! blocking switches of profiled threads. The parked records live in a map
+//! allocated on demand, so memory follows the number of threads blocked
+//! now; a thread that exits while parked is removed by the exit tracepoint.
+
+use core::{ffi::c_void, ptr::addr_of_mut};
+
+use aya_ebpf::{
+    EbpfContext, Global,
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, pt_regs},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        generated::{
+            bpf_get_current_task_btf, bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_get_stack,
+            bpf_ktime_get_ns, bpf_task_pt_regs,
+        },
+    },
+    macros::{map, tracepoint},
+    maps::{HashMap, StackTrace},
+    programs::{TracePointContext, tracing::StackIdContext as _},
+};
+use clrbpf_common::{
+    Counter, MAX_STACK_DEPTH, RawSampleEvent, SampleKind, TASK_COMM_LEN,
+    offcpu::{OffCpuThreadTotals, keep_interval, wake_flags},
+    sample_flags,
+    unwind::{UnwindError, UnwindRegs},
+};
+
+use crate::{BPF_RB_NO_WAKEUP, SAMPLES, SELF_TGID, count, is_profiled, unwind};
+
+/// 1: the off-CPU programs record; 0: they return at once.
+#[unsafe(no_mangle)]
+static OFF_CPU: Global<u32> = Global::new(0);
+/// Intervals at least this long are always kept (`--off-cpu-min`).
+#[unsafe(no_mangle)]
+static OFF_CPU_MIN_NS: Global<u64> = Global::new(1_000_000);
+
+/// Threads blocked now (tid -> the sample being built for them).
+#[map]
+pub static OFF_CPU_PENDING: HashMap<u32, RawSampleEvent> =
+    HashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
+
+/// Exact totals per thread (tid).
+#[map]
+static OFF_CPU_TOTALS: HashMap<u32, OffCpuThreadTotals> =
+    HashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
+
+/// Wakers' stacks, by `bpf_get_stackid`.
+#[map]
+static WAKER_STACKS: StackTrace = StackTrace::with_max_entries(16_384, 0);
+
+// Field offsets from /sys/kernel/tracing/events/sched/sched_switch/format
+// (stable since 4.x) and sched_waking's.
+const SWITCH_PREV_PID: usize = 24;
+const SWITCH_PREV_STATE: usize = 32;
+const SWITCH_NEXT_PID: usize = 56;
+const WAKING_PID: usize = 24;
+
+/// `TASK_INTERRUPTIBLE | TASK_UNINTERRUPTIBLE` in the reported state.
+const BLOCKED_STATES: i64 = 0x1 | 0x2;
+const KERNEL_STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
+const FP_USER_STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
+
+#[tracepoint]
+pub fn off_cpu_switch(ctx: TracePointContext) -> u32 {
+    if OFF_CPU.load() == 0 {
+        return 0;
+    }
+    // The switch-in half first: it only needs the next thread's parked record.
+    let _ = switch_in(&ctx);
+    let _ = switch_out(&ctx);
+    0
+}
+
+/// The user registers saved at kernel entry and the system call number,
+/// `None` for a kernel thread.
+#[inline(always)]
+fn saved_user_state() -> Option<(UnwindRegs, i64)> {
+    // SAFETY: helpers available to tracing programs since 5.15; the result
+    // is only read through bpf_probe_read_kernel.
+    let saved = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
+    if saved.is_null() {
+        return None;
+    }
+    // SAFETY: probe reads of kernel memory; a fault gives an error.
+    unsafe {
+        let cs: u64 = bpf_probe_read_kernel(&raw const (*saved).cs).ok()?;
+        if cs & 3 != 3 {
+            return None;
+        }
+        let regs = UnwindRegs {
+            pc: bpf_probe_read_kernel(&raw const (*saved).rip).ok()?,
+            sp: bpf_probe_read_kernel(&raw const (*saved).rsp).ok()?,
+            fp: bpf_probe_read_kernel(&raw const (*saved).rbp).ok()?,
+            lr: 0,
+        };
+        let syscall: u64 = bpf_probe_read_kernel(&raw const (*saved).orig_rax).ok()?;
+        Some((regs, syscall as i64))
+    }
+}
+
+fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
+    // SAFETY: offsets from the tracepoint's format file.
+    let state: i64 = unsafe { ctx.read_at(SWITCH_PREV_STATE) }.map_err(i64::from)?;
+    if state & BLOCKED_STATES == 0 {
+        return Ok(());
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    if tid == 0 || tgid == SELF_TGID.load() || !is_profiled(tgid) {
+        return Ok(());
+    }
+    // SAFETY: as above.
+    let prev: i32 = unsafe { ctx.read_at(SWITCH_PREV_PID) }.map_err(i64::from)?;
+    if prev as u32 != tid {
+        return Ok(());
+    }
+    let Some((regs, syscall)) = saved_user_state() else {
+        // A kernel thread: its waits are the kernel's, not the program's.
+        return Ok(());
+    };
+    let Some(event) = unwind::EVENT_SCRATCH.get_ptr_mut(0) else {
+        return Ok(());
+    };
+    // SAFETY: the per-CPU scratch record; sched_switch runs with interrupts
+    // off, so the on-CPU sampler cannot interleave on this CPU. Every field
+    // userspace reads is written before the record is parked.
+    unsafe {
+        let kernel_len = bpf_get_stack(
+            ctx.as_ptr(),
+            addr_of_mut!((*event).kernel_stack).cast::<c_void>(),
+            KERNEL_STACK_BYTES,
+            0,
+        );
+        let mut flags = 0;
+        let kernel_frames = if kernel_len < 0 {
+            count(Counter::KernelStackErrors);
+            flags |= sample_flags::KERNEL_STACK_ERROR;
+            0
+        } else {
+            (kernel_len as u32) / 8
+        };
+        if kernel_frames as usize == MAX_STACK_DEPTH {
+            flags |= sample_flags::KERNEL_STACK_TRUNCATED;
+        }
+        let mut user_frames = 0;
+        let mut unwind_error = 0;
+        let walk = if crate::USER_UNWIND.load() != 0 && unwind::has_mappings(tgid) {
+            unwind::walk_user_stack(tgid, regs)
+        } else {
+            None
+        };
+        if let Some(walk) = walk {
+            flags |= sample_flags::USER_STACK_UNWOUND;
+            user_frames = walk.frames;
+            unwind_error = walk.error;
+            if walk.unindexed {
+                flags |= sample_flags::USER_PC_UNINDEXED;
+            }
+            if walk.error == UnwindError::TooDeep as u32 {
+                flags |= sample_flags::USER_STACK_TRUNCATED;
+            }
+        } else {
+            let user_len = bpf_get_stack(
+                ctx.as_ptr(),
+                addr_of_mut!((*event).user_stack).cast::<c_void>(),
+                FP_USER_STACK_BYTES,
+                u64::from(BPF_F_USER_STACK),
+            );
+            if user_len < 0 {
+                count(Counter::UserStackErrors);
+                flags |= sample_flags::USER_STACK_ERROR;
+            } else {
+                user_frames = (user_len as u32) / 8;
+            }
+            if user_frames as usize == MAX_STACK_DEPTH {
+                flags |= sample_flags::USER_STACK_TRUNCATED;
+            }
+        }
+        (*event).time_ns = bpf_ktime_get_ns();
+        (*event).value = 0;
+        (*event).interval_ns = 0;
+        (*event).syscall = syscall;
+        (*event).pid = tgid;
+        (*event).tid = tid;
+        (*event).cpu = bpf_get_smp_processor_id();
+        (*event).kind = SampleKind::OffCpu as u32;
+        (*event).kernel_stack_len = kernel_frames;
+        (*event).user_stack_len = user_frames;
+        (*event).flags = flags;
+        (*event).user_unwind_error = unwind_error;
+        (*event).wake_flags = 0;
+        (*event).waker_tid = 0;
+        (*event).waker_pid = 0;
+        (*event).waker_kernel_stack_id = -1;
+        (*event).waker_user_stack_id = -1;
+        (*event)._pad = 0;
+        (*event).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
+        (*event).waker_comm = [0; TASK_COMM_LEN];
+        if OFF_CPU_PENDING.insert(&tid, &*event, 0).is_err() {
+            count(Counter::OffCpuPendingFull);
+            return Ok(());
+        }
+    }
+    count(Counter::OffCpuBlocked);
+    Ok(())
+}
+
+fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
+    // SAFETY: offsets from the tracepoint's format file.
+    let next: i32 = unsafe { ctx.read_at(SWITCH_NEXT_PID) }.map_err(i64::from)?;
+    let tid = next as u32;
+    let Some(parked) = OFF_CPU_PENDING.get_ptr_mut(&tid) else {
+        return Ok(());
+    };
+    count(Counter::OffCpuIntervals);
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: a map value only this CPU's sched_switch touches for `tid`
+    // (the thread is switching in here); waking writes other fields first.
+    let (pid, interval) = unsafe { ((*parked).pid, now.saturating_sub((*parked).time_ns)) };
+    // SAFETY: helper without arguments.
+    let random = unsafe { bpf_get_prandom_u32() };
+    let kept = keep_interval(interval, OFF_CPU_MIN_NS.load(), random);
+    let mut lost = false;
+    if let Some(weight) = kept {
+        // SAFETY: as above; the record is complete since switch-out.
+        unsafe {
+            (*parked).value = weight;
+            (*parked).interval_ns = interval;
+            if SAMPLES
+                .output::<RawSampleEvent>(&*parked, BPF_RB_NO_WAKEUP)
+                .is_err()
+            {
+                count(Counter::SamplesLost);
+                lost = true;
+            } else {
+                count(Counter::OffCpuKept);
+            }
+        }
+    }
+    let _ = OFF_CPU_PENDING.remove(&tid);
+    add_to_totals(tid, pid, interval, kept, lost);
+    Ok(())
+}
+
+#[inline(always)]
+fn add_to_totals(tid: u32, pid: u32, interval: u64, kept: Option<u64>, lost: bool) {
+    let mut totals = OFF_CPU_TOTALS.get_ptr_mut(&tid);
+    if totals.is_none() {
+        let fresh = OffCpuThreadTotals {
+            pid,
+            ..OffCpuThreadTotals::default()
+        };
+        if OFF_CPU_TOTALS.insert(&tid, &fresh, 0).is_err() {
+            return;
+        }
+        totals = OFF_CPU_TOTALS.get_ptr_mut(&tid);
+    }
+    let Some(totals) = totals else {
+        return;
+    };
+    // SAFETY: a map value; concurrent updates for one tid cannot happen
+    // (only its own switch-in writes it), and a torn total is only a
+    // statistic.
+    unsafe {
+        (*totals).pid = pid;
+        (*totals).blocked_ns += interval;
+        (*totals).intervals += 1;
+        if let Some(weight) = kept {
+            if lost {
+                (*totals).lost += 1;
+            } else {
+                (*totals).recorded += 1;
+                (*totals).recorded_ns += weight;
+            }
+        }
+    }
+}
+
+/// `sched:sched_waking` runs in the waker's context (or in the interrupt
+/// that does the wakeup).
+#[tracepoint]
+pub fn off_cpu_waking(ctx: TracePointContext) -> u32 {
+    if OFF_CPU.load() == 0 {
+        return 0;
+    }
+    let _ = try_off_cpu_waking(&ctx);
+    0
+}
+
+fn try_off_cpu_waking(ctx: &TracePointContext) -> Result<(), i64> {
+    // SAFETY: offsets from the tracepoint's format file.
+    let target: i32 = unsafe { ctx.read_at(WAKING_PID) }.map_err(i64::from)?;
+    let Some(parked) = OFF_CPU_PENDING.get_ptr_mut(&(target as u32)) else {
+        return Ok(());
+    };
+    // SAFETY: a map value; a second waking of the same thread before it
+    // runs finds RECORDED and leaves it.
+    unsafe {
+        if (*parked).wake_flags & wake_flags::RECORDED != 0 {
+            return Ok(());
+        }
+        (*parked).waker_kernel_stack_id = match ctx.get_stackid(&WAKER_STACKS, 0) {
+            Ok(id) => id as i32,
+            Err(_) => -1,
+        };
+        let pid_tgid = bpf_get_current_pid_tgid();
+        (*parked).waker_pid = (pid_tgid >> 32) as u32;
+        (*parked).waker_tid = pid_tgid as u32;
+        (*parked).waker_comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
+        (*parked).waker_user_stack_id =
+            match ctx.get_stackid(&WAKER_STACKS, u64::from(BPF_F_USER_STACK)) {
+                Ok(id) => id as i32,
+                Err(_) => -1,
+            };
+        (*parked).wake_flags = wake_flags::RECORDED;
+    }
+    count(Counter::OffCpuWakers);
+    Ok(())
+}
+
+/// A thread that exits while parked never switches in again.
+#[inline(always)]
+pub fn forget_thread(tid: u32) {
+    if OFF_CPU.load() != 0 {
+        let _ = OFF_CPU_PENDING.remove(&tid);
+    }
+}
