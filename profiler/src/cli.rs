@@ -134,6 +134,26 @@ pub struct RecordArgs {
     #[arg(long)]
     pub split: bool,
 
+    /// Also record off-CPU time: where the profiled threads block (locks,
+    /// sleeps, I/O, page faults), for how long, and who woke them. Adds the
+    /// sample types off_cpu/nanoseconds (the stack at the moment a thread
+    /// blocked, labelled wait.kind) and wakeup/nanoseconds (the waker's
+    /// stack on top of the blocked one, as bcc's offwaketime).
+    #[arg(long)]
+    pub off_cpu: bool,
+
+    /// Off-CPU intervals at least this long (milliseconds) are all kept;
+    /// shorter ones are sampled with probability interval/min and weighted
+    /// min, so totals stay exact on average while the records stay few.
+    #[arg(long, value_name = "MS", default_value_t = 1.0)]
+    pub off_cpu_min: f64,
+
+    /// Wall time: a wall/nanoseconds sample type with each thread's CPU
+    /// plus off-CPU time, the view that shows where a thread's whole time
+    /// went (implies --off-cpu; shown first by pprof viewers).
+    #[arg(long)]
+    pub wall: bool,
+
     /// No progress line and no summary.
     #[arg(short, long)]
     pub quiet: bool,

@@ -6,6 +6,7 @@ use std::{process::ExitCode, time::Duration};
 use anyhow::Context as _;
 use clap::Parser as _;
 use clrbpf::{
+    bpf::OffCpuConfig,
     cli::{Cli, Command, RecordArgs},
     clr::session::ClrEventKinds,
     export::output::OutputFormat,
@@ -57,6 +58,9 @@ fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
+/// Longest `--off-cpu-min` (the kernel side's keep rule takes up to 2^32 ns).
+const MAX_OFF_CPU_MIN_MS: f64 = 4000.0;
+
 fn run_record(args: RecordArgs) -> anyhow::Result<()> {
     let RecordArgs {
         pids,
@@ -72,9 +76,19 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         clr_events,
         no_clr_events,
         split,
+        off_cpu,
+        off_cpu_min,
+        wall,
         quiet,
         command,
     } = args;
+    if !(off_cpu_min.is_finite() && off_cpu_min > 0.0 && off_cpu_min <= MAX_OFF_CPU_MIN_MS) {
+        anyhow::bail!("--off-cpu-min must be more than 0 and at most {MAX_OFF_CPU_MIN_MS} ms");
+    }
+    // --wall is CPU plus off-CPU time: it turns off-CPU on.
+    let off_cpu = (off_cpu || wall).then_some(OffCpuConfig {
+        min_ns: (off_cpu_min * 1e6) as u64,
+    });
     let clr_events = if no_clr_events {
         ClrEventKinds::NONE
     } else {
@@ -108,6 +122,8 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         verbose: !quiet,
         clr_events,
         split,
+        off_cpu,
+        wall,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

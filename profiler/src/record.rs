@@ -23,11 +23,13 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use clrbpf_common::offcpu::OffCpuThreadTotals;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
     bpf::{
-        KernelCounters, ProgramStats, Sampler, SamplerConfig, UnwindReport, UnwindWorker, system,
+        KernelCounters, OffCpuConfig, ProgramStats, Sampler, SamplerConfig, UnwindReport,
+        UnwindWorker, system,
     },
     clr::{
         collector::ClrCollector,
@@ -41,7 +43,9 @@ use crate::{
         dotnet::DotnetRuntime,
         maps::{Mapping, MappingTable},
     },
-    profile::{Aggregator, Frame, FrameKind, Label, Module, RawSample, ValueType, label_keys},
+    profile::{
+        Aggregator, Frame, FrameKind, Label, Module, RawSample, ValueType, label_keys, wait_kind,
+    },
     symbolize::{
         managed::{ManagedSymbols, TargetLocation, remove_perf_files_at},
         native::{FileKey, MappedFile, NativeSymbolizer},
@@ -86,6 +90,11 @@ pub struct RecordConfig {
     pub clr_events: ClrEventKinds,
     /// One output file per kind (`<stem>.cpu.pb.gz`, ...) instead of one.
     pub split: bool,
+    /// Off-CPU intervals of the profiled threads, with their wakers.
+    pub off_cpu: Option<OffCpuConfig>,
+    /// A `wall/nanoseconds` sample type: CPU plus off-CPU time per thread
+    /// (needs [`Self::off_cpu`]).
+    pub wall: bool,
 }
 
 /// What one recording collected, for the summary line and for tests.
@@ -117,6 +126,21 @@ pub struct RecordSummary {
     pub clr: Vec<(u32, Arc<str>, ClrCounters)>,
     /// Files written (more than one with `split`).
     pub outputs: Vec<PathBuf>,
+    /// Off-CPU samples added to the profile.
+    pub off_cpu_samples: u64,
+    /// Exact off-CPU totals of every thread that blocked, most blocked first.
+    pub off_cpu_threads: Vec<OffCpuThread>,
+    /// BPF stats of the `sched_switch` program (every switch on the host).
+    pub off_cpu_bpf_stats: ProgramStats,
+}
+
+/// One thread's exact off-CPU totals, for the summary.
+#[derive(Clone, Debug, Default)]
+pub struct OffCpuThread {
+    pub pid: u32,
+    pub tid: u32,
+    pub thread_name: Arc<str>,
+    pub totals: OffCpuThreadTotals,
 }
 
 /// What we know of one profiled process.
@@ -381,6 +405,63 @@ fn mapped_file(pid: u32, m: &Mapping) -> Option<MappedFile<'_>> {
     })
 }
 
+/// Which value of a profile sample is which: positions in the sample types.
+#[derive(Clone, Debug)]
+struct ValueLayout {
+    types: Vec<ValueType>,
+    samples: usize,
+    cpu: usize,
+    off_cpu: Option<usize>,
+    wakeup: Option<usize>,
+    wall: Option<usize>,
+    /// First of [`CLR_SAMPLE_TYPES`] (contentions, delay, exceptions).
+    clr: Option<usize>,
+}
+
+impl ValueLayout {
+    fn new(off_cpu: bool, wall: bool, clr: bool) -> Self {
+        let mut types = vec![
+            ValueType::new("samples", "count"),
+            ValueType::new("cpu", "nanoseconds"),
+        ];
+        let mut push = |on: bool, t: &[(&str, &str)]| {
+            on.then(|| {
+                let at = types.len();
+                types.extend(t.iter().map(|(t, u)| ValueType::new(t, u)));
+                at
+            })
+        };
+        let off_cpu_at = push(off_cpu, &[("off_cpu", "nanoseconds")]);
+        let wakeup = push(off_cpu, &[("wakeup", "nanoseconds")]);
+        let wall = push(wall, &[("wall", "nanoseconds")]);
+        let clr = push(clr, &CLR_SAMPLE_TYPES);
+        Self {
+            types,
+            samples: 0,
+            cpu: 1,
+            off_cpu: off_cpu_at,
+            wakeup,
+            wall,
+            clr,
+        }
+    }
+
+    fn zeros(&self) -> Vec<i64> {
+        vec![0; self.types.len()]
+    }
+
+    /// The sample type a viewer opens on: wall when there is one, else CPU.
+    fn default_index(&self) -> usize {
+        self.wall.unwrap_or(self.cpu)
+    }
+
+    /// The one value folded stacks and flame graphs show: wall time, else
+    /// off-CPU time, else (as perf's) CPU sample counts.
+    fn folded_index(&self) -> usize {
+        self.wall.or(self.off_cpu).unwrap_or(self.samples)
+    }
+}
+
 /// Turns raw samples into aggregated, symbolized ones.
 struct Pipeline {
     procfs: ProcFs,
@@ -396,30 +477,31 @@ struct Pipeline {
     /// Samples waiting for a perf map that names their JIT frames.
     retry: Vec<RawSample>,
     unwind: Option<UnwindWorker>,
+    layout: ValueLayout,
+    /// Kernel frame names of the sample being added (for `wait.kind`).
+    kernel_names: Vec<Arc<str>>,
+    /// Thread names seen in samples, for the off-CPU totals.
+    thread_names: HashMap<u32, Arc<str>>,
 }
 
 impl Pipeline {
-    fn new(attach_perf_maps: bool, clr_events: ClrEventKinds) -> Self {
-        let mut sample_types = vec![
-            ValueType::new("samples", "count"),
-            ValueType::new("cpu", "nanoseconds"),
-        ];
-        if clr_events.any() {
-            sample_types.extend(CLR_SAMPLE_TYPES.map(|(t, u)| ValueType::new(t, u)));
-        }
+    fn new(attach_perf_maps: bool, clr_events: ClrEventKinds, layout: ValueLayout) -> Self {
         Self {
             procfs: ProcFs::default(),
             attach_perf_maps,
             clr_events,
             native: NativeSymbolizer::new(),
             processes: HashMap::new(),
-            aggregator: Aggregator::new(sample_types),
+            aggregator: Aggregator::new(layout.types.clone()),
             pending: VecDeque::new(),
             summary: RecordSummary::default(),
             stack: Vec::with_capacity(256),
             user_frames: Vec::with_capacity(256),
             retry: Vec::new(),
             unwind: None,
+            layout,
+            kernel_names: Vec::with_capacity(128),
+            thread_names: HashMap::new(),
         }
     }
 
@@ -460,6 +542,7 @@ impl Pipeline {
             summary,
             stack,
             procfs,
+            layout,
             ..
         } = self;
         for process in processes.values_mut() {
@@ -474,7 +557,7 @@ impl Pipeline {
                     .push((process.pid, process.exe_name.clone(), clr.counters()));
             }
             let kept = clr.finish();
-            add_clr_samples(native, procfs, aggregator, stack, process, kept);
+            add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
         }
     }
 
@@ -487,6 +570,7 @@ impl Pipeline {
             aggregator,
             stack,
             procfs,
+            layout,
             ..
         } = self;
         for process in processes.values_mut() {
@@ -495,7 +579,7 @@ impl Pipeline {
             };
             if !kept.is_empty() {
                 process.refresh_managed(true);
-                add_clr_samples(native, procfs, aggregator, stack, process, kept);
+                add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
             }
         }
     }
@@ -556,6 +640,9 @@ impl Pipeline {
             procfs,
             user_frames,
             retry,
+            layout,
+            kernel_names,
+            thread_names,
             ..
         } = self;
         user_frames.clear();
@@ -585,9 +672,13 @@ impl Pipeline {
         };
         summary.samples += 1;
         stack.clear();
+        kernel_names.clear();
         for &addr in &sample.kernel_stack {
             let frame = native.symbolize_kernel(addr);
             summary.kernel_frames += 1;
+            if sample.off_cpu.is_some() {
+                kernel_names.push(frame.name.clone());
+            }
             stack.push(aggregator.intern(&frame));
         }
         if sample.kernel_stack_truncated {
@@ -619,7 +710,88 @@ impl Pipeline {
             labels.push(Label::str(label_keys::CONTAINER_ID, id.clone()));
         }
         let value = i64::try_from(sample.value).unwrap_or(i64::MAX);
-        aggregator.add(stack, labels, &[1, value]);
+        let mut values = layout.zeros();
+        let Some(off_cpu) = &sample.off_cpu else {
+            values[layout.samples] = 1;
+            values[layout.cpu] = value;
+            if let Some(wall) = layout.wall {
+                values[wall] = value;
+            }
+            aggregator.add(stack, labels, &values);
+            return;
+        };
+        // The latest name: a new thread blocks before it names itself.
+        thread_names.insert(sample.tid, sample.thread_name.clone());
+        let waker_kernel: Vec<Arc<Frame>> = off_cpu
+            .waker_kernel_stack
+            .iter()
+            .map(|&addr| native.symbolize_kernel(addr))
+            .collect();
+        let kind = wait_kind::classify(
+            off_cpu.syscall,
+            wait_kind::woken_by_timer(waker_kernel.iter().map(|f| &*f.name)),
+            kernel_names.iter().map(|n| &**n),
+        );
+        labels.push(Label::str(label_keys::WAIT_KIND, kind.name()));
+        if let Some(at) = layout.off_cpu {
+            values[at] = value;
+        }
+        if let Some(wall) = layout.wall {
+            values[wall] = value;
+        }
+        summary.off_cpu_samples += 1;
+        let Some(wakeup) = layout.wakeup else {
+            aggregator.add(stack, labels, &values);
+            return;
+        };
+        let blocked = stack.clone();
+        aggregator.add(stack, labels.clone(), &values);
+        if off_cpu.waker.is_none() && waker_kernel.is_empty() {
+            return;
+        }
+        // As bcc's offwaketime: the waker's stack, root first, on top of a
+        // `--` frame on top of the blocked stack, so a flame graph reads
+        // "blocked in X (below), released by Y (above)".
+        stack.clear();
+        let in_interrupt = wait_kind::woken_in_interrupt(waker_kernel.iter().map(|f| &*f.name));
+        match &off_cpu.waker {
+            Some(waker) if !in_interrupt => {
+                stack.push(aggregator.intern(&Frame::synthetic(&format!(
+                    "{} (pid {})",
+                    waker.thread_name, waker.pid
+                ))));
+                if let Some(process) = processes.get_mut(&waker.pid) {
+                    for (i, &addr) in waker.user_stack.iter().enumerate().rev() {
+                        let frame =
+                            user_frame(native, procfs, process, addr, i > 0, sample.time_ns);
+                        stack.push(aggregator.intern(&frame));
+                    }
+                } else {
+                    stack.push(aggregator.intern(&Frame::synthetic("[process not profiled]")));
+                }
+                labels.push(Label::num(
+                    label_keys::WAKER_PROCESS_PID,
+                    i64::from(waker.pid),
+                ));
+                labels.push(Label::num(
+                    label_keys::WAKER_THREAD_ID,
+                    i64::from(waker.tid),
+                ));
+                labels.push(Label::str(
+                    label_keys::WAKER_THREAD_NAME,
+                    waker.thread_name.clone(),
+                ));
+            }
+            _ => stack.push(aggregator.intern(&Frame::synthetic("[interrupt]"))),
+        }
+        for frame in waker_kernel.iter().rev() {
+            stack.push(aggregator.intern(frame));
+        }
+        stack.push(aggregator.intern(&Frame::synthetic("--")));
+        stack.extend_from_slice(&blocked);
+        let mut waker_values = layout.zeros();
+        waker_values[wakeup] = value;
+        aggregator.add(stack, labels, &waker_values);
     }
 
     /// Turns perf maps off again in the processes where we turned them on,
@@ -710,6 +882,7 @@ fn user_frame(
 fn add_clr_samples(
     native: &mut NativeSymbolizer,
     procfs: &ProcFs,
+    layout: &ValueLayout,
     aggregator: &mut Aggregator,
     stack: &mut Vec<u32>,
     process: &mut TrackedProcess,
@@ -746,10 +919,17 @@ fn add_clr_samples(
         labels.extend(item.labels);
         let count = i64::try_from(count).unwrap_or(i64::MAX);
         let delay = i64::try_from(delay_ns).unwrap_or(i64::MAX);
-        let values = match item.kind {
-            ClrSampleKind::Contention => [0, 0, count, delay, 0],
-            ClrSampleKind::Exception => [0, 0, 0, 0, count],
+        let Some(clr) = layout.clr else {
+            continue;
         };
+        let mut values = layout.zeros();
+        match item.kind {
+            ClrSampleKind::Contention => {
+                values[clr] = count;
+                values[clr + 1] = delay;
+            }
+            ClrSampleKind::Exception => values[clr + 2] = count,
+        }
         aggregator.add(stack, labels, &values);
     }
 }
@@ -840,7 +1020,12 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         verbose,
         clr_events,
         split,
+        off_cpu,
+        wall,
     } = config;
+    if wall && off_cpu.is_none() {
+        bail!("--wall needs off-CPU time: add --off-cpu");
+    }
     for &pid in &pids {
         if !process_exists(pid) {
             bail!(
@@ -861,9 +1046,11 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         target_pids: (!whole_host).then_some(initial_targets),
         user_unwind: dwarf_unwind,
         unwind_table_memory_bytes,
+        off_cpu,
         ..SamplerConfig::default()
     })?;
-    let mut pipeline = Pipeline::new(perf_map_attach, clr_events);
+    let layout = ValueLayout::new(off_cpu.is_some(), wall, clr_events.any());
+    let mut pipeline = Pipeline::new(perf_map_attach, clr_events, layout.clone());
     pipeline.unwind = match sampler.take_unwind_maps() {
         Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
         None => None,
@@ -954,8 +1141,13 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     let elapsed = started.elapsed();
     pipeline.summary.malformed_records += sampler.drain(&mut raw);
     pipeline.accept(&mut raw);
+    let mut blocked_now = sampler.still_blocked(crate::profile::monotonic_ns());
+    let mut off_cpu_totals = sampler.off_cpu_totals();
+    add_still_blocked(&mut off_cpu_totals, &blocked_now);
+    pipeline.accept(&mut blocked_now);
     pipeline.summary.kernel = sampler.counters();
     pipeline.summary.bpf_stats = sampler.on_cpu_program_stats();
+    pipeline.summary.off_cpu_bpf_stats = sampler.off_cpu_program_stats();
     if let Some(unwind) = pipeline.unwind.take() {
         pipeline.summary.unwind = unwind.finish();
     }
@@ -966,6 +1158,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     pipeline.restore_processes(keep_perf_maps);
 
     let mut summary = std::mem::take(&mut pipeline.summary);
+    summary.off_cpu_threads = off_cpu_threads(off_cpu_totals, &pipeline.thread_names);
     summary.processes = pipeline.processes.len();
     summary.duration = elapsed;
     summary.samples_lost = summary.kernel.samples_lost;
@@ -979,7 +1172,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         start_unix_ns,
         elapsed.as_nanos() as i64,
     );
-    profile.default_sample_type = Some(1);
+    profile.default_sample_type = Some(layout.default_index());
     profile
         .comments
         .push(format!("clrbpf {}", env!("CARGO_PKG_VERSION")));
@@ -987,14 +1180,14 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         .comments
         .push(format!("frequency {frequency_hz} Hz"));
     let owner = sudo_user().map(|(uid, gid, _)| (uid, gid));
-    // Folded stacks and flame graphs count samples, as perf's do.
     let sample_type_index = match format {
-        OutputFormat::Pprof => 1,
-        OutputFormat::Collapsed | OutputFormat::Svg => 0,
+        OutputFormat::Pprof => layout.default_index(),
+        OutputFormat::Collapsed | OutputFormat::Svg => layout.folded_index(),
     };
-    if split && clr_events.any() {
-        for (path, types, index) in split_outputs(&output, format) {
-            let part = select_sample_types(&profile, &types);
+    if split {
+        for (path, types, index) in split_outputs(&output, format, &layout) {
+            let mut part = select_sample_types(&profile, &types);
+            part.default_sample_type = Some(index);
             write_profile(&part, format, index, &path, owner)
                 .with_context(|| format!("write {}", path.display()))?;
             summary.outputs.push(path);
@@ -1008,12 +1201,15 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
 }
 
 /// `--split`: for `out.pb.gz`, `out.cpu.pb.gz` (samples, cpu),
+/// `out.offcpu.pb.gz` (off_cpu, wakeup), `out.wall.pb.gz`,
 /// `out.contention.pb.gz` (contentions, delay) and `out.exceptions.pb.gz`,
-/// with the sample types each keeps (indices into the combined profile)
-/// and the one folded stacks and flame graphs show.
+/// those the recording has, with the sample types each keeps (indices
+/// into the combined profile) and the one folded stacks and flame graphs
+/// show (an index into the kept ones).
 fn split_outputs(
     output: &std::path::Path,
     format: OutputFormat,
+    layout: &ValueLayout,
 ) -> Vec<(PathBuf, Vec<usize>, usize)> {
     let name = output
         .file_name()
@@ -1027,20 +1223,31 @@ fn split_outputs(
         },
     };
     let folded = !matches!(format, OutputFormat::Pprof);
-    [
-        ("cpu", vec![0, 1], if folded { 0 } else { 1 }),
-        ("contention", vec![2, 3], 1),
-        ("exceptions", vec![4], 0),
-    ]
-    .into_iter()
-    .map(|(kind, types, index)| {
-        (
-            output.with_file_name(format!("{stem}.{kind}{extension}")),
-            types,
-            index,
-        )
-    })
-    .collect()
+    let mut parts = vec![(
+        "cpu",
+        vec![layout.samples, layout.cpu],
+        if folded { 0 } else { 1 },
+    )];
+    if let (Some(off_cpu), Some(wakeup)) = (layout.off_cpu, layout.wakeup) {
+        parts.push(("offcpu", vec![off_cpu, wakeup], 0));
+    }
+    if let Some(wall) = layout.wall {
+        parts.push(("wall", vec![wall], 0));
+    }
+    if let Some(clr) = layout.clr {
+        parts.push(("contention", vec![clr, clr + 1], 1));
+        parts.push(("exceptions", vec![clr + 2], 0));
+    }
+    parts
+        .into_iter()
+        .map(|(kind, types, index)| {
+            (
+                output.with_file_name(format!("{stem}.{kind}{extension}")),
+                types,
+                index,
+            )
+        })
+        .collect()
 }
 
 /// The part of `profile` with only the sample types `types`, and only the
@@ -1076,8 +1283,93 @@ fn select_sample_types(
         part.period_type = None;
         part.period = 0;
     }
-    part.default_sample_type = Some(types.len().saturating_sub(1));
     part
+}
+
+/// Adds the intervals of the threads still blocked at the end, which no
+/// switch-in measured, to the exact totals.
+fn add_still_blocked(totals: &mut Vec<(u32, OffCpuThreadTotals)>, blocked: &[RawSample]) {
+    for sample in blocked {
+        let interval = sample.off_cpu.as_ref().map_or(0, |o| o.interval_ns);
+        let at = match totals.iter().position(|(tid, _)| *tid == sample.tid) {
+            Some(at) => at,
+            None => {
+                totals.push((
+                    sample.tid,
+                    OffCpuThreadTotals {
+                        pid: sample.pid,
+                        ..Default::default()
+                    },
+                ));
+                totals.len() - 1
+            }
+        };
+        let t = &mut totals[at].1;
+        t.blocked_ns += interval;
+        t.intervals += 1;
+        t.recorded += 1;
+        t.recorded_ns += sample.value;
+    }
+}
+
+/// The totals as summary rows, most blocked first.
+fn off_cpu_threads(
+    totals: Vec<(u32, OffCpuThreadTotals)>,
+    names: &HashMap<u32, Arc<str>>,
+) -> Vec<OffCpuThread> {
+    let mut rows: Vec<OffCpuThread> = totals
+        .into_iter()
+        .map(|(tid, totals)| OffCpuThread {
+            pid: totals.pid,
+            tid,
+            thread_name: names.get(&tid).cloned().unwrap_or_else(|| "?".into()),
+            totals,
+        })
+        .collect();
+    rows.sort_by_key(|t| std::cmp::Reverse(t.totals.blocked_ns));
+    rows
+}
+
+/// Threads listed by name in the off-CPU part of the summary.
+const OFF_CPU_SUMMARY_THREADS: usize = 10;
+
+/// The off-CPU headline: exact totals against what the profile holds.
+fn off_cpu_summary(summary: &RecordSummary) -> Option<String> {
+    let k = &summary.kernel;
+    if k.off_cpu_blocked == 0 && summary.off_cpu_threads.is_empty() {
+        return None;
+    }
+    let sum = |f: fn(&OffCpuThreadTotals) -> u64| -> u64 {
+        summary.off_cpu_threads.iter().map(|t| f(&t.totals)).sum()
+    };
+    let blocked = sum(|t| t.blocked_ns);
+    let recorded = sum(|t| t.recorded_ns);
+    let stats = &summary.off_cpu_bpf_stats;
+    let per_switch = if stats.run_count > 0 {
+        format!(
+            ", sched_switch BPF {:.2} us per switch over {} switches",
+            stats.run_time_ns as f64 / stats.run_count as f64 / 1000.0,
+            stats.run_count
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "clrbpf: off-CPU: {:.1} ms blocked (exact) in {} waits of {} threads; the profile holds {:.1} ms ({:+.1}%) from {} kept waits; {} lost to a full ring, {} not tracked (pending map full), {} wakers recorded{per_switch}",
+        blocked as f64 / 1e6,
+        sum(|t| t.intervals),
+        summary.off_cpu_threads.len(),
+        recorded as f64 / 1e6,
+        if blocked == 0 {
+            0.0
+        } else {
+            100.0 * (recorded as f64 - blocked as f64) / blocked as f64
+        },
+        sum(|t| t.recorded),
+        sum(|t| t.lost),
+        k.off_cpu_pending_full,
+        k.off_cpu_wakers,
+    ))
 }
 
 /// The end-of-recording summary, for a person.
@@ -1143,6 +1435,29 @@ pub fn print_summary(
     if summary.outputs.len() > 1 {
         for path in &summary.outputs {
             writeln!(w, "clrbpf: wrote {}", path.display())?;
+        }
+    }
+    if let Some(line) = off_cpu_summary(summary) {
+        writeln!(w, "{line}")?;
+        for t in summary.off_cpu_threads.iter().take(OFF_CPU_SUMMARY_THREADS) {
+            writeln!(
+                w,
+                "clrbpf:   tid {} ({}, pid {}): {:.1} ms off-CPU in {} waits; the profile holds {:.1} ms from {} of them",
+                t.tid,
+                t.thread_name,
+                t.pid,
+                t.totals.blocked_ns as f64 / 1e6,
+                t.totals.intervals,
+                t.totals.recorded_ns as f64 / 1e6,
+                t.totals.recorded
+            )?;
+        }
+        if summary.off_cpu_threads.len() > OFF_CPU_SUMMARY_THREADS {
+            writeln!(
+                w,
+                "clrbpf:   ... and {} more threads",
+                summary.off_cpu_threads.len() - OFF_CPU_SUMMARY_THREADS
+            )?;
         }
     }
     if summary.bpf_stats.run_count > 0 {

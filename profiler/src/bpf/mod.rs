@@ -16,18 +16,20 @@ use std::{
 
 use aya::{
     Ebpf, EbpfError, EbpfLoader,
-    maps::{HashMap, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{HashMap, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         PerfEvent, ProgramError, TracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
 use clrbpf_common::{
-    COUNTER_SLOTS, Counter, RawSampleEvent, SampleKind, names, sample_flags,
+    COUNTER_SLOTS, Counter, RawSampleEvent, SampleKind, names,
+    offcpu::{OffCpuThreadTotals, wake_flags},
+    sample_flags,
     unwind::{UnwindError, UnwindRow},
 };
 
-use crate::profile::RawSample;
+use crate::profile::{OffCpuDetail, RawSample, Waker};
 
 /// The eBPF object built by `build.rs`; empty when built with `AYA_BUILD_SKIP`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/clrbpf"));
@@ -101,6 +103,16 @@ pub struct SamplerConfig {
     /// unwinding costs in kernel memory whatever is profiled; with
     /// [`Self::user_unwind`] off the array has one row.
     pub unwind_table_memory_bytes: u64,
+    /// Off-CPU intervals of the profiled threads (`None`: not recorded).
+    pub off_cpu: Option<OffCpuConfig>,
+}
+
+/// How off-CPU intervals are kept ([`clrbpf_common::offcpu::keep_interval`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffCpuConfig {
+    /// Intervals at least this long are always kept; shorter ones with
+    /// probability interval/min, weighted min.
+    pub min_ns: u64,
 }
 
 /// Default of [`SamplerConfig::unwind_table_memory_bytes`].
@@ -114,6 +126,7 @@ impl Default for SamplerConfig {
             ring_buffer_bytes: 8 * 1024 * 1024,
             user_unwind: false,
             unwind_table_memory_bytes: DEFAULT_UNWIND_TABLE_MEMORY_BYTES,
+            off_cpu: None,
         }
     }
 }
@@ -131,6 +144,11 @@ pub struct KernelCounters {
     pub user_stacks_unwound: u64,
     pub unwind_process_unknown: u64,
     pub user_regs_unavailable: u64,
+    pub off_cpu_blocked: u64,
+    pub off_cpu_intervals: u64,
+    pub off_cpu_kept: u64,
+    pub off_cpu_pending_full: u64,
+    pub off_cpu_wakers: u64,
 }
 
 /// Run-time statistics of one BPF program from the kernel's BPF stats
@@ -155,6 +173,17 @@ pub struct Sampler {
     unwind_maps: Option<UnwindMaps>,
     /// Processes with samples whose pc was in no indexed mapping.
     rescan: std::collections::HashSet<u32>,
+    off_cpu: Option<OffCpuMaps>,
+}
+
+/// The off-CPU maps userspace reads.
+struct OffCpuMaps {
+    pending: HashMap<MapData, u32, RawSampleEvent>,
+    totals: HashMap<MapData, u32, OffCpuThreadTotals>,
+    waker_stacks: StackTraceMap<MapData>,
+    /// Stack ids are stable for the whole recording (no
+    /// `BPF_F_REUSE_STACKID`), so each is read once.
+    waker_stack_cache: std::collections::HashMap<i32, Arc<[u64]>>,
 }
 
 impl Sampler {
@@ -167,6 +196,8 @@ impl Sampler {
         let filter: u32 = u32::from(config.target_pids.is_some());
         let self_tgid = std::process::id();
         let user_unwind = u32::from(config.user_unwind);
+        let off_cpu = u32::from(config.off_cpu.is_some());
+        let off_cpu_min_ns = config.off_cpu.map_or(0, |c| c.min_ns);
         let unwind_rows = u32::try_from(
             (config.unwind_table_memory_bytes / size_of::<UnwindRow>() as u64).max(1),
         )
@@ -176,6 +207,8 @@ impl Sampler {
             .override_global(names::GLOBAL_SELF_TGID, &self_tgid, true)
             .override_global(names::GLOBAL_ON_CPU_PERIOD_NS, &period_ns, true)
             .override_global(names::GLOBAL_USER_UNWIND, &user_unwind, true)
+            .override_global(names::GLOBAL_OFF_CPU, &off_cpu, true)
+            .override_global(names::GLOBAL_OFF_CPU_MIN_NS, &off_cpu_min_ns, true)
             .map_max_entries(names::MAP_SAMPLES, config.ring_buffer_bytes)
             .map_max_entries(
                 names::MAP_UNWIND_ROWS,
@@ -225,6 +258,27 @@ impl Sampler {
                 .map_err(|source| BpfError::Program { program, source })?;
         }
 
+        let off_cpu = if config.off_cpu.is_some() {
+            let maps = OffCpuMaps {
+                pending: take_map(&mut ebpf, names::MAP_OFF_CPU_PENDING)?,
+                totals: take_map(&mut ebpf, names::MAP_OFF_CPU_TOTALS)?,
+                waker_stacks: take_map(&mut ebpf, names::MAP_WAKER_STACKS)?,
+                waker_stack_cache: Default::default(),
+            };
+            for (program, name) in [
+                (names::PROG_OFF_CPU_WAKING, "sched_waking"),
+                (names::PROG_OFF_CPU_SWITCH, "sched_switch"),
+            ] {
+                let tp: &mut TracePoint = program_mut(&mut ebpf, program)?;
+                load_program(program, tp.load())?;
+                tp.attach("sched", name)
+                    .map_err(|source| BpfError::Program { program, source })?;
+            }
+            Some(maps)
+        } else {
+            None
+        };
+
         let cpus = aya::util::online_cpus().map_err(|(_, e)| BpfError::OnlineCpus(e))?;
         let prog: &mut PerfEvent = program_mut(&mut ebpf, names::PROG_ON_CPU_SAMPLE)?;
         load_program(names::PROG_ON_CPU_SAMPLE, prog.load())?;
@@ -247,6 +301,7 @@ impl Sampler {
             thread_names: Default::default(),
             unwind_maps,
             rescan: Default::default(),
+            off_cpu,
         })
     }
 
@@ -292,7 +347,7 @@ impl Sampler {
     pub fn drain(&mut self, out: &mut Vec<RawSample>) -> u64 {
         let mut malformed = 0;
         while let Some(item) = self.samples.next() {
-            match decode_event(&item, &mut self.thread_names) {
+            match decode_event(&item, &mut self.thread_names, self.off_cpu.as_mut()) {
                 Some((sample, unwind_error, unindexed)) => {
                     if unindexed || unwind_error == Some(UnwindError::NoMapping) {
                         self.rescan.insert(sample.pid);
@@ -324,12 +379,71 @@ impl Sampler {
             user_stacks_unwound: get(Counter::UserStacksUnwound),
             unwind_process_unknown: get(Counter::UnwindProcessUnknown),
             user_regs_unavailable: get(Counter::UserRegsUnavailable),
+            off_cpu_blocked: get(Counter::OffCpuBlocked),
+            off_cpu_intervals: get(Counter::OffCpuIntervals),
+            off_cpu_kept: get(Counter::OffCpuKept),
+            off_cpu_pending_full: get(Counter::OffCpuPendingFull),
+            off_cpu_wakers: get(Counter::OffCpuWakers),
         }
+    }
+
+    /// Exact off-CPU totals per thread (tid), empty without off-CPU.
+    pub fn off_cpu_totals(&self) -> Vec<(u32, OffCpuThreadTotals)> {
+        let Some(maps) = self.off_cpu.as_ref() else {
+            return Vec::new();
+        };
+        maps.totals.iter().filter_map(Result::ok).collect()
+    }
+
+    /// The threads still blocked now, as off-CPU samples ending now (their
+    /// intervals are cut at the end of the recording, as a wall-clock
+    /// profiler does), kept whole. They are in no kernel total: the caller
+    /// adds them to [`Self::off_cpu_totals`].
+    pub fn still_blocked(&mut self, now_ns: u64) -> Vec<RawSample> {
+        let Some(maps) = self.off_cpu.as_mut() else {
+            return Vec::new();
+        };
+        let parked: Vec<RawSampleEvent> = maps
+            .pending
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(_, event)| event)
+            .collect();
+        let mut out = Vec::with_capacity(parked.len());
+        for mut event in parked {
+            let interval = now_ns.saturating_sub(event.time_ns);
+            event.value = interval;
+            event.interval_ns = interval;
+            // SAFETY: `RawSampleEvent` is plain old data.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(
+                    (&raw const event).cast::<u8>(),
+                    size_of::<RawSampleEvent>(),
+                )
+            };
+            if let Some((sample, _, _)) = decode_event(bytes, &mut self.thread_names, Some(maps)) {
+                out.push(sample);
+            }
+        }
+        out
     }
 
     /// BPF run-time stats of the sampling program, from its fdinfo.
     pub fn on_cpu_program_stats(&self) -> ProgramStats {
-        let Some(prog) = self.ebpf.program(names::PROG_ON_CPU_SAMPLE) else {
+        self.program_stats(names::PROG_ON_CPU_SAMPLE)
+    }
+
+    /// BPF run-time stats of the `sched_switch` program (every switch on the
+    /// host runs it), zero without off-CPU.
+    pub fn off_cpu_program_stats(&self) -> ProgramStats {
+        if self.off_cpu.is_none() {
+            return ProgramStats::default();
+        }
+        self.program_stats(names::PROG_OFF_CPU_SWITCH)
+    }
+
+    fn program_stats(&self, name: &str) -> ProgramStats {
+        let Some(prog) = self.ebpf.program(name) else {
             return ProgramStats::default();
         };
         let Ok(fd) = prog.fd() else {
@@ -407,6 +521,7 @@ fn parse_prog_fdinfo(text: &str) -> ProgramStats {
 fn decode_event(
     bytes: &[u8],
     names: &mut std::collections::HashMap<[u8; 16], Arc<str>>,
+    off_cpu: Option<&mut OffCpuMaps>,
 ) -> Option<(RawSample, Option<UnwindError>, bool)> {
     if bytes.len() < size_of::<RawSampleEvent>() {
         return None;
@@ -418,17 +533,20 @@ fn decode_event(
     let kind = SampleKind::from_u32(event.kind)?;
     let kernel_len = (event.kernel_stack_len as usize).min(event.kernel_stack.len());
     let user_len = (event.user_stack_len as usize).min(event.user_stack.len());
-    let thread_name = names
-        .entry(event.comm)
-        .or_insert_with(|| {
-            let end = event
-                .comm
-                .iter()
-                .position(|&b| b == 0)
-                .unwrap_or(event.comm.len());
-            String::from_utf8_lossy(&event.comm[..end]).into()
-        })
-        .clone();
+    tracing::trace!(
+        kind = event.kind,
+        pid = event.pid,
+        tid = event.tid,
+        flags = event.flags,
+        user_frames = event.user_stack_len,
+        unwind_error = event.user_unwind_error,
+        "ring-buffer record"
+    );
+    let thread_name = intern_comm(names, event.comm);
+    let off_cpu = match kind {
+        SampleKind::OnCpu => None,
+        SampleKind::OffCpu => Some(decode_off_cpu(&event, names, off_cpu)),
+    };
     let sample = RawSample {
         time_ns: event.time_ns,
         pid: event.pid,
@@ -441,12 +559,68 @@ fn decode_event(
         user_stack: event.user_stack[..user_len].to_vec(),
         kernel_stack_truncated: event.flags & sample_flags::KERNEL_STACK_TRUNCATED != 0,
         user_stack_truncated: event.flags & sample_flags::USER_STACK_TRUNCATED != 0,
+        off_cpu,
     };
     Some((
         sample,
         UnwindError::from_u32(event.user_unwind_error),
         event.flags & sample_flags::USER_PC_UNINDEXED != 0,
     ))
+}
+
+fn intern_comm(
+    names: &mut std::collections::HashMap<[u8; 16], Arc<str>>,
+    comm: [u8; 16],
+) -> Arc<str> {
+    names
+        .entry(comm)
+        .or_insert_with(|| {
+            let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+            String::from_utf8_lossy(&comm[..end]).into()
+        })
+        .clone()
+}
+
+/// The off-CPU fields of a record, with the waker's stacks read from
+/// `WAKER_STACKS` (once per stack id).
+fn decode_off_cpu(
+    event: &RawSampleEvent,
+    names: &mut std::collections::HashMap<[u8; 16], Arc<str>>,
+    mut maps: Option<&mut OffCpuMaps>,
+) -> OffCpuDetail {
+    let recorded = event.wake_flags & wake_flags::RECORDED != 0;
+    let mut stack_of = |id: i32| -> Arc<[u64]> {
+        let Some(maps) = maps.as_deref_mut() else {
+            return Arc::from([]);
+        };
+        if id < 0 {
+            return Arc::from([]);
+        }
+        maps.waker_stack_cache
+            .entry(id)
+            .or_insert_with(|| match maps.waker_stacks.get(&(id as u32), 0) {
+                Ok(trace) => trace.frames().iter().map(|f| f.ip).collect(),
+                Err(_) => Arc::from([]),
+            })
+            .clone()
+    };
+    let waker_kernel_stack = if recorded {
+        stack_of(event.waker_kernel_stack_id).to_vec()
+    } else {
+        Vec::new()
+    };
+    let waker = (recorded && event.waker_tid != 0).then(|| Waker {
+        pid: event.waker_pid,
+        tid: event.waker_tid,
+        thread_name: intern_comm(names, event.waker_comm),
+        user_stack: stack_of(event.waker_user_stack_id).to_vec(),
+    });
+    OffCpuDetail {
+        interval_ns: event.interval_ns,
+        syscall: u32::try_from(event.syscall).ok(),
+        waker,
+        waker_kernel_stack,
+    }
 }
 
 #[cfg(test)]
@@ -469,13 +643,13 @@ mod tests {
     #[test]
     fn short_or_unknown_records_are_rejected() {
         let mut names = Default::default();
-        assert!(decode_event(&[0u8; 10], &mut names).is_none());
+        assert!(decode_event(&[0u8; 10], &mut names, None).is_none());
         let mut event: RawSampleEvent = unsafe { std::mem::zeroed() };
         event.kind = 99;
         let bytes = unsafe {
             std::slice::from_raw_parts((&raw const event).cast::<u8>(), size_of::<RawSampleEvent>())
         };
-        assert!(decode_event(bytes, &mut names).is_none());
+        assert!(decode_event(bytes, &mut names, None).is_none());
     }
 
     #[test]
@@ -495,14 +669,15 @@ mod tests {
             std::slice::from_raw_parts((&raw const event).cast::<u8>(), size_of::<RawSampleEvent>())
         };
         let mut names = Default::default();
-        let (sample, error, unindexed) = decode_event(bytes, &mut names).expect("valid record");
+        let (sample, error, unindexed) =
+            decode_event(bytes, &mut names, None).expect("valid record");
         assert_eq!(error, None);
         assert!(!unindexed);
         assert_eq!(sample.kernel_stack.len(), clrbpf_common::MAX_STACK_DEPTH);
         assert_eq!(sample.user_stack, vec![0x1000, 0x2000]);
         assert_eq!(&*sample.thread_name, "main");
         assert!(sample.kernel_stack_truncated && !sample.user_stack_truncated);
-        let (again, _, _) = decode_event(bytes, &mut names).expect("valid record");
+        let (again, _, _) = decode_event(bytes, &mut names, None).expect("valid record");
         assert!(Arc::ptr_eq(&sample.thread_name, &again.thread_name));
     }
 

@@ -4,6 +4,7 @@
 mod aggregate;
 pub mod clr_sampling;
 mod model;
+pub mod wait_kind;
 
 pub use aggregate::Aggregator;
 pub use model::*;

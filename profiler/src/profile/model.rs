@@ -22,6 +22,32 @@ pub struct RawSample {
     pub user_stack: Vec<u64>,
     pub kernel_stack_truncated: bool,
     pub user_stack_truncated: bool,
+    /// What only an off-CPU sample has: why and how long the thread was off.
+    pub off_cpu: Option<OffCpuDetail>,
+}
+
+/// The off-CPU part of a [`RawSample`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OffCpuDetail {
+    /// The interval as measured; [`RawSample::value`] is its weight.
+    pub interval_ns: u64,
+    /// The system call the thread blocked in, `None` outside one.
+    pub syscall: Option<u32>,
+    /// The thread running when the wakeup came, when it was recorded: the
+    /// waker, unless [`Self::waker_kernel_stack`] shows an interrupt.
+    pub waker: Option<Waker>,
+    /// Kernel stack of the wakeup (leaf first), when recorded.
+    pub waker_kernel_stack: Vec<u64>,
+}
+
+/// The thread that woke a blocked one, and its user stack (frame pointers).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waker {
+    pub pid: u32,
+    pub tid: u32,
+    pub thread_name: Arc<str>,
+    /// Leaf first.
+    pub user_stack: Vec<u64>,
 }
 
 /// Where a frame's code came from.
@@ -141,6 +167,12 @@ pub mod label_keys {
     pub const THREAD_ID: &str = "thread.id";
     pub const THREAD_NAME: &str = "thread.name";
     pub const CONTAINER_ID: &str = "container.id";
+    /// Why an off-CPU sample's thread waited: `futex`, `sleep`, `io`,
+    /// `page_fault`, `other`.
+    pub const WAIT_KIND: &str = "wait.kind";
+    pub const WAKER_PROCESS_PID: &str = "waker.process.pid";
+    pub const WAKER_THREAD_ID: &str = "waker.thread.id";
+    pub const WAKER_THREAD_NAME: &str = "waker.thread.name";
 }
 
 /// A (type, unit) pair: pprof's ValueType.
