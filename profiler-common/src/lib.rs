@@ -105,7 +105,9 @@ pub struct RawSampleEvent {
     /// stacks, negative when not taken.
     pub waker_kernel_stack_id: i32,
     pub waker_user_stack_id: i32,
-    pub _pad: u32,
+    /// Off-CPU: the random draw of [`offcpu::keep_interval`], made at the
+    /// first wakeup (see [`offcpu::wake_flags::DRAWN`]).
+    pub keep_draw: u32,
     /// The thread's name (`comm`), NUL-padded.
     pub comm: [u8; TASK_COMM_LEN],
     /// Off-CPU: the waker's name.

@@ -17,6 +17,11 @@ pub mod wake_flags {
     /// thread and stacks recorded (in an interrupt, the interrupted thread:
     /// userspace tells from the kernel stack).
     pub const RECORDED: u32 = 1 << 0;
+    /// `keep_draw` holds the keep decision's random draw, made at the first
+    /// wakeup: an interval already kept at that point is kept at switch-in
+    /// too (the rule only keeps more as the interval grows), so the waker's
+    /// stacks are taken only for the wakeups of intervals that will be kept.
+    pub const DRAWN: u32 = 1 << 1;
 }
 
 /// Longest `min_ns` [`keep_interval`] takes (about 4.29 s): shorter

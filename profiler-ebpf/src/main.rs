@@ -177,7 +177,7 @@ fn try_on_cpu_sample(ctx: &PerfEventContext) -> Result<(), i64> {
         (*event).waker_pid = 0;
         (*event).waker_kernel_stack_id = -1;
         (*event).waker_user_stack_id = -1;
-        (*event)._pad = 0;
+        (*event).keep_draw = 0;
         (*event).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
         (*event).waker_comm = [0; TASK_COMM_LEN];
         // Userspace drains the ring on a timer, so no wakeup per record: the

@@ -8,8 +8,10 @@
 //!    when userspace indexed the process, else frame pointers), stamped with
 //!    the time and the system call it blocked in, and parked in
 //!    `OFF_CPU_PENDING` under its tid.
-//! 2. `sched:sched_waking` for a parked thread: the first wakeup records
-//!    the current thread's ids and name and the kernel and user stacks
+//! 2. `sched:sched_waking` for a parked thread: the first wakeup draws the
+//!    keep decision's random number; if the interval would be kept already
+//!    (it can only grow until switch-in), it records the current thread's
+//!    ids and name and the kernel and user stacks
 //!    (`bpf_get_stackid`, frame pointers: the cheap path). Userspace tells
 //!    from the kernel stack whether it was a thread's wakeup or an
 //!    interrupt's (a timer running out): the tracepoint's common flags
@@ -217,7 +219,7 @@ fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
         (*event).waker_pid = 0;
         (*event).waker_kernel_stack_id = -1;
         (*event).waker_user_stack_id = -1;
-        (*event)._pad = 0;
+        (*event).keep_draw = 0;
         (*event).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
         (*event).waker_comm = [0; TASK_COMM_LEN];
         if OFF_CPU_PENDING.insert(&tid, &*event, 0).is_err() {
@@ -241,9 +243,20 @@ fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
     let now = unsafe { bpf_ktime_get_ns() };
     // SAFETY: a map value only this CPU's sched_switch touches for `tid`
     // (the thread is switching in here); waking writes other fields first.
-    let (pid, interval) = unsafe { ((*parked).pid, now.saturating_sub((*parked).time_ns)) };
-    // SAFETY: helper without arguments.
-    let random = unsafe { bpf_get_prandom_u32() };
+    let (pid, interval, drawn, draw) = unsafe {
+        (
+            (*parked).pid,
+            now.saturating_sub((*parked).time_ns),
+            (*parked).wake_flags & wake_flags::DRAWN != 0,
+            (*parked).keep_draw,
+        )
+    };
+    let random = if drawn {
+        draw
+    } else {
+        // SAFETY: helper without arguments.
+        unsafe { bpf_get_prandom_u32() }
+    };
     let kept = keep_interval(interval, OFF_CPU_MIN_NS.load(), random);
     let mut lost = false;
     if let Some(weight) = kept {
@@ -319,9 +332,17 @@ fn try_off_cpu_waking(ctx: &TracePointContext) -> Result<(), i64> {
         return Ok(());
     };
     // SAFETY: a map value; a second waking of the same thread before it
-    // runs finds RECORDED and leaves it.
+    // runs finds DRAWN and leaves it.
     unsafe {
-        if (*parked).wake_flags & wake_flags::RECORDED != 0 {
+        if (*parked).wake_flags & wake_flags::DRAWN != 0 {
+            return Ok(());
+        }
+        let draw = bpf_get_prandom_u32();
+        (*parked).keep_draw = draw;
+        (*parked).wake_flags = wake_flags::DRAWN;
+        let blocked_so_far = bpf_ktime_get_ns().saturating_sub((*parked).time_ns);
+        if keep_interval(blocked_so_far, OFF_CPU_MIN_NS.load(), draw).is_none() {
+            // Most likely dropped at switch-in: no waker stacks for it.
             return Ok(());
         }
         (*parked).waker_kernel_stack_id = match ctx.get_stackid(&WAKER_STACKS, 0) {
@@ -337,7 +358,7 @@ fn try_off_cpu_waking(ctx: &TracePointContext) -> Result<(), i64> {
                 Ok(id) => id as i32,
                 Err(_) => -1,
             };
-        (*parked).wake_flags = wake_flags::RECORDED;
+        (*parked).wake_flags = wake_flags::DRAWN | wake_flags::RECORDED;
     }
     count(Counter::OffCpuWakers);
     Ok(())
