@@ -190,7 +190,7 @@ fn run_profiled(
     })
 }
 
-fn median(values: &mut [f64]) -> f64 {
+pub fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
@@ -327,6 +327,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         .unwrap_or("?");
     println!("| perf map load, 100,000 entries (median) | {perf_map_ms} ms | <= 50 ms |");
     clr_benches(inputs)?;
+    crate::bench_offcpu::run(inputs, have_perf)?;
     if !have_perf {
         println!("\nbench: perf is not installed (apt-get install linux-perf): no comparison row");
     }
