@@ -32,6 +32,10 @@ pub enum SampleKind {
     /// A thread left the CPU in a blocking state; the value is how long it
     /// stayed off (nanoseconds).
     OffCpu = 2,
+    /// The thread that woke a blocked one, with its stacks, written just
+    /// before the [`Self::OffCpu`] record of the wait it ended; its
+    /// `waker_tid` is the thread it woke. The value is unused.
+    Waker = 3,
 }
 
 impl SampleKind {
@@ -39,6 +43,7 @@ impl SampleKind {
         match v {
             1 => Some(Self::OnCpu),
             2 => Some(Self::OffCpu),
+            3 => Some(Self::Waker),
             _ => None,
         }
     }
@@ -97,28 +102,23 @@ pub struct RawSampleEvent {
     pub user_unwind_error: u32,
     /// Off-CPU: [`offcpu::wake_flags`] bits.
     pub wake_flags: u32,
-    /// Off-CPU: the thread that woke this one (0 when unknown or woken
-    /// from an interrupt), and its process.
+    /// Off-CPU: the thread running when this one was woken (0 when no
+    /// wakeup was recorded), and its process. In a [`SampleKind::Waker`]
+    /// record, `waker_tid` is the thread that was woken.
     pub waker_tid: u32,
     pub waker_pid: u32,
-    /// Off-CPU: ids in the `WAKER_STACKS` map of the waker's kernel and user
-    /// stacks, negative when not taken.
-    pub waker_kernel_stack_id: i32,
-    pub waker_user_stack_id: i32,
     /// Off-CPU: the random draw of [`offcpu::keep_interval`], made at the
     /// first wakeup (see [`offcpu::wake_flags::DRAWN`]).
     pub keep_draw: u32,
     /// The thread's name (`comm`), NUL-padded.
     pub comm: [u8; TASK_COMM_LEN],
-    /// Off-CPU: the waker's name.
-    pub waker_comm: [u8; TASK_COMM_LEN],
     pub kernel_stack: [u64; MAX_STACK_DEPTH],
     pub user_stack: [u64; MAX_USER_STACK_DEPTH],
 }
 
 const _: () = assert!(
     size_of::<RawSampleEvent>()
-        == 32 + 4 * 14 + 2 * TASK_COMM_LEN + 8 * MAX_STACK_DEPTH + 8 * MAX_USER_STACK_DEPTH
+        == 32 + 4 * 12 + TASK_COMM_LEN + 8 * MAX_STACK_DEPTH + 8 * MAX_USER_STACK_DEPTH
 );
 
 #[cfg(feature = "user")]
@@ -183,8 +183,8 @@ pub mod names {
     pub const MAP_OFF_CPU_PENDING: &str = "OFF_CPU_PENDING";
     /// `HashMap<u32 tid, OffCpuThreadTotals>`: exact per-thread totals.
     pub const MAP_OFF_CPU_TOTALS: &str = "OFF_CPU_TOTALS";
-    /// `StackTrace`: the wakers' stacks.
-    pub const MAP_WAKER_STACKS: &str = "WAKER_STACKS";
+    /// `HashMap<u32 woken tid, RawSampleEvent>`: wakers of kept waits.
+    pub const MAP_WAKER_PENDING: &str = "WAKER_PENDING";
     /// `u32`: 1 = off-CPU programs record, 0 = they return at once.
     pub const GLOBAL_OFF_CPU: &str = "OFF_CPU";
     /// `u64`: intervals at least this long are always kept.

@@ -175,11 +175,8 @@ fn try_on_cpu_sample(ctx: &PerfEventContext) -> Result<(), i64> {
         (*event).wake_flags = 0;
         (*event).waker_tid = 0;
         (*event).waker_pid = 0;
-        (*event).waker_kernel_stack_id = -1;
-        (*event).waker_user_stack_id = -1;
         (*event).keep_draw = 0;
         (*event).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
-        (*event).waker_comm = [0; TASK_COMM_LEN];
         // Userspace drains the ring on a timer, so no wakeup per record: the
         // wakeup is an irq_work per sample, the most expensive part in a VM.
         if SAMPLES

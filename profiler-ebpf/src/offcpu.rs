@@ -11,8 +11,10 @@
 //! 2. `sched:sched_waking` for a parked thread: the first wakeup draws the
 //!    keep decision's random number; if the interval would be kept already
 //!    (it can only grow until switch-in), it records the current thread's
-//!    ids and name and the kernel and user stacks
-//!    (`bpf_get_stackid`, frame pointers: the cheap path). Userspace tells
+//!    ids and its kernel and user stacks, walked like the blocked one's,
+//!    into a [`SampleKind::Waker`] record parked in `WAKER_PENDING`. As only
+//!    kept waits pay for it, the waker's stack costs at most one walk per
+//!    `--off-cpu-min` of waiting. Userspace tells
 //!    from the kernel stack whether it was a thread's wakeup or an
 //!    interrupt's (a timer running out): the tracepoint's common flags
 //!    cannot say, as a BPF program sees the regs pointer written over them.
@@ -40,8 +42,8 @@ use aya_ebpf::{
         },
     },
     macros::{map, tracepoint},
-    maps::{HashMap, StackTrace},
-    programs::{TracePointContext, tracing::StackIdContext as _},
+    maps::HashMap,
+    programs::TracePointContext,
 };
 use clrbpf_common::{
     Counter, MAX_STACK_DEPTH, RawSampleEvent, SampleKind, TASK_COMM_LEN,
@@ -69,9 +71,11 @@ pub static OFF_CPU_PENDING: HashMap<u32, RawSampleEvent> =
 static OFF_CPU_TOTALS: HashMap<u32, OffCpuThreadTotals> =
     HashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
 
-/// Wakers' stacks, by `bpf_get_stackid`.
+/// The wakers of blocked threads whose wait will be kept (woken tid -> a
+/// [`SampleKind::Waker`] record: the waking thread's stacks).
 #[map]
-static WAKER_STACKS: StackTrace = StackTrace::with_max_entries(16_384, 0);
+static WAKER_PENDING: HashMap<u32, RawSampleEvent> =
+    HashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
 
 // Field offsets from /sys/kernel/tracing/events/sched/sched_switch/format
 // (stable since 4.x) and sched_waking's.
@@ -123,33 +127,26 @@ fn saved_user_state() -> Option<(UnwindRegs, i64)> {
     }
 }
 
-fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
-    // SAFETY: offsets from the tracepoint's format file.
-    let state: i64 = unsafe { ctx.read_at(SWITCH_PREV_STATE) }.map_err(i64::from)?;
-    if state & BLOCKED_STATES == 0 {
-        return Ok(());
-    }
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    let tid = pid_tgid as u32;
-    if tid == 0 || tgid == SELF_TGID.load() || !is_profiled(tgid) {
-        return Ok(());
-    }
-    // SAFETY: as above.
-    let prev: i32 = unsafe { ctx.read_at(SWITCH_PREV_PID) }.map_err(i64::from)?;
-    if prev as u32 != tid {
-        return Ok(());
-    }
-    let Some((regs, syscall)) = saved_user_state() else {
-        // A kernel thread: its waits are the kernel's, not the program's.
-        return Ok(());
-    };
-    let Some(event) = unwind::EVENT_SCRATCH.get_ptr_mut(0) else {
-        return Ok(());
-    };
-    // SAFETY: the per-CPU scratch record; sched_switch runs with interrupts
-    // off, so the on-CPU sampler cannot interleave on this CPU. Every field
-    // userspace reads is written before the record is parked.
+/// Fills `event`'s stacks, thread and time for the current thread (tgid,
+/// tid), user stack from `regs`: the unwind tables when userspace indexed
+/// the process, else frame pointers; none without `regs` (a kernel
+/// thread). The off-CPU fields are reset.
+///
+/// # Safety
+/// `event` is the per-CPU scratch record, not in use by another program on
+/// this CPU: the callers run with interrupts off (sched_switch, and
+/// sched_waking inside try_to_wake_up), and the on-CPU sampler runs in
+/// hard-interrupt context, so none of them interleave on one CPU.
+#[inline(always)]
+unsafe fn take_stacks(
+    ctx: &TracePointContext,
+    event: *mut RawSampleEvent,
+    kind: SampleKind,
+    tgid: u32,
+    tid: u32,
+    regs: Option<UnwindRegs>,
+) {
+    // SAFETY: as the function's contract says.
     unsafe {
         let kernel_len = bpf_get_stack(
             ctx.as_ptr(),
@@ -170,12 +167,15 @@ fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
         }
         let mut user_frames = 0;
         let mut unwind_error = 0;
-        let walk = if crate::USER_UNWIND.load() != 0 && unwind::has_mappings(tgid) {
-            unwind::walk_user_stack(tgid, regs)
-        } else {
-            None
+        let walk = match regs {
+            Some(regs) if crate::USER_UNWIND.load() != 0 && unwind::has_mappings(tgid) => {
+                unwind::walk_user_stack(tgid, regs)
+            }
+            _ => None,
         };
-        if let Some(walk) = walk {
+        if regs.is_none() {
+            // A kernel thread: no user stack.
+        } else if let Some(walk) = walk {
             flags |= sample_flags::USER_STACK_UNWOUND;
             user_frames = walk.frames;
             unwind_error = walk.error;
@@ -205,11 +205,11 @@ fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
         (*event).time_ns = bpf_ktime_get_ns();
         (*event).value = 0;
         (*event).interval_ns = 0;
-        (*event).syscall = syscall;
+        (*event).syscall = -1;
         (*event).pid = tgid;
         (*event).tid = tid;
         (*event).cpu = bpf_get_smp_processor_id();
-        (*event).kind = SampleKind::OffCpu as u32;
+        (*event).kind = kind as u32;
         (*event).kernel_stack_len = kernel_frames;
         (*event).user_stack_len = user_frames;
         (*event).flags = flags;
@@ -217,11 +217,39 @@ fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
         (*event).wake_flags = 0;
         (*event).waker_tid = 0;
         (*event).waker_pid = 0;
-        (*event).waker_kernel_stack_id = -1;
-        (*event).waker_user_stack_id = -1;
         (*event).keep_draw = 0;
         (*event).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
-        (*event).waker_comm = [0; TASK_COMM_LEN];
+    }
+}
+
+fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
+    // SAFETY: offsets from the tracepoint's format file.
+    let state: i64 = unsafe { ctx.read_at(SWITCH_PREV_STATE) }.map_err(i64::from)?;
+    if state & BLOCKED_STATES == 0 {
+        return Ok(());
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    if tid == 0 || tgid == SELF_TGID.load() || !is_profiled(tgid) {
+        return Ok(());
+    }
+    // SAFETY: as above.
+    let prev: i32 = unsafe { ctx.read_at(SWITCH_PREV_PID) }.map_err(i64::from)?;
+    if prev as u32 != tid {
+        return Ok(());
+    }
+    let Some((regs, syscall)) = saved_user_state() else {
+        // A kernel thread: its waits are the kernel's, not the program's.
+        return Ok(());
+    };
+    let Some(event) = unwind::EVENT_SCRATCH.get_ptr_mut(0) else {
+        return Ok(());
+    };
+    // SAFETY: the per-CPU scratch record, see `take_stacks`.
+    unsafe {
+        take_stacks(ctx, event, SampleKind::OffCpu, tgid, tid, Some(regs));
+        (*event).syscall = syscall;
         if OFF_CPU_PENDING.insert(&tid, &*event, 0).is_err() {
             count(Counter::OffCpuPendingFull);
             return Ok(());
@@ -260,6 +288,17 @@ fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
     let kept = keep_interval(interval, OFF_CPU_MIN_NS.load(), random);
     let mut lost = false;
     if let Some(weight) = kept {
+        if let Some(waker) = WAKER_PENDING.get_ptr(&tid) {
+            // Just before the off-CPU record it belongs to; userspace joins
+            // them by the woken thread's id.
+            // SAFETY: a map value, complete since the wakeup.
+            if SAMPLES
+                .output::<RawSampleEvent>(unsafe { &*waker }, BPF_RB_NO_WAKEUP)
+                .is_err()
+            {
+                count(Counter::SamplesLost);
+            }
+        }
         // SAFETY: as above; the record is complete since switch-out.
         unsafe {
             (*parked).value = weight;
@@ -276,6 +315,7 @@ fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
         }
     }
     let _ = OFF_CPU_PENDING.remove(&tid);
+    let _ = WAKER_PENDING.remove(&tid);
     add_to_totals(tid, pid, interval, kept, lost);
     Ok(())
 }
@@ -345,19 +385,22 @@ fn try_off_cpu_waking(ctx: &TracePointContext) -> Result<(), i64> {
             // Most likely dropped at switch-in: no waker stacks for it.
             return Ok(());
         }
-        (*parked).waker_kernel_stack_id = match ctx.get_stackid(&WAKER_STACKS, 0) {
-            Ok(id) => id as i32,
-            Err(_) => -1,
-        };
         let pid_tgid = bpf_get_current_pid_tgid();
-        (*parked).waker_pid = (pid_tgid >> 32) as u32;
-        (*parked).waker_tid = pid_tgid as u32;
-        (*parked).waker_comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
-        (*parked).waker_user_stack_id =
-            match ctx.get_stackid(&WAKER_STACKS, u64::from(BPF_F_USER_STACK)) {
-                Ok(id) => id as i32,
-                Err(_) => -1,
-            };
+        let (waker_pid, waker_tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+        (*parked).waker_pid = waker_pid;
+        (*parked).waker_tid = waker_tid;
+        let Some(event) = unwind::EVENT_SCRATCH.get_ptr_mut(0) else {
+            return Ok(());
+        };
+        // A kernel thread (or an interrupt over one) has no user stack.
+        let regs = saved_user_state().map(|(regs, _)| regs);
+        // SAFETY: the per-CPU scratch record, see `take_stacks`.
+        take_stacks(ctx, event, SampleKind::Waker, waker_pid, waker_tid, regs);
+        // For a waker record, `waker_tid` names the thread it woke.
+        (*event).waker_tid = target as u32;
+        if WAKER_PENDING.insert(&(target as u32), &*event, 0).is_err() {
+            return Ok(());
+        }
         (*parked).wake_flags = wake_flags::DRAWN | wake_flags::RECORDED;
     }
     count(Counter::OffCpuWakers);
@@ -369,5 +412,6 @@ fn try_off_cpu_waking(ctx: &TracePointContext) -> Result<(), i64> {
 pub fn forget_thread(tid: u32) {
     if OFF_CPU.load() != 0 {
         let _ = OFF_CPU_PENDING.remove(&tid);
+        let _ = WAKER_PENDING.remove(&tid);
     }
 }

@@ -154,14 +154,19 @@ fn net8_sleeping_and_waiting_threads_show_their_blocked_time() {
         .iter()
         .filter(|s| {
             s.values[wakeup] > 0
-                && s.stack_contains(&["--", "OffCpu::WaitLoop"])
+                && s.stack_contains(&[
+                    "OffCpu::SetLoop",
+                    "ManualResetEventSlim::Set",
+                    "--",
+                    "OffCpu::WaitLoop",
+                ])
                 && str_label(s, "waker.thread.name") == Some("Setter")
         })
         .map(|s| s.values[wakeup])
         .sum();
     assert!(
         released_by_setter as f64 >= 0.8 * waited as f64,
-        "wakeup samples attribute only {:.1} ms of the waiter's {:.1} ms to the Setter thread",
+        "wakeup samples attribute only {:.1} ms of the waiter's {:.1} ms to the Setter thread's OffCpu::SetLoop",
         released_by_setter as f64 / 1e6,
         waited as f64 / 1e6
     );

@@ -16,7 +16,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfError, EbpfLoader,
-    maps::{HashMap, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{HashMap, MapData, MapError, PerCpuArray, RingBuf},
     programs::{
         PerfEvent, ProgramError, TracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -24,7 +24,7 @@ use aya::{
 };
 use clrbpf_common::{
     COUNTER_SLOTS, Counter, RawSampleEvent, SampleKind, names,
-    offcpu::{OffCpuThreadTotals, wake_flags},
+    offcpu::OffCpuThreadTotals,
     sample_flags,
     unwind::{UnwindError, UnwindRow},
 };
@@ -176,15 +176,18 @@ pub struct Sampler {
     off_cpu: Option<OffCpuMaps>,
 }
 
-/// The off-CPU maps userspace reads.
+/// The off-CPU maps userspace reads, and the waker records waiting for the
+/// off-CPU record they belong to (the kernel side writes the waker first).
 struct OffCpuMaps {
     pending: HashMap<MapData, u32, RawSampleEvent>,
     totals: HashMap<MapData, u32, OffCpuThreadTotals>,
-    waker_stacks: StackTraceMap<MapData>,
-    /// Stack ids are stable for the whole recording (no
-    /// `BPF_F_REUSE_STACKID`), so each is read once.
-    waker_stack_cache: std::collections::HashMap<i32, Arc<[u64]>>,
+    /// Woken tid -> its waker and the wakeup's kernel stack.
+    wakers: std::collections::HashMap<u32, (Waker, Vec<u64>)>,
 }
+
+/// Most waker records held for their off-CPU record (each is followed by it
+/// at once; a lost off-CPU record must not leave them forever).
+const MAX_HELD_WAKERS: usize = 4096;
 
 impl Sampler {
     /// Loads the programs, fills the target set, and attaches everything.
@@ -262,8 +265,7 @@ impl Sampler {
             let maps = OffCpuMaps {
                 pending: take_map(&mut ebpf, names::MAP_OFF_CPU_PENDING)?,
                 totals: take_map(&mut ebpf, names::MAP_OFF_CPU_TOTALS)?,
-                waker_stacks: take_map(&mut ebpf, names::MAP_WAKER_STACKS)?,
-                waker_stack_cache: Default::default(),
+                wakers: Default::default(),
             };
             for (program, name) in [
                 (names::PROG_OFF_CPU_WAKING, "sched_waking"),
@@ -347,8 +349,35 @@ impl Sampler {
     pub fn drain(&mut self, out: &mut Vec<RawSample>) -> u64 {
         let mut malformed = 0;
         while let Some(item) = self.samples.next() {
-            match decode_event(&item, &mut self.thread_names, self.off_cpu.as_mut()) {
-                Some((sample, unwind_error, unindexed)) => {
+            match decode_event(&item, &mut self.thread_names) {
+                Some((sample, _, _)) if sample.kind == SampleKind::Waker => {
+                    if let Some(maps) = self.off_cpu.as_mut() {
+                        if maps.wakers.len() >= MAX_HELD_WAKERS {
+                            maps.wakers.clear();
+                        }
+                        let woken = sample.off_cpu.as_ref().map_or(0, |o| o.woken_tid);
+                        maps.wakers.insert(
+                            woken,
+                            (
+                                Waker {
+                                    pid: sample.pid,
+                                    tid: sample.tid,
+                                    thread_name: sample.thread_name,
+                                    user_stack: sample.user_stack,
+                                },
+                                sample.kernel_stack,
+                            ),
+                        );
+                    }
+                }
+                Some((mut sample, unwind_error, unindexed)) => {
+                    if let (Some(detail), Some(maps)) =
+                        (sample.off_cpu.as_mut(), self.off_cpu.as_mut())
+                        && let Some((waker, kernel)) = maps.wakers.remove(&sample.tid)
+                    {
+                        detail.waker = Some(waker);
+                        detail.waker_kernel_stack = kernel;
+                    }
                     if unindexed || unwind_error == Some(UnwindError::NoMapping) {
                         self.rescan.insert(sample.pid);
                     }
@@ -421,7 +450,7 @@ impl Sampler {
                     size_of::<RawSampleEvent>(),
                 )
             };
-            if let Some((sample, _, _)) = decode_event(bytes, &mut self.thread_names, Some(maps)) {
+            if let Some((sample, _, _)) = decode_event(bytes, &mut self.thread_names) {
                 out.push(sample);
             }
         }
@@ -521,7 +550,6 @@ fn parse_prog_fdinfo(text: &str) -> ProgramStats {
 fn decode_event(
     bytes: &[u8],
     names: &mut std::collections::HashMap<[u8; 16], Arc<str>>,
-    off_cpu: Option<&mut OffCpuMaps>,
 ) -> Option<(RawSample, Option<UnwindError>, bool)> {
     if bytes.len() < size_of::<RawSampleEvent>() {
         return None;
@@ -545,7 +573,17 @@ fn decode_event(
     let thread_name = intern_comm(names, event.comm);
     let off_cpu = match kind {
         SampleKind::OnCpu => None,
-        SampleKind::OffCpu => Some(decode_off_cpu(&event, names, off_cpu)),
+        SampleKind::OffCpu | SampleKind::Waker => Some(OffCpuDetail {
+            interval_ns: event.interval_ns,
+            syscall: u32::try_from(event.syscall).ok(),
+            woken_tid: if kind == SampleKind::Waker {
+                event.waker_tid
+            } else {
+                0
+            },
+            waker: None,
+            waker_kernel_stack: Vec::new(),
+        }),
     };
     let sample = RawSample {
         time_ns: event.time_ns,
@@ -581,48 +619,6 @@ fn intern_comm(
         .clone()
 }
 
-/// The off-CPU fields of a record, with the waker's stacks read from
-/// `WAKER_STACKS` (once per stack id).
-fn decode_off_cpu(
-    event: &RawSampleEvent,
-    names: &mut std::collections::HashMap<[u8; 16], Arc<str>>,
-    mut maps: Option<&mut OffCpuMaps>,
-) -> OffCpuDetail {
-    let recorded = event.wake_flags & wake_flags::RECORDED != 0;
-    let mut stack_of = |id: i32| -> Arc<[u64]> {
-        let Some(maps) = maps.as_deref_mut() else {
-            return Arc::from([]);
-        };
-        if id < 0 {
-            return Arc::from([]);
-        }
-        maps.waker_stack_cache
-            .entry(id)
-            .or_insert_with(|| match maps.waker_stacks.get(&(id as u32), 0) {
-                Ok(trace) => trace.frames().iter().map(|f| f.ip).collect(),
-                Err(_) => Arc::from([]),
-            })
-            .clone()
-    };
-    let waker_kernel_stack = if recorded {
-        stack_of(event.waker_kernel_stack_id).to_vec()
-    } else {
-        Vec::new()
-    };
-    let waker = (recorded && event.waker_tid != 0).then(|| Waker {
-        pid: event.waker_pid,
-        tid: event.waker_tid,
-        thread_name: intern_comm(names, event.waker_comm),
-        user_stack: stack_of(event.waker_user_stack_id).to_vec(),
-    });
-    OffCpuDetail {
-        interval_ns: event.interval_ns,
-        syscall: u32::try_from(event.syscall).ok(),
-        waker,
-        waker_kernel_stack,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -643,13 +639,13 @@ mod tests {
     #[test]
     fn short_or_unknown_records_are_rejected() {
         let mut names = Default::default();
-        assert!(decode_event(&[0u8; 10], &mut names, None).is_none());
+        assert!(decode_event(&[0u8; 10], &mut names).is_none());
         let mut event: RawSampleEvent = unsafe { std::mem::zeroed() };
         event.kind = 99;
         let bytes = unsafe {
             std::slice::from_raw_parts((&raw const event).cast::<u8>(), size_of::<RawSampleEvent>())
         };
-        assert!(decode_event(bytes, &mut names, None).is_none());
+        assert!(decode_event(bytes, &mut names).is_none());
     }
 
     #[test]
@@ -669,15 +665,14 @@ mod tests {
             std::slice::from_raw_parts((&raw const event).cast::<u8>(), size_of::<RawSampleEvent>())
         };
         let mut names = Default::default();
-        let (sample, error, unindexed) =
-            decode_event(bytes, &mut names, None).expect("valid record");
+        let (sample, error, unindexed) = decode_event(bytes, &mut names).expect("valid record");
         assert_eq!(error, None);
         assert!(!unindexed);
         assert_eq!(sample.kernel_stack.len(), clrbpf_common::MAX_STACK_DEPTH);
         assert_eq!(sample.user_stack, vec![0x1000, 0x2000]);
         assert_eq!(&*sample.thread_name, "main");
         assert!(sample.kernel_stack_truncated && !sample.user_stack_truncated);
-        let (again, _, _) = decode_event(bytes, &mut names, None).expect("valid record");
+        let (again, _, _) = decode_event(bytes, &mut names).expect("valid record");
         assert!(Arc::ptr_eq(&sample.thread_name, &again.thread_name));
     }
 

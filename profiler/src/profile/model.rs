@@ -33,6 +33,9 @@ pub struct OffCpuDetail {
     pub interval_ns: u64,
     /// The system call the thread blocked in, `None` outside one.
     pub syscall: Option<u32>,
+    /// Only in a waker record on its way to its off-CPU record: the thread
+    /// it woke. 0 otherwise.
+    pub woken_tid: u32,
     /// The thread running when the wakeup came, when it was recorded: the
     /// waker, unless [`Self::waker_kernel_stack`] shows an interrupt.
     pub waker: Option<Waker>,
