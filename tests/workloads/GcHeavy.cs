@@ -1,12 +1,14 @@
-// GcHeavy: THREADS threads allocate without pause while each keeps a large,
-// constantly rewritten set of live objects, so the runtime's garbage
-// collector has real marking and compacting to do. xtask runs it with server
-// GC and concurrent (background) GC on (`System.GC.Server`,
-// `System.GC.Concurrent`), so the collections run on the runtime's own GC
-// threads, not on the allocating ones (`gcheavy-N`). Prints the number of
-// collections per generation (`GC_COUNTS g0 g1 g2`) at the end.
+// GcHeavy: THREADS threads (`gcheavy-N`) allocate without pause while each
+// keeps LIVE_SLOTS live objects that it constantly replaces, so every
+// collection has survivors to mark and compact; the main thread also
+// induces a full collection every 100 ms, alternately blocking and
+// background. xtask runs it with server and concurrent GC on
+// (`System.GC.Server`, `System.GC.Concurrent` in its runtimeconfig), so the
+// collections run on the runtime's own GC threads (`.NET Server GC`,
+// `.NET BGC` on .NET 8), not on the allocating ones. Prints the number of
+// collections per generation (`GC_COUNTS g0 g1 g2`) and `SERVER_GC True`.
 //
-// Usage: GcHeavy.dll [SECONDS=5] [THREADS=2]
+// Usage: GcHeavy.dll [SECONDS=5] [THREADS=2] [LIVE_SLOTS=300000]
 using System;
 using System.Diagnostics;
 using System.Globalization;

@@ -47,7 +47,10 @@ fn workload_config_properties(name: &str) -> &'static [(&'static str, &'static s
     match name {
         // Collections on the runtime's own GC threads (`.NET Server GC`,
         // `.NET BGC`), the ones clrbpf groups under `Garbage Collector`.
-        "GcHeavy" => &[("System.GC.Server", "true"), ("System.GC.Concurrent", "true")],
+        "GcHeavy" => &[
+            ("System.GC.Server", "true"),
+            ("System.GC.Concurrent", "true"),
+        ],
         _ => &[],
     }
 }
