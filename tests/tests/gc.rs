@@ -109,12 +109,16 @@ fn gc_thread_samples_are_rooted_in_garbage_collector() {
         allocating_samples >= 100,
         "only {allocating_samples} samples of the allocating threads gcheavy-N"
     );
-    // The workload induces a full collection every 100 ms over a large live
-    // set: its GC threads take a large part of its CPU (about half here).
     let share = gc_cpu as f64 / total_cpu as f64;
+    eprintln!(
+        "{GC_ROOT}: {:.1}% of pid {pid}'s CPU; samples per GC thread kind {GC_THREADS:?}: {gc_samples_per_thread:?}; {allocating_samples} samples of gcheavy-N",
+        share * 100.0
+    );
+    // The workload induces a full collection every 100 ms over a large live
+    // set: its GC threads take most of its CPU (over 60% on the 2-core CI machine).
     assert!(
-        share >= 0.10,
-        "{GC_ROOT} holds {:.1}% of pid {pid}'s CPU; expected at least 10%",
+        share >= 0.20,
+        "{GC_ROOT} holds {:.1}% of pid {pid}'s CPU; expected at least 20%",
         share * 100.0
     );
 }
