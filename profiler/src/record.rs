@@ -697,6 +697,7 @@ impl Pipeline {
             summary.truncated_stacks += 1;
             stack.push(aggregator.intern(&Frame::synthetic("[truncated]")));
         }
+        crate::profile::gc::add_gc_root(&sample.thread_name, stack, aggregator);
         let mut labels = vec![
             Label::num(label_keys::PROCESS_PID, i64::from(sample.pid)),
             Label::str(

@@ -1,7 +1,8 @@
 //! `cargo xtask workloads`: compiles the C# test programs in
 //! `tests/workloads/*.cs` with Mono's `mcs` and lays them out to run on
 //! CoreCLR: `bin/net8/<Name>.dll` and `bin/netcore31/<Name>.dll`, each next
-//! to the `<Name>.runtimeconfig.json` that picks its runtime.
+//! to the `<Name>.runtimeconfig.json` that picks its runtime and sets the
+//! runtime options the workload needs (server GC for `GcHeavy`).
 
 use std::{
     fs,
@@ -17,20 +18,61 @@ use crate::cmd;
 /// A runtime the workloads are laid out for: `bin/<dir>/`.
 struct Target {
     dir: &'static str,
-    runtimeconfig: &'static str,
+    tfm: &'static str,
+    framework_version: &'static str,
+    /// `configProperties` every workload gets on this runtime, as (name,
+    /// JSON value).
+    config_properties: &'static [(&'static str, &'static str)],
 }
 
 const TARGETS: [Target; 2] = [
     Target {
         dir: "net8",
-        runtimeconfig: r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.0"}}}"#,
+        tfm: "net8.0",
+        framework_version: "8.0.0",
+        config_properties: &[],
     },
     // 3.1 knows no ICU of this distribution: invariant globalization.
     Target {
         dir: "netcore31",
-        runtimeconfig: r#"{"runtimeOptions":{"tfm":"netcoreapp3.1","framework":{"name":"Microsoft.NETCore.App","version":"3.1.0"},"configProperties":{"System.Globalization.Invariant":true}}}"#,
+        tfm: "netcoreapp3.1",
+        framework_version: "3.1.0",
+        config_properties: &[("System.Globalization.Invariant", "true")],
     },
 ];
+
+/// `configProperties` a workload needs on every runtime, beyond its
+/// target's, as (name, JSON value).
+fn workload_config_properties(name: &str) -> &'static [(&'static str, &'static str)] {
+    match name {
+        // Collections on the runtime's own GC threads (`.NET Server GC`,
+        // `.NET BGC`), the ones clrbpf groups under `Garbage Collector`.
+        "GcHeavy" => &[
+            ("System.GC.Server", "true"),
+            ("System.GC.Concurrent", "true"),
+        ],
+        _ => &[],
+    }
+}
+
+/// The `<Name>.runtimeconfig.json` of workload `name` on `target`.
+fn runtimeconfig(target: &Target, name: &str) -> String {
+    let properties: Vec<String> = target
+        .config_properties
+        .iter()
+        .chain(workload_config_properties(name))
+        .map(|(key, value)| format!("\"{key}\":{value}"))
+        .collect();
+    let config_properties = if properties.is_empty() {
+        String::new()
+    } else {
+        format!(",\"configProperties\":{{{}}}", properties.join(","))
+    };
+    format!(
+        r#"{{"runtimeOptions":{{"tfm":"{}","framework":{{"name":"Microsoft.NETCore.App","version":"{}"}}{config_properties}}}}}"#,
+        target.tfm, target.framework_version
+    )
+}
 
 /// Builds every workload whose `.cs` is newer than its outputs.
 /// `src` is `tests/workloads`, outputs go to `src/bin`.
@@ -60,6 +102,11 @@ pub fn build(src: &Path) -> anyhow::Result<()> {
             })
             .collect();
         if is_up_to_date(source, &outputs)? {
+            // The assemblies are current; the runtime options may have
+            // changed here since they were written.
+            for target in &TARGETS {
+                write_runtimeconfig(&bin.join(target.dir), name, target)?;
+            }
             continue;
         }
         compile(source, name, &bin)?;
@@ -100,9 +147,15 @@ fn compile(source: &Path, name: &str, bin: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes the workload's runtimeconfig unless it already says the same
+/// (so an unchanged file keeps its time and the build stays up to date).
 fn write_runtimeconfig(dir: &Path, name: &str, target: &Target) -> anyhow::Result<()> {
     let path = dir.join(format!("{name}.runtimeconfig.json"));
-    fs::write(&path, target.runtimeconfig).with_context(|| format!("write {}", path.display()))
+    let text = runtimeconfig(target, name);
+    if fs::read_to_string(&path).is_ok_and(|old| old == text) {
+        return Ok(());
+    }
+    fs::write(&path, text).with_context(|| format!("write {}", path.display()))
 }
 
 /// True when every output exists and none is older than `source`.
@@ -131,6 +184,27 @@ fn modified(path: &Path) -> anyhow::Result<Option<SystemTime>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtimeconfigs_pick_the_runtime_and_the_workload_options() {
+        let [net8, netcore31] = &TARGETS;
+        assert_eq!(
+            runtimeconfig(net8, "Hot"),
+            r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.0"}}}"#
+        );
+        assert_eq!(
+            runtimeconfig(netcore31, "Hot"),
+            r#"{"runtimeOptions":{"tfm":"netcoreapp3.1","framework":{"name":"Microsoft.NETCore.App","version":"3.1.0"},"configProperties":{"System.Globalization.Invariant":true}}}"#
+        );
+        assert_eq!(
+            runtimeconfig(net8, "GcHeavy"),
+            r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.0"},"configProperties":{"System.GC.Server":true,"System.GC.Concurrent":true}}}"#
+        );
+        assert_eq!(
+            runtimeconfig(netcore31, "GcHeavy"),
+            r#"{"runtimeOptions":{"tfm":"netcoreapp3.1","framework":{"name":"Microsoft.NETCore.App","version":"3.1.0"},"configProperties":{"System.Globalization.Invariant":true,"System.GC.Server":true,"System.GC.Concurrent":true}}}"#
+        );
+    }
 
     #[test]
     fn outputs_older_than_the_source_or_missing_are_stale() {

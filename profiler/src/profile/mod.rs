@@ -3,6 +3,7 @@
 
 mod aggregate;
 pub mod clr_sampling;
+pub mod gc;
 mod model;
 pub mod wait_kind;
 
