@@ -1497,3 +1497,104 @@ pub fn print_summary(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::OffCpuDetail;
+
+    fn blocked(pid: u32, tid: u32, interval_ns: u64) -> RawSample {
+        RawSample {
+            time_ns: 0,
+            pid,
+            tid,
+            cpu: 0,
+            kind: clrbpf_common::SampleKind::OffCpu,
+            value: interval_ns,
+            thread_name: "t".into(),
+            kernel_stack: Vec::new(),
+            user_stack: Vec::new(),
+            kernel_stack_truncated: false,
+            user_stack_truncated: false,
+            off_cpu: Some(OffCpuDetail {
+                interval_ns,
+                syscall: Some(202),
+                woken_tid: 0,
+                waker: None,
+                waker_kernel_stack: Vec::new(),
+            }),
+        }
+    }
+
+    #[test]
+    fn still_blocked_threads_join_the_exact_totals() {
+        let mut totals = vec![(
+            7,
+            OffCpuThreadTotals {
+                blocked_ns: 1_000,
+                recorded_ns: 900,
+                intervals: 3,
+                recorded: 1,
+                pid: 5,
+                ..Default::default()
+            },
+        )];
+        add_still_blocked(&mut totals, &[blocked(5, 7, 500), blocked(5, 8, 40)]);
+        assert_eq!(totals.len(), 2);
+        assert_eq!(totals[0].1.blocked_ns, 1_500);
+        assert_eq!(totals[0].1.recorded_ns, 1_400);
+        assert_eq!(totals[0].1.intervals, 4);
+        assert_eq!(totals[1].0, 8);
+        assert_eq!(totals[1].1.pid, 5);
+        assert_eq!(totals[1].1.blocked_ns, 40);
+        let rows = off_cpu_threads(totals, &HashMap::from([(8, Arc::from("Worker"))]));
+        assert_eq!(rows[0].tid, 7, "most blocked first");
+        assert_eq!(&*rows[1].thread_name, "Worker");
+    }
+
+    #[test]
+    fn value_layout_places_each_kind_once() {
+        let layout = ValueLayout::new(true, true, true);
+        let names: Vec<&str> = layout.types.iter().map(|t| &*t.r#type).collect();
+        assert_eq!(
+            names,
+            [
+                "samples",
+                "cpu",
+                "off_cpu",
+                "wakeup",
+                "wall",
+                "contentions",
+                "delay",
+                "exceptions"
+            ]
+        );
+        assert_eq!(layout.default_index(), 4);
+        assert_eq!(layout.folded_index(), 4);
+        let cpu_only = ValueLayout::new(false, false, false);
+        assert_eq!(cpu_only.types.len(), 2);
+        assert_eq!(cpu_only.default_index(), 1);
+        assert_eq!(cpu_only.folded_index(), 0);
+        let parts = split_outputs(
+            std::path::Path::new("/x/out.pb.gz"),
+            OutputFormat::Pprof,
+            &layout,
+        );
+        let files: Vec<String> = parts
+            .iter()
+            .map(|(p, _, _)| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            files,
+            [
+                "out.cpu.pb.gz",
+                "out.offcpu.pb.gz",
+                "out.wall.pb.gz",
+                "out.contention.pb.gz",
+                "out.exceptions.pb.gz"
+            ]
+        );
+        assert_eq!(parts[1].1, vec![2, 3]);
+        assert_eq!(parts[4].1, vec![7]);
+    }
+}
