@@ -67,6 +67,13 @@ pub mod sample_flags {
     /// `dlopen`) and stepped it by the frame-pointer rule; userspace should
     /// read the process's maps again.
     pub const USER_PC_UNINDEXED: u32 = 1 << 5;
+    /// An off-CPU record whose stacks were not taken (the stack rate
+    /// limit): a wait at least `--off-cpu-min` long, kept without stacks.
+    pub const OFF_CPU_NO_STACK: u32 = 1 << 6;
+    /// Kernel side only: the thread's last wait was at least
+    /// `--off-cpu-min` long, so its next one takes its stack whatever the
+    /// rate limit (idle threads wait long and rarely).
+    pub const OFF_CPU_LAST_WAIT_LONG: u32 = 1 << 7;
 }
 
 /// One sample, as the eBPF side writes it into the `SAMPLES` ring buffer.
@@ -110,6 +117,11 @@ pub struct RawSampleEvent {
     /// Off-CPU: the random draw of [`offcpu::keep_interval`], made at the
     /// first wakeup (see [`offcpu::wake_flags::DRAWN`]).
     pub keep_draw: u32,
+    /// Off-CPU: the probability (of `u32::MAX`) with which this wait's
+    /// stack was taken under the stack rate limit; userspace divides the
+    /// value by it. `u32::MAX`: always.
+    pub stack_p: u32,
+    pub _pad: u32,
     /// The thread's name (`comm`), NUL-padded.
     pub comm: [u8; TASK_COMM_LEN],
     pub kernel_stack: [u64; MAX_STACK_DEPTH],
@@ -118,7 +130,7 @@ pub struct RawSampleEvent {
 
 const _: () = assert!(
     size_of::<RawSampleEvent>()
-        == 32 + 4 * 12 + TASK_COMM_LEN + 8 * MAX_STACK_DEPTH + 8 * MAX_USER_STACK_DEPTH
+        == 32 + 4 * 14 + TASK_COMM_LEN + 8 * MAX_STACK_DEPTH + 8 * MAX_USER_STACK_DEPTH
 );
 
 #[cfg(feature = "user")]
@@ -160,6 +172,8 @@ pub enum Counter {
     OffCpuPendingFull = 13,
     /// Wakeups of a blocked profiled thread whose waker was recorded.
     OffCpuWakers = 14,
+    /// Blocking switches whose stacks were not taken (stack rate limit).
+    OffCpuStacksSkipped = 15,
 }
 
 /// Slots of the `UNWIND_ERRORS` map: one per `UnwindError` number.
@@ -189,6 +203,8 @@ pub mod names {
     pub const GLOBAL_OFF_CPU: &str = "OFF_CPU";
     /// `u64`: intervals at least this long are always kept.
     pub const GLOBAL_OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
+    /// `u64`: most off-CPU stacks taken per CPU per rate window.
+    pub const GLOBAL_OFF_CPU_STACKS_PER_WINDOW: &str = "OFF_CPU_STACKS_PER_WINDOW";
     pub const MAP_SAMPLES: &str = "SAMPLES";
     pub const MAP_TARGET_PIDS: &str = "TARGET_PIDS";
     pub const MAP_COUNTERS: &str = "COUNTERS";

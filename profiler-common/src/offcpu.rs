@@ -51,6 +51,54 @@ pub fn keep_interval(interval_ns: u64, min_ns: u64, random: u32) -> Option<u64> 
     }
 }
 
+/// Length of the stack rate limit's window: the probability of taking a
+/// stack in one window follows from the blocking switches of the last.
+pub const STACK_RATE_WINDOW_NS: u64 = 100_000_000;
+
+/// `stack_p` of "always".
+pub const STACK_P_ALWAYS: u32 = u32::MAX;
+
+/// The stack-taking probability (of [`STACK_P_ALWAYS`]) for a window
+/// after one with `seen` blocking switches on this CPU, to take about
+/// `limit` stacks per window.
+#[inline(always)]
+pub fn stack_probability(seen: u64, limit: u64) -> u32 {
+    if seen <= limit {
+        return STACK_P_ALWAYS;
+    }
+    // limit < seen, so the quotient is below 2^32; at least 1 so a stack is
+    // still possible.
+    let p = (limit << 32) / seen;
+    if p == 0 { 1 } else { p as u32 }
+}
+
+/// Whether to take the stack with probability `p` given a uniform draw.
+#[inline(always)]
+pub fn take_stack(p: u32, random: u32) -> bool {
+    p == STACK_P_ALWAYS || random < p
+}
+
+/// An off-CPU value upscaled by 1/p for a stack taken with probability `p`.
+pub fn upscale_by_stack_p(value: u64, p: u32) -> u64 {
+    if p == STACK_P_ALWAYS || p == 0 {
+        return value;
+    }
+    // `+ 0.5` and truncation: rounding without `std`.
+    (value as f64 * (f64::from(STACK_P_ALWAYS) / f64::from(p)) + 0.5) as u64
+}
+
+/// Per-CPU state of the stack rate limit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StackRate {
+    pub window_start_ns: u64,
+    /// Blocking switches seen in this window.
+    pub seen: u64,
+    /// The probability in force this window.
+    pub p: u32,
+    pub _pad: u32,
+}
+
 /// Exact off-CPU totals of one thread, kept by the kernel side for every
 /// interval it measured, in the `OFF_CPU_TOTALS` map.
 #[repr(C)]
@@ -117,6 +165,22 @@ mod tests {
             );
             assert!(kept <= draws * interval / min + 1);
         }
+    }
+
+    #[test]
+    fn the_stack_rate_limit_is_unbiased() {
+        assert_eq!(stack_probability(10, 500), STACK_P_ALWAYS);
+        assert_eq!(stack_probability(500, 500), STACK_P_ALWAYS);
+        let p = stack_probability(10_000, 500);
+        assert!((f64::from(p) / f64::from(u32::MAX) - 0.05).abs() < 1e-6);
+        assert!(stack_probability(u64::MAX >> 33, 0) >= 1);
+        let draws = 100_000u64;
+        let taken = uniform(draws).filter(|&r| take_stack(p, r)).count() as u64;
+        // Each taken interval of 1 ms, upscaled, adds up to all of them.
+        let total: u64 = (0..taken).map(|_| upscale_by_stack_p(1_000_000, p)).sum();
+        assert!(total.abs_diff(draws * 1_000_000) <= 2 * 1_000_000 * 20);
+        assert!(take_stack(STACK_P_ALWAYS, u32::MAX));
+        assert_eq!(upscale_by_stack_p(7, STACK_P_ALWAYS), 7);
     }
 
     #[test]

@@ -176,6 +176,8 @@ fn try_on_cpu_sample(ctx: &PerfEventContext) -> Result<(), i64> {
         (*event).waker_tid = 0;
         (*event).waker_pid = 0;
         (*event).keep_draw = 0;
+        (*event).stack_p = clrbpf_common::offcpu::STACK_P_ALWAYS;
+        (*event)._pad = 0;
         (*event).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
         // Userspace drains the ring on a timer, so no wakeup per record: the
         // wakeup is an irq_work per sample, the most expensive part in a VM.

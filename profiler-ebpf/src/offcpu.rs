@@ -42,12 +42,15 @@ use aya_ebpf::{
         },
     },
     macros::{map, tracepoint},
-    maps::HashMap,
+    maps::{HashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use clrbpf_common::{
     Counter, MAX_STACK_DEPTH, RawSampleEvent, SampleKind, TASK_COMM_LEN,
-    offcpu::{OffCpuThreadTotals, keep_interval, wake_flags},
+    offcpu::{
+        OffCpuThreadTotals, STACK_P_ALWAYS, STACK_RATE_WINDOW_NS, StackRate, keep_interval,
+        stack_probability, take_stack, wake_flags,
+    },
     sample_flags,
     unwind::{UnwindError, UnwindRegs},
 };
@@ -60,8 +63,18 @@ static OFF_CPU: Global<u32> = Global::new(0);
 /// Intervals at least this long are always kept (`--off-cpu-min`).
 #[unsafe(no_mangle)]
 static OFF_CPU_MIN_NS: Global<u64> = Global::new(1_000_000);
+/// Most stacks taken per CPU per [`STACK_RATE_WINDOW_NS`]
+/// (`--off-cpu-max-stacks`).
+#[unsafe(no_mangle)]
+static OFF_CPU_STACKS_PER_WINDOW: Global<u64> = Global::new(200);
 
-/// Threads blocked now (tid -> the sample being built for them).
+/// The stack rate limit's state on each CPU.
+#[map]
+static STACK_RATE: PerCpuArray<StackRate> = PerCpuArray::with_max_entries(1, 0);
+
+/// Profiled threads that blocked since recording started (tid -> the
+/// sample being built for it; `time_ns` 0 while the thread runs). Entries
+/// stay until the thread exits, so a switch costs no allocation.
 #[map]
 pub static OFF_CPU_PENDING: HashMap<u32, RawSampleEvent> =
     HashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
@@ -218,6 +231,8 @@ unsafe fn take_stacks(
         (*event).waker_tid = 0;
         (*event).waker_pid = 0;
         (*event).keep_draw = 0;
+        (*event).stack_p = STACK_P_ALWAYS;
+        (*event)._pad = 0;
         (*event).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
     }
 }
@@ -246,17 +261,97 @@ fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
     let Some(event) = unwind::EVENT_SCRATCH.get_ptr_mut(0) else {
         return Ok(());
     };
-    // SAFETY: the per-CPU scratch record, see `take_stacks`.
+    let parked = OFF_CPU_PENDING.get_ptr_mut(&tid);
+    // A thread's first wait, and the wait after a long one, always get
+    // their stacks: long waits are what an off-CPU profile is for, and
+    // they are few. The rate limit thins out the short ones.
+    // SAFETY: this thread's own map value, see below.
+    let predictably_long =
+        parked.is_none_or(|p| unsafe { (*p).flags } & sample_flags::OFF_CPU_LAST_WAIT_LONG != 0);
+    let p = stack_p_now();
+    let p = if predictably_long { STACK_P_ALWAYS } else { p };
+    // SAFETY: helper without arguments.
+    let random = unsafe { bpf_get_prandom_u32() };
+    // SAFETY: the per-CPU scratch record, see `take_stacks`; `parked` is
+    // this thread's own map value, written only by its own switches (and
+    // by wakeups, which cannot come before it has blocked).
     unsafe {
+        if !take_stack(p, random) {
+            count(Counter::OffCpuStacksSkipped);
+            // Only the stamp: the interval still counts in the totals.
+            let target = match parked {
+                Some(parked) => parked,
+                None => {
+                    (*event).kernel_stack_len = 0;
+                    (*event).user_stack_len = 0;
+                    if OFF_CPU_PENDING.insert(&tid, &*event, 0).is_err() {
+                        count(Counter::OffCpuPendingFull);
+                        return Ok(());
+                    }
+                    let Some(parked) = OFF_CPU_PENDING.get_ptr_mut(&tid) else {
+                        return Ok(());
+                    };
+                    parked
+                }
+            };
+            (*target).pid = tgid;
+            (*target).tid = tid;
+            (*target).kind = SampleKind::OffCpu as u32;
+            (*target).kernel_stack_len = 0;
+            (*target).user_stack_len = 0;
+            (*target).syscall = syscall;
+            (*target).flags = sample_flags::OFF_CPU_NO_STACK;
+            (*target).user_unwind_error = 0;
+            (*target).wake_flags = 0;
+            (*target).waker_tid = 0;
+            (*target).waker_pid = 0;
+            (*target).stack_p = p;
+            (*target).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
+            (*target).time_ns = bpf_ktime_get_ns();
+            return Ok(());
+        }
         take_stacks(ctx, event, SampleKind::OffCpu, tgid, tid, Some(regs));
         (*event).syscall = syscall;
-        if OFF_CPU_PENDING.insert(&tid, &*event, 0).is_err() {
-            count(Counter::OffCpuPendingFull);
-            return Ok(());
+        (*event).stack_p = p;
+        match parked {
+            Some(parked) => *parked = *event,
+            None => {
+                if OFF_CPU_PENDING.insert(&tid, &*event, 0).is_err() {
+                    count(Counter::OffCpuPendingFull);
+                    return Ok(());
+                }
+            }
         }
     }
     count(Counter::OffCpuBlocked);
     Ok(())
+}
+
+/// The stack-taking probability in force on this CPU, counting this
+/// blocking switch toward the next window's.
+#[inline(always)]
+fn stack_p_now() -> u32 {
+    let Some(rate) = STACK_RATE.get_ptr_mut(0) else {
+        return STACK_P_ALWAYS;
+    };
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: a per-CPU value, only sched_switch on this CPU (interrupts
+    // off) uses it.
+    unsafe {
+        if now.saturating_sub((*rate).window_start_ns) >= STACK_RATE_WINDOW_NS {
+            // A first window (p still 0) takes every stack.
+            (*rate).p = stack_probability((*rate).seen, OFF_CPU_STACKS_PER_WINDOW.load());
+            (*rate).window_start_ns = now;
+            (*rate).seen = 0;
+        }
+        (*rate).seen += 1;
+        if (*rate).p == 0 {
+            STACK_P_ALWAYS
+        } else {
+            (*rate).p
+        }
+    }
 }
 
 fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
@@ -266,6 +361,17 @@ fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
     let Some(parked) = OFF_CPU_PENDING.get_ptr_mut(&tid) else {
         return Ok(());
     };
+    // SAFETY: a map value, see below.
+    let (started, no_stack) = unsafe {
+        (
+            (*parked).time_ns,
+            (*parked).flags & sample_flags::OFF_CPU_NO_STACK != 0,
+        )
+    };
+    if started == 0 {
+        // Not parked: the thread was preempted, or it is our own entry.
+        return Ok(());
+    }
     count(Counter::OffCpuIntervals);
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -285,7 +391,17 @@ fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
         // SAFETY: helper without arguments.
         unsafe { bpf_get_prandom_u32() }
     };
-    let kept = keep_interval(interval, OFF_CPU_MIN_NS.load(), random);
+    // Waits of at least min are all kept, with their length, with or
+    // without stacks; shorter ones only with stacks, by the keep rule, and
+    // userspace upscales those by 1/p of the stack rate limit. So every
+    // wait's expected contribution is its length.
+    let min = OFF_CPU_MIN_NS.load();
+    let long = interval >= min;
+    let kept = if no_stack && !long {
+        None
+    } else {
+        keep_interval(interval, min, random)
+    };
     let mut lost = false;
     if let Some(weight) = kept {
         if let Some(waker) = WAKER_PENDING.get_ptr(&tid) {
@@ -303,6 +419,9 @@ fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
         unsafe {
             (*parked).value = weight;
             (*parked).interval_ns = interval;
+            if long {
+                (*parked).stack_p = STACK_P_ALWAYS;
+            }
             if SAMPLES
                 .output::<RawSampleEvent>(&*parked, BPF_RB_NO_WAKEUP)
                 .is_err()
@@ -314,7 +433,15 @@ fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
             }
         }
     }
-    let _ = OFF_CPU_PENDING.remove(&tid);
+    // SAFETY: as above.
+    unsafe {
+        (*parked).time_ns = 0;
+        (*parked).flags = if long {
+            sample_flags::OFF_CPU_LAST_WAIT_LONG
+        } else {
+            0
+        };
+    }
     let _ = WAKER_PENDING.remove(&tid);
     add_to_totals(tid, pid, interval, kept, lost);
     Ok(())
@@ -374,7 +501,10 @@ fn try_off_cpu_waking(ctx: &TracePointContext) -> Result<(), i64> {
     // SAFETY: a map value; a second waking of the same thread before it
     // runs finds DRAWN and leaves it.
     unsafe {
-        if (*parked).wake_flags & wake_flags::DRAWN != 0 {
+        if (*parked).time_ns == 0
+            || (*parked).flags & sample_flags::OFF_CPU_NO_STACK != 0
+            || (*parked).wake_flags & wake_flags::DRAWN != 0
+        {
             return Ok(());
         }
         let draw = bpf_get_prandom_u32();

@@ -148,6 +148,15 @@ pub struct RecordArgs {
     #[arg(long, value_name = "MS", default_value_t = 1.0)]
     pub off_cpu_min: f64,
 
+    /// Most stacks taken per CPU per second when threads block (each costs
+    /// a stack walk in the kernel, a few microseconds). Above it, stacks are
+    /// taken at random with the probability that keeps to it, and the waits
+    /// that have one are upscaled by its inverse; every wait still counts in
+    /// the exact per-thread totals.
+    #[arg(long, value_name = "N", default_value_t = 2000,
+          value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
+    pub off_cpu_max_stacks: u64,
+
     /// Wall time: a wall/nanoseconds sample type with each thread's CPU
     /// plus off-CPU time, the view that shows where a thread's whole time
     /// went (implies --off-cpu; shown first by pprof viewers).

@@ -78,6 +78,7 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         split,
         off_cpu,
         off_cpu_min,
+        off_cpu_max_stacks,
         wall,
         quiet,
         command,
@@ -88,6 +89,7 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
     // --wall is CPU plus off-CPU time: it turns off-CPU on.
     let off_cpu = (off_cpu || wall).then_some(OffCpuConfig {
         min_ns: (off_cpu_min * 1e6) as u64,
+        max_stacks_per_cpu_second: off_cpu_max_stacks,
     });
     let clr_events = if no_clr_events {
         ClrEventKinds::NONE

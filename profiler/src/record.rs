@@ -482,6 +482,8 @@ struct Pipeline {
     kernel_names: Vec<Arc<str>>,
     /// Thread names seen in samples, for the off-CPU totals.
     thread_names: HashMap<u32, Arc<str>>,
+    /// Off-CPU nanoseconds (upscaled) and waits the profile holds, per tid.
+    off_cpu_recorded: HashMap<u32, (u64, u64)>,
 }
 
 impl Pipeline {
@@ -502,6 +504,7 @@ impl Pipeline {
             layout,
             kernel_names: Vec::with_capacity(128),
             thread_names: HashMap::new(),
+            off_cpu_recorded: HashMap::new(),
         }
     }
 
@@ -643,6 +646,7 @@ impl Pipeline {
             layout,
             kernel_names,
             thread_names,
+            off_cpu_recorded,
             ..
         } = self;
         user_frames.clear();
@@ -741,6 +745,15 @@ impl Pipeline {
             values[wall] = value;
         }
         summary.off_cpu_samples += 1;
+        if off_cpu.stack_not_taken {
+            stack.insert(
+                0,
+                aggregator.intern(&Frame::synthetic("[stack not taken: --off-cpu-max-stacks]")),
+            );
+        }
+        let recorded = off_cpu_recorded.entry(sample.tid).or_default();
+        recorded.0 += sample.value;
+        recorded.1 += 1;
         let Some(wakeup) = layout.wakeup else {
             aggregator.add(stack, labels, &values);
             return;
@@ -1159,7 +1172,11 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     pipeline.restore_processes(keep_perf_maps);
 
     let mut summary = std::mem::take(&mut pipeline.summary);
-    summary.off_cpu_threads = off_cpu_threads(off_cpu_totals, &pipeline.thread_names);
+    summary.off_cpu_threads = off_cpu_threads(
+        off_cpu_totals,
+        &pipeline.thread_names,
+        &pipeline.off_cpu_recorded,
+    );
     summary.processes = pipeline.processes.len();
     summary.duration = elapsed;
     summary.samples_lost = summary.kernel.samples_lost;
@@ -1313,18 +1330,25 @@ fn add_still_blocked(totals: &mut Vec<(u32, OffCpuThreadTotals)>, blocked: &[Raw
     }
 }
 
-/// The totals as summary rows, most blocked first.
+/// The totals as summary rows, most blocked first. What the profile holds
+/// (`recorded`, upscaled) replaces the kernel's unscaled figures.
 fn off_cpu_threads(
     totals: Vec<(u32, OffCpuThreadTotals)>,
     names: &HashMap<u32, Arc<str>>,
+    recorded: &HashMap<u32, (u64, u64)>,
 ) -> Vec<OffCpuThread> {
     let mut rows: Vec<OffCpuThread> = totals
         .into_iter()
-        .map(|(tid, totals)| OffCpuThread {
-            pid: totals.pid,
-            tid,
-            thread_name: names.get(&tid).cloned().unwrap_or_else(|| "?".into()),
-            totals,
+        .map(|(tid, mut totals)| {
+            let (ns, waits) = recorded.get(&tid).copied().unwrap_or_default();
+            totals.recorded_ns = ns;
+            totals.recorded = waits;
+            OffCpuThread {
+                pid: totals.pid,
+                tid,
+                thread_name: names.get(&tid).cloned().unwrap_or_else(|| "?".into()),
+                totals,
+            }
         })
         .collect();
     rows.sort_by_key(|t| std::cmp::Reverse(t.totals.blocked_ns));
@@ -1356,7 +1380,7 @@ fn off_cpu_summary(summary: &RecordSummary) -> Option<String> {
         String::new()
     };
     Some(format!(
-        "clrbpf: off-CPU: {:.1} ms blocked (exact) in {} waits of {} threads; the profile holds {:.1} ms ({:+.1}%) from {} kept waits; {} lost to a full ring, {} not tracked (pending map full), {} wakers recorded{per_switch}",
+        "clrbpf: off-CPU: {:.1} ms blocked (exact) in {} waits of {} threads; the profile holds {:.1} ms ({:+.1}%) from {} kept waits; {} stacks skipped by the rate limit, {} lost to a full ring, {} not tracked (pending map full), {} wakers recorded{per_switch}",
         blocked as f64 / 1e6,
         sum(|t| t.intervals),
         summary.off_cpu_threads.len(),
@@ -1367,6 +1391,7 @@ fn off_cpu_summary(summary: &RecordSummary) -> Option<String> {
             100.0 * (recorded as f64 - blocked as f64) / blocked as f64
         },
         sum(|t| t.recorded),
+        k.off_cpu_stacks_skipped,
         sum(|t| t.lost),
         k.off_cpu_pending_full,
         k.off_cpu_wakers,
@@ -1522,6 +1547,7 @@ mod tests {
                 woken_tid: 0,
                 waker: None,
                 waker_kernel_stack: Vec::new(),
+                stack_not_taken: false,
             }),
         }
     }
@@ -1547,7 +1573,13 @@ mod tests {
         assert_eq!(totals[1].0, 8);
         assert_eq!(totals[1].1.pid, 5);
         assert_eq!(totals[1].1.blocked_ns, 40);
-        let rows = off_cpu_threads(totals, &HashMap::from([(8, Arc::from("Worker"))]));
+        let rows = off_cpu_threads(
+            totals,
+            &HashMap::from([(8, Arc::from("Worker"))]),
+            &HashMap::from([(7, (2_000, 2))]),
+        );
+        assert_eq!(rows[0].totals.recorded_ns, 2_000, "the profile's figure");
+        assert_eq!(rows[1].totals.recorded_ns, 0);
         assert_eq!(rows[0].tid, 7, "most blocked first");
         assert_eq!(&*rows[1].thread_name, "Worker");
     }

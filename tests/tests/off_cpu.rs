@@ -261,3 +261,61 @@ fn net8_monitor_enter_blocked_stack_reaches_the_locking_method() {
         }
     );
 }
+
+#[test]
+fn net8_context_switch_storm_is_rate_limited_with_honest_totals() {
+    let env = privileged_env();
+    let dir = TempDir::new("offcpu-storm");
+    let output_path = dir.join("storm.pb.gz");
+    let mut args = vec![
+        "record".to_owned(),
+        "--off-cpu".to_owned(),
+        "--no-clr-events".to_owned(),
+        "-o".to_owned(),
+        output_path.to_string_lossy().into_owned(),
+        "--".to_owned(),
+    ];
+    args.extend(env.workload_command(Runtime::Net8, "PingPong", &["3"]));
+    let output = run_clrbpf(&env, &args, dir.path(), TIMEOUT);
+    assert_success(&output);
+    let summary = String::from_utf8_lossy(&output.stderr);
+    let line = summary
+        .lines()
+        .find(|l| l.starts_with("clrbpf: off-CPU:"))
+        .unwrap_or_else(|| panic!("no off-CPU summary line:\n{summary}"));
+    let number_before = |marker: &str| -> f64 {
+        line.split(marker)
+            .next()
+            .and_then(|s| s.rsplit(' ').next())
+            .and_then(|s| s.trim_start_matches('(').trim_end_matches('%').parse().ok())
+            .unwrap_or_else(|| panic!("no number before {marker:?} in {line}"))
+    };
+    let waits = number_before(" waits of ");
+    let skipped = number_before(" stacks skipped");
+    let deviation = number_before("%) from ");
+    // Two threads handing a token back and forth: tens of thousands of
+    // blocking switches a second, far above the default 2000 stacks per CPU
+    // per second, so most stacks are skipped; the waits with one are
+    // upscaled and the long waits of the runtime's idle threads are kept
+    // whole, so what the profile holds stays near the exact total.
+    assert!(waits > 50_000.0, "only {waits} waits measured: {line}");
+    assert!(
+        skipped > waits / 2.0,
+        "the rate limit did not engage: {line}"
+    );
+    assert!(
+        deviation.abs() <= 10.0,
+        "the profile's off-CPU total is {deviation:+.1}% off the exact total: {line}"
+    );
+    let profile = read_profile(&output_path);
+    let off_cpu = value_index(&profile, "off_cpu/nanoseconds");
+    let pong: i64 = samples(&profile)
+        .iter()
+        .filter(|s| str_label(s, "thread.name") == Some("Pong") && s.stack_contains(&["futex"]))
+        .map(|s| s.values[off_cpu])
+        .sum();
+    assert!(
+        pong > 0,
+        "no off-CPU time of the Pong thread in a futex wait"
+    );
+}

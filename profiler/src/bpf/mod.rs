@@ -24,7 +24,7 @@ use aya::{
 };
 use clrbpf_common::{
     COUNTER_SLOTS, Counter, RawSampleEvent, SampleKind, names,
-    offcpu::OffCpuThreadTotals,
+    offcpu::{OffCpuThreadTotals, upscale_by_stack_p},
     sample_flags,
     unwind::{UnwindError, UnwindRow},
 };
@@ -113,6 +113,10 @@ pub struct OffCpuConfig {
     /// Intervals at least this long are always kept; shorter ones with
     /// probability interval/min, weighted min.
     pub min_ns: u64,
+    /// Most stacks taken per CPU per second at blocking switches; above
+    /// it, stacks are taken with the probability that keeps to it and the
+    /// waits that have one are upscaled.
+    pub max_stacks_per_cpu_second: u64,
 }
 
 /// Default of [`SamplerConfig::unwind_table_memory_bytes`].
@@ -149,6 +153,7 @@ pub struct KernelCounters {
     pub off_cpu_kept: u64,
     pub off_cpu_pending_full: u64,
     pub off_cpu_wakers: u64,
+    pub off_cpu_stacks_skipped: u64,
 }
 
 /// Run-time statistics of one BPF program from the kernel's BPF stats
@@ -183,6 +188,8 @@ struct OffCpuMaps {
     totals: HashMap<MapData, u32, OffCpuThreadTotals>,
     /// Woken tid -> its waker and the wakeup's kernel stack.
     wakers: std::collections::HashMap<u32, (Waker, Vec<u64>)>,
+    /// `--off-cpu-min`.
+    min_ns: u64,
 }
 
 /// Most waker records held for their off-CPU record (each is followed by it
@@ -201,6 +208,11 @@ impl Sampler {
         let user_unwind = u32::from(config.user_unwind);
         let off_cpu = u32::from(config.off_cpu.is_some());
         let off_cpu_min_ns = config.off_cpu.map_or(0, |c| c.min_ns);
+        let stacks_per_window = config.off_cpu.map_or(0, |c| {
+            (c.max_stacks_per_cpu_second * clrbpf_common::offcpu::STACK_RATE_WINDOW_NS
+                / 1_000_000_000)
+                .max(1)
+        });
         let unwind_rows = u32::try_from(
             (config.unwind_table_memory_bytes / size_of::<UnwindRow>() as u64).max(1),
         )
@@ -212,6 +224,11 @@ impl Sampler {
             .override_global(names::GLOBAL_USER_UNWIND, &user_unwind, true)
             .override_global(names::GLOBAL_OFF_CPU, &off_cpu, true)
             .override_global(names::GLOBAL_OFF_CPU_MIN_NS, &off_cpu_min_ns, true)
+            .override_global(
+                names::GLOBAL_OFF_CPU_STACKS_PER_WINDOW,
+                &stacks_per_window,
+                true,
+            )
             .map_max_entries(names::MAP_SAMPLES, config.ring_buffer_bytes)
             .map_max_entries(
                 names::MAP_UNWIND_ROWS,
@@ -266,6 +283,7 @@ impl Sampler {
                 pending: take_map(&mut ebpf, names::MAP_OFF_CPU_PENDING)?,
                 totals: take_map(&mut ebpf, names::MAP_OFF_CPU_TOTALS)?,
                 wakers: Default::default(),
+                min_ns: off_cpu_min_ns,
             };
             for (program, name) in [
                 (names::PROG_OFF_CPU_WAKING, "sched_waking"),
@@ -413,6 +431,7 @@ impl Sampler {
             off_cpu_kept: get(Counter::OffCpuKept),
             off_cpu_pending_full: get(Counter::OffCpuPendingFull),
             off_cpu_wakers: get(Counter::OffCpuWakers),
+            off_cpu_stacks_skipped: get(Counter::OffCpuStacksSkipped),
         }
     }
 
@@ -437,11 +456,22 @@ impl Sampler {
             .iter()
             .filter_map(Result::ok)
             .map(|(_, event)| event)
+            // Parked now.
+            .filter(|e| e.time_ns != 0)
             .collect();
         let mut out = Vec::with_capacity(parked.len());
         for mut event in parked {
             let interval = now_ns.saturating_sub(event.time_ns);
+            // The kernel side's rule at switch-in: a long wait is kept
+            // whole, a short one only with its stack and upscaled by 1/p
+            // (here without the keep draw: one per thread at most).
+            if interval >= maps.min_ns {
+                event.stack_p = clrbpf_common::offcpu::STACK_P_ALWAYS;
+            } else if event.flags & sample_flags::OFF_CPU_NO_STACK != 0 {
+                continue;
+            }
             event.value = interval;
+            event.kind = SampleKind::OffCpu as u32;
             event.interval_ns = interval;
             // SAFETY: `RawSampleEvent` is plain old data.
             let bytes = unsafe {
@@ -571,6 +601,10 @@ fn decode_event(
         "ring-buffer record"
     );
     let thread_name = intern_comm(names, event.comm);
+    let value = match kind {
+        SampleKind::OffCpu => upscale_by_stack_p(event.value, event.stack_p),
+        SampleKind::OnCpu | SampleKind::Waker => event.value,
+    };
     let off_cpu = match kind {
         SampleKind::OnCpu => None,
         SampleKind::OffCpu | SampleKind::Waker => Some(OffCpuDetail {
@@ -583,6 +617,7 @@ fn decode_event(
             },
             waker: None,
             waker_kernel_stack: Vec::new(),
+            stack_not_taken: event.flags & sample_flags::OFF_CPU_NO_STACK != 0,
         }),
     };
     let sample = RawSample {
@@ -591,7 +626,7 @@ fn decode_event(
         tid: event.tid,
         cpu: event.cpu,
         kind,
-        value: event.value,
+        value,
         thread_name,
         kernel_stack: event.kernel_stack[..kernel_len].to_vec(),
         user_stack: event.user_stack[..user_len].to_vec(),

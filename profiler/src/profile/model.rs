@@ -41,6 +41,9 @@ pub struct OffCpuDetail {
     pub waker: Option<Waker>,
     /// Kernel stack of the wakeup (leaf first), when recorded.
     pub waker_kernel_stack: Vec<u64>,
+    /// The stack rate limit skipped this wait's stacks (a long wait, kept
+    /// for its time).
+    pub stack_not_taken: bool,
 }
 
 /// The thread that woke a blocked one, and its user stack (frame pointers).
