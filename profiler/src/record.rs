@@ -832,7 +832,10 @@ impl Pipeline {
             if let Some(handle) = process.perf_map.take() {
                 self.summary.perf_maps_enabled += 1;
                 let cleanup = handle.finish(keep_files);
-                if let Err(e) = cleanup.disable {
+                // A process that exited has nothing left to turn off.
+                if let Err(e) = cleanup.disable
+                    && process_exists(process.pid)
+                {
                     self.summary.warnings.push(format!(
                         "pid {}: turning perf maps off again: {e}",
                         process.pid

@@ -1081,6 +1081,10 @@ pub enum PerfMapAttachOutcome {
 #[derive(Debug)]
 pub struct PerfMapAttach {
     client: DiagnosticClient,
+    /// The target's root, opened while it runs: the files are removed
+    /// through it even after the process exited (when `/proc/PID/root` is
+    /// gone with it).
+    root: Option<TargetRoot>,
     ns_pid: u32,
     perf_map_dirs: Vec<String>,
     runtime_version: Option<String>,
@@ -1158,8 +1162,12 @@ impl PerfMapAttach {
             }
             Err(e) => return Err(e),
         }
+        // Best effort: without it, removal goes through /proc/PID/root at
+        // the end, which works while the process lives.
+        let root = TargetRoot::open(procfs, pid).ok();
         Ok(PerfMapAttachOutcome::Enabled(Self {
             ns_pid: client.socket.ns_pid,
+            root,
             client,
             perf_map_dirs: environment.perf_map_dirs(),
             runtime_version,
@@ -1209,7 +1217,11 @@ impl PerfMapAttach {
         if keep_files {
             return cleanup;
         }
-        let root = match TargetRoot::open(&self.client.procfs, self.client.pid) {
+        let opened = match self.root.take() {
+            Some(root) => Ok(root),
+            None => TargetRoot::open(&self.client.procfs, self.client.pid),
+        };
+        let root = match opened {
             Ok(root) => root,
             Err(e) => {
                 let path = self.client.procfs.pid_path(self.client.pid, "root");

@@ -320,13 +320,17 @@ fn debug_frame_rows_fill_what_eh_frame_lacks() {
 // ---- Live captures (ptrace), replayed through `walk` ----
 
 /// Kills and reaps the child on drop, so a failing test leaves nothing
-/// running.
+/// running, and removes the perf files a .NET child wrote (a later process
+/// with the same pid must not find them).
 struct KillOnDrop(Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
+        let pid = self.0.id();
         let _ = self.0.kill();
         let _ = self.0.wait();
+        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+        let _ = std::fs::remove_file(format!("/tmp/jit-{pid}.dump"));
     }
 }
 
