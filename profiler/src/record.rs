@@ -267,7 +267,7 @@ impl TrackedProcess {
             return;
         }
         match PerfMapAttach::attach(procfs, pid) {
-            Ok(PerfMapAttachOutcome::Enabled(handle)) => self.perf_map = Some(handle),
+            Ok(PerfMapAttachOutcome::Enabled(handle)) => self.perf_map = Some(*handle),
             Ok(PerfMapAttachOutcome::AlreadyEnabled { .. }) => {}
             Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { .. }))
                 if self.methods_from_events && self.clr.is_some() =>

@@ -1068,7 +1068,7 @@ pub enum PerfMapUnsupported {
 #[derive(Debug)]
 pub enum PerfMapAttachOutcome {
     /// clrbpf turned perf maps on; call [`PerfMapAttach::finish`] when done.
-    Enabled(PerfMapAttach),
+    Enabled(Box<PerfMapAttach>),
     /// The process writes perf maps by itself (`DOTNET_PerfMapEnabled` /
     /// `COMPlus_PerfMapEnabled` is non-zero): read them, undo nothing.
     AlreadyEnabled { setting: u32 },
@@ -1165,14 +1165,14 @@ impl PerfMapAttach {
         // Best effort: without it, removal goes through /proc/PID/root at
         // the end, which works while the process lives.
         let root = TargetRoot::open(procfs, pid).ok();
-        Ok(PerfMapAttachOutcome::Enabled(Self {
+        Ok(PerfMapAttachOutcome::Enabled(Box::new(Self {
             ns_pid: client.socket.ns_pid,
             root,
             client,
             perf_map_dirs: environment.perf_map_dirs(),
             runtime_version,
             finished: false,
-        }))
+        })))
     }
 
     /// The client used to enable the maps.
