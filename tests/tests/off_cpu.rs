@@ -38,6 +38,12 @@ fn measured(stdout: &[u8], key: &str) -> i64 {
 
 fn assert_within(what: &str, recorded: i64, truth: i64, tolerance: f64) {
     let error = (recorded - truth).abs() as f64 / truth as f64;
+    eprintln!(
+        "{what}: recorded {:.1} ms, measured {:.1} ms ({:+.2}%)",
+        recorded as f64 / 1e6,
+        truth as f64 / 1e6,
+        100.0 * (recorded - truth) as f64 / truth as f64
+    );
     assert!(
         error <= tolerance,
         "{what}: recorded {:.1} ms, the workload measured {:.1} ms ({:.1}% off, tolerance {:.0}%)",
