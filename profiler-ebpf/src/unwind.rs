@@ -10,11 +10,15 @@
 //!    the same code the host tests replay, with a [`MemoryReader`] over
 //!    `bpf_probe_read_user`. Walk state lives in a per-CPU map, not on the
 //!    512-byte stack.
-//! 3. A lookup finds the pc's mapping in the process's sorted
-//!    [`ProcessMappings`] (one hash lookup, at most 10 probes), then its row by
-//!    binary search in the shared `UNWIND_ROWS` array (at most 25 probes). A
-//!    mapping without rows (JIT code, files without tables) gives "no row":
-//!    the frame-pointer rule.
+//! 3. A lookup finds the pc's mapping: the previous frame's when it holds
+//!    the pc, else by binary search (at most 10 probes) in the process's
+//!    sorted [`ProcessMappings`], found with one hash lookup per walk. The
+//!    row comes from the table's coarse [`RowIndex`] (two adjacent words
+//!    naming a few rows) and a search among those rows in the shared
+//!    `UNWIND_ROWS` array: a binary search over a whole multi-MiB table
+//!    costs ~20 cache and TLB misses, the dominant cost of a walk before the
+//!    index. A mapping without rows (JIT code, files without tables) gives
+//!    "no row": the frame-pointer rule.
 //! 4. A failed step ends the walk with its [`UnwindError`], counted per kind
 //!    in `UNWIND_ERRORS` and carried in the sample; a walk that still had
 //!    frames after the last slot is marked truncated.
@@ -43,8 +47,8 @@ use clrbpf_common::{
     MAX_USER_STACK_DEPTH, RawSampleEvent, UNWIND_ERROR_SLOTS,
     unwind::{
         CfaRule, MAX_PROCESS_MAPPINGS, MAX_PROCESS_MAPPINGS_LOG2, MAX_TABLE_ROWS_LOG2,
-        MemoryReader, ProcessMappings, SortedSearch, UnwindError, UnwindRegs, UnwindRow,
-        next_frame,
+        MappingEntry, MemoryReader, ProcessMappings, ROW_INDEX_WORDS_PER_ROW, SortedSearch,
+        UnwindError, UnwindRegs, UnwindRow, next_frame, row_index_word,
     },
 };
 
@@ -83,6 +87,20 @@ pub struct WalkState {
     /// 1 once a pc was in no indexed mapping (see
     /// [`clrbpf_common::sample_flags::USER_PC_UNINDEXED`]).
     unindexed: u32,
+    _pad: u32,
+    /// The mapping of the last pc looked up: consecutive frames are often
+    /// in one file or one JIT code range. `end` 0 for none.
+    last_mapping: MappingEntry,
+}
+
+/// What [`walk_one`] gets from [`walk_user_stack`] through `bpf_loop`'s
+/// context pointer: the values looked up once per walk.
+#[repr(C)]
+struct WalkContext {
+    state: *mut WalkState,
+    event: *mut RawSampleEvent,
+    /// The process's mapping index, null when it has none.
+    mappings: *const ProcessMappings,
 }
 
 #[map]
@@ -95,14 +113,18 @@ static WALK_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
 static SEARCH: PerCpuArray<SortedSearch> = PerCpuArray::with_max_entries(1, 0);
 
 /// [`clrbpf_common::unwind::find_row_index`]'s steps with the state in
-/// `SEARCH`: the index of the last of `len` entries whose key (`key_at`)
+/// `SEARCH`: from `start`, the index of the last entry whose key (`key_at`)
 /// is at or before `key`.
 #[inline(always)]
-fn search<const LOG2: u32>(len: u32, key_at: impl Fn(u32) -> Option<u64>, key: u64) -> Option<u32> {
+fn search<const LOG2: u32>(
+    start: SortedSearch,
+    key_at: impl Fn(u32) -> Option<u64>,
+    key: u64,
+) -> Option<u32> {
     let state = SEARCH.get_ptr_mut(0)?;
     // SAFETY: per-CPU value, only this program on this CPU uses it.
     unsafe {
-        core::ptr::write_volatile(state, SortedSearch::new(len));
+        core::ptr::write_volatile(state, start);
         for _ in 0..=LOG2 {
             let mut s = core::ptr::read_volatile(state);
             let Some(mid) = s.probe() else {
@@ -123,6 +145,13 @@ impl MemoryReader for UserMemory {
     fn read_u64(&self, addr: u64) -> Option<u64> {
         // SAFETY: the helper checks the address; a fault gives an error.
         unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+    }
+
+    #[inline(always)]
+    fn read_u64_pair(&self, addr: u64) -> Option<(u64, u64)> {
+        // SAFETY: as above.
+        let [a, b] = unsafe { bpf_probe_read_user(addr as *const [u64; 2]) }.ok()?;
+        Some((a, b))
     }
 }
 
@@ -169,19 +198,25 @@ pub fn has_mappings(tgid: u32) -> bool {
     PROCESS_MAPPINGS.get_ptr(&tgid).is_some()
 }
 
-/// The row for `pc` in process `tgid`: the lookup of
-/// [`clrbpf_common::unwind::walk`].
+/// The mapping holding `pc`: `last` when it does, else found in
+/// `mappings` and remembered in `last`.
 #[inline(always)]
-fn lookup(tgid: u32, pc: u64) -> Result<Option<UnwindRow>, UnwindError> {
-    // SAFETY: read only; userspace replaces values whole.
-    let mappings = unsafe { PROCESS_MAPPINGS.get(&tgid) }.ok_or(UnwindError::NoMapping)?;
+fn find_mapping(
+    mappings: Option<&ProcessMappings>,
+    last: &mut MappingEntry,
+    pc: u64,
+) -> Result<(), UnwindError> {
+    if last.start <= pc && pc < last.end {
+        return Ok(());
+    }
+    let mappings = mappings.ok_or(UnwindError::NoMapping)?;
     let len = if mappings.len as usize > MAX_PROCESS_MAPPINGS {
         MAX_PROCESS_MAPPINGS as u32
     } else {
         mappings.len
     };
     let index = search::<MAX_PROCESS_MAPPINGS_LOG2>(
-        len,
+        SortedSearch::new(len),
         |i| mappings.entries.get(i as usize).map(|e| e.start),
         pc,
     )
@@ -193,13 +228,39 @@ fn lookup(tgid: u32, pc: u64) -> Result<Option<UnwindRow>, UnwindError> {
     if pc >= entry.end {
         return Err(UnwindError::NoMapping);
     }
+    *last = *entry;
+    Ok(())
+}
+
+/// The row for `pc`: the lookup of [`clrbpf_common::unwind::walk`].
+#[inline(always)]
+fn lookup(
+    mappings: Option<&ProcessMappings>,
+    last: &mut MappingEntry,
+    pc: u64,
+) -> Result<Option<UnwindRow>, UnwindError> {
+    find_mapping(mappings, last, pc)?;
+    let entry = &*last;
     if entry.row_count == 0 {
         return Ok(None);
     }
     let vaddr = pc.wrapping_sub(entry.bias);
     let first = entry.row_offset;
+    let words = first.wrapping_add(entry.row_count);
+    let rows = entry
+        .row_index()
+        .rows_for(
+            entry.row_count,
+            |w| {
+                UNWIND_ROWS
+                    .get(words.wrapping_add(w / ROW_INDEX_WORDS_PER_ROW))
+                    .map(|slot| row_index_word(slot, w))
+            },
+            vaddr,
+        )
+        .ok_or(UnwindError::NoTableRow)?;
     let at = search::<MAX_TABLE_ROWS_LOG2>(
-        entry.row_count,
+        rows,
         |i| UNWIND_ROWS.get(first.wrapping_add(i)).map(|r| r.pc),
         vaddr,
     )
@@ -216,13 +277,18 @@ fn lookup(tgid: u32, pc: u64) -> Result<Option<UnwindRow>, UnwindError> {
 /// One `bpf_loop` iteration: record the current frame, step to its caller.
 /// Returns 1 to stop the loop.
 #[inline(never)]
-extern "C" fn walk_one(index: u64, _ctx: *mut c_void) -> i64 {
-    let (Some(state), Some(event)) = (WALK_STATE.get_ptr_mut(0), EVENT_SCRATCH.get_ptr_mut(0))
-    else {
-        return 1;
+extern "C" fn walk_one(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `walk_user_stack` passes its `WalkContext`, which outlives the
+    // loop; the state and event are per-CPU values only this program on
+    // this CPU uses, the mappings are read only (userspace replaces them
+    // whole; the old value stays valid until the program ends).
+    let (state, event, mappings) = unsafe {
+        let ctx = &*(ctx as *const WalkContext);
+        let (Some(state), Some(event)) = (ctx.state.as_mut(), ctx.event.as_mut()) else {
+            return 1;
+        };
+        (state, event, ctx.mappings.as_ref())
     };
-    // SAFETY: per-CPU values, only this program on this CPU uses them.
-    let (state, event) = unsafe { (&mut *state, &mut *event) };
     if state.more == 0 {
         return 1;
     }
@@ -236,7 +302,6 @@ extern "C" fn walk_one(index: u64, _ctx: *mut c_void) -> i64 {
     }
     *slot = state.regs.pc;
     state.frames = index as u32 + 1;
-    let tgid = state.tgid;
     let mut interrupted = state.interrupted != 0;
     let mut unindexed = false;
     // A pc outside every indexed mapping is most often code mapped since
@@ -247,7 +312,7 @@ extern "C" fn walk_one(index: u64, _ctx: *mut c_void) -> i64 {
     let outcome = next_frame(
         &mut state.regs,
         &mut interrupted,
-        &mut |pc| match lookup(tgid, pc) {
+        &mut |pc| match lookup(mappings, &mut state.last_mapping, pc) {
             Err(UnwindError::NoMapping) => {
                 unindexed = true;
                 Ok(None)
@@ -289,6 +354,12 @@ pub struct WalkResult {
 #[inline(always)]
 pub fn walk_user_stack(tgid: u32, regs: UnwindRegs) -> Option<WalkResult> {
     let state = WALK_STATE.get_ptr_mut(0)?;
+    let event = EVENT_SCRATCH.get_ptr_mut(0)?;
+    let mut ctx = WalkContext {
+        state,
+        event,
+        mappings: PROCESS_MAPPINGS.get_ptr(&tgid).unwrap_or(core::ptr::null()),
+    };
     // SAFETY: per-CPU value, only this program on this CPU uses it.
     unsafe {
         *state = WalkState {
@@ -299,11 +370,13 @@ pub fn walk_user_stack(tgid: u32, regs: UnwindRegs) -> Option<WalkResult> {
             error: 0,
             more: 1,
             unindexed: 0,
+            _pad: 0,
+            last_mapping: MappingEntry::default(),
         };
         bpf_loop(
             MAX_USER_STACK_DEPTH as u32,
             walk_one as *mut c_void,
-            core::ptr::null_mut(),
+            (&raw mut ctx).cast::<c_void>(),
             0,
         );
         let state = &*state;

@@ -38,7 +38,7 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use clrbpf_common::{
     UNWIND_ERROR_SLOTS,
-    unwind::{MappingEntry, ProcessMappings, UnwindError, UnwindRow},
+    unwind::{MappingEntry, ProcessMappings, RowIndex, UnwindError, UnwindRow},
 };
 
 use super::BpfError;
@@ -136,10 +136,13 @@ enum FileState {
     NoTable,
 }
 
-/// A table in the kernel's row array.
+/// A table in the kernel's row array: `rows` rows, then its row index, `len`
+/// slots in all.
 struct LoadedTable {
     offset: u32,
     len: u32,
+    rows: u32,
+    index: RowIndex,
     segments: Box<[LoadSegment]>,
     /// Processes whose index points at it.
     users: u32,
@@ -356,9 +359,7 @@ impl UnwindMaps {
                 && let Some(bias) = load_bias(&t.segments, m.start, m.offset)
             {
                 t.last_used = now;
-                entry.bias = bias;
-                entry.row_offset = t.offset;
-                entry.row_count = t.len;
+                entry = MappingEntry { bias, ..entry }.with_table(t.offset, t.rows, t.index);
                 source = Some(key);
                 used.insert(key);
             }
@@ -371,7 +372,7 @@ impl UnwindMaps {
                 && !self
                     .tables
                     .get(&key)
-                    .is_some_and(|t| t.offset == entry.row_offset && t.len == entry.row_count)
+                    .is_some_and(|t| t.offset == entry.row_offset && t.rows == entry.row_count)
             {
                 entry.row_count = 0;
                 *source = None;
@@ -458,7 +459,10 @@ impl UnwindMaps {
             self.stats.files_without_table += 1;
             return FileState::NoTable;
         }
-        let Ok(len) = u32::try_from(rows.len()) else {
+        let (Ok(len), Ok(row_count)) = (
+            u32::try_from(table.kernel_slots()),
+            u32::try_from(rows.len()),
+        ) else {
             self.stats.tables_too_large += 1;
             return FileState::NoTable;
         };
@@ -467,11 +471,14 @@ impl UnwindMaps {
             return FileState::NoTable;
         };
         self.rows.write(offset, rows);
+        self.rows.write(offset + row_count, table.index_slots());
         self.tables.insert(
             key,
             LoadedTable {
                 offset,
                 len,
+                rows: row_count,
+                index: table.row_index(),
                 segments: table.segments().into(),
                 users: 0,
                 last_used: self.clock,

@@ -70,6 +70,50 @@ fn check_table_shape(table: &UnwindTable) {
     if let Some(last) = rows.last() {
         assert_eq!(last.cfa_rule, CfaRule::NoInfo as u8);
     }
+    check_row_index(table);
+}
+
+/// The row index finds what a binary search of the whole table finds, at
+/// every row start, just around it and between rows; its words cost at
+/// most one slot per 24 rows.
+fn check_row_index(table: &UnwindTable) {
+    let rows = table.rows();
+    let index = table.row_index();
+    eprintln!(
+        "row index: {} words, {}-byte buckets, {} slots for {} rows",
+        index.len,
+        1u64 << index.shift,
+        table.index_slots().len(),
+        rows.len()
+    );
+    assert!(table.index_slots().len() <= rows.len().div_ceil(24) + 1);
+    let mut probes = Vec::new();
+    for pair in rows.windows(2) {
+        let (a, b) = (pair[0].pc, pair[1].pc);
+        probes.extend([
+            a.wrapping_sub(1),
+            a,
+            a.wrapping_add(1),
+            a + (b - a) / 2,
+            b - 1,
+        ]);
+    }
+    if let Some(last) = rows.last() {
+        probes.extend([
+            last.pc,
+            last.pc.wrapping_add(1),
+            last.pc.wrapping_add(0x10_0000),
+            u64::MAX,
+            0,
+        ]);
+    }
+    for pc in probes {
+        assert_eq!(
+            table.find_row(pc),
+            clrbpf_common::unwind::find_row(rows, pc),
+            "pc {pc:#x}"
+        );
+    }
 }
 
 fn dynamic_symbol(data: &[u8], name: &str) -> u64 {
