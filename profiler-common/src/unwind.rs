@@ -762,7 +762,13 @@ pub struct MappingEntry {
     /// binary-searched). The index's words follow the rows in the array.
     pub index_len: u32,
     /// [`RowIndex::shift`] of the table.
-    pub index_shift: u32,
+    pub index_shift: u8,
+    pub _pad: u8,
+    /// Which load of a table the rows at `row_offset` are (userspace counts
+    /// loads, wrapping): the kernel's per-CPU cache of looked-up rows tags
+    /// its entries with it, so rows of an evicted table never answer for
+    /// the table loaded at the same place after it.
+    pub table_serial: u16,
 }
 
 const _: () = assert!(size_of::<MappingEntry>() == 48);
@@ -774,17 +780,25 @@ impl MappingEntry {
         RowIndex {
             base: self.index_base,
             len: self.index_len,
-            shift: self.index_shift,
+            shift: self.index_shift as u32,
         }
     }
 
-    /// Sets the table's rows and row index.
-    pub const fn with_table(mut self, row_offset: u32, row_count: u32, index: RowIndex) -> Self {
+    /// Sets the table's rows, row index and load serial.
+    pub const fn with_table(
+        mut self,
+        row_offset: u32,
+        row_count: u32,
+        index: RowIndex,
+        table_serial: u16,
+    ) -> Self {
         self.row_offset = row_offset;
         self.row_count = row_count;
         self.index_base = index.base;
         self.index_len = index.len;
-        self.index_shift = index.shift;
+        // The builder's shifts are at most ROW_INDEX_MAX_SHIFT.
+        self.index_shift = index.shift as u8;
+        self.table_serial = table_serial;
         self
     }
 }
@@ -942,6 +956,8 @@ impl ProcessMappings {
             row_count: 0,
             index_len: 0,
             index_shift: 0,
+            _pad: 0,
+            table_serial: 0,
         }; MAX_PROCESS_MAPPINGS],
     };
 }

@@ -88,9 +88,41 @@ pub struct WalkState {
     /// [`clrbpf_common::sample_flags::USER_PC_UNINDEXED`]).
     unindexed: u32,
     _pad: u32,
-    /// The mapping of the last pc looked up: consecutive frames are often
-    /// in one file or one JIT code range. `end` 0 for none.
-    last_mapping: MappingEntry,
+    /// The mappings of the last two pcs looked up, latest first: a .NET
+    /// stack alternates between JIT code and the runtime's library, a
+    /// native one stays in a file for several frames. `end` 0 for none.
+    recent_mappings: [MappingEntry; 2],
+}
+
+/// A row looked up before, in [`ROW_CACHE`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CachedRow {
+    vaddr: u64,
+    /// The table's [`MappingEntry::row_offset`].
+    row_offset: u32,
+    /// The table's [`MappingEntry::table_serial`]; 0 for an empty slot.
+    table_serial: u16,
+    /// 1 when `row` is the answer, 0 when the table has no row for `vaddr`.
+    found: u16,
+    row: UnwindRow,
+}
+
+/// Slots of [`ROW_CACHE`] (a power of two).
+const ROW_CACHE_SLOTS: u32 = 1024;
+
+/// Per CPU, the rows of recent lookups, direct-mapped by (vaddr, table).
+/// Profiles repeat their return addresses (thread entry points, the loops
+/// that call the hot code), and a hit reads one slot instead of an index
+/// word and a few rows of a multi-MiB array, each a likely TLB miss at a
+/// sampling period's distance.
+#[map]
+static ROW_CACHE: PerCpuArray<CachedRow> = PerCpuArray::with_max_entries(ROW_CACHE_SLOTS, 0);
+
+#[inline(always)]
+fn row_cache_slot(vaddr: u64, table_serial: u16) -> u32 {
+    let h = (vaddr ^ (u64::from(table_serial) << 48)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> 54) as u32 & (ROW_CACHE_SLOTS - 1)
 }
 
 /// What [`walk_one`] gets from [`walk_user_stack`] through `bpf_loop`'s
@@ -198,15 +230,19 @@ pub fn has_mappings(tgid: u32) -> bool {
     PROCESS_MAPPINGS.get_ptr(&tgid).is_some()
 }
 
-/// The mapping holding `pc`: `last` when it does, else found in
-/// `mappings` and remembered in `last`.
+/// Puts the mapping holding `pc` first in `recent`: one of the two when it
+/// holds it, else the one found in `mappings`.
 #[inline(always)]
 fn find_mapping(
     mappings: Option<&ProcessMappings>,
-    last: &mut MappingEntry,
+    recent: &mut [MappingEntry; 2],
     pc: u64,
 ) -> Result<(), UnwindError> {
-    if last.start <= pc && pc < last.end {
+    if recent[0].start <= pc && pc < recent[0].end {
+        return Ok(());
+    }
+    if recent[1].start <= pc && pc < recent[1].end {
+        recent.swap(0, 1);
         return Ok(());
     }
     let mappings = mappings.ok_or(UnwindError::NoMapping)?;
@@ -228,7 +264,8 @@ fn find_mapping(
     if pc >= entry.end {
         return Err(UnwindError::NoMapping);
     }
-    *last = *entry;
+    recent[1] = recent[0];
+    recent[0] = *entry;
     Ok(())
 }
 
@@ -236,15 +273,51 @@ fn find_mapping(
 #[inline(always)]
 fn lookup(
     mappings: Option<&ProcessMappings>,
-    last: &mut MappingEntry,
+    recent: &mut [MappingEntry; 2],
     pc: u64,
 ) -> Result<Option<UnwindRow>, UnwindError> {
-    find_mapping(mappings, last, pc)?;
-    let entry = &*last;
+    find_mapping(mappings, recent, pc)?;
+    let entry = &recent[0];
     if entry.row_count == 0 {
         return Ok(None);
     }
     let vaddr = pc.wrapping_sub(entry.bias);
+    let cached = ROW_CACHE.get_ptr_mut(row_cache_slot(vaddr, entry.table_serial));
+    if let Some(cached) = cached {
+        // SAFETY: per-CPU slot, only this program on this CPU uses it.
+        let cached = unsafe { &*cached };
+        if cached.vaddr == vaddr
+            && cached.table_serial == entry.table_serial
+            && cached.row_offset == entry.row_offset
+        {
+            return if cached.found != 0 {
+                Ok(Some(cached.row))
+            } else {
+                Err(UnwindError::NoTableRow)
+            };
+        }
+    }
+    let found = search_table(entry, vaddr);
+    if let Some(cached) = cached {
+        // SAFETY: as above.
+        let cached = unsafe { &mut *cached };
+        cached.vaddr = vaddr;
+        cached.row_offset = entry.row_offset;
+        cached.table_serial = entry.table_serial;
+        match found {
+            Ok(row) => {
+                cached.found = 1;
+                cached.row = row;
+            }
+            Err(_) => cached.found = 0,
+        }
+    }
+    found.map(Some)
+}
+
+/// The row of `vaddr` in the table of `entry`.
+#[inline(always)]
+fn search_table(entry: &MappingEntry, vaddr: u64) -> Result<UnwindRow, UnwindError> {
     let first = entry.row_offset;
     let words = first.wrapping_add(entry.row_count);
     let rows = entry
@@ -271,7 +344,7 @@ fn lookup(
     if row.cfa_rule == CfaRule::NoInfo as u8 {
         return Err(UnwindError::NoTableRow);
     }
-    Ok(Some(*row))
+    Ok(*row)
 }
 
 /// One `bpf_loop` iteration: record the current frame, step to its caller.
@@ -312,7 +385,7 @@ extern "C" fn walk_one(index: u64, ctx: *mut c_void) -> i64 {
     let outcome = next_frame(
         &mut state.regs,
         &mut interrupted,
-        &mut |pc| match lookup(mappings, &mut state.last_mapping, pc) {
+        &mut |pc| match lookup(mappings, &mut state.recent_mappings, pc) {
             Err(UnwindError::NoMapping) => {
                 unindexed = true;
                 Ok(None)
@@ -371,7 +444,7 @@ pub fn walk_user_stack(tgid: u32, regs: UnwindRegs) -> Option<WalkResult> {
             more: 1,
             unindexed: 0,
             _pad: 0,
-            last_mapping: MappingEntry::default(),
+            recent_mappings: [MappingEntry::default(); 2],
         };
         bpf_loop(
             MAX_USER_STACK_DEPTH as u32,

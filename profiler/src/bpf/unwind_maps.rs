@@ -143,6 +143,8 @@ struct LoadedTable {
     len: u32,
     rows: u32,
     index: RowIndex,
+    /// [`MappingEntry::table_serial`].
+    serial: u16,
     segments: Box<[LoadSegment]>,
     /// Processes whose index points at it.
     users: u32,
@@ -200,6 +202,8 @@ pub struct UnwindMaps {
     processes: HashMap<u32, ProcessIndex>,
     builder: UnwindTableCache,
     clock: u64,
+    /// The last [`MappingEntry::table_serial`] given.
+    table_serial: u16,
     exits_checked_at: Instant,
     stats: UnwindMapsStats,
 }
@@ -222,6 +226,7 @@ impl UnwindMaps {
             processes: HashMap::new(),
             builder: UnwindTableCache::new(BUILD_CACHE_BYTES),
             clock: 0,
+            table_serial: 0,
             exits_checked_at: Instant::now(),
             stats: UnwindMapsStats::default(),
         })
@@ -359,7 +364,8 @@ impl UnwindMaps {
                 && let Some(bias) = load_bias(&t.segments, m.start, m.offset)
             {
                 t.last_used = now;
-                entry = MappingEntry { bias, ..entry }.with_table(t.offset, t.rows, t.index);
+                entry =
+                    MappingEntry { bias, ..entry }.with_table(t.offset, t.rows, t.index, t.serial);
                 source = Some(key);
                 used.insert(key);
             }
@@ -472,6 +478,7 @@ impl UnwindMaps {
         };
         self.rows.write(offset, rows);
         self.rows.write(offset + row_count, table.index_slots());
+        let serial = self.next_serial();
         self.tables.insert(
             key,
             LoadedTable {
@@ -479,6 +486,7 @@ impl UnwindMaps {
                 len,
                 rows: row_count,
                 index: table.row_index(),
+                serial,
                 segments: table.segments().into(),
                 users: 0,
                 last_used: self.clock,
@@ -486,6 +494,12 @@ impl UnwindMaps {
         );
         self.stats.tables_loaded += 1;
         FileState::Table(key)
+    }
+
+    /// The next [`MappingEntry::table_serial`], never 0.
+    fn next_serial(&mut self) -> u16 {
+        self.table_serial = self.table_serial.wrapping_add(1).max(1);
+        self.table_serial
     }
 
     /// A free range of `len` rows, evicting least recently used tables
