@@ -390,6 +390,13 @@ pub trait MemoryReader {
     fn read_u64_pair(&self, addr: u64) -> Option<(u64, u64)> {
         Some((self.read_u64(addr)?, self.read_u64(addr.checked_add(8)?)?))
     }
+
+    /// The 8 code bytes at `addr`, little-endian. A separate method because
+    /// the kernel reads stack words through a window of the stack page
+    /// that code reads must not displace.
+    fn read_code_u64(&self, addr: u64) -> Option<u64> {
+        self.read_u64(addr)
+    }
 }
 
 /// The row covering `pc` in a table sorted by `pc`: the last row starting at
@@ -624,7 +631,7 @@ pub fn step_interrupted_without_row<M: MemoryReader + ?Sized>(
     regs: &mut UnwindRegs,
     mem: &M,
 ) -> Result<StepOutcome, UnwindError> {
-    let Some(code) = mem.read_u64(regs.pc) else {
+    let Some(code) = mem.read_code_u64(regs.pc) else {
         return step_frame_pointer(regs, mem);
     };
     let first = code as u8;
@@ -634,7 +641,7 @@ pub fn step_interrupted_without_row<M: MemoryReader + ?Sized>(
         && regs
             .pc
             .checked_sub(1)
-            .and_then(|pc| mem.read_u64(pc))
+            .and_then(|pc| mem.read_code_u64(pc))
             .map(|c| c as u8)
             == Some(x86_64::OP_PUSH_RBP)
     {

@@ -37,7 +37,10 @@ use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, pt_regs},
     helpers::{
         bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+        generated::{
+            bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw,
+            bpf_task_pt_regs,
+        },
     },
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
@@ -169,21 +172,89 @@ fn search<const LOG2: u32>(
     }
 }
 
-/// Target memory, read with `bpf_probe_read_user`.
+/// Bytes of the stack window: one page.
+const STACK_WINDOW_BYTES: u64 = 4096;
+
+/// A copy of the stack from the last address read to the end of its page.
+/// A walk reads the stack upwards, a few words per frame, and each
+/// `bpf_probe_read_user` costs its call whatever its size (~100 ns here):
+/// one copy per stack page serves several frames. Never crossing a page
+/// boundary keeps the copy from faulting at the top of the stack.
+#[repr(C)]
+pub struct StackWindow {
+    /// User address of `words[0]`.
+    start: u64,
+    /// Valid bytes from `start`; 0 for none.
+    len: u64,
+    words: [u64; (STACK_WINDOW_BYTES / 8) as usize],
+}
+
+#[map]
+static STACK_WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
+
+/// Target memory, read with `bpf_probe_read_user`: stack words through
+/// the [`StackWindow`], code directly.
 struct UserMemory;
+
+impl UserMemory {
+    /// The `N` words at `addr` from the stack window, loaded from `addr`
+    /// to its page's end when it does not hold them.
+    #[inline(always)]
+    fn stack_words<const N: usize>(addr: u64) -> Option<[u64; N]> {
+        let window = STACK_WINDOW.get_ptr_mut(0)?;
+        // SAFETY: per-CPU value, only this program on this CPU uses it.
+        let window = unsafe { &mut *window };
+        let bytes = 8 * N as u64;
+        let mut off = addr.wrapping_sub(window.start);
+        if off >= window.len || window.len - off < bytes {
+            let len = STACK_WINDOW_BYTES - (addr & (STACK_WINDOW_BYTES - 1));
+            if !addr.is_multiple_of(8) || len < bytes || len > STACK_WINDOW_BYTES {
+                // Unaligned, or straddling two pages: one direct read.
+                // SAFETY: the helper checks the address; a fault gives an error.
+                return unsafe { bpf_probe_read_user(addr as *const [u64; N]) }.ok();
+            }
+            window.len = 0;
+            // SAFETY: `len` is at most the buffer's size (checked above).
+            let rc = unsafe {
+                bpf_probe_read_user_raw(
+                    window.words.as_mut_ptr().cast::<c_void>(),
+                    len as u32,
+                    addr as *const c_void,
+                )
+            };
+            if rc != 0 {
+                return None;
+            }
+            window.start = addr;
+            window.len = len;
+            off = 0;
+        }
+        // `off + 8 * N <= len <= STACK_WINDOW_BYTES` (checked above or just
+        // loaded): the mask changes nothing but shows the verifier the bound.
+        let first = (off / 8) as usize;
+        let mut out = [0u64; N];
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = window.words[(first + i) & (window.words.len() - 1)];
+        }
+        Some(out)
+    }
+}
 
 impl MemoryReader for UserMemory {
     #[inline(always)]
     fn read_u64(&self, addr: u64) -> Option<u64> {
-        // SAFETY: the helper checks the address; a fault gives an error.
-        unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+        Self::stack_words::<1>(addr).map(|[w]| w)
     }
 
     #[inline(always)]
     fn read_u64_pair(&self, addr: u64) -> Option<(u64, u64)> {
-        // SAFETY: as above.
-        let [a, b] = unsafe { bpf_probe_read_user(addr as *const [u64; 2]) }.ok()?;
-        Some((a, b))
+        Self::stack_words::<2>(addr).map(|[a, b]| (a, b))
+    }
+
+    #[inline(always)]
+    fn read_code_u64(&self, addr: u64) -> Option<u64> {
+        // SAFETY: the helper checks the address; a fault gives an error.
+        unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
     }
 }
 
@@ -433,8 +504,11 @@ pub fn walk_user_stack(tgid: u32, regs: UnwindRegs) -> Option<WalkResult> {
         event,
         mappings: PROCESS_MAPPINGS.get_ptr(&tgid).unwrap_or(core::ptr::null()),
     };
-    // SAFETY: per-CPU value, only this program on this CPU uses it.
+    // The window holds another walk's stack, maybe of another process.
+    let window = STACK_WINDOW.get_ptr_mut(0)?;
+    // SAFETY: per-CPU values, only this program on this CPU uses them.
     unsafe {
+        (*window).len = 0;
         *state = WalkState {
             regs,
             tgid,
