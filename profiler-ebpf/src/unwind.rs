@@ -193,10 +193,19 @@ pub struct StackWindow {
 static STACK_WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
 
 /// Target memory, read with `bpf_probe_read_user`: stack words through
-/// the [`StackWindow`], code directly.
-struct UserMemory;
+/// the [`StackWindow`], code directly. `mappings` answers
+/// [`MemoryReader::may_be_code`].
+struct UserMemory<'a> {
+    mappings: Option<&'a ProcessMappings>,
+}
 
-impl UserMemory {
+/// Lowest user address worth a mapping search: below it, small integers.
+const LOWEST_CODE_ADDRESS: u64 = 0x1_0000;
+/// x86_64 user addresses are below 2^47 (2^56 with 5-level paging, which
+/// only processes asking for it get).
+const USER_ADDRESS_END: u64 = 1 << 56;
+
+impl UserMemory<'_> {
     /// The `N` words at `addr` from the stack window, loaded from `addr`
     /// to its page's end when it does not hold them.
     #[inline(always)]
@@ -240,7 +249,7 @@ impl UserMemory {
     }
 }
 
-impl MemoryReader for UserMemory {
+impl MemoryReader for UserMemory<'_> {
     #[inline(always)]
     fn read_u64(&self, addr: u64) -> Option<u64> {
         Self::stack_words::<1>(addr).map(|[w]| w)
@@ -255,6 +264,18 @@ impl MemoryReader for UserMemory {
     fn read_code_u64(&self, addr: u64) -> Option<u64> {
         // SAFETY: the helper checks the address; a fault gives an error.
         unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+    }
+
+    #[inline(always)]
+    fn may_be_code(&self, value: u64) -> bool {
+        if !(LOWEST_CODE_ADDRESS..USER_ADDRESS_END).contains(&value) {
+            return false;
+        }
+        let Some(mappings) = self.mappings else {
+            return true;
+        };
+        let mut recent = [MappingEntry::default(); 2];
+        find_mapping(Some(mappings), &mut recent, value).is_ok()
     }
 }
 
@@ -463,7 +484,7 @@ extern "C" fn walk_one(index: u64, ctx: *mut c_void) -> i64 {
             }
             other => other,
         },
-        &UserMemory,
+        &UserMemory { mappings },
     );
     if unindexed {
         state.unindexed = 1;
