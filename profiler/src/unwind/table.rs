@@ -5,6 +5,7 @@
 
 use std::fs::File;
 use std::io::Read;
+use std::os::unix::fs::FileExt as _;
 use std::sync::Arc;
 
 use clrbpf_common::unwind::{
@@ -304,8 +305,27 @@ pub fn pack_index_words(words: &[u32]) -> Box<[UnwindRow]> {
         .collect()
 }
 
-/// Reads a whole ELF file, refusing more than [`MAX_ELF_FILE_BYTES`].
+/// Reads a whole ELF file, refusing more than [`MAX_ELF_FILE_BYTES`] and,
+/// before reading the rest, a file without the ELF magic. Executable
+/// mappings are not all ELF: .NET 8 maps its JIT code from a memfd
+/// (`/memfd:doublemapper`) sized in gigabytes, which reading whole cost a
+/// gigabyte of memory and a second of CPU per process.
 pub fn read_elf_file(file: &File) -> Result<Vec<u8>, UnwindTableError> {
+    let mut magic = [0u8; 4];
+    file.read_exact_at(&mut magic, 0)
+        .map_err(|source| UnwindTableError::Read { source })?;
+    if magic != *b"\x7fELF" {
+        return Err(UnwindTableError::NotElf);
+    }
+    let size = file
+        .metadata()
+        .map_err(|source| UnwindTableError::Read { source })?
+        .len();
+    if size > MAX_ELF_FILE_BYTES {
+        return Err(UnwindTableError::TooLarge {
+            limit: MAX_ELF_FILE_BYTES,
+        });
+    }
     let mut data = Vec::new();
     file.take(MAX_ELF_FILE_BYTES + 1)
         .read_to_end(&mut data)

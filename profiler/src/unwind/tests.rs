@@ -246,6 +246,39 @@ fn load_bias_of_segments_sharing_a_file_page() {
     let _ = load_bias(&huge, u64::MAX, u64::MAX - 0xfff);
 }
 
+/// .NET 8 maps its JIT code from a memfd of gigabytes: only its first
+/// bytes may be read. Sparse files stand in for it.
+#[test]
+fn huge_or_foreign_mapped_files_are_refused_before_reading() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("doublemapper");
+    let file = std::fs::File::create(&path).expect("create");
+    file.set_len(4 << 30).expect("sparse 4 GiB");
+    let file = std::fs::File::open(&path).expect("open");
+    assert!(matches!(
+        table::read_elf_file(&file),
+        Err(super::UnwindTableError::NotElf)
+    ));
+    std::fs::write(&path, b"\x7fELF").expect("magic");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open");
+    file.set_len(2 << 30).expect("sparse 2 GiB");
+    let file = std::fs::File::open(&path).expect("open");
+    assert!(matches!(
+        table::read_elf_file(&file),
+        Err(super::UnwindTableError::TooLarge { .. })
+    ));
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, b"").expect("empty");
+    let file = std::fs::File::open(&empty).expect("open");
+    assert!(matches!(
+        table::read_elf_file(&file),
+        Err(super::UnwindTableError::Read { .. })
+    ));
+}
+
 #[test]
 fn hostile_elf_files_never_panic() {
     let data = std::fs::read("/usr/bin/xz").expect("xz");
