@@ -257,7 +257,7 @@ fn huge_or_foreign_mapped_files_are_refused_before_reading() {
     let file = std::fs::File::open(&path).expect("open");
     assert!(matches!(
         table::read_elf_file(&file),
-        Err(super::UnwindTableError::NotElf)
+        Err(UnwindTableError::NotElf)
     ));
     std::fs::write(&path, b"\x7fELF").expect("magic");
     let file = std::fs::OpenOptions::new()
@@ -268,14 +268,14 @@ fn huge_or_foreign_mapped_files_are_refused_before_reading() {
     let file = std::fs::File::open(&path).expect("open");
     assert!(matches!(
         table::read_elf_file(&file),
-        Err(super::UnwindTableError::TooLarge { .. })
+        Err(UnwindTableError::TooLarge { .. })
     ));
     let empty = dir.path().join("empty");
     std::fs::write(&empty, b"").expect("empty");
     let file = std::fs::File::open(&empty).expect("open");
     assert!(matches!(
         table::read_elf_file(&file),
-        Err(super::UnwindTableError::Read { .. })
+        Err(UnwindTableError::Read { .. })
     ));
 }
 
