@@ -8,17 +8,20 @@
 //! 2. `bpf_loop` runs [`walk_one`] up to [`MAX_USER_STACK_DEPTH`] times; each
 //!    call records a pc and calls [`next_frame`] of `clrbpf_common::unwind`,
 //!    the same code the host tests replay, with a [`MemoryReader`] over
-//!    `bpf_probe_read_user`. Walk state lives in a per-CPU map, not on the
+//!    `bpf_probe_read_user`: stack words through a per-CPU copy of the
+//!    stack page being read ([`StackWindow`]), since the helper's cost is
+//!    per call, not per byte. Walk state lives in a per-CPU map, not on the
 //!    512-byte stack.
-//! 3. A lookup finds the pc's mapping: the previous frame's when it holds
-//!    the pc, else by binary search (at most 10 probes) in the process's
-//!    sorted [`ProcessMappings`], found with one hash lookup per walk. The
-//!    row comes from the table's coarse [`RowIndex`] (two adjacent words
-//!    naming a few rows) and a search among those rows in the shared
-//!    `UNWIND_ROWS` array: a binary search over a whole multi-MiB table
-//!    costs ~20 cache and TLB misses, the dominant cost of a walk before the
-//!    index. A mapping without rows (JIT code, files without tables) gives
-//!    "no row": the frame-pointer rule.
+//! 3. A lookup finds the pc's mapping: one of the previous two frames'
+//!    when it holds the pc, else by binary search (at most 10 probes) in the
+//!    process's sorted [`ProcessMappings`], found with one hash lookup per
+//!    walk. The row comes from a per-CPU cache of recent lookups
+//!    ([`ROW_CACHE`]), else from the table's coarse [`RowIndex`] (two
+//!    adjacent words naming a few rows) and a search among those rows in
+//!    the shared `UNWIND_ROWS` array: a binary search over a whole
+//!    multi-MiB table costs ~20 cache and TLB misses, the dominant cost of a
+//!    walk before the index. A mapping without rows (JIT code, files without
+//!    tables) gives "no row": the frame-pointer rule.
 //! 4. A failed step ends the walk with its [`UnwindError`], counted per kind
 //!    in `UNWIND_ERRORS` and carried in the sample; a walk that still had
 //!    frames after the last slot is marked truncated.
