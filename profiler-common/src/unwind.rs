@@ -382,6 +382,28 @@ pub enum StepOutcome {
 pub trait MemoryReader {
     /// The little-endian u64 at `addr`, or `None` when it cannot be read.
     fn read_u64(&self, addr: u64) -> Option<u64>;
+
+    /// The u64s at `addr` and `addr + 8`, `None` unless both can be read:
+    /// a frame record, or a saved fp next to the return address. The kernel
+    /// does it in one `bpf_probe_read_user`, which costs as much as one
+    /// word (the call, not the bytes, is the price).
+    fn read_u64_pair(&self, addr: u64) -> Option<(u64, u64)> {
+        Some((self.read_u64(addr)?, self.read_u64(addr.checked_add(8)?)?))
+    }
+
+    /// The 8 code bytes at `addr`, little-endian. A separate method because
+    /// the kernel reads stack words through a window of the stack page
+    /// that code reads must not displace.
+    fn read_code_u64(&self, addr: u64) -> Option<u64> {
+        self.read_u64(addr)
+    }
+
+    /// Whether `value` may be an address in the target's code, so a return
+    /// address. `true` when the reader cannot tell (the host's snapshots):
+    /// a `false` only skips reading code that is not worth reading.
+    fn may_be_code(&self, _value: u64) -> bool {
+        true
+    }
 }
 
 /// The row covering `pc` in a table sorted by `pc`: the last row starting at
@@ -478,6 +500,10 @@ fn read<M: MemoryReader + ?Sized>(mem: &M, addr: u64) -> Result<u64, UnwindError
     mem.read_u64(addr).ok_or(UnwindError::BadRead)
 }
 
+fn read_pair<M: MemoryReader + ?Sized>(mem: &M, addr: u64) -> Result<(u64, u64), UnwindError> {
+    mem.read_u64_pair(addr).ok_or(UnwindError::BadRead)
+}
+
 fn offset(base: u64, offset: i64) -> Result<u64, UnwindError> {
     base.checked_add_signed(offset)
         .ok_or(UnwindError::AddressOverflow)
@@ -520,15 +546,30 @@ pub fn step<M: MemoryReader + ?Sized>(
     if cfa <= regs.sp {
         return Err(UnwindError::StackNotAdvancing);
     }
-    let pc = match ra_rule {
-        RaRule::AtCfaOffset => read(mem, offset(cfa, row.ra_offset as i64)?)?,
-        RaRule::LinkRegister => regs.lr,
-        RaRule::Undefined | RaRule::Unsupported => return Err(UnwindError::UnsupportedRaRule),
-    };
-    let fp = match fp_rule {
-        FpRule::Unchanged => regs.fp,
-        FpRule::AtCfaOffset => read(mem, offset(cfa, row.fp_offset as i64)?)?,
-        FpRule::Unsupported => return Err(UnwindError::UnsupportedFpRule),
+    let (pc, fp) = match (ra_rule, fp_rule) {
+        // The usual x86_64 frame (`push rbp` right after the call): the
+        // saved fp just below the return address, one read for both.
+        (RaRule::AtCfaOffset, FpRule::AtCfaOffset)
+            if row.fp_offset as i32 + 8 == row.ra_offset as i32 =>
+        {
+            let (fp, pc) = read_pair(mem, offset(cfa, row.fp_offset as i64)?)?;
+            (pc, fp)
+        }
+        _ => {
+            let pc = match ra_rule {
+                RaRule::AtCfaOffset => read(mem, offset(cfa, row.ra_offset as i64)?)?,
+                RaRule::LinkRegister => regs.lr,
+                RaRule::Undefined | RaRule::Unsupported => {
+                    return Err(UnwindError::UnsupportedRaRule);
+                }
+            };
+            let fp = match fp_rule {
+                FpRule::Unchanged => regs.fp,
+                FpRule::AtCfaOffset => read(mem, offset(cfa, row.fp_offset as i64)?)?,
+                FpRule::Unsupported => return Err(UnwindError::UnsupportedFpRule),
+            };
+            (pc, fp)
+        }
     };
     if pc == 0 {
         return Err(UnwindError::PcZero);
@@ -556,14 +597,14 @@ fn step_frame_pointer<M: MemoryReader + ?Sized>(
     if fp < regs.sp || !fp.is_multiple_of(8) {
         return Err(UnwindError::InvalidFramePointer);
     }
-    let pc = read(mem, offset(fp, 8)?)?;
-    let caller_fp = read(mem, fp)?;
+    let sp = offset(fp, 16)?;
+    let (caller_fp, pc) = read_pair(mem, fp)?;
     if pc == 0 {
         return Err(UnwindError::PcZero);
     }
     *regs = UnwindRegs {
         pc,
-        sp: offset(fp, 16)?,
+        sp,
         fp: caller_fp,
         lr: 0,
     };
@@ -593,11 +634,22 @@ fn step_signal_frame<M: MemoryReader + ?Sized>(
 /// return address is at sp; right after `push rbp` (at `mov rbp, rsp`) it is
 /// at sp + 8 and fp still holds the caller's. Anywhere else (or when the code
 /// cannot be read) the plain frame-pointer rule.
+///
+/// The code is read only when one of the two stack words could be that
+/// return address ([`MemoryReader::may_be_code`]): in the kernel, reading
+/// a code page, which the data TLB rarely holds, was the dearest read of a
+/// walk, and a sample mostly lands in a function's body.
 pub fn step_interrupted_without_row<M: MemoryReader + ?Sized>(
     regs: &mut UnwindRegs,
     mem: &M,
 ) -> Result<StepOutcome, UnwindError> {
-    let Some(code) = mem.read_u64(regs.pc) else {
+    if let Some((top, next)) = mem.read_u64_pair(regs.sp)
+        && !mem.may_be_code(top)
+        && !mem.may_be_code(next)
+    {
+        return step_frame_pointer(regs, mem);
+    }
+    let Some(code) = mem.read_code_u64(regs.pc) else {
         return step_frame_pointer(regs, mem);
     };
     let first = code as u8;
@@ -607,7 +659,7 @@ pub fn step_interrupted_without_row<M: MemoryReader + ?Sized>(
         && regs
             .pc
             .checked_sub(1)
-            .and_then(|pc| mem.read_u64(pc))
+            .and_then(|pc| mem.read_code_u64(pc))
             .map(|c| c as u8)
             == Some(x86_64::OP_PUSH_RBP)
     {
@@ -715,22 +767,185 @@ const _: () = assert!(1 << MAX_PROCESS_MAPPINGS_LOG2 == MAX_PROCESS_MAPPINGS);
 
 /// One executable mapping of a process, as the kernel side looks it up:
 /// `[start, end)`, the load bias that turns a pc into the ELF virtual
-/// address of its file's table, and where that table's rows are in the
-/// shared row array. `row_count` 0 means "no table": anonymous executable
-/// memory (JIT code), a file that is not ELF or has no `.eh_frame`, or a
-/// table evicted under the memory cap. The frame-pointer rule applies there.
+/// address of its file's table, where that table's rows are in the shared
+/// row array, and the shape of the table's [`RowIndex`]. `row_count` 0 means
+/// "no table": anonymous executable memory (JIT code), a file that is not
+/// ELF or has no `.eh_frame`, or a table evicted under the memory cap. The
+/// frame-pointer rule applies there.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MappingEntry {
     pub start: u64,
     pub end: u64,
     pub bias: u64,
+    /// [`RowIndex::base`] of the table.
+    pub index_base: u64,
     /// Index of the table's first row in the shared row array.
     pub row_offset: u32,
     pub row_count: u32,
+    /// [`RowIndex::len`] of the table: 0 for none (the whole table is
+    /// binary-searched). The index's words follow the rows in the array.
+    pub index_len: u32,
+    /// [`RowIndex::shift`] of the table.
+    pub index_shift: u8,
+    pub _pad: u8,
+    /// Which load of a table the rows at `row_offset` are (userspace counts
+    /// loads, wrapping): the kernel's per-CPU cache of looked-up rows tags
+    /// its entries with it, so rows of an evicted table never answer for
+    /// the table loaded at the same place after it.
+    pub table_serial: u16,
 }
 
-const _: () = assert!(size_of::<MappingEntry>() == 32);
+const _: () = assert!(size_of::<MappingEntry>() == 48);
+
+impl MappingEntry {
+    /// The shape of the table's row index.
+    #[inline(always)]
+    pub const fn row_index(&self) -> RowIndex {
+        RowIndex {
+            base: self.index_base,
+            len: self.index_len,
+            shift: self.index_shift as u32,
+        }
+    }
+
+    /// Sets the table's rows, row index and load serial.
+    pub const fn with_table(
+        mut self,
+        row_offset: u32,
+        row_count: u32,
+        index: RowIndex,
+        table_serial: u16,
+    ) -> Self {
+        self.row_offset = row_offset;
+        self.row_count = row_count;
+        self.index_base = index.base;
+        self.index_len = index.len;
+        // The builder's shifts are at most ROW_INDEX_MAX_SHIFT.
+        self.index_shift = index.shift as u8;
+        self.table_serial = table_serial;
+        self
+    }
+}
+
+/// The shape of a table's coarse row index, which turns the search for a
+/// pc's row from a binary search over the whole table (~20 probes, each a
+/// likely cache and TLB miss in a multi-MiB array) into one read of two
+/// adjacent index words and a search over the few neighbouring rows they
+/// name.
+///
+/// The index has `len` u32 words; word `b` is the number of the row that
+/// covers ELF address `base + (b << shift)` (the last row starting at or
+/// before it). The row for an address in bucket `b` is therefore among rows
+/// `word(b) ..= word(b + 1)`. `base` is the table's first row's pc. In the
+/// kernel's row array the words follow the table's rows,
+/// [`ROW_INDEX_WORDS_PER_ROW`] to a row slot ([`row_index_word`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RowIndex {
+    pub base: u64,
+    /// Words in the index; 0 for no index.
+    pub len: u32,
+    /// log2 of the bytes of code one bucket covers.
+    pub shift: u32,
+}
+
+/// Smallest bucket: 16 bytes of code, about one row.
+pub const ROW_INDEX_MIN_SHIFT: u32 = 4;
+/// Largest bucket the index builder picks: 16 MiB of code.
+pub const ROW_INDEX_MAX_SHIFT: u32 = 24;
+/// Row-index words stored in one [`UnwindRow`] slot of the row array.
+pub const ROW_INDEX_WORDS_PER_ROW: u32 = 6;
+
+/// Word `i % 6` of the 24 bytes of a row slot that holds row-index words,
+/// little-endian as userspace packs them ([`UnwindRow::from_index_words`]).
+#[inline(always)]
+pub fn row_index_word(slot: &UnwindRow, i: u32) -> u32 {
+    match i % ROW_INDEX_WORDS_PER_ROW {
+        0 => slot.pc as u32,
+        1 => (slot.pc >> 32) as u32,
+        2 => slot.cfa_offset as u32,
+        3 => u32::from(slot.fp_offset as u16) | (u32::from(slot.ra_offset as u16) << 16),
+        4 => u32::from_le_bytes([slot.cfa_rule, slot.fp_rule, slot.ra_rule, slot.cfa_param]),
+        _ => u32::from_le_bytes(slot._pad),
+    }
+}
+
+impl UnwindRow {
+    /// A row slot holding six row-index words (see [`row_index_word`]).
+    pub const fn from_index_words(w: [u32; 6]) -> Self {
+        let b4 = w[4].to_le_bytes();
+        Self {
+            pc: w[0] as u64 | ((w[1] as u64) << 32),
+            cfa_offset: w[2] as i32,
+            fp_offset: w[3] as u16 as i16,
+            ra_offset: (w[3] >> 16) as u16 as i16,
+            cfa_rule: b4[0],
+            fp_rule: b4[1],
+            ra_rule: b4[2],
+            cfa_param: b4[3],
+            _pad: w[5].to_le_bytes(),
+        }
+    }
+}
+
+impl RowIndex {
+    /// The search over the rows that can hold the row for `vaddr` in a
+    /// table of `row_count` rows, reading index words with `word_at`: the
+    /// whole table without an index, an empty search for an address before
+    /// the first row, `None` when a word cannot be read. Words are clamped
+    /// to the table, so a bad index gives a wrong row at worst, never an
+    /// access outside the table.
+    #[inline(always)]
+    pub fn rows_for(
+        &self,
+        row_count: u32,
+        word_at: impl Fn(u32) -> Option<u32>,
+        vaddr: u64,
+    ) -> Option<SortedSearch> {
+        if self.len == 0 {
+            return Some(SortedSearch::new(row_count));
+        }
+        if vaddr < self.base {
+            return Some(SortedSearch::new(0));
+        }
+        let bucket = (vaddr - self.base) >> (self.shift & 63);
+        let last = u64::from(self.len - 1);
+        let (lo, hi) = if bucket < last {
+            let b = bucket as u32;
+            (word_at(b)?, word_at(b + 1)?.saturating_add(1))
+        } else {
+            (word_at(last as u32)?, row_count)
+        };
+        // Row `word(b)` starts at or before `vaddr`, so the search starts
+        // past it and may end on it without probing it.
+        let hi = if hi > row_count { row_count } else { hi };
+        let lo = lo.saturating_add(1);
+        let lo = if lo > hi { hi } else { lo };
+        Some(SortedSearch { lo, hi })
+    }
+}
+
+/// The index of `rows_count` sorted rows' row for `vaddr` (see
+/// [`find_row_index`]), narrowed first by the table's [`RowIndex`] whose
+/// words `word_at` reads. The caller still checks the row for
+/// [`CfaRule::NoInfo`].
+#[inline(always)]
+pub fn find_row_index_indexed(
+    index: &RowIndex,
+    row_count: u32,
+    word_at: impl Fn(u32) -> Option<u32>,
+    pc_at: impl Fn(u32) -> Option<u64>,
+    vaddr: u64,
+) -> Option<u32> {
+    let mut search = index.rows_for(row_count, word_at, vaddr)?;
+    for _ in 0..=MAX_TABLE_ROWS_LOG2 {
+        let Some(mid) = search.probe() else {
+            break;
+        };
+        search.narrow(mid, pc_at(mid)? <= vaddr);
+    }
+    search.found()
+}
 
 #[cfg(feature = "user")]
 // SAFETY: `#[repr(C)]`, only integers, no implicit padding (checked above).
@@ -747,7 +962,7 @@ pub struct ProcessMappings {
     pub entries: [MappingEntry; MAX_PROCESS_MAPPINGS],
 }
 
-const _: () = assert!(size_of::<ProcessMappings>() == 8 + 32 * MAX_PROCESS_MAPPINGS);
+const _: () = assert!(size_of::<ProcessMappings>() == 8 + 48 * MAX_PROCESS_MAPPINGS);
 
 #[cfg(feature = "user")]
 // SAFETY: `#[repr(C)]`, integers and an array of Pod structs, explicit padding.
@@ -761,8 +976,13 @@ impl ProcessMappings {
             start: 0,
             end: 0,
             bias: 0,
+            index_base: 0,
             row_offset: 0,
             row_count: 0,
+            index_len: 0,
+            index_shift: 0,
+            _pad: 0,
+            table_serial: 0,
         }; MAX_PROCESS_MAPPINGS],
     };
 }
@@ -1133,6 +1353,70 @@ mod tests {
         );
     }
 
+    #[test]
+    fn leaf_code_is_read_only_when_the_stack_top_may_hold_a_return_address() {
+        /// Code at 0x2000..0x3000 only; counts code reads.
+        struct Mem(FakeMemory, core::cell::Cell<u32>);
+        impl MemoryReader for Mem {
+            fn read_u64(&self, addr: u64) -> Option<u64> {
+                self.0.read_u64(addr)
+            }
+            fn read_code_u64(&self, addr: u64) -> Option<u64> {
+                self.1.set(self.1.get() + 1);
+                self.0.read_u64(addr)
+            }
+            fn may_be_code(&self, value: u64) -> bool {
+                (0x2000..0x3000).contains(&value)
+            }
+        }
+        let code = [0x55, 0x48, 0x89, 0xe5, 0x90, 0x90, 0x90, 0x90, 0x90, 0xc3];
+        // At `push rbp`: the return address on top, the code is read.
+        let mem = Mem(
+            FakeMemory::default()
+                .code_at(0x2000, &code)
+                .code_at(0x200a, &[0x90; 8])
+                .word(0x7000, 0x2abc)
+                .word(0x7008, 0x7500),
+            Default::default(),
+        );
+        let mut r = regs(0x2000, 0x7000, 0x7500);
+        assert_eq!(
+            step_interrupted_without_row(&mut r, &mem),
+            Ok(StepOutcome::Caller)
+        );
+        assert_eq!(r, regs(0x2abc, 0x7008, 0x7500));
+        assert_eq!(mem.1.get(), 1);
+        // In the body, data on top of the stack: the frame-pointer rule
+        // without reading the code.
+        let mem = Mem(
+            FakeMemory::default()
+                .code_at(0x2000, &code)
+                .word(0x7000, 42)
+                .word(0x7008, 0x7400)
+                .word(0x7100, 0)
+                .word(0x7108, 0x2def),
+            Default::default(),
+        );
+        let mut r = regs(0x2004, 0x7000, 0x7100);
+        assert_eq!(
+            step_interrupted_without_row(&mut r, &mem),
+            Ok(StepOutcome::Caller)
+        );
+        assert_eq!(r, regs(0x2def, 0x7110, 0));
+        assert_eq!(mem.1.get(), 0);
+        // A stack top that cannot be read: the code decides, as before.
+        let mem = Mem(
+            FakeMemory::default().code_at(0x2000, &code).word(0x7100, 0),
+            Default::default(),
+        );
+        let mut r = regs(0x2004, 0x7000, 0x7100);
+        assert_eq!(
+            step_interrupted_without_row(&mut r, &mem),
+            Err(UnwindError::BadRead)
+        );
+        assert_eq!(mem.1.get(), 1);
+    }
+
     /// A native frame with a table (sp rule), a JIT frame (no row: fp rule),
     /// a signal frame, and an outermost frame.
     #[test]
@@ -1203,6 +1487,147 @@ mod tests {
         let at = |i: u32| many.get(i as usize).copied();
         assert_eq!(find_mapping(u32::MAX, at, 0x1f_f400), Some(0x1ff));
         assert_eq!(find_mapping(u32::MAX, at, 0x1f_f900), None);
+    }
+
+    #[test]
+    fn index_words_round_trip_through_a_row_slot() {
+        let words = [0, 1, 0xdead_beef, 0xffff_fffe, 0x8000_0001, u32::MAX];
+        let slot = UnwindRow::from_index_words(words);
+        for (i, w) in words.iter().enumerate() {
+            assert_eq!(row_index_word(&slot, i as u32), *w);
+            assert_eq!(
+                row_index_word(&slot, i as u32 + 6),
+                *w,
+                "word {i} of the next slot"
+            );
+        }
+    }
+
+    /// Rows every 16 bytes from 0x1000, a gap, then a NoInfo terminator;
+    /// an index over 64-byte buckets as the builder makes it.
+    fn indexed_table() -> (Vec<UnwindRow>, RowIndex, Vec<u32>) {
+        let mut rows: Vec<UnwindRow> = (0..40u64)
+            .map(|i| UnwindRow::new(0x1000 + i * 16, CfaRule::SpOffset, i as i32 + 8))
+            .collect();
+        rows.push(UnwindRow::new(0x1400, CfaRule::SpOffset, 99));
+        rows.push(UnwindRow::no_info(0x1500));
+        let index = RowIndex {
+            base: 0x1000,
+            len: ((0x1500 - 0x1000) >> 6) + 1,
+            shift: 6,
+        };
+        let words = (0..index.len)
+            .map(|b| {
+                let start = 0x1000 + (u64::from(b) << 6);
+                rows.iter()
+                    .rposition(|r| r.pc <= start)
+                    .expect("base is row 0") as u32
+            })
+            .collect();
+        (rows, index, words)
+    }
+
+    #[test]
+    fn indexed_search_agrees_with_a_linear_scan() {
+        let (rows, index, words) = indexed_table();
+        let word_at = |w: u32| words.get(w as usize).copied();
+        let pc_at = |i: u32| rows.get(i as usize).map(|r| r.pc);
+        for vaddr in (0xf00..0x1600).chain([0, u64::MAX]) {
+            let linear = rows.iter().rposition(|r| r.pc <= vaddr).map(|i| i as u32);
+            let found = find_row_index_indexed(&index, rows.len() as u32, word_at, pc_at, vaddr);
+            assert_eq!(found, linear, "vaddr {vaddr:#x}");
+        }
+        // No index: the whole table.
+        let none = RowIndex::default();
+        assert_eq!(
+            find_row_index_indexed(&none, rows.len() as u32, word_at, pc_at, 0x1405),
+            Some(40)
+        );
+    }
+
+    #[test]
+    fn indexed_search_narrows_to_the_bucket() {
+        let (rows, index, words) = indexed_table();
+        let word_at = |w: u32| words.get(w as usize).copied();
+        let n = rows.len() as u32;
+        // 0x1050 is in bucket 1 (0x1040..0x1080): rows 4..=8.
+        assert_eq!(
+            index.rows_for(n, word_at, 0x1050),
+            Some(SortedSearch { lo: 5, hi: 9 })
+        );
+        // Before the first row: nothing to search.
+        assert_eq!(
+            index.rows_for(n, word_at, 0xfff).and_then(|s| s.found()),
+            None
+        );
+        // The last bucket reaches the end of the table.
+        assert_eq!(
+            index.rows_for(n, word_at, 0x9999),
+            Some(SortedSearch { lo: n, hi: n })
+        );
+        // A word that cannot be read.
+        assert_eq!(index.rows_for(n, |_| None, 0x1050), None);
+    }
+
+    #[test]
+    fn hostile_index_words_stay_inside_the_table() {
+        let index = RowIndex {
+            base: 0x1000,
+            len: 4,
+            shift: 99,
+        };
+        for words in [[u32::MAX; 4], [7, 2, 0, 1], [0; 4]] {
+            let word_at = |w: u32| words.get(w as usize).copied();
+            for vaddr in [0x1000, 0x1001, u64::MAX] {
+                let s = index.rows_for(5, word_at, vaddr).expect("words readable");
+                assert!(s.lo <= s.hi && s.hi <= 5, "{s:?}");
+                assert!(s.found().is_none_or(|i| i < 5));
+            }
+        }
+    }
+
+    #[test]
+    fn frame_records_are_read_as_pairs() {
+        /// Counts reads: a pair must cost one.
+        #[derive(Default)]
+        struct Counting(FakeMemory, core::cell::Cell<u32>);
+        impl MemoryReader for Counting {
+            fn read_u64(&self, addr: u64) -> Option<u64> {
+                self.1.set(self.1.get() + 1);
+                self.0.read_u64(addr)
+            }
+            fn read_u64_pair(&self, addr: u64) -> Option<(u64, u64)> {
+                self.1.set(self.1.get() + 1);
+                Some((self.0.read_u64(addr)?, self.0.read_u64(addr + 8)?))
+            }
+        }
+        let mem = Counting(
+            FakeMemory::default()
+                .word(0x7100, 0x7200)
+                .word(0x7108, 0x5555),
+            Default::default(),
+        );
+        let row = UnwindRow::new(0x1000, CfaRule::FpOffset, 16).with_fp_at(-16);
+        let mut r = regs(0x1010, 0x70f0, 0x7100);
+        assert_eq!(step(&mut r, Some(&row), &mem), Ok(StepOutcome::Caller));
+        assert_eq!(r, regs(0x5555, 0x7110, 0x7200));
+        assert_eq!(mem.1.get(), 1);
+        let mut r = regs(0x1, 0x70f0, 0x7100);
+        assert_eq!(step(&mut r, None, &mem), Ok(StepOutcome::Caller));
+        assert_eq!(r, regs(0x5555, 0x7110, 0x7200));
+        assert_eq!(mem.1.get(), 2);
+        // fp saved elsewhere than next to the return address: two reads.
+        let row = UnwindRow::new(0x1000, CfaRule::FpOffset, 16).with_fp_at(-24);
+        let mem = Counting(
+            FakeMemory::default()
+                .word(0x70f8, 0x7300)
+                .word(0x7108, 0x6666),
+            Default::default(),
+        );
+        let mut r = regs(0x1010, 0x70f0, 0x7100);
+        assert_eq!(step(&mut r, Some(&row), &mem), Ok(StepOutcome::Caller));
+        assert_eq!(r, regs(0x6666, 0x7110, 0x7300));
+        assert_eq!(mem.1.get(), 2);
     }
 
     #[test]

@@ -8,13 +8,20 @@
 //! 2. `bpf_loop` runs [`walk_one`] up to [`MAX_USER_STACK_DEPTH`] times; each
 //!    call records a pc and calls [`next_frame`] of `clrbpf_common::unwind`,
 //!    the same code the host tests replay, with a [`MemoryReader`] over
-//!    `bpf_probe_read_user`. Walk state lives in a per-CPU map, not on the
+//!    `bpf_probe_read_user`: stack words through a per-CPU copy of the
+//!    stack page being read ([`StackWindow`]), since the helper's cost is
+//!    per call, not per byte. Walk state lives in a per-CPU map, not on the
 //!    512-byte stack.
-//! 3. A lookup finds the pc's mapping in the process's sorted
-//!    [`ProcessMappings`] (one hash lookup, at most 10 probes), then its row by
-//!    binary search in the shared `UNWIND_ROWS` array (at most 25 probes). A
-//!    mapping without rows (JIT code, files without tables) gives "no row":
-//!    the frame-pointer rule.
+//! 3. A lookup finds the pc's mapping: one of the previous two frames'
+//!    when it holds the pc, else by binary search (at most 10 probes) in the
+//!    process's sorted [`ProcessMappings`], found with one hash lookup per
+//!    walk. The row comes from a per-CPU cache of recent lookups
+//!    ([`ROW_CACHE`]), else from the table's coarse [`RowIndex`] (two
+//!    adjacent words naming a few rows) and a search among those rows in
+//!    the shared `UNWIND_ROWS` array: a binary search over a whole
+//!    multi-MiB table costs ~20 cache and TLB misses, the dominant cost of a
+//!    walk before the index. A mapping without rows (JIT code, files without
+//!    tables) gives "no row": the frame-pointer rule.
 //! 4. A failed step ends the walk with its [`UnwindError`], counted per kind
 //!    in `UNWIND_ERRORS` and carried in the sample; a walk that still had
 //!    frames after the last slot is marked truncated.
@@ -33,7 +40,10 @@ use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, pt_regs},
     helpers::{
         bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+        generated::{
+            bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw,
+            bpf_task_pt_regs,
+        },
     },
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
@@ -43,8 +53,8 @@ use clrbpf_common::{
     MAX_USER_STACK_DEPTH, RawSampleEvent, UNWIND_ERROR_SLOTS,
     unwind::{
         CfaRule, MAX_PROCESS_MAPPINGS, MAX_PROCESS_MAPPINGS_LOG2, MAX_TABLE_ROWS_LOG2,
-        MemoryReader, ProcessMappings, SortedSearch, UnwindError, UnwindRegs, UnwindRow,
-        next_frame,
+        MappingEntry, MemoryReader, ProcessMappings, ROW_INDEX_WORDS_PER_ROW, SortedSearch,
+        UnwindError, UnwindRegs, UnwindRow, next_frame, row_index_word,
     },
 };
 
@@ -83,6 +93,52 @@ pub struct WalkState {
     /// 1 once a pc was in no indexed mapping (see
     /// [`clrbpf_common::sample_flags::USER_PC_UNINDEXED`]).
     unindexed: u32,
+    _pad: u32,
+    /// The mappings of the last two pcs looked up, latest first: a .NET
+    /// stack alternates between JIT code and the runtime's library, a
+    /// native one stays in a file for several frames. `end` 0 for none.
+    recent_mappings: [MappingEntry; 2],
+}
+
+/// A row looked up before, in [`ROW_CACHE`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CachedRow {
+    vaddr: u64,
+    /// The table's [`MappingEntry::row_offset`].
+    row_offset: u32,
+    /// The table's [`MappingEntry::table_serial`]; 0 for an empty slot.
+    table_serial: u16,
+    /// 1 when `row` is the answer, 0 when the table has no row for `vaddr`.
+    found: u16,
+    row: UnwindRow,
+}
+
+/// Slots of [`ROW_CACHE`] (a power of two).
+const ROW_CACHE_SLOTS: u32 = 1024;
+
+/// Per CPU, the rows of recent lookups, direct-mapped by (vaddr, table).
+/// Profiles repeat their return addresses (thread entry points, the loops
+/// that call the hot code), and a hit reads one slot instead of an index
+/// word and a few rows of a multi-MiB array, each a likely TLB miss at a
+/// sampling period's distance.
+#[map]
+static ROW_CACHE: PerCpuArray<CachedRow> = PerCpuArray::with_max_entries(ROW_CACHE_SLOTS, 0);
+
+#[inline(always)]
+fn row_cache_slot(vaddr: u64, table_serial: u16) -> u32 {
+    let h = (vaddr ^ (u64::from(table_serial) << 48)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> 54) as u32 & (ROW_CACHE_SLOTS - 1)
+}
+
+/// What [`walk_one`] gets from [`walk_user_stack`] through `bpf_loop`'s
+/// context pointer: the values looked up once per walk.
+#[repr(C)]
+struct WalkContext {
+    state: *mut WalkState,
+    event: *mut RawSampleEvent,
+    /// The process's mapping index, null when it has none.
+    mappings: *const ProcessMappings,
 }
 
 #[map]
@@ -95,14 +151,18 @@ static WALK_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
 static SEARCH: PerCpuArray<SortedSearch> = PerCpuArray::with_max_entries(1, 0);
 
 /// [`clrbpf_common::unwind::find_row_index`]'s steps with the state in
-/// `SEARCH`: the index of the last of `len` entries whose key (`key_at`)
+/// `SEARCH`: from `start`, the index of the last entry whose key (`key_at`)
 /// is at or before `key`.
 #[inline(always)]
-fn search<const LOG2: u32>(len: u32, key_at: impl Fn(u32) -> Option<u64>, key: u64) -> Option<u32> {
+fn search<const LOG2: u32>(
+    start: SortedSearch,
+    key_at: impl Fn(u32) -> Option<u64>,
+    key: u64,
+) -> Option<u32> {
     let state = SEARCH.get_ptr_mut(0)?;
     // SAFETY: per-CPU value, only this program on this CPU uses it.
     unsafe {
-        core::ptr::write_volatile(state, SortedSearch::new(len));
+        core::ptr::write_volatile(state, start);
         for _ in 0..=LOG2 {
             let mut s = core::ptr::read_volatile(state);
             let Some(mid) = s.probe() else {
@@ -115,14 +175,110 @@ fn search<const LOG2: u32>(len: u32, key_at: impl Fn(u32) -> Option<u64>, key: u
     }
 }
 
-/// Target memory, read with `bpf_probe_read_user`.
-struct UserMemory;
+/// Bytes of the stack window: one page.
+const STACK_WINDOW_BYTES: u64 = 4096;
 
-impl MemoryReader for UserMemory {
+/// A copy of the stack from the last address read to the end of its page.
+/// A walk reads the stack upwards, a few words per frame, and each
+/// `bpf_probe_read_user` costs its call whatever its size (~100 ns here):
+/// one copy per stack page serves several frames. Never crossing a page
+/// boundary keeps the copy from faulting at the top of the stack.
+#[repr(C)]
+pub struct StackWindow {
+    /// User address of `words[0]`.
+    start: u64,
+    /// Valid bytes from `start`; 0 for none.
+    len: u64,
+    words: [u64; (STACK_WINDOW_BYTES / 8) as usize],
+}
+
+#[map]
+static STACK_WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
+
+/// Target memory, read with `bpf_probe_read_user`: stack words through
+/// the [`StackWindow`], code directly. `mappings` answers
+/// [`MemoryReader::may_be_code`].
+struct UserMemory<'a> {
+    mappings: Option<&'a ProcessMappings>,
+}
+
+/// Lowest user address worth a mapping search: below it, small integers.
+const LOWEST_CODE_ADDRESS: u64 = 0x1_0000;
+/// x86_64 user addresses are below 2^47 (2^56 with 5-level paging, which
+/// only processes asking for it get).
+const USER_ADDRESS_END: u64 = 1 << 56;
+
+impl UserMemory<'_> {
+    /// The `N` words at `addr` from the stack window, loaded from `addr`
+    /// to its page's end when it does not hold them.
+    #[inline(always)]
+    fn stack_words<const N: usize>(addr: u64) -> Option<[u64; N]> {
+        let window = STACK_WINDOW.get_ptr_mut(0)?;
+        // SAFETY: per-CPU value, only this program on this CPU uses it.
+        let window = unsafe { &mut *window };
+        let bytes = 8 * N as u64;
+        let mut off = addr.wrapping_sub(window.start);
+        if off >= window.len || window.len - off < bytes {
+            let len = STACK_WINDOW_BYTES - (addr & (STACK_WINDOW_BYTES - 1));
+            if !addr.is_multiple_of(8) || len < bytes || len > STACK_WINDOW_BYTES {
+                // Unaligned, or straddling two pages: one direct read.
+                // SAFETY: the helper checks the address; a fault gives an error.
+                return unsafe { bpf_probe_read_user(addr as *const [u64; N]) }.ok();
+            }
+            window.len = 0;
+            // SAFETY: `len` is at most the buffer's size (checked above).
+            let rc = unsafe {
+                bpf_probe_read_user_raw(
+                    window.words.as_mut_ptr().cast::<c_void>(),
+                    len as u32,
+                    addr as *const c_void,
+                )
+            };
+            if rc != 0 {
+                return None;
+            }
+            window.start = addr;
+            window.len = len;
+            off = 0;
+        }
+        // `off + 8 * N <= len <= STACK_WINDOW_BYTES` (checked above or just
+        // loaded): the mask changes nothing but shows the verifier the bound.
+        let first = (off / 8) as usize;
+        let mut out = [0u64; N];
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = window.words[(first + i) & (window.words.len() - 1)];
+        }
+        Some(out)
+    }
+}
+
+impl MemoryReader for UserMemory<'_> {
     #[inline(always)]
     fn read_u64(&self, addr: u64) -> Option<u64> {
+        Self::stack_words::<1>(addr).map(|[w]| w)
+    }
+
+    #[inline(always)]
+    fn read_u64_pair(&self, addr: u64) -> Option<(u64, u64)> {
+        Self::stack_words::<2>(addr).map(|[a, b]| (a, b))
+    }
+
+    #[inline(always)]
+    fn read_code_u64(&self, addr: u64) -> Option<u64> {
         // SAFETY: the helper checks the address; a fault gives an error.
         unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+    }
+
+    #[inline(always)]
+    fn may_be_code(&self, value: u64) -> bool {
+        if !(LOWEST_CODE_ADDRESS..USER_ADDRESS_END).contains(&value) {
+            return false;
+        }
+        let Some(mappings) = self.mappings else {
+            return true;
+        };
+        let mut recent = [MappingEntry::default(); 2];
+        find_mapping(Some(mappings), &mut recent, value).is_ok()
     }
 }
 
@@ -169,19 +325,29 @@ pub fn has_mappings(tgid: u32) -> bool {
     PROCESS_MAPPINGS.get_ptr(&tgid).is_some()
 }
 
-/// The row for `pc` in process `tgid`: the lookup of
-/// [`clrbpf_common::unwind::walk`].
+/// Puts the mapping holding `pc` first in `recent`: one of the two when it
+/// holds it, else the one found in `mappings`.
 #[inline(always)]
-fn lookup(tgid: u32, pc: u64) -> Result<Option<UnwindRow>, UnwindError> {
-    // SAFETY: read only; userspace replaces values whole.
-    let mappings = unsafe { PROCESS_MAPPINGS.get(&tgid) }.ok_or(UnwindError::NoMapping)?;
+fn find_mapping(
+    mappings: Option<&ProcessMappings>,
+    recent: &mut [MappingEntry; 2],
+    pc: u64,
+) -> Result<(), UnwindError> {
+    if recent[0].start <= pc && pc < recent[0].end {
+        return Ok(());
+    }
+    if recent[1].start <= pc && pc < recent[1].end {
+        recent.swap(0, 1);
+        return Ok(());
+    }
+    let mappings = mappings.ok_or(UnwindError::NoMapping)?;
     let len = if mappings.len as usize > MAX_PROCESS_MAPPINGS {
         MAX_PROCESS_MAPPINGS as u32
     } else {
         mappings.len
     };
     let index = search::<MAX_PROCESS_MAPPINGS_LOG2>(
-        len,
+        SortedSearch::new(len),
         |i| mappings.entries.get(i as usize).map(|e| e.start),
         pc,
     )
@@ -193,13 +359,76 @@ fn lookup(tgid: u32, pc: u64) -> Result<Option<UnwindRow>, UnwindError> {
     if pc >= entry.end {
         return Err(UnwindError::NoMapping);
     }
+    recent[1] = recent[0];
+    recent[0] = *entry;
+    Ok(())
+}
+
+/// The row for `pc`: the lookup of [`clrbpf_common::unwind::walk`].
+#[inline(always)]
+fn lookup(
+    mappings: Option<&ProcessMappings>,
+    recent: &mut [MappingEntry; 2],
+    pc: u64,
+) -> Result<Option<UnwindRow>, UnwindError> {
+    find_mapping(mappings, recent, pc)?;
+    let entry = &recent[0];
     if entry.row_count == 0 {
         return Ok(None);
     }
     let vaddr = pc.wrapping_sub(entry.bias);
+    let cached = ROW_CACHE.get_ptr_mut(row_cache_slot(vaddr, entry.table_serial));
+    if let Some(cached) = cached {
+        // SAFETY: per-CPU slot, only this program on this CPU uses it.
+        let cached = unsafe { &*cached };
+        if cached.vaddr == vaddr
+            && cached.table_serial == entry.table_serial
+            && cached.row_offset == entry.row_offset
+        {
+            return if cached.found != 0 {
+                Ok(Some(cached.row))
+            } else {
+                Err(UnwindError::NoTableRow)
+            };
+        }
+    }
+    let found = search_table(entry, vaddr);
+    if let Some(cached) = cached {
+        // SAFETY: as above.
+        let cached = unsafe { &mut *cached };
+        cached.vaddr = vaddr;
+        cached.row_offset = entry.row_offset;
+        cached.table_serial = entry.table_serial;
+        match found {
+            Ok(row) => {
+                cached.found = 1;
+                cached.row = row;
+            }
+            Err(_) => cached.found = 0,
+        }
+    }
+    found.map(Some)
+}
+
+/// The row of `vaddr` in the table of `entry`.
+#[inline(always)]
+fn search_table(entry: &MappingEntry, vaddr: u64) -> Result<UnwindRow, UnwindError> {
     let first = entry.row_offset;
+    let words = first.wrapping_add(entry.row_count);
+    let rows = entry
+        .row_index()
+        .rows_for(
+            entry.row_count,
+            |w| {
+                UNWIND_ROWS
+                    .get(words.wrapping_add(w / ROW_INDEX_WORDS_PER_ROW))
+                    .map(|slot| row_index_word(slot, w))
+            },
+            vaddr,
+        )
+        .ok_or(UnwindError::NoTableRow)?;
     let at = search::<MAX_TABLE_ROWS_LOG2>(
-        entry.row_count,
+        rows,
         |i| UNWIND_ROWS.get(first.wrapping_add(i)).map(|r| r.pc),
         vaddr,
     )
@@ -210,19 +439,24 @@ fn lookup(tgid: u32, pc: u64) -> Result<Option<UnwindRow>, UnwindError> {
     if row.cfa_rule == CfaRule::NoInfo as u8 {
         return Err(UnwindError::NoTableRow);
     }
-    Ok(Some(*row))
+    Ok(*row)
 }
 
 /// One `bpf_loop` iteration: record the current frame, step to its caller.
 /// Returns 1 to stop the loop.
 #[inline(never)]
-extern "C" fn walk_one(index: u64, _ctx: *mut c_void) -> i64 {
-    let (Some(state), Some(event)) = (WALK_STATE.get_ptr_mut(0), EVENT_SCRATCH.get_ptr_mut(0))
-    else {
-        return 1;
+extern "C" fn walk_one(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `walk_user_stack` passes its `WalkContext`, which outlives the
+    // loop; the state and event are per-CPU values only this program on
+    // this CPU uses, the mappings are read only (userspace replaces them
+    // whole; the old value stays valid until the program ends).
+    let (state, event, mappings) = unsafe {
+        let ctx = &*(ctx as *const WalkContext);
+        let (Some(state), Some(event)) = (ctx.state.as_mut(), ctx.event.as_mut()) else {
+            return 1;
+        };
+        (state, event, ctx.mappings.as_ref())
     };
-    // SAFETY: per-CPU values, only this program on this CPU uses them.
-    let (state, event) = unsafe { (&mut *state, &mut *event) };
     if state.more == 0 {
         return 1;
     }
@@ -236,7 +470,6 @@ extern "C" fn walk_one(index: u64, _ctx: *mut c_void) -> i64 {
     }
     *slot = state.regs.pc;
     state.frames = index as u32 + 1;
-    let tgid = state.tgid;
     let mut interrupted = state.interrupted != 0;
     let mut unindexed = false;
     // A pc outside every indexed mapping is most often code mapped since
@@ -247,14 +480,14 @@ extern "C" fn walk_one(index: u64, _ctx: *mut c_void) -> i64 {
     let outcome = next_frame(
         &mut state.regs,
         &mut interrupted,
-        &mut |pc| match lookup(tgid, pc) {
+        &mut |pc| match lookup(mappings, &mut state.recent_mappings, pc) {
             Err(UnwindError::NoMapping) => {
                 unindexed = true;
                 Ok(None)
             }
             other => other,
         },
-        &UserMemory,
+        &UserMemory { mappings },
     );
     if unindexed {
         state.unindexed = 1;
@@ -289,8 +522,17 @@ pub struct WalkResult {
 #[inline(always)]
 pub fn walk_user_stack(tgid: u32, regs: UnwindRegs) -> Option<WalkResult> {
     let state = WALK_STATE.get_ptr_mut(0)?;
-    // SAFETY: per-CPU value, only this program on this CPU uses it.
+    let event = EVENT_SCRATCH.get_ptr_mut(0)?;
+    let mut ctx = WalkContext {
+        state,
+        event,
+        mappings: PROCESS_MAPPINGS.get_ptr(&tgid).unwrap_or(core::ptr::null()),
+    };
+    // The window holds another walk's stack, maybe of another process.
+    let window = STACK_WINDOW.get_ptr_mut(0)?;
+    // SAFETY: per-CPU values, only this program on this CPU uses them.
     unsafe {
+        (*window).len = 0;
         *state = WalkState {
             regs,
             tgid,
@@ -299,11 +541,13 @@ pub fn walk_user_stack(tgid: u32, regs: UnwindRegs) -> Option<WalkResult> {
             error: 0,
             more: 1,
             unindexed: 0,
+            _pad: 0,
+            recent_mappings: [MappingEntry::default(); 2],
         };
         bpf_loop(
             MAX_USER_STACK_DEPTH as u32,
             walk_one as *mut c_void,
-            core::ptr::null_mut(),
+            (&raw mut ctx).cast::<c_void>(),
             0,
         );
         let state = &*state;

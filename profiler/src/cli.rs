@@ -99,13 +99,20 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_perf_map_attach: bool,
 
-    /// Walk native user stacks without frame pointers (glibc, most
-    /// distribution binaries) with unwind tables built from their
-    /// `.eh_frame`, in the kernel. Off: frame pointers only.
-    #[arg(long)]
+    /// Walk user stacks by frame pointers only: native code built without
+    /// them (glibc, most distribution binaries) then loses frames. By
+    /// default they are walked in the kernel with unwind tables built from
+    /// each file's `.eh_frame`.
+    #[arg(long, visible_alias = "no-dwarf-unwind")]
+    pub frame_pointers_only: bool,
+
+    /// Accepted for scripts written when DWARF unwinding was opt-in; it is
+    /// the default now.
+    #[arg(long, hide = true, conflicts_with = "frame_pointers_only")]
     pub dwarf_unwind: bool,
 
-    /// Kernel memory reserved for unwind tables when --dwarf-unwind is on,
+    /// Kernel memory reserved for unwind tables (unless
+    /// --frame-pointers-only),
     /// allocated in full when recording starts (24 bytes per table row;
     /// the least-recently-used tables are evicted when it is full).
     #[arg(long, value_name = "MB", default_value_t = 64,

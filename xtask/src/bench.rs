@@ -1,8 +1,11 @@
 //! `cargo xtask bench`: the budgets of DESIGN.md measured in one run, with
 //! `perf` doing the same job next to clrbpf. These machines are noisy, so
 //! every figure is a median over rounds whose modes are interleaved
-//! (baseline, clrbpf, perf, baseline, ...), and losses are ratios to the
-//! baseline of the same run.
+//! (baseline, clrbpf, clrbpf with frame pointers only, perf, baseline,
+//! ...), and losses are ratios to the baseline of the same run. The BPF
+//! time per sample of the default (DWARF unwinding in the kernel) and of
+//! `--frame-pointers-only` come from the same rounds, so their ratio holds
+//! even when the machine's load moves the absolute figures.
 
 use std::{
     fs,
@@ -33,7 +36,9 @@ pub struct BenchInputs<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     Baseline,
+    /// The default: DWARF unwinding in the kernel.
     Clrbpf,
+    ClrbpfFramePointers,
     Perf,
 }
 
@@ -42,7 +47,16 @@ impl Mode {
         match self {
             Self::Baseline => "no profiler",
             Self::Clrbpf => "clrbpf record -a -F 99",
+            Self::ClrbpfFramePointers => "clrbpf record -a -F 99 --frame-pointers-only",
             Self::Perf => "perf record -F 99 -g -a",
+        }
+    }
+
+    fn clrbpf_flags(self) -> Option<&'static [&'static str]> {
+        match self {
+            Self::Clrbpf => Some(&[]),
+            Self::ClrbpfFramePointers => Some(&["--frame-pointers-only"]),
+            Self::Baseline | Self::Perf => None,
         }
     }
 }
@@ -110,6 +124,33 @@ struct ProfilerRun {
     wall: Duration,
     bpf_us_per_sample: Option<f64>,
     samples: Option<u64>,
+    unwind: Option<UnwindSummary>,
+}
+
+/// The summary's `unwind tables` line.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct UnwindSummary {
+    table_mib: f64,
+    files: u64,
+    processes: u64,
+}
+
+impl UnwindSummary {
+    /// From `clrbpf: unwind tables 7.0 MiB in 19 files, 5 processes indexed ...`.
+    fn parse(stderr: &str) -> Option<Self> {
+        let rest = stderr
+            .lines()
+            .find_map(|l| l.split("unwind tables ").nth(1))?;
+        let mut words = rest.split_whitespace();
+        let table_mib = words.next()?.parse().ok()?;
+        let files = words.nth(2)?.parse().ok()?;
+        let processes = words.nth(1)?.parse().ok()?;
+        Some(Self {
+            table_mib,
+            files,
+            processes,
+        })
+    }
 }
 
 fn run_profiled(
@@ -119,9 +160,11 @@ fn run_profiled(
 ) -> anyhow::Result<ProfilerRun> {
     let mut profiler = match mode {
         Mode::Baseline => None,
-        Mode::Clrbpf => Some(
+        Mode::Clrbpf | Mode::ClrbpfFramePointers => Some(
             Command::new(inputs.clrbpf)
-                .args(["record", "-a", "-F", "99", "-o"])
+                .args(["record", "-a", "-F", "99"])
+                .args(mode.clrbpf_flags().unwrap_or_default())
+                .arg("-o")
                 .arg(inputs.scratch.join("bench.pb.gz"))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -151,6 +194,7 @@ fn run_profiled(
     let mut usage = Usage::default();
     let mut bpf_us_per_sample = None;
     let mut samples = None;
+    let mut unwind = None;
     if let Some(child) = profiler.as_mut() {
         interrupt(child);
         let (status, u) = wait_with_usage(child)?;
@@ -160,7 +204,7 @@ fn run_profiled(
         if !(status.success() || perf_interrupted) {
             bail!("{} exited with {status}", mode.name());
         }
-        if mode == Mode::Clrbpf {
+        if mode.clrbpf_flags().is_some() {
             let stderr =
                 fs::read_to_string(inputs.scratch.join("clrbpf.stderr")).unwrap_or_default();
             bpf_us_per_sample = stderr.lines().find_map(|l| {
@@ -179,6 +223,7 @@ fn run_profiled(
                     .parse()
                     .ok()
             });
+            unwind = UnwindSummary::parse(&stderr);
         }
     }
     Ok(ProfilerRun {
@@ -187,6 +232,7 @@ fn run_profiled(
         wall: started.elapsed(),
         bpf_us_per_sample,
         samples,
+        unwind,
     })
 }
 
@@ -231,10 +277,15 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    let modes: Vec<Mode> = [Mode::Baseline, Mode::Clrbpf, Mode::Perf]
-        .into_iter()
-        .filter(|m| *m != Mode::Perf || have_perf)
-        .collect();
+    let modes: Vec<Mode> = [
+        Mode::Baseline,
+        Mode::Clrbpf,
+        Mode::ClrbpfFramePointers,
+        Mode::Perf,
+    ]
+    .into_iter()
+    .filter(|m| *m != Mode::Perf || have_perf)
+    .collect();
 
     println!(
         "bench: CpuBound.dll on .NET 8, {threads} threads, {WORKLOAD_SECONDS} s per run, {ROUNDS} rounds of {} modes",
@@ -274,7 +325,11 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
                 .map(|r| r.usage.max_rss_kib as f64 / 1024.0)
                 .collect::<Vec<_>>(),
         );
-        let budget = if mode == Mode::Clrbpf { "<= 1%" } else { "" };
+        let budget = if mode.clrbpf_flags().is_some() {
+            "<= 1%"
+        } else {
+            ""
+        };
         println!(
             "| throughput loss under {} | {loss:.2}% | {budget} |",
             mode.name()
@@ -288,32 +343,26 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     // The direct cost, which the machine's noise does not blur: clrbpf's
     // own CPU plus the kernel time of its BPF program, as a share of all
     // CPUs over the run.
-    let mut direct: Vec<f64> = of(Mode::Clrbpf)
-        .filter_map(|r| {
-            let bpf_s = r.bpf_us_per_sample? * r.samples? as f64 / 1e6;
-            Some(
-                100.0 * (r.usage.cpu.as_secs_f64() + bpf_s)
-                    / (r.wall.as_secs_f64() * threads as f64),
-            )
-        })
-        .collect();
-    if !direct.is_empty() {
-        println!(
-            "| clrbpf direct cost (own CPU + BPF time, % of all {threads} CPUs, median) | {:.2}% | <= 1% |",
-            median(&mut direct)
-        );
+    for mode in [Mode::Clrbpf, Mode::ClrbpfFramePointers] {
+        let mut direct: Vec<f64> = of(mode)
+            .filter_map(|r| {
+                let bpf_s = r.bpf_us_per_sample? * r.samples? as f64 / 1e6;
+                Some(
+                    100.0 * (r.usage.cpu.as_secs_f64() + bpf_s)
+                        / (r.wall.as_secs_f64() * threads as f64),
+                )
+            })
+            .collect();
+        if !direct.is_empty() {
+            println!(
+                "| {} direct cost (own CPU + BPF time, % of all {threads} CPUs, median) | {:.2}% | <= 1% |",
+                mode.name(),
+                median(&mut direct)
+            );
+        }
     }
-    let mut bpf: Vec<f64> = of(Mode::Clrbpf)
-        .filter_map(|r| r.bpf_us_per_sample)
-        .collect();
-    if bpf.is_empty() {
-        println!("| BPF time per on-CPU sample (kernel BPF stats) | unavailable | <= 2 us |");
-    } else {
-        println!(
-            "| BPF time per on-CPU sample (kernel BPF stats, median) | {:.2} us | <= 2 us |",
-            median(&mut bpf)
-        );
-    }
+    bpf_time_rows(&runs);
+    unwind_memory_rows(inputs, &runs)?;
 
     let perf_map = Command::new(inputs.clrbpf)
         .args(["bench-perf-map", "--entries", "100000"])
@@ -334,6 +383,82 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     println!(
         "\nbench: bcc's `profile` is not compared: it compiles its BPF at run time and needs kernel headers, which this kernel (no CONFIG_IKHEADERS) does not ship"
     );
+    Ok(())
+}
+
+/// BPF time per on-CPU sample (kernel BPF stats: run time / run count of
+/// `on_cpu_sample`) with DWARF unwinding and with frame pointers only, and
+/// their ratio per round (both modes of a round ran back to back).
+fn bpf_time_rows(runs: &[(Mode, ProfilerRun)]) {
+    let of = |mode: Mode| -> Vec<f64> {
+        runs.iter()
+            .filter(|(m, _)| *m == mode)
+            .filter_map(|(_, r)| r.bpf_us_per_sample)
+            .collect()
+    };
+    let (dwarf, fp) = (of(Mode::Clrbpf), of(Mode::ClrbpfFramePointers));
+    for (name, mut values, budget) in [
+        ("DWARF unwinding, the default", dwarf.clone(), "<= 2 us"),
+        ("--frame-pointers-only", fp.clone(), ""),
+    ] {
+        if values.is_empty() {
+            println!(
+                "| BPF time per on-CPU sample, {name} (kernel BPF stats) | unavailable | {budget} |"
+            );
+        } else {
+            println!(
+                "| BPF time per on-CPU sample, {name} (kernel BPF stats, median of {}) | {:.2} us | {budget} |",
+                values.len(),
+                median(&mut values)
+            );
+        }
+    }
+    let mut ratios: Vec<f64> = dwarf.iter().zip(&fp).map(|(d, f)| d / f).collect();
+    if !ratios.is_empty() {
+        println!(
+            "| BPF time per sample, DWARF / frame pointers (same round, median) | {:.2}x | |",
+            median(&mut ratios)
+        );
+    }
+}
+
+/// Kernel memory of the unwind tables: for the whole host (the `-a` rounds)
+/// and for one .NET process profiled alone.
+fn unwind_memory_rows(
+    inputs: &BenchInputs<'_>,
+    runs: &[(Mode, ProfilerRun)],
+) -> anyhow::Result<()> {
+    let host: Vec<UnwindSummary> = runs
+        .iter()
+        .filter(|(m, _)| *m == Mode::Clrbpf)
+        .filter_map(|(_, r)| r.unwind)
+        .collect();
+    let mut mib: Vec<f64> = host.iter().map(|u| u.table_mib).collect();
+    if let Some(last) = host.last() {
+        println!(
+            "| unwind tables, whole host (-a; median; last round: {} files, {} processes) | {:.1} MiB | |",
+            last.files,
+            last.processes,
+            median(&mut mib)
+        );
+    }
+    let out = Command::new(inputs.clrbpf)
+        .args(["record", "-F", "99", "-o"])
+        .arg(inputs.scratch.join("one.pb.gz"))
+        .arg("--")
+        .arg(inputs.dotnet8)
+        .arg(inputs.workloads.join("net8").join("CpuBound.dll"))
+        .args(["3", "1"])
+        .stdin(Stdio::null())
+        .output()
+        .context("profile one .NET process")?;
+    match UnwindSummary::parse(&String::from_utf8_lossy(&out.stderr)) {
+        Some(u) => println!(
+            "| unwind tables, one .NET 8 process (CpuBound.dll, {} files) | {:.1} MiB | |",
+            u.files, u.table_mib
+        ),
+        None => println!("| unwind tables, one .NET 8 process | unavailable | |"),
+    }
     Ok(())
 }
 
@@ -410,4 +535,25 @@ fn clr_benches(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
 /// Where bench keeps its scratch files.
 pub fn scratch_dir(target: &Path) -> PathBuf {
     target.join("bench")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unwind_summary_line() {
+        let stderr = "clrbpf: BPF time per sample 2.10 us\n\
+            clrbpf: unwind tables 7.3 MiB in 19 files, 5 processes indexed (cap 64 MiB); 589 user stacks walked with them, 461 by frame pointers (process not indexed yet); walks ended early: none\n";
+        assert_eq!(
+            UnwindSummary::parse(stderr),
+            Some(UnwindSummary {
+                table_mib: 7.3,
+                files: 19,
+                processes: 5
+            })
+        );
+        assert_eq!(UnwindSummary::parse("clrbpf: unwind tables ? MiB"), None);
+        assert_eq!(UnwindSummary::parse(""), None);
+    }
 }

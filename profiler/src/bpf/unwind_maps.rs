@@ -38,7 +38,7 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use clrbpf_common::{
     UNWIND_ERROR_SLOTS,
-    unwind::{MappingEntry, ProcessMappings, UnwindError, UnwindRow},
+    unwind::{MappingEntry, ProcessMappings, RowIndex, UnwindError, UnwindRow},
 };
 
 use super::BpfError;
@@ -136,10 +136,15 @@ enum FileState {
     NoTable,
 }
 
-/// A table in the kernel's row array.
+/// A table in the kernel's row array: `rows` rows, then its row index, `len`
+/// slots in all.
 struct LoadedTable {
     offset: u32,
     len: u32,
+    rows: u32,
+    index: RowIndex,
+    /// [`MappingEntry::table_serial`].
+    serial: u16,
     segments: Box<[LoadSegment]>,
     /// Processes whose index points at it.
     users: u32,
@@ -197,6 +202,8 @@ pub struct UnwindMaps {
     processes: HashMap<u32, ProcessIndex>,
     builder: UnwindTableCache,
     clock: u64,
+    /// The last [`MappingEntry::table_serial`] given.
+    table_serial: u16,
     exits_checked_at: Instant,
     stats: UnwindMapsStats,
 }
@@ -219,6 +226,7 @@ impl UnwindMaps {
             processes: HashMap::new(),
             builder: UnwindTableCache::new(BUILD_CACHE_BYTES),
             clock: 0,
+            table_serial: 0,
             exits_checked_at: Instant::now(),
             stats: UnwindMapsStats::default(),
         })
@@ -356,9 +364,8 @@ impl UnwindMaps {
                 && let Some(bias) = load_bias(&t.segments, m.start, m.offset)
             {
                 t.last_used = now;
-                entry.bias = bias;
-                entry.row_offset = t.offset;
-                entry.row_count = t.len;
+                entry =
+                    MappingEntry { bias, ..entry }.with_table(t.offset, t.rows, t.index, t.serial);
                 source = Some(key);
                 used.insert(key);
             }
@@ -371,7 +378,7 @@ impl UnwindMaps {
                 && !self
                     .tables
                     .get(&key)
-                    .is_some_and(|t| t.offset == entry.row_offset && t.len == entry.row_count)
+                    .is_some_and(|t| t.offset == entry.row_offset && t.rows == entry.row_count)
             {
                 entry.row_count = 0;
                 *source = None;
@@ -458,7 +465,10 @@ impl UnwindMaps {
             self.stats.files_without_table += 1;
             return FileState::NoTable;
         }
-        let Ok(len) = u32::try_from(rows.len()) else {
+        let (Ok(len), Ok(row_count)) = (
+            u32::try_from(table.kernel_slots()),
+            u32::try_from(rows.len()),
+        ) else {
             self.stats.tables_too_large += 1;
             return FileState::NoTable;
         };
@@ -467,11 +477,16 @@ impl UnwindMaps {
             return FileState::NoTable;
         };
         self.rows.write(offset, rows);
+        self.rows.write(offset + row_count, table.index_slots());
+        let serial = self.next_serial();
         self.tables.insert(
             key,
             LoadedTable {
                 offset,
                 len,
+                rows: row_count,
+                index: table.row_index(),
+                serial,
                 segments: table.segments().into(),
                 users: 0,
                 last_used: self.clock,
@@ -479,6 +494,12 @@ impl UnwindMaps {
         );
         self.stats.tables_loaded += 1;
         FileState::Table(key)
+    }
+
+    /// The next [`MappingEntry::table_serial`], never 0.
+    fn next_serial(&mut self) -> u16 {
+        self.table_serial = self.table_serial.wrapping_add(1).max(1);
+        self.table_serial
     }
 
     /// A free range of `len` rows, evicting least recently used tables

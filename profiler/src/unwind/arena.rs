@@ -165,9 +165,8 @@ mod tests {
         MappingEntry {
             start,
             end,
-            bias: 0,
-            row_offset: 0,
             row_count,
+            ..MappingEntry::default()
         }
     }
 

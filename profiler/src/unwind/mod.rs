@@ -36,6 +36,8 @@ pub enum UnwindTableError {
     },
     #[error("ELF file is larger than the {limit}-byte limit for unwind tables")]
     TooLarge { limit: u64 },
+    #[error("mapped file is not ELF (no ELF magic), so it has no unwind table")]
+    NotElf,
     #[error("parsing the ELF file for its unwind table")]
     Parse {
         #[source]

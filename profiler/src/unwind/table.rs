@@ -5,9 +5,13 @@
 
 use std::fs::File;
 use std::io::Read;
+use std::os::unix::fs::FileExt as _;
 use std::sync::Arc;
 
-use clrbpf_common::unwind::{UnwindRow, find_row};
+use clrbpf_common::unwind::{
+    CfaRule, ROW_INDEX_MAX_SHIFT, ROW_INDEX_MIN_SHIFT, ROW_INDEX_WORDS_PER_ROW, RowIndex,
+    UnwindRow, find_row_index_indexed, row_index_word,
+};
 use lru::LruCache;
 use object::{Object, ObjectSegment};
 use twox_hash::XxHash3_64;
@@ -85,6 +89,10 @@ pub struct LoadSegment {
 pub struct UnwindTable {
     identity: FileIdentity,
     rows: Box<[UnwindRow]>,
+    /// The coarse index over `rows` ([`build_row_index`]), packed in row
+    /// slots as the kernel's row array holds it after the rows.
+    index: RowIndex,
+    index_slots: Box<[UnwindRow]>,
     segments: Box<[LoadSegment]>,
     stats: UnwindRowStats,
 }
@@ -114,9 +122,12 @@ impl UnwindTable {
                 }
             })
             .collect();
+        let (index, words) = build_row_index(&rows);
         Ok(Self {
             identity,
             rows: rows.into_boxed_slice(),
+            index,
+            index_slots: pack_index_words(&words),
             segments,
             stats,
         })
@@ -138,6 +149,17 @@ impl UnwindTable {
         &self.rows
     }
 
+    /// The shape of the table's row index.
+    pub fn row_index(&self) -> RowIndex {
+        self.index
+    }
+
+    /// The row index's words packed into row slots: what follows the rows
+    /// in the kernel's row array.
+    pub fn index_slots(&self) -> &[UnwindRow] {
+        &self.index_slots
+    }
+
     pub fn stats(&self) -> &UnwindRowStats {
         &self.stats
     }
@@ -146,9 +168,25 @@ impl UnwindTable {
         &self.segments
     }
 
-    /// The row for an ELF virtual address, if one covers it.
+    /// The row for an ELF virtual address, if one covers it: the kernel's
+    /// lookup (row index, then a search among the rows it names), over the
+    /// same packed words.
     pub fn find_row(&self, vaddr: u64) -> Option<&UnwindRow> {
-        find_row(&self.rows, vaddr)
+        let row_count = u32::try_from(self.rows.len()).ok()?;
+        let at = find_row_index_indexed(
+            &self.index,
+            row_count,
+            |w| {
+                self.index_slots
+                    .get((w / ROW_INDEX_WORDS_PER_ROW) as usize)
+                    .map(|slot| row_index_word(slot, w))
+            },
+            |i| self.rows.get(i as usize).map(|r| r.pc),
+            vaddr,
+        )?;
+        self.rows
+            .get(at as usize)
+            .filter(|r| r.cfa_rule != CfaRule::NoInfo as u8)
     }
 
     /// Bytes of memory the table holds (rows and segments), what the cache
@@ -157,6 +195,8 @@ impl UnwindTable {
         let Self {
             identity,
             rows,
+            index: _,
+            index_slots,
             segments,
             stats: _,
         } = self;
@@ -167,7 +207,14 @@ impl UnwindTable {
         size_of::<Self>()
             + identity_bytes
             + size_of_val::<[UnwindRow]>(rows)
+            + size_of_val::<[UnwindRow]>(index_slots)
             + size_of_val::<[LoadSegment]>(segments)
+    }
+
+    /// Row slots the table takes in the kernel's row array: rows, then the
+    /// row index.
+    pub fn kernel_slots(&self) -> usize {
+        self.rows.len() + self.index_slots.len()
     }
 
     /// The load bias of a mapping of this file at `map_start` from file
@@ -204,8 +251,81 @@ pub fn load_bias(segments: &[LoadSegment], map_start: u64, map_offset: u64) -> O
     )
 }
 
-/// Reads a whole ELF file, refusing more than [`MAX_ELF_FILE_BYTES`].
+/// Rows per bucket the row index aims at, on average: the words cost 1 byte
+/// per row (4% of the rows' size), and a lookup then searches a few
+/// neighbouring rows (two or three cache lines).
+const ROWS_PER_BUCKET: usize = 4;
+
+/// The coarse row index of sorted `rows` (see [`RowIndex`]) and its words:
+/// the smallest bucket size, from 16 bytes of code, that keeps the words
+/// within one per [`ROWS_PER_BUCKET`] rows. No index (length 0: the kernel
+/// binary-searches the table) for an empty table or one whose addresses
+/// spread too far for 16 MiB buckets.
+pub fn build_row_index(rows: &[UnwindRow]) -> (RowIndex, Vec<u32>) {
+    let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
+        return (RowIndex::default(), Vec::new());
+    };
+    if u32::try_from(rows.len()).is_err() {
+        return (RowIndex::default(), Vec::new());
+    }
+    let budget = rows.len().div_ceil(ROWS_PER_BUCKET) as u64;
+    let span = last.pc.saturating_sub(first.pc);
+    let Some(shift) = (ROW_INDEX_MIN_SHIFT..=ROW_INDEX_MAX_SHIFT).find(|s| (span >> s) < budget)
+    else {
+        return (RowIndex::default(), Vec::new());
+    };
+    let len = (span >> shift) + 1;
+    let mut words = Vec::with_capacity(len as usize);
+    let mut row = 0usize;
+    for bucket in 0..len {
+        let start = first.pc + (bucket << shift);
+        while rows.get(row + 1).is_some_and(|r| r.pc <= start) {
+            row += 1;
+        }
+        words.push(row as u32);
+    }
+    let index = RowIndex {
+        base: first.pc,
+        len: len as u32,
+        shift,
+    };
+    (index, words)
+}
+
+/// Row-index words packed [`ROW_INDEX_WORDS_PER_ROW`] to a row slot, the
+/// last slot padded with zeros.
+pub fn pack_index_words(words: &[u32]) -> Box<[UnwindRow]> {
+    words
+        .chunks(ROW_INDEX_WORDS_PER_ROW as usize)
+        .map(|chunk| {
+            let mut w = [0u32; ROW_INDEX_WORDS_PER_ROW as usize];
+            w[..chunk.len()].copy_from_slice(chunk);
+            UnwindRow::from_index_words(w)
+        })
+        .collect()
+}
+
+/// Reads a whole ELF file, refusing more than [`MAX_ELF_FILE_BYTES`] and,
+/// before reading the rest, a file without the ELF magic. Executable
+/// mappings are not all ELF: .NET 8 maps its JIT code from a memfd
+/// (`/memfd:doublemapper`) sized in gigabytes, which reading whole cost a
+/// gigabyte of memory and a second of CPU per process.
 pub fn read_elf_file(file: &File) -> Result<Vec<u8>, UnwindTableError> {
+    let mut magic = [0u8; 4];
+    file.read_exact_at(&mut magic, 0)
+        .map_err(|source| UnwindTableError::Read { source })?;
+    if magic != *b"\x7fELF" {
+        return Err(UnwindTableError::NotElf);
+    }
+    let size = file
+        .metadata()
+        .map_err(|source| UnwindTableError::Read { source })?
+        .len();
+    if size > MAX_ELF_FILE_BYTES {
+        return Err(UnwindTableError::TooLarge {
+            limit: MAX_ELF_FILE_BYTES,
+        });
+    }
     let mut data = Vec::new();
     file.take(MAX_ELF_FILE_BYTES + 1)
         .read_to_end(&mut data)

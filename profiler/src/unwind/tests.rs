@@ -70,6 +70,50 @@ fn check_table_shape(table: &UnwindTable) {
     if let Some(last) = rows.last() {
         assert_eq!(last.cfa_rule, CfaRule::NoInfo as u8);
     }
+    check_row_index(table);
+}
+
+/// The row index finds what a binary search of the whole table finds, at
+/// every row start, just around it and between rows; its words cost at
+/// most one slot per 24 rows.
+fn check_row_index(table: &UnwindTable) {
+    let rows = table.rows();
+    let index = table.row_index();
+    eprintln!(
+        "row index: {} words, {}-byte buckets, {} slots for {} rows",
+        index.len,
+        1u64 << index.shift,
+        table.index_slots().len(),
+        rows.len()
+    );
+    assert!(table.index_slots().len() <= rows.len().div_ceil(24) + 1);
+    let mut probes = Vec::new();
+    for pair in rows.windows(2) {
+        let (a, b) = (pair[0].pc, pair[1].pc);
+        probes.extend([
+            a.wrapping_sub(1),
+            a,
+            a.wrapping_add(1),
+            a + (b - a) / 2,
+            b - 1,
+        ]);
+    }
+    if let Some(last) = rows.last() {
+        probes.extend([
+            last.pc,
+            last.pc.wrapping_add(1),
+            last.pc.wrapping_add(0x10_0000),
+            u64::MAX,
+            0,
+        ]);
+    }
+    for pc in probes {
+        assert_eq!(
+            table.find_row(pc),
+            clrbpf_common::unwind::find_row(rows, pc),
+            "pc {pc:#x}"
+        );
+    }
 }
 
 fn dynamic_symbol(data: &[u8], name: &str) -> u64 {
@@ -200,6 +244,39 @@ fn load_bias_of_segments_sharing_a_file_page() {
         vaddr: u64::MAX,
     }];
     let _ = load_bias(&huge, u64::MAX, u64::MAX - 0xfff);
+}
+
+/// .NET 8 maps its JIT code from a memfd of gigabytes: only its first
+/// bytes may be read. Sparse files stand in for it.
+#[test]
+fn huge_or_foreign_mapped_files_are_refused_before_reading() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("doublemapper");
+    let file = std::fs::File::create(&path).expect("create");
+    file.set_len(4 << 30).expect("sparse 4 GiB");
+    let file = std::fs::File::open(&path).expect("open");
+    assert!(matches!(
+        table::read_elf_file(&file),
+        Err(UnwindTableError::NotElf)
+    ));
+    std::fs::write(&path, b"\x7fELF").expect("magic");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open");
+    file.set_len(2 << 30).expect("sparse 2 GiB");
+    let file = std::fs::File::open(&path).expect("open");
+    assert!(matches!(
+        table::read_elf_file(&file),
+        Err(UnwindTableError::TooLarge { .. })
+    ));
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, b"").expect("empty");
+    let file = std::fs::File::open(&empty).expect("open");
+    assert!(matches!(
+        table::read_elf_file(&file),
+        Err(UnwindTableError::Read { .. })
+    ));
 }
 
 #[test]
