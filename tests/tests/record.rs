@@ -260,12 +260,30 @@ fn attach_with_keep_perf_maps_leaves_the_perf_map() {
     );
 }
 
+/// Kills and reaps a helper process when the test ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn whole_host_contains_the_workload_under_its_pid() {
     let env = privileged_env();
     let dir = TempDir::new("whole-host");
     let hot = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], true);
     let _files = PerfMapFiles { pid: hot.pid() };
+    // A second busy process that clrbpf was not told about: on an idle
+    // machine nothing else may run in 3 s.
+    let spinner = KillOnDrop(
+        std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .expect("start sh"),
+    );
     let output_path = dir.join("p.pb.gz");
     let output = run_clrbpf(
         &env,
@@ -278,8 +296,9 @@ fn whole_host_contains_the_workload_under_its_pid() {
     assert_some_stack_contains(&profile, Some(hot.pid()), &["Hot::Spin"]);
     let pids = pids(&profile);
     assert!(
-        pids.len() > 1,
-        "a whole-host profile with only the processes {pids:?}"
+        pids.contains(&spinner.0.id()),
+        "the whole-host profile lacks the busy sh {}: it has only the processes {pids:?}",
+        spinner.0.id()
     );
     go_pprof_top(&output_path);
 }
