@@ -113,10 +113,10 @@ pub fn off_cpu_switch(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// The user registers saved at kernel entry and the system call number,
-/// `None` for a kernel thread.
+/// Where the user registers were saved at kernel entry, and the system
+/// call number; `None` for a kernel thread.
 #[inline(always)]
-fn saved_user_state() -> Option<(UnwindRegs, i64)> {
+fn saved_user_frame() -> Option<(*const pt_regs, i64)> {
     // SAFETY: helpers available to tracing programs since 5.15; the result
     // is only read through bpf_probe_read_kernel.
     let saved = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
@@ -129,14 +129,22 @@ fn saved_user_state() -> Option<(UnwindRegs, i64)> {
         if cs & 3 != 3 {
             return None;
         }
-        let regs = UnwindRegs {
+        let syscall: u64 = bpf_probe_read_kernel(&raw const (*saved).orig_rax).ok()?;
+        Some((saved, syscall as i64))
+    }
+}
+
+/// The user registers the unwinder starts from, read from `saved`.
+#[inline(always)]
+fn read_user_regs(saved: *const pt_regs) -> Option<UnwindRegs> {
+    // SAFETY: probe reads of kernel memory; a fault gives an error.
+    unsafe {
+        Some(UnwindRegs {
             pc: bpf_probe_read_kernel(&raw const (*saved).rip).ok()?,
             sp: bpf_probe_read_kernel(&raw const (*saved).rsp).ok()?,
             fp: bpf_probe_read_kernel(&raw const (*saved).rbp).ok()?,
             lr: 0,
-        };
-        let syscall: u64 = bpf_probe_read_kernel(&raw const (*saved).orig_rax).ok()?;
-        Some((regs, syscall as i64))
+        })
     }
 }
 
@@ -254,7 +262,7 @@ fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
     if prev as u32 != tid {
         return Ok(());
     }
-    let Some((regs, syscall)) = saved_user_state() else {
+    let Some((saved, syscall)) = saved_user_frame() else {
         // A kernel thread: its waits are the kernel's, not the program's.
         return Ok(());
     };
@@ -310,6 +318,9 @@ fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
             (*target).time_ns = bpf_ktime_get_ns();
             return Ok(());
         }
+        let Some(regs) = read_user_regs(saved) else {
+            return Ok(());
+        };
         take_stacks(ctx, event, SampleKind::OffCpu, tgid, tid, Some(regs));
         (*event).syscall = syscall;
         (*event).stack_p = p;
@@ -362,10 +373,11 @@ fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
         return Ok(());
     };
     // SAFETY: a map value, see below.
-    let (started, no_stack) = unsafe {
+    let (started, no_stack, waker_recorded) = unsafe {
         (
             (*parked).time_ns,
             (*parked).flags & sample_flags::OFF_CPU_NO_STACK != 0,
+            (*parked).wake_flags & wake_flags::RECORDED != 0,
         )
     };
     if started == 0 {
@@ -404,7 +416,10 @@ fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
     };
     let mut lost = false;
     if let Some(weight) = kept {
-        if let Some(waker) = WAKER_PENDING.get_ptr(&tid) {
+        if let Some(waker) = waker_recorded
+            .then(|| WAKER_PENDING.get_ptr(&tid))
+            .flatten()
+        {
             // Just before the off-CPU record it belongs to; userspace joins
             // them by the woken thread's id.
             // SAFETY: a map value, complete since the wakeup.
@@ -442,7 +457,9 @@ fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
             0
         };
     }
-    let _ = WAKER_PENDING.remove(&tid);
+    if waker_recorded {
+        let _ = WAKER_PENDING.remove(&tid);
+    }
     add_to_totals(tid, pid, interval, kept, lost);
     Ok(())
 }
@@ -523,7 +540,7 @@ fn try_off_cpu_waking(ctx: &TracePointContext) -> Result<(), i64> {
             return Ok(());
         };
         // A kernel thread (or an interrupt over one) has no user stack.
-        let regs = saved_user_state().map(|(regs, _)| regs);
+        let regs = saved_user_frame().and_then(|(saved, _)| read_user_regs(saved));
         // SAFETY: the per-CPU scratch record, see `take_stacks`.
         take_stacks(ctx, event, SampleKind::Waker, waker_pid, waker_tid, regs);
         // For a waker record, `waker_tid` names the thread it woke.
