@@ -12,25 +12,17 @@
 #![no_std]
 #![no_main]
 
-use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
-
 use aya_ebpf::{
-    EbpfContext, Global,
-    bindings::BPF_F_USER_STACK,
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid,
-        generated::{bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns},
-    },
+    Global,
+    helpers::bpf_get_current_pid_tgid,
     macros::{map, perf_event, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf},
     programs::{PerfEventContext, TracePointContext},
 };
-use clrbpf_common::{
-    COUNTER_SLOTS, Counter, MAX_STACK_DEPTH, RawSampleEvent, SampleKind, TASK_COMM_LEN,
-    sample_flags, unwind::UnwindError,
-};
+use clrbpf_common::{COUNTER_SLOTS, Counter, RawSampleEvent, SampleKind};
 
 mod offcpu;
+mod stacks;
 mod unwind;
 
 /// 0: profile every process; 1: only the tgids in `TARGET_PIDS`.
@@ -62,9 +54,6 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS,
 const CLONE_THREAD: u64 = 0x0001_0000;
 /// `BPF_RB_NO_WAKEUP` from include/uapi/linux/bpf.h.
 const BPF_RB_NO_WAKEUP: u64 = 1;
-const KERNEL_STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
-/// `bpf_get_stack` returns at most `perf_event_max_stack` (127) frames.
-const FP_USER_STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
 
 #[inline(always)]
 fn count(counter: Counter) {
@@ -102,83 +91,13 @@ fn try_on_cpu_sample(ctx: &PerfEventContext) -> Result<(), i64> {
     let Some(event) = unwind::EVENT_SCRATCH.get_ptr_mut(0) else {
         return Ok(());
     };
+    let user = stacks::user_stack_for(tgid, || unwind::user_regs(ctx));
     // SAFETY: a per-CPU scratch record, only this program on this CPU uses
-    // it; every field read by userspace is written before output.
+    // it (see `stacks::take_stacks`); every field read by userspace is
+    // written before output.
     unsafe {
-        let kernel_len = bpf_get_stack(
-            ctx.as_ptr(),
-            addr_of_mut!((*event).kernel_stack).cast::<c_void>(),
-            KERNEL_STACK_BYTES,
-            0,
-        );
-        let mut flags = 0;
-        let kernel_frames = if kernel_len < 0 {
-            count(Counter::KernelStackErrors);
-            flags |= sample_flags::KERNEL_STACK_ERROR;
-            0
-        } else {
-            (kernel_len as u32) / 8
-        };
-        if kernel_frames as usize == MAX_STACK_DEPTH {
-            flags |= sample_flags::KERNEL_STACK_TRUNCATED;
-        }
-        let mut user_frames = 0;
-        let mut unwind_error = 0;
-        if USER_UNWIND.load() != 0 && unwind::has_mappings(tgid) {
-            match unwind::user_regs(ctx).and_then(|regs| unwind::walk_user_stack(tgid, regs)) {
-                Some(walk) => {
-                    count(Counter::UserStacksUnwound);
-                    flags |= sample_flags::USER_STACK_UNWOUND;
-                    user_frames = walk.frames;
-                    unwind_error = walk.error;
-                    if walk.unindexed {
-                        flags |= sample_flags::USER_PC_UNINDEXED;
-                    }
-                    if walk.error == UnwindError::TooDeep as u32 {
-                        flags |= sample_flags::USER_STACK_TRUNCATED;
-                    }
-                }
-                None => count(Counter::UserRegsUnavailable),
-            }
-        } else {
-            if USER_UNWIND.load() != 0 {
-                count(Counter::UnwindProcessUnknown);
-            }
-            let user_len = bpf_get_stack(
-                ctx.as_ptr(),
-                addr_of_mut!((*event).user_stack).cast::<c_void>(),
-                FP_USER_STACK_BYTES,
-                u64::from(BPF_F_USER_STACK),
-            );
-            if user_len < 0 {
-                count(Counter::UserStackErrors);
-                flags |= sample_flags::USER_STACK_ERROR;
-            } else {
-                user_frames = (user_len as u32) / 8;
-            }
-            if user_frames as usize == MAX_STACK_DEPTH {
-                flags |= sample_flags::USER_STACK_TRUNCATED;
-            }
-        }
-        (*event).time_ns = bpf_ktime_get_ns();
+        stacks::take_stacks(ctx, event, SampleKind::OnCpu, tgid, tid, user);
         (*event).value = ON_CPU_PERIOD_NS.load();
-        (*event).pid = tgid;
-        (*event).tid = tid;
-        (*event).cpu = bpf_get_smp_processor_id();
-        (*event).kind = SampleKind::OnCpu as u32;
-        (*event).kernel_stack_len = kernel_frames;
-        (*event).user_stack_len = user_frames;
-        (*event).flags = flags;
-        (*event).user_unwind_error = unwind_error;
-        (*event).interval_ns = 0;
-        (*event).syscall = -1;
-        (*event).wake_flags = 0;
-        (*event).waker_tid = 0;
-        (*event).waker_pid = 0;
-        (*event).keep_draw = 0;
-        (*event).stack_p = clrbpf_common::offcpu::STACK_P_ALWAYS;
-        (*event)._pad = 0;
-        (*event).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
         // Userspace drains the ring on a timer, so no wakeup per record: the
         // wakeup is an irq_work per sample, the most expensive part in a VM.
         if SAMPLES

@@ -29,16 +29,13 @@
 //! allocated on demand, so memory follows the number of threads blocked
 //! now; a thread that exits while parked is removed by the exit tracepoint.
 
-use core::{ffi::c_void, ptr::addr_of_mut};
-
 use aya_ebpf::{
-    EbpfContext, Global,
-    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, pt_regs},
+    Global,
+    bindings::{BPF_F_NO_PREALLOC, pt_regs},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
         generated::{
-            bpf_get_current_task_btf, bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_get_stack,
-            bpf_ktime_get_ns, bpf_task_pt_regs,
+            bpf_get_current_task_btf, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_task_pt_regs,
         },
     },
     macros::{map, tracepoint},
@@ -46,16 +43,16 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use clrbpf_common::{
-    Counter, MAX_STACK_DEPTH, RawSampleEvent, SampleKind, TASK_COMM_LEN,
+    Counter, RawSampleEvent, SampleKind, TASK_COMM_LEN,
     offcpu::{
         OffCpuThreadTotals, STACK_P_ALWAYS, STACK_RATE_WINDOW_NS, StackRate, keep_interval,
         stack_probability, take_stack, wake_flags,
     },
     sample_flags,
-    unwind::{UnwindError, UnwindRegs},
+    unwind::UnwindRegs,
 };
 
-use crate::{BPF_RB_NO_WAKEUP, SAMPLES, SELF_TGID, count, is_profiled, unwind};
+use crate::{BPF_RB_NO_WAKEUP, SAMPLES, SELF_TGID, count, is_profiled, stacks, unwind};
 
 /// 1: the off-CPU programs record; 0: they return at once.
 #[unsafe(no_mangle)]
@@ -99,8 +96,6 @@ const WAKING_PID: usize = 24;
 
 /// `TASK_INTERRUPTIBLE | TASK_UNINTERRUPTIBLE` in the reported state.
 const BLOCKED_STATES: i64 = 0x1 | 0x2;
-const KERNEL_STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
-const FP_USER_STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
 
 #[tracepoint]
 pub fn off_cpu_switch(ctx: TracePointContext) -> u32 {
@@ -148,103 +143,6 @@ fn read_user_regs(saved: *const pt_regs) -> Option<UnwindRegs> {
     }
 }
 
-/// Fills `event`'s stacks, thread and time for the current thread (tgid,
-/// tid), user stack from `regs`: the unwind tables when userspace indexed
-/// the process, else frame pointers; none without `regs` (a kernel
-/// thread). The off-CPU fields are reset.
-///
-/// # Safety
-/// `event` is the per-CPU scratch record, not in use by another program on
-/// this CPU: the callers run with interrupts off (sched_switch, and
-/// sched_waking inside try_to_wake_up), and the on-CPU sampler runs in
-/// hard-interrupt context, so none of them interleave on one CPU.
-#[inline(always)]
-unsafe fn take_stacks(
-    ctx: &TracePointContext,
-    event: *mut RawSampleEvent,
-    kind: SampleKind,
-    tgid: u32,
-    tid: u32,
-    regs: Option<UnwindRegs>,
-) {
-    // SAFETY: as the function's contract says.
-    unsafe {
-        let kernel_len = bpf_get_stack(
-            ctx.as_ptr(),
-            addr_of_mut!((*event).kernel_stack).cast::<c_void>(),
-            KERNEL_STACK_BYTES,
-            0,
-        );
-        let mut flags = 0;
-        let kernel_frames = if kernel_len < 0 {
-            count(Counter::KernelStackErrors);
-            flags |= sample_flags::KERNEL_STACK_ERROR;
-            0
-        } else {
-            (kernel_len as u32) / 8
-        };
-        if kernel_frames as usize == MAX_STACK_DEPTH {
-            flags |= sample_flags::KERNEL_STACK_TRUNCATED;
-        }
-        let mut user_frames = 0;
-        let mut unwind_error = 0;
-        let walk = match regs {
-            Some(regs) if crate::USER_UNWIND.load() != 0 && unwind::has_mappings(tgid) => {
-                unwind::walk_user_stack(tgid, regs)
-            }
-            _ => None,
-        };
-        if regs.is_none() {
-            // A kernel thread: no user stack.
-        } else if let Some(walk) = walk {
-            flags |= sample_flags::USER_STACK_UNWOUND;
-            user_frames = walk.frames;
-            unwind_error = walk.error;
-            if walk.unindexed {
-                flags |= sample_flags::USER_PC_UNINDEXED;
-            }
-            if walk.error == UnwindError::TooDeep as u32 {
-                flags |= sample_flags::USER_STACK_TRUNCATED;
-            }
-        } else {
-            let user_len = bpf_get_stack(
-                ctx.as_ptr(),
-                addr_of_mut!((*event).user_stack).cast::<c_void>(),
-                FP_USER_STACK_BYTES,
-                u64::from(BPF_F_USER_STACK),
-            );
-            if user_len < 0 {
-                count(Counter::UserStackErrors);
-                flags |= sample_flags::USER_STACK_ERROR;
-            } else {
-                user_frames = (user_len as u32) / 8;
-            }
-            if user_frames as usize == MAX_STACK_DEPTH {
-                flags |= sample_flags::USER_STACK_TRUNCATED;
-            }
-        }
-        (*event).time_ns = bpf_ktime_get_ns();
-        (*event).value = 0;
-        (*event).interval_ns = 0;
-        (*event).syscall = -1;
-        (*event).pid = tgid;
-        (*event).tid = tid;
-        (*event).cpu = bpf_get_smp_processor_id();
-        (*event).kind = kind as u32;
-        (*event).kernel_stack_len = kernel_frames;
-        (*event).user_stack_len = user_frames;
-        (*event).flags = flags;
-        (*event).user_unwind_error = unwind_error;
-        (*event).wake_flags = 0;
-        (*event).waker_tid = 0;
-        (*event).waker_pid = 0;
-        (*event).keep_draw = 0;
-        (*event).stack_p = STACK_P_ALWAYS;
-        (*event)._pad = 0;
-        (*event).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
-    }
-}
-
 fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
     // SAFETY: offsets from the tracepoint's format file.
     let state: i64 = unsafe { ctx.read_at(SWITCH_PREV_STATE) }.map_err(i64::from)?;
@@ -280,7 +178,7 @@ fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
     let p = if predictably_long { STACK_P_ALWAYS } else { p };
     // SAFETY: helper without arguments.
     let random = unsafe { bpf_get_prandom_u32() };
-    // SAFETY: the per-CPU scratch record, see `take_stacks`; `parked` is
+    // SAFETY: the per-CPU scratch record, see `stacks::take_stacks`; `parked` is
     // this thread's own map value, written only by its own switches (and
     // by wakeups, which cannot come before it has blocked).
     unsafe {
@@ -321,7 +219,8 @@ fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
         let Some(regs) = read_user_regs(saved) else {
             return Ok(());
         };
-        take_stacks(ctx, event, SampleKind::OffCpu, tgid, tid, Some(regs));
+        let user = stacks::user_stack_for(tgid, || Some(regs));
+        stacks::take_stacks(ctx, event, SampleKind::OffCpu, tgid, tid, user);
         (*event).syscall = syscall;
         (*event).stack_p = p;
         match parked {
@@ -540,9 +439,12 @@ fn try_off_cpu_waking(ctx: &TracePointContext) -> Result<(), i64> {
             return Ok(());
         };
         // A kernel thread (or an interrupt over one) has no user stack.
-        let regs = saved_user_frame().and_then(|(saved, _)| read_user_regs(saved));
-        // SAFETY: the per-CPU scratch record, see `take_stacks`.
-        take_stacks(ctx, event, SampleKind::Waker, waker_pid, waker_tid, regs);
+        let user = match saved_user_frame() {
+            Some((saved, _)) => stacks::user_stack_for(waker_pid, || read_user_regs(saved)),
+            None => stacks::UserStack::Skip,
+        };
+        // SAFETY: the per-CPU scratch record, see `stacks::take_stacks`.
+        stacks::take_stacks(ctx, event, SampleKind::Waker, waker_pid, waker_tid, user);
         // For a waker record, `waker_tid` names the thread it woke.
         (*event).waker_tid = target as u32;
         if WAKER_PENDING.insert(&(target as u32), &*event, 0).is_err() {
