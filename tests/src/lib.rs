@@ -95,6 +95,13 @@ impl Env {
         env
     }
 
+    /// [`must_have_privileges`], then [`Self::from_env`]: the start of every
+    /// privileged test.
+    pub fn privileged() -> Self {
+        must_have_privileges();
+        Self::from_env()
+    }
+
     /// The `dotnet` host of `runtime`.
     pub fn dotnet(&self, runtime: Runtime) -> &Path {
         match runtime {

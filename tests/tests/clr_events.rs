@@ -5,20 +5,14 @@
 use std::{process::Command, time::Duration};
 
 use clrbpf_integration_tests::{
-    Env, LabelValue, Runtime, TempDir, TestProcess, assert_success, go_pprof_top,
-    must_have_privileges, parse_value, read_profile, run_clrbpf, sample_types, samples,
-    value_index,
+    Env, LabelValue, Runtime, TempDir, TestProcess, assert_success, go_pprof_top, parse_value,
+    read_profile, run_clrbpf, sample_types, samples, value_index,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the workloads wait before the measured part, so that clrbpf has
 /// attached and started its session.
 const START_DELAY_S: &str = "4";
-
-fn privileged_env() -> Env {
-    must_have_privileges();
-    Env::from_env()
-}
 
 /// `record -p PID` of a Contention workload; returns (profile path, the
 /// workload's own total wait, in ns).
@@ -52,7 +46,7 @@ fn record_contention(env: &Env, runtime: Runtime, dir: &TempDir) -> (std::path::
 }
 
 fn assert_contention_matches(runtime: Runtime) {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("contention");
     let (path, waited_ns) = record_contention(&env, runtime, &dir);
     let profile = read_profile(&path);
@@ -108,7 +102,7 @@ fn netcore31_contention_delay_matches_the_waiting_threads() {
 
 #[test]
 fn net8_exception_counts_are_upscaled_per_type() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("exceptions");
     let workload = TestProcess::start(
         &env,
@@ -181,7 +175,7 @@ fn net8_exception_counts_are_upscaled_per_type() {
 
 #[test]
 fn no_clr_events_gives_cpu_sample_types_only() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("no-clr-events");
     let workload = TestProcess::start(&env, Runtime::Net8, "Hot", &["3"], false);
     let output_path = dir.join("p.pb.gz");
@@ -205,7 +199,7 @@ fn no_clr_events_gives_cpu_sample_types_only() {
 
 #[test]
 fn diagnostics_disabled_warns_and_profiles_the_cpu() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("diagnostics-disabled");
     let dotnet = env.dotnet(Runtime::Net8).to_path_buf();
     let workload = env.workload(Runtime::Net8, "Hot");
@@ -240,7 +234,7 @@ fn diagnostics_disabled_warns_and_profiles_the_cpu() {
 
 #[test]
 fn netcore31_attach_names_methods_compiled_before_it() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("netcore31-attach");
     // No DOTNET_PerfMapEnabled: only the method rundown can name Hot.Spin,
     // compiled long before clrbpf attaches.

@@ -9,8 +9,8 @@
 use std::{fs, path::PathBuf, time::Duration};
 
 use clrbpf_integration_tests::{
-    Env, LabelValue, Runtime, SampleView, TempDir, assert_success, must_have_privileges,
-    parse_value_in, read_profile, run_clrbpf, samples, value_index,
+    Env, LabelValue, Runtime, SampleView, TempDir, assert_success, parse_value_in, read_profile,
+    run_clrbpf, samples, value_index,
 };
 
 /// Generous: the run lasts seconds, but a loaded CI machine starts .NET slowly.
@@ -31,8 +31,7 @@ impl Drop for PerfMapFiles {
 
 #[test]
 fn gc_thread_samples_are_rooted_in_garbage_collector() {
-    must_have_privileges();
-    let env = Env::from_env();
+    let env = Env::privileged();
     let dir = TempDir::new("gc");
     let output_path = dir.join("p.pb.gz");
     let mut args: Vec<String> = vec![

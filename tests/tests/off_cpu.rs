@@ -7,9 +7,8 @@
 use std::time::Duration;
 
 use clrbpf_integration_tests::{
-    Env, LabelValue, Runtime, SampleView, TempDir, assert_success, go_pprof_top,
-    must_have_privileges, parse_value_in, read_profile, run_clrbpf, sample_types, samples, string,
-    value_index,
+    Env, LabelValue, Runtime, SampleView, TempDir, assert_success, go_pprof_top, parse_value_in,
+    read_profile, run_clrbpf, sample_types, samples, string, value_index,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -17,11 +16,6 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 /// unwinder walks a new process's stacks by frame pointers until its
 /// tables are built (about 1.5 s), and glibc has none.
 const START_DELAY_S: &str = "4";
-
-fn privileged_env() -> Env {
-    must_have_privileges();
-    Env::from_env()
-}
 
 fn str_label<'a>(sample: &'a SampleView, key: &str) -> Option<&'a str> {
     match sample.label(key)? {
@@ -67,7 +61,7 @@ fn kind_share(of: &[&SampleView], value: usize, kind: &str) -> f64 {
 
 #[test]
 fn net8_sleeping_and_waiting_threads_show_their_blocked_time() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("offcpu");
     let output_path = dir.join("offcpu.pb.gz");
     let mut args = vec![
@@ -212,7 +206,7 @@ fn net8_sleeping_and_waiting_threads_show_their_blocked_time() {
 
 #[test]
 fn net8_monitor_enter_blocked_stack_reaches_the_locking_method() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("offcpu-monitor");
     let output_path = dir.join("monitor.pb.gz");
     let mut args = vec![
@@ -270,7 +264,7 @@ fn net8_monitor_enter_blocked_stack_reaches_the_locking_method() {
 
 #[test]
 fn net8_context_switch_storm_is_rate_limited_with_honest_totals() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("offcpu-storm");
     let output_path = dir.join("storm.pb.gz");
     let mut args = vec![

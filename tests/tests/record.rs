@@ -7,17 +7,12 @@ use std::{fs, path::PathBuf, time::Duration};
 
 use clrbpf_integration_tests::{
     Env, LabelValue, Runtime, TempDir, TestProcess, assert_some_stack_contains, assert_success,
-    go_pprof_top, must_have_privileges, parse_folded, parse_value_in, pids, read_profile,
-    run_clrbpf, sample_types, samples, value_index,
+    go_pprof_top, parse_folded, parse_value_in, pids, read_profile, run_clrbpf, sample_types,
+    samples, value_index,
 };
 
 /// Generous: the runs last seconds, but a loaded CI machine starts .NET slowly.
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-fn privileged_env() -> Env {
-    must_have_privileges();
-    Env::from_env()
-}
 
 /// The files CoreCLR writes for `DOTNET_PerfMapEnabled`, which stay after the
 /// process exits; removed when dropped so the tests leave /tmp clean.
@@ -68,7 +63,7 @@ fn path_arg(path: &std::path::Path) -> String {
 
 #[test]
 fn launch_mode_measures_the_cpu_split_of_two_methods() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("launch");
     let output_path = dir.join("p.pb.gz");
     let args = with_command(
@@ -174,7 +169,7 @@ fn launch_mode_measures_the_cpu_split_of_two_methods() {
 /// compiled before the attach, and clrbpf turns it off and removes the files.
 #[test]
 fn attach_names_methods_compiled_before_the_attach_and_cleans_up() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("attach");
     let hot = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
     let files = PerfMapFiles { pid: hot.pid() };
@@ -224,7 +219,7 @@ fn attach_names_methods_compiled_before_the_attach_and_cleans_up() {
 
 #[test]
 fn attach_with_keep_perf_maps_leaves_the_perf_map() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("keep-maps");
     let hot = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
     let files = PerfMapFiles { pid: hot.pid() };
@@ -272,7 +267,7 @@ impl Drop for KillOnDrop {
 
 #[test]
 fn whole_host_contains_the_workload_under_its_pid() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("whole-host");
     let hot = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], true);
     let _files = PerfMapFiles { pid: hot.pid() };
@@ -307,7 +302,7 @@ fn whole_host_contains_the_workload_under_its_pid() {
 /// profiled too.
 #[test]
 fn launch_mode_follows_child_processes() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("children");
     let output_path = dir.join("p.pb.gz");
     let workload = env
@@ -368,7 +363,7 @@ fn assert_folded_names_hot_spin(text: &str) {
 
 #[test]
 fn folded_output_follows_the_file_extension() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("folded");
     let path = dir.join("x.folded");
     record_hot(&env, &dir, &["-o", &path_arg(&path)]);
@@ -378,7 +373,7 @@ fn folded_output_follows_the_file_extension() {
 
 #[test]
 fn format_flag_overrides_the_file_extension() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("format-flag");
     let path = dir.join("stacks.txt");
     record_hot(
@@ -392,7 +387,7 @@ fn format_flag_overrides_the_file_extension() {
 
 #[test]
 fn svg_output_is_a_flame_graph() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("svg");
     let path = dir.join("x.svg");
     record_hot(&env, &dir, &["--format", "svg", "-o", &path_arg(&path)]);
@@ -417,7 +412,7 @@ fn svg_output_is_a_flame_graph() {
 
 #[test]
 fn a_pid_that_does_not_exist_is_a_clear_error() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("no-such-pid");
     let output = run_clrbpf(
         &env,
@@ -437,7 +432,7 @@ fn a_pid_that_does_not_exist_is_a_clear_error() {
 /// methods through the environment variable clrbpf sets for the child.
 #[test]
 fn launch_mode_names_methods_on_dotnet_core_3_1() {
-    let env = privileged_env();
+    let env = Env::privileged();
     let dir = TempDir::new("netcore31");
     let output_path = dir.join("p.pb.gz");
     let args = with_command(

@@ -7,8 +7,8 @@ use std::{collections::HashMap, time::Duration};
 
 use clrbpf::pprof_proto::Profile;
 use clrbpf_integration_tests::{
-    Env, Runtime, TempDir, assert_some_stack_contains, assert_success, must_have_privileges,
-    parse_value_in, read_profile, run_clrbpf, samples,
+    Env, Runtime, TempDir, assert_some_stack_contains, assert_success, parse_value_in,
+    read_profile, run_clrbpf, samples,
 };
 
 /// Generous: the runs last seconds, but a loaded CI machine starts .NET slowly.
@@ -142,8 +142,7 @@ fn record_with_dwarf(
 /// tables give the whole stack down to `_start`.
 #[test]
 fn xz_without_frame_pointers_has_deep_stacks() {
-    must_have_privileges();
-    let env = Env::from_env();
+    let env = Env::privileged();
     let dir = TempDir::new("unwind-xz");
     // Incompressible pseudo-random input keeps xz in its match finder and
     // range coder: a few seconds of CPU at -9.
@@ -192,8 +191,7 @@ fn xz_without_frame_pointers_has_deep_stacks() {
 /// tables), the P/Invoke stub and on to the managed caller of qsort.
 #[test]
 fn dotnet_stack_crosses_glibc_qsort_to_the_managed_caller() {
-    must_have_privileges();
-    let env = Env::from_env();
+    let env = Env::privileged();
     let dir = TempDir::new("unwind-qsort");
     let command = env.workload_command(Runtime::Net8, "Qsort", &["10"]);
     let (profile, stdout) = record_with_dwarf(&env, &dir, "qsort.pb.gz", &["-F", "199"], &command);
