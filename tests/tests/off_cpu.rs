@@ -59,22 +59,40 @@ fn kind_share(of: &[&SampleView], value: usize, kind: &str) -> f64 {
     matching as f64 / total.max(1) as f64
 }
 
+/// `clrbpf record FLAGS -o DIR/FILE -- dotnet WORKLOAD.dll ARGS` on .NET 8,
+/// which must succeed; returns its output and the profile's path.
+fn record_workload(
+    env: &Env,
+    dir: &TempDir,
+    file: &str,
+    flags: &[&str],
+    workload: &str,
+    args: &[&str],
+) -> (std::process::Output, std::path::PathBuf) {
+    let output_path = dir.join(file);
+    let mut command: Vec<String> = vec!["record".to_owned()];
+    command.extend(flags.iter().map(|f| (*f).to_owned()));
+    command.push("-o".to_owned());
+    command.push(output_path.to_string_lossy().into_owned());
+    command.push("--".to_owned());
+    command.extend(env.workload_command(Runtime::Net8, workload, args));
+    let output = run_clrbpf(env, &command, dir.path(), TIMEOUT);
+    assert_success(&output);
+    (output, output_path)
+}
+
 #[test]
 fn net8_sleeping_and_waiting_threads_show_their_blocked_time() {
     let env = Env::privileged();
     let dir = TempDir::new("offcpu");
-    let output_path = dir.join("offcpu.pb.gz");
-    let mut args = vec![
-        "record".to_owned(),
-        "--wall".to_owned(),
-        "--dwarf-unwind".to_owned(),
-        "-o".to_owned(),
-        output_path.to_string_lossy().into_owned(),
-        "--".to_owned(),
-    ];
-    args.extend(env.workload_command(Runtime::Net8, "OffCpu", &[START_DELAY_S, "4", "20", "30"]));
-    let output = run_clrbpf(&env, &args, dir.path(), TIMEOUT);
-    assert_success(&output);
+    let (output, output_path) = record_workload(
+        &env,
+        &dir,
+        "offcpu.pb.gz",
+        &["--wall", "--dwarf-unwind"],
+        "OffCpu",
+        &[START_DELAY_S, "4", "20", "30"],
+    );
     let slept = measured(&output.stdout, "SLEPT_NS");
     let waited = measured(&output.stdout, "WAITED_NS");
     let summary = String::from_utf8_lossy(&output.stderr);
@@ -208,23 +226,14 @@ fn net8_sleeping_and_waiting_threads_show_their_blocked_time() {
 fn net8_monitor_enter_blocked_stack_reaches_the_locking_method() {
     let env = Env::privileged();
     let dir = TempDir::new("offcpu-monitor");
-    let output_path = dir.join("monitor.pb.gz");
-    let mut args = vec![
-        "record".to_owned(),
-        "--off-cpu".to_owned(),
-        "--dwarf-unwind".to_owned(),
-        "--no-clr-events".to_owned(),
-        "-o".to_owned(),
-        output_path.to_string_lossy().into_owned(),
-        "--".to_owned(),
-    ];
-    args.extend(env.workload_command(
-        Runtime::Net8,
+    let (output, output_path) = record_workload(
+        &env,
+        &dir,
+        "monitor.pb.gz",
+        &["--off-cpu", "--dwarf-unwind", "--no-clr-events"],
         "Contention",
         &[START_DELAY_S, "4", "20", "10"],
-    ));
-    let output = run_clrbpf(&env, &args, dir.path(), TIMEOUT);
-    assert_success(&output);
+    );
     let profile = read_profile(&output_path);
     let off_cpu = value_index(&profile, "off_cpu/nanoseconds");
     let all = samples(&profile);
@@ -266,18 +275,14 @@ fn net8_monitor_enter_blocked_stack_reaches_the_locking_method() {
 fn net8_context_switch_storm_is_rate_limited_with_honest_totals() {
     let env = Env::privileged();
     let dir = TempDir::new("offcpu-storm");
-    let output_path = dir.join("storm.pb.gz");
-    let mut args = vec![
-        "record".to_owned(),
-        "--off-cpu".to_owned(),
-        "--no-clr-events".to_owned(),
-        "-o".to_owned(),
-        output_path.to_string_lossy().into_owned(),
-        "--".to_owned(),
-    ];
-    args.extend(env.workload_command(Runtime::Net8, "PingPong", &["3"]));
-    let output = run_clrbpf(&env, &args, dir.path(), TIMEOUT);
-    assert_success(&output);
+    let (output, output_path) = record_workload(
+        &env,
+        &dir,
+        "storm.pb.gz",
+        &["--off-cpu", "--no-clr-events"],
+        "PingPong",
+        &["3"],
+    );
     let summary = String::from_utf8_lossy(&output.stderr);
     let line = summary
         .lines()
