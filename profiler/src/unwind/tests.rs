@@ -748,9 +748,14 @@ fn perf_map_ranges(pid: u32, name: &str) -> Vec<(u64, u64)> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs ptrace (root), mcs and the .NET runtime: run by cargo xtask test"]
-fn replay_dotnet_thread_blocked_in_monitor_enter() {
+/// Compiles C# `source` with `mcs` (plus `mcs_args`) into a temporary
+/// directory and starts it on .NET 8 with `args`, perf maps on and stdout
+/// piped. The directory lives as long as the returned guard is kept.
+fn start_dotnet_app(
+    source: &str,
+    mcs_args: &[&str],
+    args: &[&str],
+) -> (tempfile::TempDir, KillOnDrop) {
     let dotnet = coreclr_dir().join("dotnet");
     assert!(
         dotnet.exists(),
@@ -758,7 +763,7 @@ fn replay_dotnet_thread_blocked_in_monitor_enter() {
         dotnet.display()
     );
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("App.cs"), MONITOR_APP).expect("App.cs");
+    std::fs::write(dir.path().join("App.cs"), source).expect("App.cs");
     std::fs::write(
         dir.path().join("App.runtimeconfig.json"),
         r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.0"}}}"#,
@@ -766,20 +771,28 @@ fn replay_dotnet_thread_blocked_in_monitor_enter() {
     .expect("runtimeconfig");
     let status = Command::new("mcs")
         .current_dir(dir.path())
+        .args(mcs_args)
         .args(["-out:App.dll", "App.cs"])
         .stdout(Stdio::null())
         .status()
         .expect("running mcs");
     assert!(status.success(), "mcs failed");
-
-    let mut child = KillOnDrop(
+    let child = KillOnDrop(
         Command::new(&dotnet)
             .arg(dir.path().join("App.dll"))
+            .args(args)
             .env("DOTNET_PerfMapEnabled", "1")
             .stdout(Stdio::piped())
             .spawn()
             .expect("starting dotnet"),
     );
+    (dir, child)
+}
+
+#[test]
+#[ignore = "needs ptrace (root), mcs and the .NET runtime: run by cargo xtask test"]
+fn replay_dotnet_thread_blocked_in_monitor_enter() {
+    let (_dir, mut child) = start_dotnet_app(MONITOR_APP, &[], &[]);
     let pid = child.0.id();
     let rx = lines_of(&mut child.0);
     let line = wait_line(&rx, "waiter ");
@@ -793,8 +806,6 @@ fn replay_dotnet_thread_blocked_in_monitor_enter() {
 
     let take_lock = perf_map_ranges(pid, "Waiter::TakeLock");
     let run = perf_map_ranges(pid, "Waiter::Run");
-    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
-    let _ = std::fs::remove_file(format!("/tmp/jit-{pid}.dump"));
     assert!(
         !take_lock.is_empty() && !run.is_empty(),
         "methods missing from the perf map"
@@ -915,34 +926,7 @@ const QSORT_APP: &str = include_str!("../../../tests/workloads/Qsort.cs");
 #[test]
 #[ignore = "needs ptrace (root), mcs and the .NET runtime: run by cargo xtask test"]
 fn replay_dotnet_thread_in_qsort_with_a_managed_comparer() {
-    let dotnet = coreclr_dir().join("dotnet");
-    assert!(
-        dotnet.exists(),
-        "{} missing: run cargo xtask setup",
-        dotnet.display()
-    );
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("App.cs"), QSORT_APP).expect("App.cs");
-    std::fs::write(
-        dir.path().join("App.runtimeconfig.json"),
-        r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.0"}}}"#,
-    )
-    .expect("runtimeconfig");
-    let status = Command::new("mcs")
-        .current_dir(dir.path())
-        .args(["-optimize+", "-out:App.dll", "App.cs"])
-        .stdout(Stdio::null())
-        .status()
-        .expect("running mcs");
-    assert!(status.success(), "mcs failed");
-    let mut child = KillOnDrop(
-        Command::new(&dotnet)
-            .args([dir.path().join("App.dll").as_os_str(), "30".as_ref()])
-            .env("DOTNET_PerfMapEnabled", "1")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting dotnet"),
-    );
+    let (_dir, mut child) = start_dotnet_app(QSORT_APP, &["-optimize+"], &["30"]);
     let pid = child.0.id();
     let rx = lines_of(&mut child.0);
     wait_line(&rx, "READY");
@@ -968,8 +952,6 @@ fn replay_dotnet_thread_in_qsort_with_a_managed_comparer() {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
-    let _ = std::fs::remove_file(format!("/tmp/jit-{pid}.dump"));
     eprintln!(
         "{reached} of {in_libc} captures in libc reach SortMany{}",
         failures.join("\n")
