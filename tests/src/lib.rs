@@ -699,6 +699,28 @@ pub fn go_pprof_top(path: &Path) -> String {
     stdout
 }
 
+/// `clrbpf record -p PID FLAGS -o DIR/FILE`, which must succeed; returns
+/// its output and the profile's path.
+pub fn record_pid(
+    env: &Env,
+    dir: &TempDir,
+    pid: u32,
+    flags: &[&str],
+    file: &str,
+) -> (Output, PathBuf) {
+    let output_path = dir.join(file);
+    let mut args = vec!["record".to_owned(), "-p".to_owned(), pid.to_string()];
+    args.extend(flags.iter().map(|f| (*f).to_owned()));
+    args.push("-o".to_owned());
+    args.push(output_path.to_string_lossy().into_owned());
+    let output = run_clrbpf(env, &args, dir.path(), RECORD_TIMEOUT);
+    assert_success(&output);
+    (output, output_path)
+}
+
+/// How long one `clrbpf record` of a test may take.
+const RECORD_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Checks that `text` is well-formed folded stacks (`a;b;c 12` per line,
 /// as inferno and Brendan Gregg's flamegraph.pl read them) and returns the
 /// lines as (frames root first, count). Frame names may contain spaces (C++

@@ -6,7 +6,7 @@ use std::{process::Command, time::Duration};
 
 use clrbpf_integration_tests::{
     Env, LabelValue, Runtime, TempDir, TestProcess, assert_success, go_pprof_top, parse_value,
-    read_profile, run_clrbpf, sample_types, samples, value_index,
+    read_profile, record_pid, run_clrbpf, sample_types, samples, value_index,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -24,20 +24,7 @@ fn record_contention(env: &Env, runtime: Runtime, dir: &TempDir) -> (std::path::
         &[START_DELAY_S, "4", "20", "25"],
         false,
     );
-    let output_path = dir.join("contention.pb.gz");
-    let output = run_clrbpf(
-        env,
-        &[
-            "record".to_owned(),
-            "-p".to_owned(),
-            workload.pid().to_string(),
-            "-o".to_owned(),
-            output_path.to_string_lossy().into_owned(),
-        ],
-        dir.path(),
-        TIMEOUT,
-    );
-    assert_success(&output);
+    let (_, output_path) = record_pid(env, dir, workload.pid(), &[], "contention.pb.gz");
     let (status, lines) = workload.wait(TIMEOUT);
     assert!(status.success(), "workload failed: {lines:?}");
     let waited: i64 =
@@ -111,21 +98,7 @@ fn net8_exception_counts_are_upscaled_per_type() {
         &[START_DELAY_S, "20000", "300", "1"],
         false,
     );
-    let output_path = dir.join("exceptions.pb.gz");
-    let output = run_clrbpf(
-        &env,
-        &[
-            "record".to_owned(),
-            "-p".to_owned(),
-            workload.pid().to_string(),
-            "--split".to_owned(),
-            "-o".to_owned(),
-            output_path.to_string_lossy().into_owned(),
-        ],
-        dir.path(),
-        TIMEOUT,
-    );
-    assert_success(&output);
+    let (output, _) = record_pid(&env, &dir, workload.pid(), &["--split"], "exceptions.pb.gz");
     let (status, lines) = workload.wait(TIMEOUT);
     assert!(status.success(), "workload failed: {lines:?}");
     for kind in ["cpu", "contention"] {
@@ -178,21 +151,7 @@ fn no_clr_events_gives_cpu_sample_types_only() {
     let env = Env::privileged();
     let dir = TempDir::new("no-clr-events");
     let workload = TestProcess::start(&env, Runtime::Net8, "Hot", &["3"], false);
-    let output_path = dir.join("p.pb.gz");
-    let output = run_clrbpf(
-        &env,
-        &[
-            "record".to_owned(),
-            "-p".to_owned(),
-            workload.pid().to_string(),
-            "--no-clr-events".to_owned(),
-            "-o".to_owned(),
-            output_path.to_string_lossy().into_owned(),
-        ],
-        dir.path(),
-        TIMEOUT,
-    );
-    assert_success(&output);
+    let (_, output_path) = record_pid(&env, &dir, workload.pid(), &["--no-clr-events"], "p.pb.gz");
     let profile = read_profile(&output_path);
     assert_eq!(sample_types(&profile), ["samples/count", "cpu/nanoseconds"]);
 }
@@ -240,22 +199,7 @@ fn netcore31_attach_names_methods_compiled_before_it() {
     // compiled long before clrbpf attaches.
     let hot = TestProcess::start(&env, Runtime::NetCore31, "Hot", &["60"], false);
     std::thread::sleep(Duration::from_secs(1));
-    let output_path = dir.join("p.pb.gz");
-    let output = run_clrbpf(
-        &env,
-        &[
-            "record".to_owned(),
-            "-p".to_owned(),
-            hot.pid().to_string(),
-            "-d".to_owned(),
-            "3".to_owned(),
-            "-o".to_owned(),
-            output_path.to_string_lossy().into_owned(),
-        ],
-        dir.path(),
-        TIMEOUT,
-    );
-    assert_success(&output);
+    let (_, output_path) = record_pid(&env, &dir, hot.pid(), &["-d", "3"], "p.pb.gz");
     let profile = read_profile(&output_path);
     clrbpf_integration_tests::assert_some_stack_contains(
         &profile,

@@ -7,8 +7,8 @@ use std::{fs, path::PathBuf, time::Duration};
 
 use clrbpf_integration_tests::{
     Env, LabelValue, Runtime, TempDir, TestProcess, assert_some_stack_contains, assert_success,
-    go_pprof_top, parse_folded, parse_value_in, pids, read_profile, run_clrbpf, sample_types,
-    samples, value_index,
+    go_pprof_top, parse_folded, parse_value_in, pids, read_profile, record_pid, run_clrbpf,
+    sample_types, samples, value_index,
 };
 
 /// Generous: the runs last seconds, but a loaded CI machine starts .NET slowly.
@@ -180,23 +180,7 @@ fn attach_names_methods_compiled_before_the_attach_and_cleans_up() {
     );
     // Spin is long compiled (and tiered up) by now.
     std::thread::sleep(Duration::from_secs(2));
-    let output_path = dir.join("p.pb.gz");
-    let pid = hot.pid().to_string();
-    let output = run_clrbpf(
-        &env,
-        &[
-            "record",
-            "-p",
-            &pid,
-            "-d",
-            "4",
-            "-o",
-            &path_arg(&output_path),
-        ],
-        dir.path(),
-        TIMEOUT,
-    );
-    assert_success(&output);
+    let (_, output_path) = record_pid(&env, &dir, hot.pid(), &["-d", "4"], "p.pb.gz");
     let profile = read_profile(&output_path);
     assert_some_stack_contains(&profile, Some(hot.pid()), &["Hot::Spin"]);
     let other_pids: Vec<u32> = pids(&profile)
@@ -205,7 +189,8 @@ fn attach_names_methods_compiled_before_the_attach_and_cleans_up() {
         .collect();
     assert!(
         other_pids.is_empty(),
-        "-p {pid} profiled other processes too: {other_pids:?}"
+        "-p {} profiled other processes too: {other_pids:?}",
+        hot.pid()
     );
     for file in [files.perf_map(), files.jitdump()] {
         assert!(
@@ -224,24 +209,13 @@ fn attach_with_keep_perf_maps_leaves_the_perf_map() {
     let hot = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
     let files = PerfMapFiles { pid: hot.pid() };
     std::thread::sleep(Duration::from_secs(2));
-    let output_path = dir.join("p.pb.gz");
-    let pid = hot.pid().to_string();
-    let output = run_clrbpf(
+    let _ = record_pid(
         &env,
-        &[
-            "record",
-            "-p",
-            &pid,
-            "-d",
-            "2",
-            "--keep-perf-maps",
-            "-o",
-            &path_arg(&output_path),
-        ],
-        dir.path(),
-        TIMEOUT,
+        &dir,
+        hot.pid(),
+        &["-d", "2", "--keep-perf-maps"],
+        "p.pb.gz",
     );
-    assert_success(&output);
     let perf_map = fs::read_to_string(files.perf_map()).unwrap_or_else(|e| {
         panic!(
             "--keep-perf-maps: cannot read {}: {e}",
