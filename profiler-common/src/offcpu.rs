@@ -100,18 +100,15 @@ pub struct StackRate {
 }
 
 /// Exact off-CPU totals of one thread, kept by the kernel side for every
-/// interval it measured, in the `OFF_CPU_TOTALS` map.
+/// interval it measured, in the `OFF_CPU_TOTALS` map. What the profile
+/// holds (upscaled) is userspace's to count.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OffCpuThreadTotals {
     /// Sum of every measured interval.
     pub blocked_ns: u64,
-    /// Sum of the weights of the kept intervals (what the profile holds).
-    pub recorded_ns: u64,
     /// Intervals measured.
     pub intervals: u64,
-    /// Intervals kept and written to the ring buffer.
-    pub recorded: u64,
     /// Kept intervals lost because the ring buffer was full.
     pub lost: u64,
     /// The thread's process.
@@ -119,7 +116,7 @@ pub struct OffCpuThreadTotals {
     pub _pad: u32,
 }
 
-const _: () = assert!(size_of::<OffCpuThreadTotals>() == 48);
+const _: () = assert!(size_of::<OffCpuThreadTotals>() == 32);
 
 #[cfg(feature = "user")]
 // SAFETY: `#[repr(C)]`, only integers, explicit padding.

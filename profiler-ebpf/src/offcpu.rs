@@ -359,12 +359,12 @@ fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
     if waker_recorded {
         let _ = WAKER_PENDING.remove(&tid);
     }
-    add_to_totals(tid, pid, interval, kept, lost);
+    add_to_totals(tid, pid, interval, lost);
     Ok(())
 }
 
 #[inline(always)]
-fn add_to_totals(tid: u32, pid: u32, interval: u64, kept: Option<u64>, lost: bool) {
+fn add_to_totals(tid: u32, pid: u32, interval: u64, lost: bool) {
     let mut totals = OFF_CPU_TOTALS.get_ptr_mut(&tid);
     if totals.is_none() {
         let fresh = OffCpuThreadTotals {
@@ -386,13 +386,8 @@ fn add_to_totals(tid: u32, pid: u32, interval: u64, kept: Option<u64>, lost: boo
         (*totals).pid = pid;
         (*totals).blocked_ns += interval;
         (*totals).intervals += 1;
-        if let Some(weight) = kept {
-            if lost {
-                (*totals).lost += 1;
-            } else {
-                (*totals).recorded += 1;
-                (*totals).recorded_ns += weight;
-            }
+        if lost {
+            (*totals).lost += 1;
         }
     }
 }

@@ -126,8 +126,6 @@ pub struct RecordSummary {
     pub clr: Vec<(u32, Arc<str>, ClrCounters)>,
     /// Files written (more than one with `split`).
     pub outputs: Vec<PathBuf>,
-    /// Off-CPU samples added to the profile.
-    pub off_cpu_samples: u64,
     /// Exact off-CPU totals of every thread that blocked, most blocked first.
     pub off_cpu_threads: Vec<OffCpuThread>,
     /// BPF stats of the `sched_switch` program (every switch on the host).
@@ -141,6 +139,10 @@ pub struct OffCpuThread {
     pub tid: u32,
     pub thread_name: Arc<str>,
     pub totals: OffCpuThreadTotals,
+    /// Off-CPU nanoseconds the profile holds for it (upscaled), and from
+    /// how many waits.
+    pub recorded_ns: u64,
+    pub recorded: u64,
 }
 
 /// What we know of one profiled process.
@@ -744,7 +746,6 @@ impl Pipeline {
         if let Some(wall) = layout.wall {
             values[wall] = value;
         }
-        summary.off_cpu_samples += 1;
         if off_cpu.stack_not_taken {
             stack.insert(
                 0,
@@ -1328,13 +1329,11 @@ fn add_still_blocked(totals: &mut Vec<(u32, OffCpuThreadTotals)>, blocked: &[Raw
         let t = &mut totals[at].1;
         t.blocked_ns += interval;
         t.intervals += 1;
-        t.recorded += 1;
-        t.recorded_ns += sample.value;
     }
 }
 
-/// The totals as summary rows, most blocked first. What the profile holds
-/// (`recorded`, upscaled) replaces the kernel's unscaled figures.
+/// The totals as summary rows, most blocked first, with what the profile
+/// holds of each thread (`recorded`).
 fn off_cpu_threads(
     totals: Vec<(u32, OffCpuThreadTotals)>,
     names: &HashMap<u32, Arc<str>>,
@@ -1342,15 +1341,15 @@ fn off_cpu_threads(
 ) -> Vec<OffCpuThread> {
     let mut rows: Vec<OffCpuThread> = totals
         .into_iter()
-        .map(|(tid, mut totals)| {
-            let (ns, waits) = recorded.get(&tid).copied().unwrap_or_default();
-            totals.recorded_ns = ns;
-            totals.recorded = waits;
+        .map(|(tid, totals)| {
+            let (recorded_ns, recorded) = recorded.get(&tid).copied().unwrap_or_default();
             OffCpuThread {
                 pid: totals.pid,
                 tid,
                 thread_name: names.get(&tid).cloned().unwrap_or_else(|| "?".into()),
                 totals,
+                recorded_ns,
+                recorded,
             }
         })
         .collect();
@@ -1367,10 +1366,8 @@ fn off_cpu_summary(summary: &RecordSummary) -> Option<String> {
     if k.off_cpu_blocked == 0 && summary.off_cpu_threads.is_empty() {
         return None;
     }
-    let sum = |f: fn(&OffCpuThreadTotals) -> u64| -> u64 {
-        summary.off_cpu_threads.iter().map(|t| f(&t.totals)).sum()
-    };
-    let blocked = sum(|t| t.blocked_ns);
+    let sum = |f: fn(&OffCpuThread) -> u64| -> u64 { summary.off_cpu_threads.iter().map(f).sum() };
+    let blocked = sum(|t| t.totals.blocked_ns);
     let recorded = sum(|t| t.recorded_ns);
     let stats = &summary.off_cpu_bpf_stats;
     let per_switch = if stats.run_count > 0 {
@@ -1385,7 +1382,7 @@ fn off_cpu_summary(summary: &RecordSummary) -> Option<String> {
     Some(format!(
         "clrbpf: off-CPU: {:.1} ms blocked (exact) in {} waits of {} threads; the profile holds {:.1} ms ({:+.1}%) from {} kept waits; {} stacks skipped by the rate limit, {} lost to a full ring, {} not tracked (pending map full), {} wakers recorded{per_switch}",
         blocked as f64 / 1e6,
-        sum(|t| t.intervals),
+        sum(|t| t.totals.intervals),
         summary.off_cpu_threads.len(),
         recorded as f64 / 1e6,
         if blocked == 0 {
@@ -1395,7 +1392,7 @@ fn off_cpu_summary(summary: &RecordSummary) -> Option<String> {
         },
         sum(|t| t.recorded),
         k.off_cpu_stacks_skipped,
-        sum(|t| t.lost),
+        sum(|t| t.totals.lost),
         k.off_cpu_pending_full,
         k.off_cpu_wakers,
     ))
@@ -1477,8 +1474,8 @@ pub fn print_summary(
                 t.pid,
                 t.totals.blocked_ns as f64 / 1e6,
                 t.totals.intervals,
-                t.totals.recorded_ns as f64 / 1e6,
-                t.totals.recorded
+                t.recorded_ns as f64 / 1e6,
+                t.recorded
             )?;
         }
         if summary.off_cpu_threads.len() > OFF_CPU_SUMMARY_THREADS {
@@ -1561,9 +1558,7 @@ mod tests {
             7,
             OffCpuThreadTotals {
                 blocked_ns: 1_000,
-                recorded_ns: 900,
                 intervals: 3,
-                recorded: 1,
                 pid: 5,
                 ..Default::default()
             },
@@ -1571,7 +1566,6 @@ mod tests {
         add_still_blocked(&mut totals, &[blocked(5, 7, 500), blocked(5, 8, 40)]);
         assert_eq!(totals.len(), 2);
         assert_eq!(totals[0].1.blocked_ns, 1_500);
-        assert_eq!(totals[0].1.recorded_ns, 1_400);
         assert_eq!(totals[0].1.intervals, 4);
         assert_eq!(totals[1].0, 8);
         assert_eq!(totals[1].1.pid, 5);
@@ -1581,8 +1575,9 @@ mod tests {
             &HashMap::from([(8, Arc::from("Worker"))]),
             &HashMap::from([(7, (2_000, 2))]),
         );
-        assert_eq!(rows[0].totals.recorded_ns, 2_000, "the profile's figure");
-        assert_eq!(rows[1].totals.recorded_ns, 0);
+        assert_eq!(rows[0].recorded_ns, 2_000, "the profile's figure");
+        assert_eq!(rows[0].recorded, 2);
+        assert_eq!(rows[1].recorded_ns, 0);
         assert_eq!(rows[0].tid, 7, "most blocked first");
         assert_eq!(&*rows[1].thread_name, "Worker");
     }
