@@ -608,6 +608,32 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn ns_pid_is_the_innermost_value() {
+        let ns_pid = |status: &str| parse_status(status).and_then(|s| s.ns_pid);
+        let status = "Name:\tdotnet\nPPid:\t1\nUid:\t0\t0\t0\t0\nTgid:\t4242\nPid:\t4242\nNSpid:\t4242\t17\t1\nNSsid:\t1\n";
+        assert_eq!(ns_pid(status), Some(1));
+        let with = |ns: &str| format!("PPid:\t1\nUid:\t0\t0\t0\t0\n{ns}");
+        assert_eq!(ns_pid(&with("NSpid:\t4242\n")), Some(4242));
+        assert_eq!(ns_pid(&with("Pid:\t4242\n")), None);
+        assert_eq!(ns_pid(&with("NSpid:\n")), None);
+        assert_eq!(ns_pid(&with("NSpid:\t12 x\n")), None);
+        assert_eq!(ns_pid(&with("NSpid:\t99999999999\n")), None);
+        // This process is in the host namespace in tests.
+        let me = std::process::id();
+        assert_eq!(ProcFs::default().ns_pid(me).expect("own status"), me);
+    }
+
+    #[test]
+    fn stat_start_ticks() {
+        let ticks = |stat: &str| parse_stat(stat.as_bytes()).map(|s| s.start_time_ticks);
+        let stat = "4242 (dot net) (x)) S 1 4242 4242 0 -1 4194560 1234 0 0 0 5 6 0 0 20 0 \
+                    12 0 98765 123456789 2000 18446744073709551615";
+        assert_eq!(ticks(stat), Some(98765));
+        assert_eq!(ticks("4242 (short) S 1 2"), None);
+        assert_eq!(ticks("no parenthesis"), None);
+    }
+
+    #[test]
     fn status_parsing() {
         let parsed = parse_status(STATUS).expect("parse");
         assert_eq!(parsed.ns_pid, Some(7));

@@ -41,6 +41,7 @@ use super::jit_index::JitCodeIndex;
 use super::jitdump::{JitDumpCounts, JitDumpError, JitDumpLimits, JitDumpParser};
 use super::perf_map::{PerfMapCounts, PerfMapLimits, PerfMapParser};
 use super::target_fs::{self, TargetFsError};
+use crate::process::ProcFs;
 
 /// A named range of managed code.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -274,7 +275,7 @@ impl TargetLocation {
         let dirs = target_fs::target_perf_dirs(pid);
         Self {
             pid,
-            ns_pid: target_fs::ns_pid(pid).unwrap_or(pid),
+            ns_pid: ProcFs::default().ns_pid(pid).unwrap_or(pid),
             root: target_fs::proc_root(pid),
             perf_dir: dirs.perf_dir,
             legacy_perf_map_dir: dirs.legacy_perf_map_dir,

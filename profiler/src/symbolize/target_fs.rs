@@ -20,6 +20,8 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::process::ProcFs;
+
 /// Environment variable that moves CoreCLR's perf map and jitdump out of
 /// `/tmp` (read once by the runtime at startup).
 pub const PERF_MAP_DIR_ENV: &str = "DOTNET_PerfMapJitDumpPath";
@@ -31,8 +33,6 @@ pub const TMPDIR_ENV: &str = "TMPDIR";
 /// Where CoreCLR writes its perf files when [`PERF_MAP_DIR_ENV`] is unset.
 pub const DEFAULT_PERF_MAP_DIR: &str = "/tmp";
 
-/// Bound on `/proc/PID/status` (a few KiB in practice).
-const MAX_STATUS_BYTES: usize = 64 * 1024;
 /// Bound on `/proc/PID/environ`. An environment larger than this is read
 /// partially; the variable cut at the bound is dropped.
 const MAX_ENVIRON_BYTES: usize = 1024 * 1024;
@@ -240,37 +240,11 @@ pub fn read_from_offset(
     Ok(total)
 }
 
-/// The process's pid in its own (innermost) PID namespace: the last value of
-/// `NSpid:` in `/proc/PID/status`. That is the number in the names of the
-/// files its runtime writes. `None` when the process is gone or the kernel
-/// predates `NSpid` (4.1); callers then use `pid`.
-pub fn ns_pid(pid: u32) -> Option<u32> {
-    let file = File::open(format!("/proc/{pid}/status")).ok()?;
-    let status = read_bounded(file, MAX_STATUS_BYTES).ok()?;
-    parse_ns_pid(&String::from_utf8_lossy(&status.bytes))
-}
-
-/// Parses the last value of the `NSpid:` line of a `/proc/PID/status` text.
-pub fn parse_ns_pid(status: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .next_back()?
-        .parse()
-        .ok()
-}
-
 /// When process `pid` started, from `/proc/PID/stat` (clock ticks after
 /// boot) and the boot time in `/proc/stat` (whole seconds, so about one
 /// second of error). `None` when the process is gone.
 pub fn process_start_time(pid: u32) -> Option<SystemTime> {
-    let stat = read_bounded(
-        File::open(format!("/proc/{pid}/stat")).ok()?,
-        MAX_STATUS_BYTES,
-    )
-    .ok()?;
-    let ticks = parse_stat_start_ticks(&String::from_utf8_lossy(&stat.bytes))?;
+    let ticks = ProcFs::default().start_time_ticks(pid).ok()?;
     let system = read_bounded(File::open("/proc/stat").ok()?, MAX_ENVIRON_BYTES).ok()?;
     let boot = parse_boot_time(&String::from_utf8_lossy(&system.bytes))?;
     // SAFETY: sysconf has no preconditions.
@@ -283,15 +257,6 @@ pub fn process_start_time(pid: u32) -> Option<SystemTime> {
     UNIX_EPOCH
         .checked_add(Duration::from_secs(boot))?
         .checked_add(after_boot)
-}
-
-/// Field 22 (`starttime`) of a `/proc/PID/stat` line. The command name
-/// (field 2) may hold spaces and parentheses, so fields are counted after
-/// its last `)`.
-pub fn parse_stat_start_ticks(stat: &str) -> Option<u64> {
-    let after_comm = &stat[stat.rfind(')')? + 1..];
-    // Field 3 (state) is the first after the name: starttime is 19 further.
-    after_comm.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// The `btime` line of `/proc/stat`: boot time, seconds since the epoch.
@@ -644,19 +609,6 @@ mod tests {
     }
 
     #[test]
-    fn ns_pid_is_the_innermost_value() {
-        let status = "Name:\tdotnet\nTgid:\t4242\nPid:\t4242\nNSpid:\t4242\t17\t1\nNSsid:\t1\n";
-        assert_eq!(parse_ns_pid(status), Some(1));
-        assert_eq!(parse_ns_pid("NSpid:\t4242\n"), Some(4242));
-        assert_eq!(parse_ns_pid("Pid:\t4242\n"), None);
-        assert_eq!(parse_ns_pid("NSpid:\n"), None);
-        assert_eq!(parse_ns_pid("NSpid:\t12 x\n"), None);
-        assert_eq!(parse_ns_pid("NSpid:\t99999999999\n"), None);
-        // This process is in the host namespace in tests.
-        assert_eq!(ns_pid(std::process::id()), Some(std::process::id()));
-    }
-
-    #[test]
     fn perf_map_dir_honours_the_runtime_variables() {
         let dir = |env: &[u8]| perf_dirs_from_environ(env, false).perf_dir;
         assert_eq!(dir(b"PATH=/bin\0HOME=/root\0"), Path::new("/tmp"));
@@ -684,11 +636,6 @@ mod tests {
 
     #[test]
     fn start_time_fields() {
-        let stat = "4242 (dot net) (x)) S 1 4242 4242 0 -1 4194560 1234 0 0 0 5 6 0 0 20 0 \
-                    12 0 98765 123456789 2000 18446744073709551615";
-        assert_eq!(parse_stat_start_ticks(stat), Some(98765));
-        assert_eq!(parse_stat_start_ticks("4242 (short) S 1 2"), None);
-        assert_eq!(parse_stat_start_ticks("no parenthesis"), None);
         assert_eq!(
             parse_boot_time("cpu  1 2 3\nintr 5\nbtime 1700000000\nprocesses 9\n"),
             Some(1_700_000_000)
