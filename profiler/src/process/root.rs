@@ -43,7 +43,7 @@ use super::{ProcError, ProcFs};
 /// with a million files must not stall a profiler).
 const MAX_DIR_ENTRIES: usize = 100_000;
 /// `openat2` returns EAGAIN with `RESOLVE_IN_ROOT` when a concurrent rename
-/// could have let `..` escape; retry a few times.
+/// could have let `..` escape (and EINTR on a signal); retry a few times.
 const OPENAT2_RETRIES: usize = 8;
 
 /// The root directory of one process, as an fd.
@@ -58,12 +58,7 @@ impl TargetRoot {
     /// `CAP_SYS_PTRACE` (root, or a privileged container with `hostPID`).
     pub fn open(procfs: &ProcFs, pid: u32) -> Result<Self, ProcError> {
         let host_path = procfs.pid_path(pid, "root");
-        let fd = open_path(
-            libc::AT_FDCWD,
-            host_path.as_os_str(),
-            libc::O_PATH | libc::O_DIRECTORY,
-        )
-        .map_err(|e| ProcError::from_io(pid, &host_path, e))?;
+        let fd = open_root_dir(&host_path).map_err(|e| ProcError::from_io(pid, &host_path, e))?;
         Ok(Self { fd, host_path })
     }
 
@@ -112,16 +107,42 @@ impl TargetRoot {
     }
 
     fn resolve(&self, path_in_root: &str, flags: libc::c_int) -> io::Result<OwnedFd> {
-        // Relative to the root fd; RESOLVE_IN_ROOT treats a leading '/' the
-        // same, but the fallback walk wants components.
-        let relative = path_in_root.trim_start_matches('/');
-        let relative = if relative.is_empty() { "." } else { relative };
-        match openat2_in_root(self.fd.as_fd(), relative, flags) {
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
-                walk_nofollow(self.fd.as_fd(), relative, flags)
-            }
-            other => other,
-        }
+        open_in_root(self.fd.as_fd(), OsStr::new(path_in_root), flags)
+    }
+}
+
+/// Opens a directory on the host (`/proc/PID/root`, following that magic
+/// link, which is the point) as the `O_PATH` fd [`open_in_root`] resolves
+/// below.
+pub fn open_root_dir(path: &Path) -> io::Result<OwnedFd> {
+    open_path(
+        libc::AT_FDCWD,
+        path.as_os_str(),
+        libc::O_PATH | libc::O_DIRECTORY,
+    )
+}
+
+/// Opens `path_in_root` (as the target sees it, absolute or not) below the
+/// root directory fd `root`, with `flags`: `openat2(RESOLVE_IN_ROOT |
+/// RESOLVE_NO_MAGICLINKS)`, or the component walk that refuses every
+/// symlink on kernels without `openat2`.
+pub fn open_in_root(
+    root: BorrowedFd<'_>,
+    path_in_root: &OsStr,
+    flags: libc::c_int,
+) -> io::Result<OwnedFd> {
+    // Relative to the root fd; RESOLVE_IN_ROOT treats a leading '/' the
+    // same, but the fallback walk wants components.
+    let bytes = path_in_root.as_bytes();
+    let start = bytes.iter().position(|&b| b != b'/').unwrap_or(bytes.len());
+    let relative = if start == bytes.len() {
+        OsStr::new(".")
+    } else {
+        OsStr::from_bytes(&bytes[start..])
+    };
+    match openat2_in_root(root, relative, flags) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => walk_nofollow(root, relative, flags),
+        other => other,
     }
 }
 
@@ -322,10 +343,10 @@ fn openat_raw(dir: BorrowedFd<'_>, name: &CString, flags: libc::c_int) -> io::Re
 #[doc(alias = "RESOLVE_IN_ROOT")]
 fn openat2_in_root(
     root: BorrowedFd<'_>,
-    relative: &str,
+    relative: &OsStr,
     flags: libc::c_int,
 ) -> io::Result<OwnedFd> {
-    let path = CString::new(relative)
+    let path = CString::new(relative.as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
     // SAFETY: open_how is plain integers; all-zero is its documented default.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
@@ -349,7 +370,7 @@ fn openat2_in_root(
             return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
         }
         let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EAGAIN) {
+        if !matches!(err.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)) {
             return Err(err);
         }
     }
@@ -359,12 +380,18 @@ fn openat2_in_root(
 /// Before Linux 5.6: opens `relative` one component at a time, refusing
 /// symlinks and `..` anywhere. Stricter than `RESOLVE_IN_ROOT` (a target
 /// whose `/tmp` is a symlink is not reachable), never less safe.
-fn walk_nofollow(root: BorrowedFd<'_>, relative: &str, flags: libc::c_int) -> io::Result<OwnedFd> {
-    let components: Vec<&str> = relative
-        .split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
+fn walk_nofollow(
+    root: BorrowedFd<'_>,
+    relative: &OsStr,
+    flags: libc::c_int,
+) -> io::Result<OwnedFd> {
+    let components: Vec<&OsStr> = relative
+        .as_bytes()
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+        .map(OsStr::from_bytes)
         .collect();
-    if components.contains(&"..") {
+    if components.iter().any(|c| c.as_bytes() == b"..") {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "'..' in a path inside a target root",
@@ -375,7 +402,7 @@ fn walk_nofollow(root: BorrowedFd<'_>, relative: &str, flags: libc::c_int) -> io
     };
     let mut dir: Option<OwnedFd> = None;
     for component in parents {
-        let name = single_component(OsStr::new(component))?;
+        let name = single_component(component)?;
         let parent = dir.as_ref().map_or(root, |d| d.as_fd());
         dir = Some(openat_raw(
             parent,
@@ -384,11 +411,7 @@ fn walk_nofollow(root: BorrowedFd<'_>, relative: &str, flags: libc::c_int) -> io
         )?);
     }
     let parent = dir.as_ref().map_or(root, |d| d.as_fd());
-    openat_raw(
-        parent,
-        &single_component(OsStr::new(last))?,
-        flags | libc::O_NOFOLLOW,
-    )
+    openat_raw(parent, &single_component(last)?, flags | libc::O_NOFOLLOW)
 }
 
 #[cfg(test)]
@@ -484,11 +507,11 @@ mod tests {
         let (_dir, procfs) = fake_root();
         let root = TargetRoot::open(&procfs, 5).expect("open root");
         let flags = libc::O_RDONLY | libc::O_DIRECTORY;
-        assert!(walk_nofollow(root.fd.as_fd(), "var/tmp", flags).is_ok());
-        assert!(walk_nofollow(root.fd.as_fd(), "", flags).is_ok());
-        assert!(walk_nofollow(root.fd.as_fd(), "linked-tmp", flags).is_err());
-        assert!(walk_nofollow(root.fd.as_fd(), "escape/key", libc::O_RDONLY).is_err());
-        assert!(walk_nofollow(root.fd.as_fd(), "tmp/../tmp", flags).is_err());
+        assert!(walk_nofollow(root.fd.as_fd(), OsStr::new("var/tmp"), flags).is_ok());
+        assert!(walk_nofollow(root.fd.as_fd(), OsStr::new(""), flags).is_ok());
+        assert!(walk_nofollow(root.fd.as_fd(), OsStr::new("linked-tmp"), flags).is_err());
+        assert!(walk_nofollow(root.fd.as_fd(), OsStr::new("escape/key"), libc::O_RDONLY).is_err());
+        assert!(walk_nofollow(root.fd.as_fd(), OsStr::new("tmp/../tmp"), flags).is_err());
     }
 
     #[test]

@@ -7,20 +7,21 @@
 //! symlink such as `/tmp/perf-1.map -> /etc/shadow` must resolve inside the
 //! target's root, never in ours. Paths are therefore opened with
 //! `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)` relative to a directory
-//! descriptor of the root, the last component is never a symlink
+//! descriptor of the root (the resolver of [`crate::process::root`], shared
+//! with the IPC side), the last component is never a symlink
 //! (`O_NOFOLLOW`), opening never blocks on a FIFO (`O_NONBLOCK`), and anything
 //! that is not a regular file is refused. Every read is bounded.
 
 use std::ffi::CString;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::process::ProcFs;
+use crate::process::{ProcFs, root};
 
 /// Environment variable that moves CoreCLR's perf map and jitdump out of
 /// `/tmp` (read once by the runtime at startup).
@@ -36,9 +37,6 @@ pub const DEFAULT_PERF_MAP_DIR: &str = "/tmp";
 /// Bound on `/proc/PID/environ`. An environment larger than this is read
 /// partially; the variable cut at the bound is dropped.
 const MAX_ENVIRON_BYTES: usize = 1024 * 1024;
-/// `openat2` returns `EAGAIN` when a concurrent rename or mount could have
-/// let a `..` escape; the kernel asks callers to retry.
-const OPENAT2_RETRIES: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TargetFsError {
@@ -97,22 +95,11 @@ pub fn open_in_root(pid: u32, path_in_target: &Path) -> Result<File, TargetFsErr
 /// (`/proc/self/fd/N`) are refused, the last component must not be a symlink
 /// and the result must be a regular file.
 pub fn open_in_root_dir(root: &Path, path_in_root: &Path) -> Result<File, TargetFsError> {
-    let root_dir = open_root(root)?;
-    let fd = openat2_in_root(
-        &root_dir,
+    let fd = resolve_in(
+        root,
         path_in_root,
-        libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
-    )
-    .map_err(|source| match source {
-        OpenInRootError::Path => TargetFsError::InvalidPath {
-            path: path_in_root.to_owned(),
-        },
-        OpenInRootError::Io(source) => TargetFsError::Open {
-            root: root.to_owned(),
-            path: path_in_root.to_owned(),
-            source,
-        },
-    })?;
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
+    )?;
     let file = File::from(fd);
     let metadata = file.metadata().map_err(|source| TargetFsError::Open {
         root: root.to_owned(),
@@ -138,22 +125,11 @@ pub fn remove_in_root_dir(
     dir_in_root: &Path,
     file_names: &[&str],
 ) -> Result<usize, TargetFsError> {
-    let root_dir = open_root(root)?;
-    let dir = openat2_in_root(
-        &root_dir,
+    let dir = resolve_in(
+        root,
         dir_in_root,
-        libc::O_RDONLY | libc::O_CLOEXEC | libc::O_DIRECTORY | libc::O_NONBLOCK | libc::O_NOCTTY,
-    )
-    .map_err(|source| match source {
-        OpenInRootError::Path => TargetFsError::InvalidPath {
-            path: dir_in_root.to_owned(),
-        },
-        OpenInRootError::Io(source) => TargetFsError::Open {
-            root: root.to_owned(),
-            path: dir_in_root.to_owned(),
-            source,
-        },
-    })?;
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK | libc::O_NOCTTY,
+    )?;
     let mut removed = 0;
     for name in file_names {
         let path = dir_in_root.join(name);
@@ -350,67 +326,26 @@ pub fn perf_dirs_from_environ(environ: &[u8], truncated: bool) -> PerfDirs {
     }
 }
 
-fn open_root(root: &Path) -> Result<File, TargetFsError> {
-    // O_PATH: we only resolve names relative to it. Following the
-    // `/proc/PID/root` magic link here is the point: it is *our* path.
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
-        .open(root)
-        .map_err(|source| TargetFsError::OpenRoot {
-            root: root.to_owned(),
-            source,
-        })
-}
-
-enum OpenInRootError {
-    Path,
-    Io(io::Error),
-}
-
-/// `struct open_how` of `linux/openat2.h`; libc's is `#[non_exhaustive]`,
-/// which would force `mem::zeroed`.
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
-fn openat2_in_root(root_dir: &File, path: &Path, flags: i32) -> Result<OwnedFd, OpenInRootError> {
-    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| OpenInRootError::Path)?;
-    let how = OpenHow {
-        flags: u64::try_from(flags).map_err(|_| OpenInRootError::Path)?,
-        mode: 0,
-        resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
-    };
-    let mut attempts = 0;
-    loop {
-        // SAFETY: the descriptor, the NUL-terminated path and `how` (laid
-        // out as the kernel's `struct open_how`, size passed) outlive the
-        // call; the kernel does not keep pointers to them.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                root_dir.as_raw_fd(),
-                c_path.as_ptr(),
-                &how as *const OpenHow,
-                size_of::<OpenHow>(),
-            )
-        };
-        if rc >= 0 {
-            let fd = i32::try_from(rc).expect("openat2 returns a file descriptor");
-            // SAFETY: the kernel just returned this descriptor to us; nothing
-            // else owns it.
-            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
-        }
-        let error = io::Error::last_os_error();
-        let retry = matches!(error.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR));
-        attempts += 1;
-        if !retry || attempts >= OPENAT2_RETRIES {
-            return Err(OpenInRootError::Io(error));
-        }
+/// Opens `path_in_root` below the host directory `root` with
+/// [`root::open_in_root`] (`openat2(RESOLVE_IN_ROOT)`), with this module's
+/// errors.
+fn resolve_in(root: &Path, path_in_root: &Path, flags: i32) -> Result<OwnedFd, TargetFsError> {
+    if path_in_root.as_os_str().as_bytes().contains(&0) {
+        return Err(TargetFsError::InvalidPath {
+            path: path_in_root.to_owned(),
+        });
     }
+    let root_dir = root::open_root_dir(root).map_err(|source| TargetFsError::OpenRoot {
+        root: root.to_owned(),
+        source,
+    })?;
+    root::open_in_root(root_dir.as_fd(), path_in_root.as_os_str(), flags).map_err(|source| {
+        TargetFsError::Open {
+            root: root.to_owned(),
+            path: path_in_root.to_owned(),
+            source,
+        }
+    })
 }
 
 #[cfg(test)]
