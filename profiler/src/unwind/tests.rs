@@ -849,28 +849,9 @@ fn replay_dotnet_thread_blocked_in_monitor_enter() {
 #[test]
 #[ignore = "measurement, needs the .NET runtime: cargo test -- --ignored --nocapture measure_"]
 fn measure_table_sizes_of_a_dotnet_process() {
-    let dotnet = coreclr_dir().join("dotnet");
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("App.cs"), MONITOR_APP).expect("App.cs");
-    std::fs::write(
-        dir.path().join("App.runtimeconfig.json"),
-        r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.0"}}}"#,
-    )
-    .expect("runtimeconfig");
-    let status = Command::new("mcs")
-        .current_dir(dir.path())
-        .args(["-out:App.dll", "App.cs"])
-        .stdout(Stdio::null())
-        .status()
-        .expect("running mcs");
-    assert!(status.success());
-    let mut child = KillOnDrop(
-        Command::new(&dotnet)
-            .arg(dir.path().join("App.dll"))
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting dotnet"),
-    );
+    // Perf maps on add only the jitdump's marker mapping, which is not ELF
+    // and is skipped below.
+    let (_dir, mut child) = start_dotnet_app(MONITOR_APP, &[], &[]);
     let pid = child.0.id();
     let rx = lines_of(&mut child.0);
     wait_line(&rx, "waiter ");
