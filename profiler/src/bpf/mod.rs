@@ -473,14 +473,7 @@ impl Sampler {
             event.value = interval;
             event.kind = SampleKind::OffCpu as u32;
             event.interval_ns = interval;
-            // SAFETY: `RawSampleEvent` is plain old data.
-            let bytes = unsafe {
-                std::slice::from_raw_parts(
-                    (&raw const event).cast::<u8>(),
-                    size_of::<RawSampleEvent>(),
-                )
-            };
-            if let Some((sample, _, _)) = decode_event(bytes, &mut self.thread_names) {
+            if let Some((sample, _, _)) = decode_record(&event, &mut self.thread_names) {
                 out.push(sample);
             }
         }
@@ -588,6 +581,14 @@ fn decode_event(
     // data; `read_unaligned` because ring-buffer records are only 8-aligned
     // by convention.
     let event: RawSampleEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    decode_record(&event, names)
+}
+
+/// [`decode_event`] of a record already read (or a parked one from a map).
+fn decode_record(
+    event: &RawSampleEvent,
+    names: &mut std::collections::HashMap<[u8; 16], Arc<str>>,
+) -> Option<(RawSample, Option<UnwindError>, bool)> {
     let kind = SampleKind::from_u32(event.kind)?;
     let kernel_len = (event.kernel_stack_len as usize).min(event.kernel_stack.len());
     let user_len = (event.user_stack_len as usize).min(event.user_stack.len());
