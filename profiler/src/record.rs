@@ -17,7 +17,7 @@ use std::{
     collections::{HashMap, HashSet, VecDeque},
     ffi::{CString, OsString},
     io::{IsTerminal as _, Write as _},
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -42,13 +42,15 @@ use crate::{
         ProcFs,
         dotnet::DotnetRuntime,
         maps::{Mapping, MappingTable},
+        root::TargetRoot,
     },
     profile::{
         Aggregator, Frame, FrameKind, Label, Module, RawSample, ValueType, label_keys, wait_kind,
     },
     symbolize::{
-        managed::{ManagedSymbols, TargetLocation, remove_perf_files_at},
+        managed::{ManagedSymbols, TargetLocation},
         native::{FileKey, MappedFile, NativeSymbolizer},
+        perf_files::{PerfFileCleanup, remove_perf_files},
     },
 };
 
@@ -818,17 +820,8 @@ impl Pipeline {
                 && process.launched_here
                 && let Some(managed) = process.managed.as_ref()
             {
-                // The process may be gone, and /proc/PID/root with it: it
-                // shared our mount namespace, so our root is its root.
-                let location = TargetLocation {
-                    root: "/".into(),
-                    ..managed.location().clone()
-                };
-                if let Err(e) = remove_perf_files_at(&location) {
-                    self.summary
-                        .warnings
-                        .push(format!("pid {}: removing its perf map: {e}", process.pid));
-                }
+                let cleanup = remove_launched_perf_files(managed.location());
+                self.summary.warnings.extend(cleanup);
             }
             if let Some(handle) = process.perf_map.take() {
                 self.summary.perf_maps_enabled += 1;
@@ -842,16 +835,49 @@ impl Pipeline {
                         process.pid
                     ));
                 }
-                for (path, e) in cleanup.failed {
-                    self.summary.warnings.push(format!(
-                        "pid {}: removing {}: {e}",
-                        process.pid,
-                        path.display()
-                    ));
-                }
+                self.summary
+                    .warnings
+                    .extend(perf_file_warnings(process.pid, &cleanup.files));
             }
         }
     }
+}
+
+/// Removes the perf files of a process the launched command started. The
+/// process may be gone, and /proc/PID/root with it: it shared our mount
+/// namespace, so our root is its root. Its files were all written after it
+/// started. Returns the warnings.
+fn remove_launched_perf_files(location: &TargetLocation) -> Vec<String> {
+    let pid = location.pid;
+    let (Some(owner), Some(started_at)) = (&location.owner, location.started_at) else {
+        return vec![format!(
+            "pid {pid}: its perf files were left in place: its user or start time could not be read"
+        )];
+    };
+    let root = match TargetRoot::at_host_path(Path::new("/")) {
+        Ok(root) => root,
+        Err(e) => return vec![format!("pid {pid}: removing its perf files: {e}")],
+    };
+    let dirs = [
+        location.perf_dir.as_path(),
+        location.legacy_perf_map_dir.as_path(),
+    ];
+    match remove_perf_files(&root, &dirs, location.ns_pid, owner, started_at) {
+        Ok(cleanup) => perf_file_warnings(pid, &cleanup),
+        Err(e) => vec![format!("pid {pid}: removing its perf files: {e}")],
+    }
+}
+
+/// The summary's warnings about one process's perf files: those that could
+/// not be removed, and one line for those left alone.
+fn perf_file_warnings(pid: u32, cleanup: &PerfFileCleanup) -> Vec<String> {
+    let mut warnings: Vec<String> = cleanup
+        .failed
+        .iter()
+        .map(|(path, e)| format!("pid {pid}: removing {}: {e}", path.display()))
+        .collect();
+    warnings.extend(cleanup.left_alone_warning(pid));
+    warnings
 }
 
 fn user_frame(
@@ -1229,7 +1255,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
 /// into the combined profile) and the one folded stacks and flame graphs
 /// show (an index into the kept ones).
 fn split_outputs(
-    output: &std::path::Path,
+    output: &Path,
     format: OutputFormat,
     layout: &ValueLayout,
 ) -> Vec<(PathBuf, Vec<usize>, usize)> {
@@ -1401,7 +1427,7 @@ fn off_cpu_summary(summary: &RecordSummary) -> Option<String> {
 /// The end-of-recording summary, for a person.
 pub fn print_summary(
     summary: &RecordSummary,
-    output: &std::path::Path,
+    output: &Path,
     mut w: impl std::io::Write,
 ) -> std::io::Result<()> {
     let user_frames = summary.managed_frames
@@ -1605,11 +1631,7 @@ mod tests {
         assert_eq!(cpu_only.types.len(), 2);
         assert_eq!(cpu_only.default_index(), 1);
         assert_eq!(cpu_only.folded_index(), 0);
-        let parts = split_outputs(
-            std::path::Path::new("/x/out.pb.gz"),
-            OutputFormat::Pprof,
-            &layout,
-        );
+        let parts = split_outputs(Path::new("/x/out.pb.gz"), OutputFormat::Pprof, &layout);
         let files: Vec<String> = parts
             .iter()
             .map(|(p, _, _)| p.file_name().unwrap().to_string_lossy().into_owned())

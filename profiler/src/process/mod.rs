@@ -15,6 +15,7 @@
 //! malformed content gives an error or is skipped and counted, never a panic.
 
 pub mod dotnet;
+pub mod identity;
 pub mod maps;
 pub mod ps;
 pub mod root;
