@@ -170,6 +170,20 @@ pub struct RecordArgs {
     #[arg(long)]
     pub wall: bool,
 
+    /// clrbpf raises its own priority so that it keeps up, and loses no
+    /// samples, on the saturated hosts where a profile is most needed: the
+    /// loop that drains the samples runs SCHED_RR (priority 1; it sleeps
+    /// most of the time), its background threads (unwind tables, CLR
+    /// sessions) at this nice value. Needs CAP_SYS_NICE (root has it);
+    /// without it clrbpf warns and runs as started.
+    #[arg(long, value_name = "N", default_value_t = -10, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(-20..=19))]
+    pub nice: i32,
+
+    /// Keep clrbpf's scheduling priority as it was started.
+    #[arg(long, conflicts_with = "nice")]
+    pub no_priority_boost: bool,
+
     /// No progress line and no summary.
     #[arg(short, long)]
     pub quiet: bool,

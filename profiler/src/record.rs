@@ -37,7 +37,7 @@ use crate::{
         ipc::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
         session::ClrEventKinds,
     },
-    export::output::{OutputFormat, write_profile},
+    export::output::{OutputFile, OutputFormat, create_output, sudo_owner},
     process::{
         ProcFs,
         dotnet::DotnetRuntime,
@@ -97,6 +97,9 @@ pub struct RecordConfig {
     /// A `wall/nanoseconds` sample type: CPU plus off-CPU time per thread
     /// (needs [`Self::off_cpu`]).
     pub wall: bool,
+    /// Raise clrbpf's priority ([`crate::process::priority`]), with this
+    /// nice value for its background threads (`None`: leave it).
+    pub nice: Option<i32>,
 }
 
 /// What one recording collected, for the summary line and for tests.
@@ -125,13 +128,23 @@ pub struct RecordSummary {
     pub stopped_by: &'static str,
     pub warnings: Vec<String>,
     /// Exact CLR event counters per process that had an EventPipe session.
-    pub clr: Vec<(u32, Arc<str>, ClrCounters)>,
+    pub clr: Vec<ClrProcessTotals>,
     /// Files written (more than one with `split`).
     pub outputs: Vec<PathBuf>,
     /// Exact off-CPU totals of every thread that blocked, most blocked first.
     pub off_cpu_threads: Vec<OffCpuThread>,
     /// BPF stats of the `sched_switch` program (every switch on the host).
     pub off_cpu_bpf_stats: ProgramStats,
+}
+
+/// One process's exact CLR event totals, for the summary.
+#[derive(Clone, Debug)]
+pub struct ClrProcessTotals {
+    pub pid: u32,
+    pub exe_name: Arc<str>,
+    pub counters: ClrCounters,
+    /// Why the totals miss events (the stream broke), if they do.
+    pub incomplete: Option<String>,
 }
 
 /// One thread's exact off-CPU totals, for the summary.
@@ -559,9 +572,12 @@ impl Pipeline {
             process.refresh_managed(true);
             summary.warnings.append(&mut clr.take_warnings());
             if clr.had_session() {
-                summary
-                    .clr
-                    .push((process.pid, process.exe_name.clone(), clr.counters()));
+                summary.clr.push(ClrProcessTotals {
+                    pid: process.pid,
+                    exe_name: process.exe_name.clone(),
+                    counters: clr.counters(),
+                    incomplete: clr.incomplete().map(str::to_owned),
+                });
             }
             let kept = clr.finish();
             add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
@@ -816,6 +832,12 @@ impl Pipeline {
     fn restore_processes(&mut self, keep_files: bool) {
         for process in self.processes.values_mut() {
             self.summary.warnings.append(&mut process.warnings);
+            if let Some(problems) = process.managed.as_ref().and_then(|m| m.errors().problems()) {
+                self.summary.warnings.push(format!(
+                    "pid {}: some managed frames may be unnamed: {problems}",
+                    process.pid
+                ));
+            }
             if !keep_files
                 && process.launched_here
                 && let Some(managed) = process.managed.as_ref()
@@ -1066,10 +1088,14 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         split,
         off_cpu,
         wall,
+        nice,
     } = config;
     if wall && off_cpu.is_none() {
         bail!("--wall needs off-CPU time: add --off-cpu");
     }
+    // This thread drains the rings: it must keep up on a saturated host.
+    let priority_warning =
+        nice.and_then(|nice| crate::process::priority::boost_sampling_thread(nice).err());
     for &pid in &pids {
         if !process_exists(pid) {
             bail!(
@@ -1078,6 +1104,11 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         }
     }
     let mut warnings = system::prepare()?;
+    warnings.extend(priority_warning);
+    let layout = ValueLayout::new(off_cpu.is_some(), wall, clr_events.any());
+    // Created now, with their final owner and mode: a bad output path
+    // fails here, before anything is recorded.
+    let outputs = create_outputs(&output, format, split, &layout)?;
     let whole_host = all || (pids.is_empty() && command.is_empty());
     let mut initial_targets = pids.clone();
     if !command.is_empty() && !whole_host {
@@ -1085,6 +1116,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         // until the child is in the set means none of its children escape.
         initial_targets.push(std::process::id());
     }
+    tracing::debug!("loading the BPF programs");
     let mut sampler = Sampler::start(&SamplerConfig {
         frequency_hz,
         target_pids: (!whole_host).then_some(initial_targets),
@@ -1093,7 +1125,6 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         off_cpu,
         ..SamplerConfig::default()
     })?;
-    let layout = ValueLayout::new(off_cpu.is_some(), wall, clr_events.any());
     let mut pipeline = Pipeline::new(perf_map_attach, clr_events, layout.clone());
     pipeline.unwind = match sampler.take_unwind_maps() {
         Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
@@ -1106,6 +1137,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
     let started = Instant::now();
+    tracing::debug!("sampling started");
 
     let mut child = if command.is_empty() {
         None
@@ -1183,6 +1215,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         eprint!("\r{:80}\r", "");
     }
     let elapsed = started.elapsed();
+    tracing::debug!(?elapsed, "sampling stopped");
     pipeline.summary.malformed_records += sampler.drain(&mut raw);
     pipeline.accept(&mut raw);
     let mut blocked_now = sampler.still_blocked(crate::profile::monotonic_ns());
@@ -1194,9 +1227,15 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     pipeline.summary.off_cpu_bpf_stats = sampler.off_cpu_program_stats();
     if let Some(unwind) = pipeline.unwind.take() {
         pipeline.summary.unwind = unwind.finish();
+        if pipeline.summary.unwind.is_none() {
+            pipeline.summary.warnings.push(
+                "the unwind-table thread was still building tables when the recording ended (a saturated host?): stacks of the processes it had not indexed were walked by frame pointers".to_owned(),
+            );
+        }
     }
     let period_ns = sampler.period_ns;
     drop(sampler);
+    tracing::debug!("finishing CLR sessions and symbolizing");
     pipeline.finish_clr();
     pipeline.process_all();
     pipeline.restore_processes(keep_perf_maps);
@@ -1227,25 +1266,72 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     profile
         .comments
         .push(format!("frequency {frequency_hz} Hz"));
-    let owner = sudo_user().map(|(uid, gid, _)| (uid, gid));
-    let sample_type_index = match format {
-        OutputFormat::Pprof => layout.default_index(),
-        OutputFormat::Collapsed | OutputFormat::Svg => layout.folded_index(),
-    };
-    if split {
-        for (path, types, index) in split_outputs(&output, format, &layout) {
-            let mut part = select_sample_types(&profile, &types);
-            part.default_sample_type = Some(index);
-            write_profile(&part, format, index, &path, owner)
-                .with_context(|| format!("write {}", path.display()))?;
-            summary.outputs.push(path);
-        }
-    } else {
-        write_profile(&profile, format, sample_type_index, &output, owner)
-            .with_context(|| format!("write {}", output.display()))?;
-        summary.outputs.push(output);
+    for planned in outputs {
+        let PlannedOutput {
+            path,
+            types,
+            index,
+            file,
+        } = planned;
+        let written = match types {
+            Some(types) => {
+                let mut part = select_sample_types(&profile, &types);
+                part.default_sample_type = Some(index);
+                file.write_profile(&part, format, index)
+            }
+            None => file.write_profile(&profile, format, index),
+        };
+        written.with_context(|| format!("write {}", path.display()))?;
+        summary.outputs.push(path);
     }
     Ok(summary)
+}
+
+/// An output file created when the recording starts, with what goes in it.
+struct PlannedOutput {
+    path: PathBuf,
+    /// The sample types it keeps (indices into the combined profile);
+    /// `None`: all of them.
+    types: Option<Vec<usize>>,
+    /// The sample type folded stacks and flame graphs show.
+    index: usize,
+    file: OutputFile,
+}
+
+/// Creates the output file (or, with `split`, one per kind), each given to
+/// the invoking user under sudo, before anything is recorded.
+fn create_outputs(
+    output: &Path,
+    format: OutputFormat,
+    split: bool,
+    layout: &ValueLayout,
+) -> anyhow::Result<Vec<PlannedOutput>> {
+    let owner = sudo_owner();
+    let planned: Vec<(PathBuf, Option<Vec<usize>>, usize)> = if split {
+        split_outputs(output, format, layout)
+            .into_iter()
+            .map(|(path, types, index)| (path, Some(types), index))
+            .collect()
+    } else {
+        let index = match format {
+            OutputFormat::Pprof => layout.default_index(),
+            OutputFormat::Collapsed | OutputFormat::Svg => layout.folded_index(),
+        };
+        vec![(output.to_owned(), None, index)]
+    };
+    planned
+        .into_iter()
+        .map(|(path, types, index)| {
+            let file = create_output(&path, owner)
+                .with_context(|| format!("cannot write the profile to {}", path.display()))?;
+            Ok(PlannedOutput {
+                path,
+                types,
+                index,
+                file,
+            })
+        })
+        .collect()
 }
 
 /// `--split`: for `out.pb.gz`, `out.cpu.pb.gz` (samples, cpu),
@@ -1425,6 +1511,31 @@ fn off_cpu_summary(summary: &RecordSummary) -> Option<String> {
 }
 
 /// The end-of-recording summary, for a person.
+/// "exited with status 1", "was killed by signal 15 (SIGTERM)".
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => {
+            // SAFETY: strsignal returns a pointer to a static or
+            // thread-local string, read at once.
+            let name = unsafe {
+                let text = libc::strsignal(signal);
+                (!text.is_null()).then(|| {
+                    std::ffi::CStr::from_ptr(text)
+                        .to_string_lossy()
+                        .into_owned()
+                })
+            };
+            match name {
+                Some(name) => format!("was killed by signal {signal} ({name})"),
+                None => format!("was killed by signal {signal}"),
+            }
+        }
+        (None, None) => "ended".to_owned(),
+    }
+}
+
 pub fn print_summary(
     summary: &RecordSummary,
     output: &Path,
@@ -1468,6 +1579,9 @@ pub fn print_summary(
             summary.truncated_stacks, summary.malformed_records
         )?;
     }
+    if let Some(status) = summary.command_status {
+        writeln!(w, "clrbpf: the command {}", describe_exit(status))?;
+    }
     if summary.perf_maps_enabled > 0 {
         writeln!(
             w,
@@ -1475,10 +1589,19 @@ pub fn print_summary(
             summary.perf_maps_enabled
         )?;
     }
-    for (pid, name, counters) in &summary.clr {
+    for totals in &summary.clr {
+        let ClrProcessTotals {
+            pid,
+            exe_name,
+            counters,
+            incomplete,
+        } = totals;
+        let incomplete = incomplete
+            .as_ref()
+            .map_or(String::new(), |why| format!(" (incomplete: {why})"));
         writeln!(
             w,
-            "clrbpf: pid {pid} ({name}): {} exceptions thrown, {} contentions, {:.1} ms contention time",
+            "clrbpf: pid {pid} ({exe_name}): {} exceptions thrown, {} contentions, {:.1} ms contention time{incomplete}",
             counters.exceptions,
             counters.contentions,
             counters.contention_ns as f64 / 1e6

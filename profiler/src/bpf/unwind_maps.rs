@@ -32,6 +32,10 @@ use std::{
         unix::fs::MetadataExt as _,
     },
     ptr::NonNull,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -571,6 +575,9 @@ pub struct UnwindReport {
     pub stats: UnwindMapsStats,
 }
 
+/// How long [`UnwindWorker::finish`] waits for the table being built.
+const FINISH_WAIT: Duration = Duration::from_secs(1);
+
 /// [`UnwindMaps`] on a thread of its own. Indexing a .NET process builds
 /// tables for libcoreclr, libclrjit, ICU and the rest: seconds of CPU on a
 /// busy machine, which must not stall the loop that drains the ring buffer
@@ -578,6 +585,10 @@ pub struct UnwindReport {
 /// process's index is written, the kernel side walks it by frame pointers.
 pub struct UnwindWorker {
     requests: Option<std::sync::mpsc::Sender<UnwindRequest>>,
+    /// Set by [`Self::finish`]: the requests still queued are dropped (a
+    /// saturated host can queue hundreds of processes to index, which the
+    /// end of a recording must not wait for).
+    stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<UnwindReport>>,
 }
 
@@ -585,11 +596,17 @@ impl UnwindWorker {
     /// Moves `maps` to a new thread.
     pub fn spawn(maps: UnwindMaps) -> std::io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<UnwindRequest>();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("clrbpf-unwind".into())
             .spawn(move || {
+                crate::process::priority::enter_background_thread();
                 let mut maps = maps;
                 loop {
+                    if stop_flag.load(Ordering::Relaxed) {
+                        break;
+                    }
                     match rx.recv_timeout(EXIT_CHECK_EVERY) {
                         Ok(UnwindRequest::Track(pid)) => {
                             maps.track_process(pid);
@@ -611,6 +628,7 @@ impl UnwindWorker {
             })?;
         Ok(Self {
             requests: Some(tx),
+            stop,
             thread: Some(thread),
         })
     }
@@ -637,20 +655,36 @@ impl UnwindWorker {
         self.send(UnwindRequest::Forget(pid));
     }
 
-    /// Stops the thread once the queued requests are done and returns what
-    /// it counted; `None` if it panicked. Call before the sampler (the
-    /// owner of the programs) is dropped, so the error counters are read
-    /// while the maps are still loaded.
+    /// Stops the thread once the request under way is done (the queued
+    /// ones are dropped) and returns what it counted; `None` if it
+    /// panicked. Call before the sampler (the owner of the programs) is
+    /// dropped, so the error counters are read while the maps are still
+    /// loaded.
     pub fn finish(mut self) -> Option<UnwindReport> {
+        self.stop.store(true, Ordering::Relaxed);
         self.requests = None;
-        self.thread.take()?.join().ok()
+        let thread = self.thread.take()?;
+        // One table can take seconds to build on a saturated host: the
+        // recording does not wait for it (the thread ends by itself after).
+        let deadline = Instant::now() + FINISH_WAIT;
+        while !thread.is_finished() {
+            if Instant::now() >= deadline {
+                tracing::debug!("the unwind table thread is still busy: no unwind report");
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        thread.join().ok()
     }
 }
 
 impl Drop for UnwindWorker {
     fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
         self.requests = None;
-        if let Some(thread) = self.thread.take() {
+        if let Some(thread) = self.thread.take()
+            && thread.is_finished()
+        {
             let _ = thread.join();
         }
     }

@@ -49,6 +49,9 @@ pub struct ClrCollector {
     intake: ClrIntake,
     end: Option<SessionEnd>,
     warnings: Vec<String>,
+    /// Why the totals miss events: the stream broke before the recording
+    /// ended (the process was killed, the runtime sent garbage).
+    incomplete: Option<String>,
     sessions_started: u32,
     /// Run a method rundown once the session is up (catch-up for runtimes
     /// without EnablePerfMap).
@@ -82,6 +85,7 @@ impl ClrCollector {
             intake: ClrIntake::default(),
             end: None,
             warnings,
+            incomplete: None,
             sessions_started: 0,
             rundown,
             rundown_methods: 0,
@@ -106,6 +110,7 @@ impl ClrCollector {
                     if self.rundown {
                         let (procfs, pid) = (procfs.clone(), self.pid);
                         self.rundown_job = Some(std::thread::spawn(move || {
+                            crate::process::priority::enter_background_thread();
                             method_rundown(&procfs, pid, RUNDOWN_DEADLINE)
                         }));
                     }
@@ -136,6 +141,13 @@ impl ClrCollector {
                 };
                 let (session_end, _) =
                     session.stop(STOP_DEADLINE, &mut |event| route(intake, on_method, event));
+                if let Some(error) = &session_end.error {
+                    self.warnings.push(format!(
+                        "pid {}: the CLR event stream broke before the end of the recording ({error}): its exception and contention totals are incomplete",
+                        self.pid
+                    ));
+                    self.incomplete = Some(format!("the event stream broke: {error}"));
+                }
                 *end = Some(session_end);
             }
         }
@@ -196,6 +208,7 @@ impl ClrCollector {
             if let Some(error) = &session_end.error {
                 self.warnings
                     .push(format!("pid {}: CLR event stream: {error}", self.pid));
+                self.incomplete = Some(format!("the event stream failed: {error}"));
             }
             if let Some(e) = stop_error
                 && session_end.error.is_some()
@@ -214,7 +227,14 @@ impl ClrCollector {
                 "pid {}: the runtime dropped {} CLR events (its session buffer was full); totals are low by that much",
                 self.pid, end.stream.lost_events
             ));
+            self.incomplete
+                .get_or_insert_with(|| format!("{} events dropped", end.stream.lost_events));
         }
+    }
+
+    /// Why the totals are incomplete, if they are.
+    pub fn incomplete(&self) -> Option<&str> {
+        self.incomplete.as_deref()
     }
 
     /// The kept samples of the sampling windows closed so far.

@@ -234,7 +234,10 @@ impl ClrSession {
         let (sender, receiver) = sync_channel(CHANNEL_BOUND);
         let reader = std::thread::Builder::new()
             .name(format!("clr-events-{pid}"))
-            .spawn(move || read_session(stream, kinds, &sender))
+            .spawn(move || {
+                crate::process::priority::enter_background_thread();
+                read_session(stream, kinds, &sender)
+            })
             .map_err(|source| IpcError::Io {
                 pid,
                 command: super::ipc::CommandId::COLLECT_TRACING_2,
@@ -483,9 +486,13 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
     if error.is_none()
         && let Err(e) = parser.finish()
     {
-        // A stream cut by the target's exit has no end tag: worth a
-        // debug line, not a warning.
-        tracing::debug!(error = %e, "event stream ended without its end tag");
+        // A runtime that exits normally, or stops the session when asked,
+        // ends the stream with its end tag; a stream cut without it lost
+        // whatever the runtime still buffered (the process was killed or
+        // crashed, or something cut the connection).
+        error = Some(format!(
+            "it ended without its end-of-stream tag ({e}): the process was killed or crashed"
+        ));
     }
     let end = SessionEnd {
         stream: *parser.stats(),

@@ -17,6 +17,7 @@
 pub mod dotnet;
 pub mod identity;
 pub mod maps;
+pub mod priority;
 pub mod ps;
 pub mod root;
 

@@ -359,6 +359,40 @@ pub struct ManagedSymbolErrors {
     pub last_io_error: Option<String>,
 }
 
+impl ManagedSymbolErrors {
+    /// What went wrong with the perf files, in a few words for the summary;
+    /// `None` when nothing did. A refused, symlinked or corrupt file leaves
+    /// frames unnamed, and the user must be told why.
+    pub fn problems(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if self.open_errors + self.read_errors > 0 {
+            parts.push(format!(
+                "{} perf file opens or reads refused or failed (last: {})",
+                self.open_errors + self.read_errors,
+                self.last_io_error.as_deref().unwrap_or("unknown")
+            ));
+        }
+        let bad_lines = self.perf_map.malformed_lines + self.perf_map.long_lines;
+        if bad_lines > 0 {
+            parts.push(format!("{bad_lines} malformed perf map lines skipped"));
+        }
+        let bad_loads = self.jitdump.bad_code_loads + self.jitdump.long_names;
+        if bad_loads > 0 {
+            parts.push(format!("{bad_loads} malformed jitdump records skipped"));
+        }
+        if let Some(stop) = &self.jitdump_stop {
+            parts.push(format!("jitdump unusable: {stop}"));
+        }
+        let over_cap = self.perf_map.entries_over_cap + self.jitdump.code_loads_over_cap;
+        if over_cap > 0 {
+            parts.push(format!(
+                "{over_cap} methods over the per-process cap dropped"
+            ));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+}
+
 /// Bytes compared to tell a rewritten file from a grown one.
 const FINGERPRINT_LEN: usize = 64;
 /// Bytes read per `pread`.
