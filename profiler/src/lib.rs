@@ -11,6 +11,7 @@ pub mod bpf;
 pub mod cli;
 pub mod clr;
 pub mod export;
+pub mod pipeline;
 pub mod process;
 pub mod profile;
 pub mod record;

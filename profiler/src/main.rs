@@ -10,7 +10,8 @@ use clrbpf::{
     cli::{Cli, Command, RecordArgs},
     clr::session::ClrEventKinds,
     export::output::OutputFormat,
-    record::{RecordConfig, print_summary, record},
+    pipeline::summary::print_summary,
+    record::{RecordConfig, record},
 };
 
 fn main() -> ExitCode {

@@ -9,6 +9,7 @@ pub mod collapsed;
 pub mod flamegraph;
 pub mod output;
 pub mod pprof;
+pub mod split;
 
 #[cfg(test)]
 pub(crate) mod test_profile;
