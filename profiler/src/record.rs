@@ -16,7 +16,7 @@
 use std::{
     ffi::{CString, OsString},
     io::{IsTerminal as _, Write as _},
-    path::{Path, PathBuf},
+    path::PathBuf,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -27,15 +27,15 @@ use crate::{
     bpf::{OffCpuConfig, Sampler, SamplerConfig, UnwindWorker, system},
     clr::session::ClrEventKinds,
     export::{
-        output::{OutputFile, OutputFormat, create_output, sudo_owner},
-        split::{select_sample_types, split_outputs},
+        output::{OutputFormat, sudo_owner},
+        sink::{FileSink, ProfileSink as _},
     },
     pipeline::{
-        Pipeline,
+        Pipeline, WindowSpan,
         summary::{RecordSummary, add_still_blocked, off_cpu_threads},
     },
     process::ProcFs,
-    profile::{ValueType, layout::ValueLayout},
+    profile::layout::ValueLayout,
 };
 
 /// How long after a sample was taken it is symbolized: the runtime writes a
@@ -156,7 +156,8 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     let layout = ValueLayout::new(off_cpu.is_some(), wall, clr_events.any());
     // Created now, with their final owner and mode: a bad output path
     // fails here, before anything is recorded.
-    let outputs = create_outputs(&output, format, split, &layout)?;
+    let mut sink = FileSink::create(&output, format, split, &layout, sudo_owner())
+        .with_context(|| format!("cannot write the profile to {}", output.display()))?;
     let whole_host = all || (pids.is_empty() && command.is_empty());
     let mut initial_targets = pids.clone();
     if !command.is_empty() && !whole_host {
@@ -185,6 +186,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
     let started = Instant::now();
+    let start_mono_ns = crate::profile::monotonic_ns();
     tracing::debug!("sampling started");
 
     let mut child = if command.is_empty() {
@@ -225,8 +227,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
                 command_exited_at = Some(Instant::now());
             }
         }
-        pipeline.summary.malformed_records += sampler.drain(&mut raw);
-        pipeline.accept(&mut raw);
+        pipeline.pull(&mut sampler, &mut raw);
         if let Some(unwind) = pipeline.unwind.as_ref() {
             for pid in sampler.take_pids_to_rescan() {
                 unwind.refresh_process(pid);
@@ -264,8 +265,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     }
     let elapsed = started.elapsed();
     tracing::debug!(?elapsed, "sampling stopped");
-    pipeline.summary.malformed_records += sampler.drain(&mut raw);
-    pipeline.accept(&mut raw);
+    pipeline.pull(&mut sampler, &mut raw);
     let mut blocked_now = sampler.still_blocked(crate::profile::monotonic_ns());
     let mut off_cpu_totals = sampler.off_cpu_totals();
     add_still_blocked(&mut off_cpu_totals, &blocked_now);
@@ -301,83 +301,23 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     warnings.append(&mut summary.warnings);
     summary.warnings = warnings;
 
-    let mut profile = pipeline.aggregator.finish(
-        Some(ValueType::new("cpu", "nanoseconds")),
-        period_ns as i64,
-        start_unix_ns,
-        elapsed.as_nanos() as i64,
+    // One window: the sampled span.
+    let elapsed_ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+    let mut profile = pipeline.take_window(
+        WindowSpan {
+            start_ns: start_mono_ns,
+            end_ns: start_mono_ns.saturating_add(elapsed_ns),
+            start_unix_ns,
+        },
+        period_ns,
     );
-    profile.default_sample_type = Some(layout.default_index());
     profile
         .comments
         .push(format!("clrbpf {}", env!("CARGO_PKG_VERSION")));
     profile
         .comments
         .push(format!("frequency {frequency_hz} Hz"));
-    for planned in outputs {
-        let PlannedOutput {
-            path,
-            types,
-            index,
-            file,
-        } = planned;
-        let written = match types {
-            Some(types) => {
-                let mut part = select_sample_types(&profile, &types);
-                part.default_sample_type = Some(index);
-                file.write_profile(&part, format, index)
-            }
-            None => file.write_profile(&profile, format, index),
-        };
-        written.with_context(|| format!("write {}", path.display()))?;
-        summary.outputs.push(path);
-    }
+    sink.write_window(&profile).context("write the profile")?;
+    summary.outputs = sink.written().to_vec();
     Ok(summary)
-}
-
-/// An output file created when the recording starts, with what goes in it.
-struct PlannedOutput {
-    path: PathBuf,
-    /// The sample types it keeps (indices into the combined profile);
-    /// `None`: all of them.
-    types: Option<Vec<usize>>,
-    /// The sample type folded stacks and flame graphs show.
-    index: usize,
-    file: OutputFile,
-}
-
-/// Creates the output file (or, with `split`, one per kind), each given to
-/// the invoking user under sudo, before anything is recorded.
-fn create_outputs(
-    output: &Path,
-    format: OutputFormat,
-    split: bool,
-    layout: &ValueLayout,
-) -> anyhow::Result<Vec<PlannedOutput>> {
-    let owner = sudo_owner();
-    let planned: Vec<(PathBuf, Option<Vec<usize>>, usize)> = if split {
-        split_outputs(output, format, layout)
-            .into_iter()
-            .map(|(path, types, index)| (path, Some(types), index))
-            .collect()
-    } else {
-        let index = match format {
-            OutputFormat::Pprof => layout.default_index(),
-            OutputFormat::Collapsed | OutputFormat::Svg => layout.folded_index(),
-        };
-        vec![(output.to_owned(), None, index)]
-    };
-    planned
-        .into_iter()
-        .map(|(path, types, index)| {
-            let file = create_output(&path, owner)
-                .with_context(|| format!("cannot write the profile to {}", path.display()))?;
-            Ok(PlannedOutput {
-                path,
-                types,
-                index,
-                file,
-            })
-        })
-        .collect()
 }

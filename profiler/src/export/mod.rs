@@ -9,6 +9,7 @@ pub mod collapsed;
 pub mod flamegraph;
 pub mod output;
 pub mod pprof;
+pub mod sink;
 pub mod split;
 
 #[cfg(test)]

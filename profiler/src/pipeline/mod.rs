@@ -34,7 +34,8 @@ use crate::{
     clr::{collector::ClrCollector, session::ClrEventKinds},
     process::{ProcFs, root::TargetRoot},
     profile::{
-        Aggregator, Frame, FrameKind, Label, RawSample, label_keys, layout::ValueLayout, wait_kind,
+        Aggregator, Frame, FrameKind, Label, Profile, RawSample, ValueType, label_keys,
+        layout::ValueLayout, wait_kind,
     },
     symbolize::{
         managed::TargetLocation,
@@ -45,6 +46,29 @@ use crate::{
 
 /// Most samples held back for a late perf map (about 4 KiB each at most).
 const MAX_RETRY_SAMPLES: usize = 200_000;
+
+/// Where raw samples come from: the kernel ([`crate::bpf::Sampler`]) or,
+/// in tests, a fake.
+pub trait SampleSource {
+    /// Moves the samples taken since the last call into `out`; returns how
+    /// many malformed records were skipped.
+    fn drain(&mut self, out: &mut Vec<RawSample>) -> u64;
+}
+
+impl SampleSource for crate::bpf::Sampler {
+    fn drain(&mut self, out: &mut Vec<RawSample>) -> u64 {
+        crate::bpf::Sampler::drain(self, out)
+    }
+}
+
+/// The span of one window: CLOCK_MONOTONIC bounds (the clock of sample
+/// times), `[start_ns, end_ns)`, and the wall-clock time of its start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowSpan {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub start_unix_ns: i64,
+}
 
 /// Turns raw samples into aggregated, symbolized ones.
 pub struct Pipeline {
@@ -177,6 +201,36 @@ impl Pipeline {
                 add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
             }
         }
+    }
+
+    /// Drains `source` into the pending samples (see [`Self::accept`]).
+    pub fn pull(&mut self, source: &mut impl SampleSource, scratch: &mut Vec<RawSample>) {
+        self.summary.malformed_records += source.drain(scratch);
+        self.accept(scratch);
+    }
+
+    /// Closes the window `span`: every sample taken before its end is
+    /// symbolized (the held-back ones named as well as they can be now) and
+    /// the profile of the window is handed out, with `period_ns` per CPU
+    /// sample; the next window starts empty. Samples taken after the end
+    /// stay pending for the next window.
+    pub fn take_window(&mut self, span: WindowSpan, period_ns: u64) -> Profile {
+        self.process_pending(span.end_ns);
+        let (due, later): (Vec<RawSample>, Vec<RawSample>) = std::mem::take(&mut self.retry)
+            .into_iter()
+            .partition(|s| s.time_ns < span.end_ns);
+        self.retry = later;
+        for sample in &due {
+            self.add_sample(sample, true);
+        }
+        let mut profile = self.aggregator.take(
+            Some(ValueType::new("cpu", "nanoseconds")),
+            i64::try_from(period_ns).unwrap_or(i64::MAX),
+            span.start_unix_ns,
+            i64::try_from(span.end_ns.saturating_sub(span.start_ns)).unwrap_or(i64::MAX),
+        );
+        profile.default_sample_type = Some(self.layout.default_index());
+        profile
     }
 
     pub fn accept(&mut self, samples: &mut Vec<RawSample>) {
@@ -472,4 +526,139 @@ fn perf_file_warnings(pid: u32, cleanup: &PerfFileCleanup) -> Vec<String> {
         .collect();
     warnings.extend(cleanup.left_alone_warning(pid));
     warnings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake kernel: samples handed out in the order given, a few per
+    /// drain, as ticks would.
+    struct FakeSource(VecDeque<RawSample>);
+
+    impl SampleSource for FakeSource {
+        fn drain(&mut self, out: &mut Vec<RawSample>) -> u64 {
+            let n = self.0.len().min(3);
+            out.extend(self.0.drain(..n));
+            0
+        }
+    }
+
+    /// A CPU sample of a process that does not exist: its frames stay
+    /// unknown, which is all a window needs.
+    fn cpu_sample(time_ns: u64, tid: u32, user_stack: Vec<u64>) -> RawSample {
+        RawSample {
+            time_ns,
+            pid: u32::MAX - 1,
+            tid,
+            cpu: 0,
+            kind: clrbpf_common::SampleKind::OnCpu,
+            value: 1000,
+            thread_name: "worker".into(),
+            kernel_stack: Vec::new(),
+            user_stack,
+            kernel_stack_truncated: false,
+            user_stack_truncated: false,
+            off_cpu: None,
+        }
+    }
+
+    fn totals(profile: &Profile) -> (i64, i64) {
+        profile
+            .samples
+            .iter()
+            .fold((0, 0), |(n, cpu), s| (n + s.values[0], cpu + s.values[1]))
+    }
+
+    #[test]
+    fn consecutive_windows_add_up_to_the_whole() {
+        let samples: Vec<RawSample> = (0..20u64)
+            .map(|i| cpu_sample(i * 100, 1 + (i % 3) as u32, vec![0x1000 + i % 4, 0x2000]))
+            .collect();
+        let layout = ValueLayout::new(false, false, false);
+        let mut windowed = Pipeline::new(false, ClrEventKinds::NONE, layout.clone());
+        let mut source = FakeSource(samples.iter().cloned().collect());
+        let mut scratch = Vec::new();
+        // 12 samples pulled: two of them are past the first window's end.
+        for _ in 0..4 {
+            windowed.pull(&mut source, &mut scratch);
+        }
+        let first = windowed.take_window(
+            WindowSpan {
+                start_ns: 0,
+                end_ns: 1000,
+                start_unix_ns: 5_000,
+            },
+            1000,
+        );
+        for _ in 0..10 {
+            windowed.pull(&mut source, &mut scratch);
+        }
+        let second = windowed.take_window(
+            WindowSpan {
+                start_ns: 1000,
+                end_ns: 2000,
+                start_unix_ns: 6_000,
+            },
+            1000,
+        );
+        assert_eq!(totals(&first), (10, 10_000), "samples at 0..900 ns");
+        assert_eq!(totals(&second), (10, 10_000), "samples at 1000..1900 ns");
+        assert_eq!((first.start_unix_ns, first.duration_ns), (5_000, 1000));
+        assert_eq!((second.start_unix_ns, second.duration_ns), (6_000, 1000));
+
+        let mut whole = Pipeline::new(false, ClrEventKinds::NONE, layout);
+        let mut samples = samples;
+        whole.accept(&mut samples);
+        let all = whole.take_window(
+            WindowSpan {
+                start_ns: 0,
+                end_ns: 2000,
+                start_unix_ns: 5_000,
+            },
+            1000,
+        );
+        assert_eq!(totals(&all), (20, 20_000));
+        // Per stack and thread, the two windows hold what the whole holds.
+        let by_key = |profiles: &[&Profile]| {
+            let mut sums: HashMap<(Vec<String>, String), i64> = HashMap::new();
+            for p in profiles {
+                for s in &p.samples {
+                    let names = s
+                        .stack
+                        .iter()
+                        .map(|&f| p.frames[f as usize].name.to_string())
+                        .collect();
+                    let tid = format!(
+                        "{:?}",
+                        s.labels.iter().find(|l| &*l.key == label_keys::THREAD_ID)
+                    );
+                    *sums.entry((names, tid)).or_default() += s.values[0];
+                }
+            }
+            sums
+        };
+        assert_eq!(by_key(&[&first, &second]), by_key(&[&all]));
+    }
+
+    #[test]
+    fn a_window_leaves_later_samples_for_the_next() {
+        let mut pipeline = Pipeline::new(
+            false,
+            ClrEventKinds::NONE,
+            ValueLayout::new(false, false, false),
+        );
+        pipeline.accept(&mut vec![
+            cpu_sample(50, 1, vec![1]),
+            cpu_sample(150, 1, vec![1]),
+        ]);
+        let span = |start_ns, end_ns| WindowSpan {
+            start_ns,
+            end_ns,
+            start_unix_ns: 0,
+        };
+        assert_eq!(totals(&pipeline.take_window(span(0, 100), 1)), (1, 1000));
+        assert_eq!(totals(&pipeline.take_window(span(100, 200), 1)), (1, 1000));
+        assert_eq!(totals(&pipeline.take_window(span(200, 300), 1)), (0, 0));
+    }
 }
