@@ -364,6 +364,37 @@ impl TestProcess {
         argv.push(env.dotnet(runtime).as_os_str().to_owned());
         argv.push(env.workload(runtime, name).into_os_string());
         argv.extend(args.iter().map(OsString::from));
+        Self::start_argv(name, &argv, launch)
+    }
+
+    /// A process that looks like .NET to a profiler but misbehaves
+    /// (`tests/fakes/fake_dotnet.py`): `mode` is `silent` (never accepts on
+    /// its diagnostic socket), `mute` (accepts, never answers) or `junk`
+    /// (answers with random bytes). Runs as `user`, lives `seconds`.
+    pub fn fake_dotnet(mode: &str, seconds: u32, user: u32) -> Self {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fakes")
+            .join("fake_dotnet.py");
+        let argv: Vec<OsString> = [
+            OsString::from("setpriv"),
+            "--reuid".into(),
+            user.to_string().into(),
+            "--regid".into(),
+            user.to_string().into(),
+            "--clear-groups".into(),
+            "--".into(),
+            // The system's: a pyenv shim under /root is not the user's to run.
+            "/usr/bin/python3".into(),
+            script.into_os_string(),
+            mode.into(),
+            seconds.to_string().into(),
+        ]
+        .into();
+        Self::start_argv(&format!("fake .NET ({mode})"), &argv, &Launch::default())
+    }
+
+    /// Starts `argv`, waits for `READY` and checks the printed `PID`.
+    fn start_argv(name: &str, argv: &[OsString], launch: &Launch) -> Self {
         let mut command = Command::new(&argv[0]);
         command
             .args(&argv[1..])

@@ -2000,8 +2000,9 @@ mod tests {
         );
         let session = ClrSession::start(&procfs, 5, ClrEventKinds::ALL, Some(8)).expect("start");
         let mut seen = (0u64, 0u64);
-        let (end, stop_error) =
-            session.stop(Duration::from_secs(10), &mut |event| match event.event {
+        let (end, stop_error) = session.stop(
+            Instant::now() + Duration::from_secs(10),
+            &mut |event| match event.event {
                 ClrEvent::ContentionStop(_) => seen.0 += 1,
                 ClrEvent::ExceptionThrown(_) => {
                     assert!(!event.stack.is_empty(), "exception without its stack");
@@ -2009,7 +2010,8 @@ mod tests {
                     seen.1 += 1;
                 }
                 _ => {}
-            });
+            },
+        );
         assert!(stop_error.is_none(), "{stop_error:?}");
         assert!(end.error.is_none(), "{:?}", end.error);
         assert_eq!(seen, expected);
@@ -2407,7 +2409,8 @@ public static class Hot {
                 methods.len()
             );
             std::thread::sleep(Duration::from_millis(300));
-            let (end, stop_error) = session.stop(Duration::from_secs(5), &mut |_| {});
+            let (end, stop_error) =
+                session.stop(Instant::now() + Duration::from_secs(5), &mut |_| {});
             assert!(stop_error.is_none(), "{stop_error:?}");
             assert!(end.error.is_none(), "{:?}", end.error);
             let skew = end.clock_skew_ns.expect("a trace header");

@@ -212,6 +212,8 @@ pub struct ClrSession {
     session_id: u64,
     receiver: Receiver<SessionMessage>,
     reader: Option<JoinHandle<()>>,
+    /// StopTracing, sent from a thread of its own by [`Self::begin_stop`].
+    stopper: Option<JoinHandle<Result<(), IpcError>>>,
     end: Option<SessionEnd>,
 }
 
@@ -249,6 +251,7 @@ impl ClrSession {
             session_id,
             receiver,
             reader: Some(reader),
+            stopper: None,
             end: None,
         })
     }
@@ -286,22 +289,15 @@ impl ClrSession {
     }
 
     /// Stops the session, hands the remaining events to `on_event` and
-    /// returns how the stream ended. Waits at most `deadline` for the end
-    /// of the stream; the StopTracing error, if any, is returned too (it is
-    /// normal when the process has exited).
+    /// returns how the stream ended. Waits until `until` at most for the
+    /// end of the stream; the StopTracing error, if any, is returned too (it
+    /// is normal when the process has exited).
     pub fn stop(
         mut self,
-        deadline: Duration,
+        until: Instant,
         on_event: &mut impl FnMut(SessionEvent),
     ) -> (SessionEnd, Option<IpcError>) {
-        // StopTracing is answered only once the runtime has flushed the
-        // session into the stream: send it from another thread while this
-        // one keeps draining, or a full channel would stall both sides.
-        let stopper = self
-            .end
-            .is_none()
-            .then(|| stop_in_background(&self.client, self.session_id));
-        let until = Instant::now() + deadline;
+        self.begin_stop();
         while self.end.is_none() {
             let left = until.saturating_duration_since(Instant::now());
             match self.receiver.recv_timeout(left) {
@@ -309,9 +305,10 @@ impl ClrSession {
                 Ok(SessionMessage::Ended(end)) => self.end = Some(end),
                 Err(RecvTimeoutError::Timeout) => {
                     self.end = Some(SessionEnd {
-                        error: Some(format!(
-                            "the stream did not end within {deadline:?} of StopTracing"
-                        )),
+                        error: Some(
+                            "the stream did not end in time after StopTracing (the runtime is stopped or overloaded)"
+                                .to_owned(),
+                        ),
                         ..SessionEnd::default()
                     });
                 }
@@ -331,11 +328,26 @@ impl ClrSession {
         {
             let _ = reader.join();
         }
-        let stop_error = stopper.and_then(|stopper| {
-            // Its own deadline (the client's) bounds the wait.
-            stopper.join().ok().and_then(Result::err)
-        });
+        // Likewise StopTracing: a runtime that never answers it is not
+        // waited for (the client's deadline ends that thread).
+        let stop_error = self
+            .stopper
+            .take()
+            .filter(JoinHandle::is_finished)
+            .and_then(|stopper| stopper.join().ok().and_then(Result::err));
         (self.end.take().unwrap_or_default(), stop_error)
+    }
+
+    /// Sends StopTracing without waiting: the end of a recording stops
+    /// every process's session at once, then drains them against one
+    /// deadline ([`Self::stop`]).
+    pub fn begin_stop(&mut self) {
+        // StopTracing is answered only once the runtime has flushed the
+        // session into the stream: it is sent from another thread while
+        // this one keeps draining, or a full channel would stall both sides.
+        if self.end.is_none() && self.stopper.is_none() {
+            self.stopper = Some(stop_in_background(&self.client, self.session_id));
+        }
     }
 }
 

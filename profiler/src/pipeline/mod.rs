@@ -44,6 +44,10 @@ use crate::{
     },
 };
 
+/// How long the end of a recording waits for the EventPipe sessions (all
+/// of them together) to deliver their last events after StopTracing.
+const CLR_STOP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Most samples held back for a late perf map (about 4 KiB each at most).
 const MAX_RETRY_SAMPLES: usize = 200_000;
 
@@ -140,6 +144,7 @@ impl Pipeline {
     /// Starts, drains (and notices the end of) every EventPipe session.
     pub fn poll_clr(&mut self) {
         for process in self.processes.values_mut() {
+            process.poll_attach();
             process.poll_clr(&self.procfs);
         }
     }
@@ -148,8 +153,17 @@ impl Pipeline {
     /// CLR events, symbolized like CPU samples' user stacks at their own
     /// time and weighted so the totals are exact.
     pub fn finish_clr(&mut self) {
+        // Every session is asked to stop at once, then all are drained
+        // against one deadline: the end of a recording waits for the
+        // slowest runtime once, not for each in turn.
         for process in self.processes.values_mut() {
-            process.stop_clr();
+            if let Some(clr) = process.clr.as_mut() {
+                clr.begin_stop();
+            }
+        }
+        let until = std::time::Instant::now() + CLR_STOP_DEADLINE;
+        for process in self.processes.values_mut() {
+            process.stop_clr(until);
         }
         let Self {
             native,
@@ -457,6 +471,7 @@ impl Pipeline {
     /// and removes the perf files of the processes the command started.
     pub fn restore_processes(&mut self, keep_files: bool) {
         for process in self.processes.values_mut() {
+            process.abandon_attach();
             self.summary.warnings.append(&mut process.warnings);
             if let Some(problems) = process.managed.as_ref().and_then(|m| m.errors().problems()) {
                 self.summary.warnings.push(format!(

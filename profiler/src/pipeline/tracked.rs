@@ -27,6 +27,10 @@ use crate::{
     },
 };
 
+/// A perf map attach running on its own thread.
+pub(super) type AttachJob =
+    std::thread::JoinHandle<Result<PerfMapAttachOutcome, crate::clr::ipc::IpcError>>;
+
 /// How often a process's perf map / jitdump are re-read at most.
 const MANAGED_REFRESH_EVERY: Duration = Duration::from_millis(200);
 /// How often a process's mappings are re-read at most when an address is
@@ -43,6 +47,9 @@ pub(super) struct TrackedProcess {
     pub(super) managed: Option<ManagedSymbols>,
     pub(super) managed_read_at: Option<Instant>,
     pub(super) perf_map: Option<PerfMapAttach>,
+    /// The perf map attach under way on its own thread, with the runtime
+    /// version seen in the mappings.
+    pub(super) attach_job: Option<(AttachJob, Option<String>)>,
     /// Started by the command clrbpf launched, in clrbpf's own mount and
     /// PID namespaces: its perf files are ours to remove.
     pub(super) launched_here: bool,
@@ -87,6 +94,7 @@ impl TrackedProcess {
             managed: None,
             managed_read_at: None,
             perf_map: None,
+            attach_job: None,
             launched_here,
             attach,
             warnings: Vec::new(),
@@ -156,7 +164,44 @@ impl TrackedProcess {
         if !self.attach {
             return;
         }
-        match PerfMapAttach::attach(procfs, pid) {
+        // The runtime may be slow, stopped or hostile (a process that maps
+        // a file named libcoreclr.so and never answers): ask from a thread
+        // of its own, bounded by the client's deadline, and take the answer
+        // on a later tick ([`Self::poll_attach`]).
+        let procfs = procfs.clone();
+        let job = std::thread::Builder::new()
+            .name(format!("clrbpf-attach-{pid}"))
+            .spawn(move || {
+                crate::process::priority::enter_background_thread();
+                PerfMapAttach::attach(&procfs, pid)
+            });
+        match job {
+            Ok(job) => self.attach_job = Some((job, runtime.version)),
+            Err(e) => self.warnings.push(format!(
+                "pid {pid}: could not start the perf map attach: {e}"
+            )),
+        }
+    }
+
+    /// Takes the outcome of the perf map attach once it is there.
+    pub(super) fn poll_attach(&mut self) {
+        if !self
+            .attach_job
+            .as_ref()
+            .is_some_and(|(job, _)| job.is_finished())
+        {
+            return;
+        }
+        let Some((job, version)) = self.attach_job.take() else {
+            return;
+        };
+        let pid = self.pid;
+        let Ok(outcome) = job.join() else {
+            self.warnings
+                .push(format!("pid {pid}: the perf map attach thread failed"));
+            return;
+        };
+        match outcome {
             Ok(PerfMapAttachOutcome::Enabled(handle)) => self.perf_map = Some(*handle),
             Ok(PerfMapAttachOutcome::AlreadyEnabled { .. }) => {}
             Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { .. }))
@@ -168,7 +213,7 @@ impl TrackedProcess {
                 );
             }
             Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { .. })) => {
-                let version = runtime.version.as_deref().unwrap_or("before 8");
+                let version = version.as_deref().unwrap_or("before 8");
                 self.warnings.push(format!(
                     "pid {pid} runs .NET {version}, which cannot turn perf maps on at run time: its JIT frames are named only if it was started with DOTNET_PerfMapEnabled=1 (COMPlus_PerfMapEnabled=1 before .NET 5)"
                 ));
@@ -179,6 +224,19 @@ impl TrackedProcess {
             Err(e) => self
                 .warnings
                 .push(format!("pid {pid}: could not turn on perf maps: {e}")),
+        }
+    }
+
+    /// At the end: an attach still under way is left to finish on its own
+    /// (the client's deadline bounds it; if it turned perf maps on, dropping
+    /// the handle turns them off again) and reported.
+    pub(super) fn abandon_attach(&mut self) {
+        self.poll_attach();
+        if self.attach_job.take().is_some() {
+            self.warnings.push(format!(
+                "pid {}: its runtime had not answered EnablePerfMap when the recording ended: its JIT frames may be unnamed",
+                self.pid
+            ));
         }
     }
 
@@ -228,13 +286,14 @@ impl TrackedProcess {
         }
     }
 
-    /// Stops this process's EventPipe session, if any.
-    pub(super) fn stop_clr(&mut self) {
+    /// Stops this process's EventPipe session, if any, waiting for its
+    /// last events until `until` at most.
+    pub(super) fn stop_clr(&mut self, until: Instant) {
         let Some(clr) = self.clr.as_mut() else {
             return;
         };
         let mut managed = self.managed.as_mut().filter(|_| self.methods_from_events);
-        clr.stop(&mut |method, time_ns| {
+        clr.stop(until, &mut |method, time_ns| {
             if let Some(managed) = managed.as_deref_mut() {
                 add_event_method(managed, method, time_ns);
             }
