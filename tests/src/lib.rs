@@ -849,6 +849,26 @@ pub fn record_pid(
     (output, output_path)
 }
 
+/// `(samples, lost)` from the first line of clrbpf's summary
+/// (`clrbpf: recorded 5.0 s (duration), N samples from P processes, L lost, ...`).
+pub fn summary_samples_and_lost(stderr: &str) -> (u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("clrbpf: recorded "))
+        .unwrap_or_else(|| panic!("no summary line in:\n{stderr}"));
+    let number_before = |word: &str| -> u64 {
+        let at = line
+            .find(word)
+            .unwrap_or_else(|| panic!("no `{word}` in {line:?}"));
+        line[..at]
+            .split_whitespace()
+            .last()
+            .and_then(|n| n.trim_end_matches(',').parse().ok())
+            .unwrap_or_else(|| panic!("no number before `{word}` in {line:?}"))
+    };
+    (number_before(" samples from"), number_before(" lost"))
+}
+
 /// How long one `clrbpf record` of a test may take.
 const RECORD_TIMEOUT: Duration = Duration::from_secs(120);
 

@@ -25,24 +25,6 @@ fn hostile_targets() -> Vec<TestProcess> {
         .collect()
 }
 
-fn summary_numbers(stderr: &str) -> (u64, u64) {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("clrbpf: recorded "))
-        .unwrap_or_else(|| panic!("no summary line in:\n{stderr}"));
-    let before = |word: &str| -> u64 {
-        let at = line
-            .find(word)
-            .unwrap_or_else(|| panic!("{word} in {line}"));
-        line[..at]
-            .split_whitespace()
-            .last()
-            .and_then(|n| n.trim_end_matches(',').parse().ok())
-            .unwrap_or_else(|| panic!("number before {word} in {line}"))
-    };
-    (before(" samples from"), before(" lost"))
-}
-
 /// `record -p` of a real .NET app and the three fakes, stopped by `-d`:
 /// on time, nothing lost, the app named, each fake reported, and the
 /// app's CPU time in the profile no more than the profile's duration
@@ -71,7 +53,7 @@ fn hostile_diagnostic_sockets_delay_nothing() {
         took < Duration::from_secs(8),
         "a 4 s recording took {took:?} with hostile targets:\n{stderr}"
     );
-    let (_, lost) = summary_numbers(&stderr);
+    let (_, lost) = clrbpf_integration_tests::summary_samples_and_lost(&stderr);
     assert_eq!(lost, 0, "samples lost:\n{stderr}");
     for fake in &fakes {
         assert!(

@@ -77,6 +77,21 @@ impl Drop for RootFile {
     }
 }
 
+/// `Hot` on .NET 8 as uid 1000, with `DOTNET_PerfMapJitDumpPath=dir`.
+fn hot_as_user_writing_perf_files_to(env: &Env, dir: &str) -> TestProcess {
+    TestProcess::launch(
+        env,
+        Runtime::Net8,
+        "Hot",
+        &["30"],
+        &Launch {
+            user: Some(USER),
+            env: &[("DOTNET_PerfMapJitDumpPath", dir)],
+            ..Launch::default()
+        },
+    )
+}
+
 fn perf_file_names(pid: u32) -> [String; 3] {
     [
         format!("perf-{pid}.map"),
@@ -133,17 +148,7 @@ fn a_target_that_picks_its_perf_directory_cannot_make_root_read_or_remove_root_f
     let env = Env::privileged();
     let root_dir = TempDir::new("root-owned-perf-dir");
     let dir_path = root_dir.path().to_string_lossy().into_owned();
-    let app = TestProcess::launch(
-        &env,
-        Runtime::Net8,
-        "Hot",
-        &["30"],
-        &Launch {
-            user: Some(USER),
-            env: &[("DOTNET_PerfMapJitDumpPath", &dir_path)],
-            ..Launch::default()
-        },
-    );
+    let app = hot_as_user_writing_perf_files_to(&env, &dir_path);
     let planted: Vec<RootFile> = perf_file_names(app.pid())
         .into_iter()
         .map(|name| RootFile::plant(root_dir.join(&name)))
@@ -198,25 +203,6 @@ fn a_non_root_targets_own_perf_files_are_read_and_removed_as_its_user() {
         );
     }
     drop(app);
-}
-
-/// `N samples from P processes, L lost` from the summary's first line.
-fn samples_and_lost(stderr: &str) -> (u64, u64) {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("clrbpf: recorded "))
-        .unwrap_or_else(|| panic!("no summary line in:\n{stderr}"));
-    let number_before = |word: &str| -> u64 {
-        let at = line
-            .find(word)
-            .unwrap_or_else(|| panic!("no `{word}` in {line:?}"));
-        line[..at]
-            .split_whitespace()
-            .last()
-            .and_then(|n| n.trim_end_matches(',').parse().ok())
-            .unwrap_or_else(|| panic!("no number before `{word}` in {line:?}"))
-    };
-    (number_before(" samples from"), number_before(" lost"))
 }
 
 /// Busy shell loops, one per thread of load, killed when dropped.
@@ -279,7 +265,7 @@ fn a_saturated_host_neither_delays_nor_starves_the_recording() {
     drop(load);
     clrbpf_integration_tests::assert_success(&output);
     let stderr = stderr(&output);
-    let (samples, lost) = samples_and_lost(&stderr);
+    let (samples, lost) = clrbpf_integration_tests::summary_samples_and_lost(&stderr);
     assert!(
         took < Duration::from_secs(20),
         "a 5 s recording took {took:?} on a saturated host:\n{stderr}"
@@ -475,17 +461,7 @@ fn a_symlinked_perf_map_is_reported_not_followed() {
     let perf_dir = TempDir::new("symlinked-perf-map");
     std::os::unix::fs::chown(perf_dir.path(), Some(USER), Some(USER)).expect("chown");
     let dir_path = perf_dir.path().to_string_lossy().into_owned();
-    let app = TestProcess::launch(
-        &env,
-        Runtime::Net8,
-        "Hot",
-        &["30"],
-        &Launch {
-            user: Some(USER),
-            env: &[("DOTNET_PerfMapJitDumpPath", &dir_path)],
-            ..Launch::default()
-        },
-    );
+    let app = hot_as_user_writing_perf_files_to(&env, &dir_path);
     let secret = RootFile::plant(perf_dir.join("secret"));
     for name in perf_file_names(app.pid()) {
         let link = perf_dir.join(&name);
