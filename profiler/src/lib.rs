@@ -15,6 +15,7 @@ pub mod pipeline;
 pub mod process;
 pub mod profile;
 pub mod record;
+pub mod stop;
 pub mod symbolize;
 pub mod unwind;
 

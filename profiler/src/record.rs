@@ -38,10 +38,6 @@ use crate::{
     profile::layout::ValueLayout,
 };
 
-/// How long after a sample was taken it is symbolized: the runtime writes a
-/// method's perf map line right after JIT-compiling it, and we read the
-/// file on a timer.
-const SYMBOLIZE_DELAY: Duration = Duration::from_millis(300);
 const TICK: Duration = Duration::from_millis(50);
 /// After the command exits, keep draining this long for its last samples.
 const EXIT_GRACE: Duration = Duration::from_millis(100);
@@ -227,17 +223,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
                 command_exited_at = Some(Instant::now());
             }
         }
-        pipeline.pull(&mut sampler, &mut raw);
-        if let Some(unwind) = pipeline.unwind.as_ref() {
-            for pid in sampler.take_pids_to_rescan() {
-                unwind.refresh_process(pid);
-            }
-        }
-        pipeline.poll_clr();
-        pipeline.flush_clr_windows();
-        pipeline.process_pending(
-            crate::profile::monotonic_ns().saturating_sub(SYMBOLIZE_DELAY.as_nanos() as u64),
-        );
+        pipeline.tick(&mut sampler, &mut raw);
         if command_exited_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE) {
             break "command exited";
         }
@@ -260,6 +246,11 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
             let _ = err.flush();
         }
     };
+    // From here on, a second Ctrl-C or SIGTERM ends every wait on the
+    // targets at once; the profile is still written.
+    if let Err(e) = crate::stop::arm_second_request() {
+        tracing::debug!(error = %e, "no handler for a second stop request");
+    }
     if progress {
         eprint!("\r{:80}\r", "");
     }

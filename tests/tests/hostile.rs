@@ -120,3 +120,57 @@ fn ctrl_c_is_honoured_whatever_the_targets_do() {
     assert!(!profile.sample.is_empty());
     drop(fakes);
 }
+
+/// A real .NET process stopped (SIGSTOP) after its EventPipe session
+/// started never answers StopTracing: the end of the recording would wait
+/// for it. A second Ctrl-C ends that wait at once, and the profile is
+/// still written.
+#[test]
+fn a_second_ctrl_c_ends_the_waits_on_targets() {
+    let env = Env::privileged();
+    let app = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
+    let dir = TempDir::new("second-int");
+    let out = dir.join("out.pb.gz");
+    let mut child = Command::new(&env.clrbpf)
+        .args(["record", "-p", &app.pid().to_string(), "-o"])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start clrbpf");
+    thread::sleep(Duration::from_secs(4));
+    // SAFETY: kill has no memory preconditions; both pids are our children.
+    unsafe {
+        libc::kill(app.pid() as libc::pid_t, libc::SIGSTOP);
+        libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+    }
+    thread::sleep(Duration::from_millis(100));
+    let interrupted = Instant::now();
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let output = loop {
+        if child.try_wait().expect("wait").is_some() {
+            break child.wait_with_output().expect("output");
+        }
+        assert!(
+            interrupted.elapsed() < Duration::from_secs(60),
+            "clrbpf still runs 60 s after the second Ctrl-C"
+        );
+        thread::sleep(Duration::from_millis(20));
+    };
+    // SAFETY: as above.
+    unsafe { libc::kill(app.pid() as libc::pid_t, libc::SIGCONT) };
+    let took = interrupted.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        took < Duration::from_secs(3),
+        "clrbpf took {took:?} after the second Ctrl-C:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("a second stop request"),
+        "the cut-short CLR stream is not reported:\n{stderr}"
+    );
+    assert!(!read_profile(&out).sample.is_empty());
+}

@@ -666,13 +666,10 @@ impl UnwindWorker {
         let thread = self.thread.take()?;
         // One table can take seconds to build on a saturated host: the
         // recording does not wait for it (the thread ends by itself after).
-        let deadline = Instant::now() + FINISH_WAIT;
-        while !thread.is_finished() {
-            if Instant::now() >= deadline {
-                tracing::debug!("the unwind table thread is still busy: no unwind report");
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        crate::stop::wait_until(Instant::now() + FINISH_WAIT, || thread.is_finished());
+        if !thread.is_finished() {
+            tracing::debug!("the unwind table thread is still busy: no unwind report");
+            return None;
         }
         thread.join().ok()
     }

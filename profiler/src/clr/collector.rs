@@ -209,9 +209,7 @@ impl ClrCollector {
             return;
         };
         if let Some(until) = wait_until {
-            while !job.is_finished() && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            crate::stop::wait_until(until, || job.is_finished());
         }
         if !job.is_finished() {
             if wait_until.is_some() {

@@ -299,10 +299,23 @@ impl ClrSession {
     ) -> (SessionEnd, Option<IpcError>) {
         self.begin_stop();
         while self.end.is_none() {
-            let left = until.saturating_duration_since(Instant::now());
+            if crate::stop::hurry() {
+                self.end = Some(SessionEnd {
+                    error: Some(
+                        "stopped before the stream ended (a second stop request)".to_owned(),
+                    ),
+                    ..SessionEnd::default()
+                });
+                break;
+            }
+            // In short steps, so a second stop request is seen at once.
+            let left = until
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(50));
             match self.receiver.recv_timeout(left) {
                 Ok(SessionMessage::Event(event)) => on_event(event),
                 Ok(SessionMessage::Ended(end)) => self.end = Some(end),
+                Err(RecvTimeoutError::Timeout) if Instant::now() < until => {}
                 Err(RecvTimeoutError::Timeout) => {
                     self.end = Some(SessionEnd {
                         error: Some(

@@ -48,6 +48,15 @@ use crate::{
 /// of them together) to deliver their last events after StopTracing.
 const CLR_STOP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long after a sample was taken it is symbolized: the runtime writes a
+/// method's perf map line right after JIT-compiling it, and we read the
+/// file on a timer.
+pub const SYMBOLIZE_DELAY: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// How long the end of a recording waits for the runtimes (all of them
+/// together) to turn their perf maps off again.
+const DETACH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Most samples held back for a late perf map (about 4 KiB each at most).
 const MAX_RETRY_SAMPLES: usize = 200_000;
 
@@ -215,6 +224,24 @@ impl Pipeline {
                 add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
             }
         }
+    }
+
+    /// One tick of a recording: drain the kernel's samples, queue the
+    /// processes whose stacks met unindexed code for a rescan, start and
+    /// drain the EventPipe sessions, add the CLR samples of closed sampling
+    /// windows, and symbolize the samples taken [`SYMBOLIZE_DELAY`] ago or
+    /// earlier.
+    pub fn tick(&mut self, sampler: &mut crate::bpf::Sampler, scratch: &mut Vec<RawSample>) {
+        self.pull(sampler, scratch);
+        if let Some(unwind) = self.unwind.as_ref() {
+            for pid in sampler.take_pids_to_rescan() {
+                unwind.refresh_process(pid);
+            }
+        }
+        self.poll_clr();
+        self.flush_clr_windows();
+        let delay = u64::try_from(SYMBOLIZE_DELAY.as_nanos()).unwrap_or(u64::MAX);
+        self.process_pending(crate::profile::monotonic_ns().saturating_sub(delay));
     }
 
     /// Drains `source` into the pending samples (see [`Self::accept`]).
@@ -470,6 +497,7 @@ impl Pipeline {
     /// Turns perf maps off again in the processes where we turned them on,
     /// and removes the perf files of the processes the command started.
     pub fn restore_processes(&mut self, keep_files: bool) {
+        let mut detaching = Vec::new();
         for process in self.processes.values_mut() {
             process.abandon_attach();
             self.summary.warnings.append(&mut process.warnings);
@@ -488,20 +516,43 @@ impl Pipeline {
             }
             if let Some(handle) = process.perf_map.take() {
                 self.summary.perf_maps_enabled += 1;
-                let cleanup = handle.finish(keep_files);
-                // A process that exited has nothing left to turn off.
-                if let Err(e) = cleanup.disable
-                    && self.procfs.is_running(process.pid)
+                // Every process at once, on threads of their own: a stopped
+                // or overloaded runtime answers DisablePerfMap late or never.
+                let pid = process.pid;
+                match std::thread::Builder::new()
+                    .name(format!("clrbpf-detach-{pid}"))
+                    .spawn(move || handle.finish(keep_files))
                 {
-                    self.summary.warnings.push(format!(
-                        "pid {}: turning perf maps off again: {e}",
-                        process.pid
-                    ));
+                    Ok(job) => detaching.push((pid, job)),
+                    Err(e) => self.summary.warnings.push(format!(
+                        "pid {pid}: cannot start a thread to turn perf maps off again: {e}"
+                    )),
                 }
+            }
+        }
+        let until = std::time::Instant::now() + DETACH_DEADLINE;
+        crate::stop::wait_until(until, || detaching.iter().all(|(_, job)| job.is_finished()));
+        for (pid, job) in detaching {
+            if !job.is_finished() {
+                self.summary.warnings.push(format!(
+                    "pid {pid}: its runtime did not answer DisablePerfMap in time (stopped or overloaded?): it may keep writing perf maps, and their files stay"
+                ));
+                continue;
+            }
+            let Ok(cleanup) = job.join() else {
+                continue;
+            };
+            // A process that exited has nothing left to turn off.
+            if let Err(e) = cleanup.disable
+                && self.procfs.is_running(pid)
+            {
                 self.summary
                     .warnings
-                    .extend(perf_file_warnings(process.pid, &cleanup.files));
+                    .push(format!("pid {pid}: turning perf maps off again: {e}"));
             }
+            self.summary
+                .warnings
+                .extend(perf_file_warnings(pid, &cleanup.files));
         }
     }
 }
