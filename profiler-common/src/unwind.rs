@@ -10,9 +10,12 @@
 //! the caller's output slice.
 //!
 //! Strategy, per frame:
-//! 1. The caller's lookup maps the pc to a row of the file's table, to "no
-//!    row" (anonymous executable memory such as JIT code, or a file without a
-//!    table: use the frame-pointer rule), or to an [`UnwindError`]. Return
+//! 1. The caller's lookup maps the pc to a row of the file's table (an ELF
+//!    file's `.eh_frame`, or a ReadyToRun image's Windows x64 unwind info),
+//!    to "no row" (anonymous executable memory such as JIT code, or a file
+//!    without a table: use the frame-pointer rule; a
+//!    [`CfaRule::FramePointer`] row means the same), or to an
+//!    [`UnwindError`]. Return
 //!    addresses are looked up at `pc - 1`, so a call that ends a function
 //!    finds its own row, not the next function's; interrupted pcs (the
 //!    sampled leaf, and the frame a signal interrupted) are looked up as is.
@@ -92,6 +95,10 @@ pub enum CfaRule {
     /// A rule the table cannot express (a DWARF expression, a register other
     /// than sp and fp).
     Unsupported = 5,
+    /// No unwind information, but code that keeps the frame-pointer chain:
+    /// the gaps of a ReadyToRun image's table (stubs, thunks). The walk
+    /// steps as for a mapping without a table instead of ending.
+    FramePointer = 6,
 }
 
 impl CfaRule {
@@ -103,6 +110,7 @@ impl CfaRule {
             3 => Some(Self::PltSp),
             4 => Some(Self::SignalFrame),
             5 => Some(Self::Unsupported),
+            6 => Some(Self::FramePointer),
             _ => None,
         }
     }
@@ -527,6 +535,7 @@ pub fn step<M: MemoryReader + ?Sized>(
         CfaRule::NoInfo => return Err(UnwindError::NoTableRow),
         CfaRule::Unsupported => return Err(UnwindError::UnsupportedCfa),
         CfaRule::SignalFrame => return step_signal_frame(regs, mem),
+        CfaRule::FramePointer => return step_frame_pointer(regs, mem),
         CfaRule::SpOffset => regs.sp,
         CfaRule::FpOffset => regs.fp,
         CfaRule::PltSp => {
@@ -744,7 +753,7 @@ where
     } else {
         regs.pc.wrapping_sub(1)
     };
-    let row = lookup(lookup_pc)?;
+    let row = lookup(lookup_pc)?.filter(|r| r.cfa_rule != CfaRule::FramePointer as u8);
     let outcome = match (row, *interrupted) {
         (None, true) => step_interrupted_without_row(regs, mem)?,
         (row, _) => step(regs, row.as_ref(), mem)?,

@@ -64,6 +64,14 @@ pub struct UnwindRowStats {
     pub overlapping_fdes: usize,
     /// The table hit [`MAX_TABLE_ROWS`] and the rest was dropped.
     pub truncated: bool,
+    /// ReadyToRun images: `RUNTIME_FUNCTION`s (method bodies, funclets)
+    /// whose rows are in the table.
+    pub runtime_functions: usize,
+    /// ReadyToRun images: functions without a frame register (the ones a
+    /// frame-pointer walk loses the caller of).
+    pub functions_without_frame_register: usize,
+    /// ReadyToRun images: functions continuing another's unwind info.
+    pub chained_functions: usize,
 }
 
 impl UnwindRowStats {
