@@ -1103,6 +1103,47 @@ mod tests {
         ]
     }
 
+    /// A `FramePointer` row (a gap of a ReadyToRun table) walks exactly as
+    /// no row does: frame records, and the leaf's `push rbp` check.
+    #[test]
+    fn frame_pointer_rows_walk_like_no_row() {
+        // Leaf at `push rbp` (return address at sp), then a frame record.
+        let mem = FakeMemory::default()
+            .code_at(
+                0x5000,
+                &[
+                    x86_64::OP_PUSH_RBP,
+                    0x90,
+                    0x90,
+                    0x90,
+                    0x90,
+                    0x90,
+                    0x90,
+                    0x90,
+                ],
+            )
+            .word(0x7000, 0x6010)
+            .word(0x7100, 0)
+            .word(0x7108, 0x6020);
+        let start = regs(0x5000, 0x7000, 0x7100);
+        let mut with_rows = [0u64; 8];
+        let mut without = [0u64; 8];
+        let a = walk(
+            start,
+            |pc| Ok(Some(UnwindRow::new(pc, CfaRule::FramePointer, 0))),
+            &mem,
+            &mut with_rows,
+        );
+        let b = walk(start, |_| Ok(None), &mem, &mut without);
+        assert_eq!(a, b);
+        assert_eq!(&with_rows[..a.0], &[0x5000, 0x6010, 0x6020]);
+        assert_eq!(a.1, None);
+        let mut r = start;
+        let row = UnwindRow::new(0, CfaRule::FramePointer, 0);
+        assert_eq!(step(&mut r, Some(&row), &mem), Ok(StepOutcome::Caller));
+        assert_eq!(r, regs(0x6020, 0x7110, 0));
+    }
+
     #[test]
     fn find_row_picks_the_last_row_at_or_before_pc() {
         let t = table();

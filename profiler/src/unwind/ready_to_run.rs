@@ -354,6 +354,16 @@ fn function_rows(
     Ok(rows)
 }
 
+/// The rows of one function of `len` bytes at `begin` from its
+/// `UNWIND_INFO` bytes (without following a chain: a chained entry starts
+/// from the entry state), `None` for an info that does not decode. For the
+/// fuzz target: every pc in `begin..begin + len`, sorted, never a panic.
+pub fn rows_of_unwind_info(bytes: &[u8], begin: u64, len: u64) -> Option<Vec<UnwindRow>> {
+    let mut info = decode_unwind_info(bytes).ok()?;
+    info.chained = None;
+    function_rows(&[], &SectionTable::default(), begin, len, &info).ok()
+}
+
 /// Where the sections of a PE image land, for [`super::LoadSegment`]s:
 /// (file offset, size in the file, image virtual address).
 pub fn section_segments(pe: &PeFile64<'_>) -> Vec<(u64, u64, u64)> {
@@ -638,6 +648,34 @@ mod tests {
         // Codes past the function's end add no row.
         let rows = rows_of(&info(0, 0, &[(20, op::ALLOC_SMALL, 0, 0)]), 10);
         assert_eq!(rows.len(), 1);
+    }
+
+    /// What the fuzz target checks, over random bytes: rows inside the
+    /// function, sorted, never a panic.
+    #[test]
+    fn random_unwind_infos_give_sorted_rows_inside_the_function() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut decoded = 0;
+        for _ in 0..20_000 {
+            let mut bytes = [0u8; 24];
+            for b in &mut bytes {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                *b = seed as u8;
+            }
+            // Mostly valid versions and short code lists.
+            bytes[0] = (bytes[0] & 0xf8) | 1;
+            bytes[2] %= 10;
+            let len = u64::from(bytes[23]) + 1;
+            if let Some(rows) = rows_of_unwind_info(&bytes, 0x1000, len) {
+                decoded += 1;
+                assert_eq!(rows[0].pc, 0x1000);
+                assert!(rows.windows(2).all(|p| p[0].pc < p[1].pc), "{bytes:?}");
+                assert!(rows.iter().all(|r| r.pc < 0x1000 + len), "{bytes:?}");
+            }
+        }
+        assert!(decoded > 1000, "{decoded}");
     }
 
     #[test]

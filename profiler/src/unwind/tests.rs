@@ -756,7 +756,27 @@ fn start_dotnet_app(
     mcs_args: &[&str],
     args: &[&str],
 ) -> (tempfile::TempDir, KillOnDrop) {
-    let dotnet = coreclr_dir().join("dotnet");
+    start_dotnet_app_on(
+        &coreclr_dir().join("dotnet"),
+        NET8_CONFIG,
+        source,
+        mcs_args,
+        args,
+    )
+}
+
+const NET8_CONFIG: &str = r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.0"}}}"#;
+const NETCORE31_CONFIG: &str = r#"{"runtimeOptions":{"tfm":"netcoreapp3.1","framework":{"name":"Microsoft.NETCore.App","version":"3.1.0"},"configProperties":{"System.Globalization.Invariant":true}}}"#;
+
+/// [`start_dotnet_app`] on the runtime of host `dotnet` with its
+/// `runtimeconfig` JSON.
+fn start_dotnet_app_on(
+    dotnet: &Path,
+    runtime_config: &str,
+    source: &str,
+    mcs_args: &[&str],
+    args: &[&str],
+) -> (tempfile::TempDir, KillOnDrop) {
     assert!(
         dotnet.exists(),
         "{} missing: run cargo xtask setup",
@@ -764,11 +784,8 @@ fn start_dotnet_app(
     );
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("App.cs"), source).expect("App.cs");
-    std::fs::write(
-        dir.path().join("App.runtimeconfig.json"),
-        r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.0"}}}"#,
-    )
-    .expect("runtimeconfig");
+    std::fs::write(dir.path().join("App.runtimeconfig.json"), runtime_config)
+        .expect("runtimeconfig");
     let status = Command::new("mcs")
         .current_dir(dir.path())
         .args(mcs_args)
@@ -778,10 +795,12 @@ fn start_dotnet_app(
         .expect("running mcs");
     assert!(status.success(), "mcs failed");
     let child = KillOnDrop(
-        Command::new(&dotnet)
+        Command::new(dotnet)
             .arg(dir.path().join("App.dll"))
             .args(args)
+            // .NET Core 3.1 reads only the COMPlus_ spelling.
             .env("DOTNET_PerfMapEnabled", "1")
+            .env("COMPlus_PerfMapEnabled", "1")
             .stdout(Stdio::piped())
             .spawn()
             .expect("starting dotnet"),
@@ -1121,45 +1140,58 @@ fn hostile_ready_to_run_images_never_panic() {
 /// The workload of the frameless-wrapper tests (issue 13).
 const FRAMELESS_APP: &str = include_str!("../../../tests/workloads/Frameless.cs");
 
-/// The thread of `pid` named `name` (.NET names the native thread after
-/// `Thread.Name`).
-fn thread_named(pid: u32, name: &str) -> u32 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-            .expect("tasks")
-            .flatten()
-        {
-            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-            if comm.trim() == name {
-                return task.file_name().to_string_lossy().parse().expect("tid");
-            }
-        }
-        assert!(Instant::now() < deadline, "no thread named {name}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Threads blocked in `ManualResetEventSlim.Wait(int)`,
 /// `SemaphoreSlim.Wait(int)` and `Task.Wait(int)` (ReadyToRun code without
-/// a frame): the walk with the
+/// a frame), and one running a task inline under `Task.Wait()`: the walk with the
 /// ReadyToRun tables reaches the user method that called the framework;
 /// frame pointers alone skip it.
 #[test]
 #[ignore = "needs ptrace (root), mcs and the .NET runtime: run by cargo xtask test"]
 fn replay_dotnet_threads_under_frameless_ready_to_run_wrappers() {
-    let (_dir, mut child) =
-        start_dotnet_app(FRAMELESS_APP, &["-optimize+"], &["0", "60", "600000"]);
+    replay_frameless_app(&coreclr_dir().join("dotnet"), NET8_CONFIG);
+}
+
+/// The same on .NET Core 3.1.
+#[test]
+#[ignore = "needs ptrace (root), mcs and the .NET runtime: run by cargo xtask test"]
+fn replay_netcore31_threads_under_frameless_ready_to_run_wrappers() {
+    replay_frameless_app(
+        &dotnet_host("CLRBPF_DOTNET31", "netcore31/dotnetcore2/bin/dotnet"),
+        NETCORE31_CONFIG,
+    );
+}
+
+fn replay_frameless_app(dotnet: &Path, runtime_config: &str) {
+    let (_dir, mut child) = start_dotnet_app_on(
+        dotnet,
+        runtime_config,
+        FRAMELESS_APP,
+        &["-optimize+"],
+        &["0", "60", "600000"],
+    );
     let pid = child.0.id();
     let rx = lines_of(&mut child.0);
-    wait_line(&rx, "STARTED");
+    let mut tids = HashMap::new();
+    for _ in 0..4 {
+        let line = wait_line(&rx, "TID ");
+        let mut fields = line.split_whitespace().skip(1);
+        let (Some(name), Some(tid)) = (fields.next(), fields.next()) else {
+            panic!("bad line {line:?}");
+        };
+        tids.insert(name.to_owned(), tid.parse::<u32>().expect("tid"));
+    }
     for (thread, method) in [
         ("mres", "Frameless::WaitMres"),
         ("semaphore", "Frameless::WaitSemaphore"),
         ("task", "Frameless::WaitTask"),
+        ("burn", "Frameless::BurnUnderTaskWait"),
     ] {
-        let tid = thread_named(pid, thread);
-        wait_in_syscall(pid, tid, SYS_FUTEX);
+        let tid = tids[thread];
+        if thread == "burn" {
+            std::thread::sleep(Duration::from_millis(200));
+        } else {
+            wait_in_syscall(pid, tid, SYS_FUTEX);
+        }
         let captured = capture_thread(pid as i32, tid as i32).expect("ptrace capture");
         let (frames, err, tables) = replay(&captured);
         let text = show(&frames);
