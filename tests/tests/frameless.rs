@@ -17,8 +17,9 @@ use clrbpf_integration_tests::{
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// The kernel walker uses frame pointers for a process until its tables are
-/// built (about 1.5 s): the waits start after this delay.
-const START_DELAY_S: &str = "4";
+/// built (about 1.5 s, more on a loaded machine): the threads start after
+/// this delay.
+const START_DELAY_S: &str = "6";
 
 /// The thread ids the workload printed (`TID name tid`): .NET Core 3.1
 /// does not name native threads, so the `thread.name` label cannot tell
@@ -66,14 +67,15 @@ fn user_method_holds_the_waits(runtime: Runtime, label: &str) {
         ("semaphore", "Frameless::WaitSemaphore"),
         ("task", "Frameless::WaitTask"),
     ] {
-        // The thread's off-CPU time in its timed waits (futex waits, not
-        // the page faults of its start).
+        // The thread's off-CPU time in the framework's code (not the page
+        // faults of its start; a walk before the process's tables were
+        // built stops in glibc and is not counted either).
         let waits: Vec<&SampleView> = all
             .iter()
             .filter(|s| {
                 s.values[off_cpu] > 0
                     && s.label_num("thread.id") == tids.get(thread).copied()
-                    && s.stack_contains(&["futex"])
+                    && s.stack_contains(&["System.Private.CoreLib"])
             })
             .collect();
         let total: i64 = waits.iter().map(|s| s.values[off_cpu]).sum();
@@ -99,7 +101,7 @@ fn user_method_holds_the_waits(runtime: Runtime, label: &str) {
             total as f64 / 1e6
         );
         assert!(
-            total > 2_000_000_000,
+            total > 1_000_000_000,
             "{thread}: only {:.1} ms off-CPU in its waits; heaviest:\n{heaviest}",
             total as f64 / 1e6
         );
@@ -138,7 +140,7 @@ fn user_method_holds_the_waits(runtime: Runtime, label: &str) {
         .collect::<Vec<_>>()
         .join("\n");
     assert!(
-        total > 1_000_000_000,
+        total > 500_000_000,
         "only {:.1} ms of CPU in Frameless::Spin",
         total as f64 / 1e6
     );

@@ -28,18 +28,24 @@
 //!    [`CfaRule::FramePointer`] row: stubs and thunks without unwind info
 //!    are walked by frame pointer, as before, instead of ending the walk.
 //!
-//! Known limits: epilogs are not described by version 1 `UNWIND_INFO` (the
-//! Windows unwinder recognises them by their code), so a sampled leaf
-//! stopped between an epilog's `add rsp` and its `ret` is stepped with the
-//! body's rule and loses its caller or gets a wrong one; callers are never
-//! in an epilog. `UWOP_PUSH_MACHFRAME` (interrupt frames, never in managed
+//! 5. Epilogs are not described by version 1 `UNWIND_INFO` (the Windows
+//!    unwinder recognises them by their code): the rows carry
+//!    [`CFA_PARAM_EPILOG_BY_CODE`], and the walk reads the code of an
+//!    interrupted frame (the sampled leaf) for an epilog's `pop`s and `ret`
+//!    (`clrbpf_common::unwind::step_interrupted_epilog`). Callers are never
+//!    in an epilog.
+//!
+//! Known limits: a tail-call epilog (`pop`s then `jmp`) is stepped with
+//! the body's rule. `UWOP_PUSH_MACHFRAME` (interrupt frames, never in managed
 //! code) and a frame register other than rbp give an unsupported row.
 //!
 //! Hostile files: every RVA, count and size is checked against the file;
 //! a bad entry is counted and skipped; at most [`MAX_RUNTIME_FUNCTIONS`]
 //! entries are read.
 
-use clrbpf_common::unwind::{CfaRule, FpRule, MAX_TABLE_ROWS, RaRule, UnwindRow};
+use clrbpf_common::unwind::{
+    CFA_PARAM_EPILOG_BY_CODE, CfaRule, FpRule, MAX_TABLE_ROWS, RaRule, UnwindRow,
+};
 use object::LittleEndian as LE;
 use object::pe::{
     IMAGE_DIRECTORY_ENTRY_COM_DESCRIPTOR, IMAGE_FILE_MACHINE_AMD64, ImageCor20Header,
@@ -125,7 +131,7 @@ impl FrameState {
         let (Ok(offset), false) = (i32::try_from(offset), self.unsupported) else {
             return UnwindRow::new(pc, CfaRule::Unsupported, 0);
         };
-        let row = UnwindRow::new(pc, rule, offset);
+        let row = UnwindRow::new(pc, rule, offset).with_cfa_param(CFA_PARAM_EPILOG_BY_CODE);
         match self.rbp_saved_at.map(i16::try_from) {
             None => row,
             Some(Ok(at)) => row.with_fp_at(at),
@@ -557,6 +563,11 @@ fn push_merged(rows: &mut Vec<UnwindRow>, row: UnwindRow) {
 mod tests {
     use super::*;
 
+    /// A row as the builder makes it: epilogs are read from the code.
+    fn r(pc: u64, rule: CfaRule, offset: i32) -> UnwindRow {
+        UnwindRow::new(pc, rule, offset).with_cfa_param(CFA_PARAM_EPILOG_BY_CODE)
+    }
+
     fn info(frame_register: u8, frame_offset: i64, codes: &[(u8, u8, u8, u32)]) -> UnwindInfo {
         UnwindInfo {
             frame_register,
@@ -588,8 +599,8 @@ mod tests {
         assert_eq!(
             rows,
             vec![
-                UnwindRow::new(0x1000, CfaRule::SpOffset, 8),
-                UnwindRow::new(0x1001, CfaRule::SpOffset, 16),
+                r(0x1000, CfaRule::SpOffset, 8),
+                r(0x1001, CfaRule::SpOffset, 16),
             ]
         );
     }
@@ -609,13 +620,13 @@ mod tests {
         assert_eq!(
             rows,
             vec![
-                UnwindRow::new(0x1000, CfaRule::SpOffset, 8),
-                UnwindRow::new(0x1001, CfaRule::SpOffset, 16).with_fp_at(-16),
-                UnwindRow::new(0x1003, CfaRule::SpOffset, 24).with_fp_at(-16),
-                UnwindRow::new(0x1004, CfaRule::SpOffset, 32).with_fp_at(-16),
-                UnwindRow::new(0x1008, CfaRule::SpOffset, 72).with_fp_at(-16),
+                r(0x1000, CfaRule::SpOffset, 8),
+                r(0x1001, CfaRule::SpOffset, 16).with_fp_at(-16),
+                r(0x1003, CfaRule::SpOffset, 24).with_fp_at(-16),
+                r(0x1004, CfaRule::SpOffset, 32).with_fp_at(-16),
+                r(0x1008, CfaRule::SpOffset, 72).with_fp_at(-16),
                 // rbp = rsp + 0x30 = CFA - 72 + 48.
-                UnwindRow::new(0x100d, CfaRule::FpOffset, 24).with_fp_at(-16),
+                r(0x100d, CfaRule::FpOffset, 24).with_fp_at(-16),
             ]
         );
     }
@@ -631,9 +642,9 @@ mod tests {
         assert_eq!(
             rows,
             vec![
-                UnwindRow::new(0x1000, CfaRule::SpOffset, 8),
-                UnwindRow::new(0x1007, CfaRule::SpOffset, 0x1008),
-                UnwindRow::new(0x100c, CfaRule::SpOffset, 0x1008).with_fp_at(0x20 - 0x1008),
+                r(0x1000, CfaRule::SpOffset, 8),
+                r(0x1007, CfaRule::SpOffset, 0x1008),
+                r(0x100c, CfaRule::SpOffset, 0x1008).with_fp_at(0x20 - 0x1008),
             ]
         );
     }
@@ -697,7 +708,7 @@ mod tests {
         let rows = rows_of(&info, 64);
         assert_eq!(
             rows.last(),
-            Some(&UnwindRow::new(0x100d, CfaRule::FpOffset, 8 + 16 + 0x1000 - 48).with_fp_at(-16))
+            Some(&r(0x100d, CfaRule::FpOffset, 8 + 16 + 0x1000 - 48).with_fp_at(-16))
         );
 
         // Chained: the parent entry follows the (even) codes.

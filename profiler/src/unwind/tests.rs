@@ -1045,12 +1045,13 @@ fn check_corelib(dotnet: &Path) {
         };
         let va = image_base + u64::from(f.begin);
         let entry = table.find_row(va).copied();
+        let managed = |rule, offset| {
+            UnwindRow::new(0, rule, offset)
+                .with_cfa_param(clrbpf_common::unwind::CFA_PARAM_EPILOG_BY_CODE)
+        };
         assert_eq!(
-            entry,
-            Some(UnwindRow::new(va, CfaRule::SpOffset, 8)).map(|r| UnwindRow {
-                pc: entry.map_or(0, |e| e.pc),
-                ..r
-            }),
+            entry.map(|r| UnwindRow { pc: 0, ..r }),
+            Some(managed(CfaRule::SpOffset, 8)),
             "entry of {va:#x}"
         );
         let after = table
@@ -1062,7 +1063,7 @@ fn check_corelib(dotnet: &Path) {
                 push_rbp += 1;
                 assert_eq!(
                     after,
-                    Some(UnwindRow::new(0, CfaRule::SpOffset, 16).with_fp_at(-16)),
+                    Some(managed(CfaRule::SpOffset, 16).with_fp_at(-16)),
                     "after push rbp at {va:#x}"
                 );
             }
@@ -1070,7 +1071,7 @@ fn check_corelib(dotnet: &Path) {
                 push_rax += 1;
                 assert_eq!(
                     after,
-                    Some(UnwindRow::new(0, CfaRule::SpOffset, 16)),
+                    Some(managed(CfaRule::SpOffset, 16)),
                     "after push rax at {va:#x}"
                 );
             }
