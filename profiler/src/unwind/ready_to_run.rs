@@ -36,7 +36,9 @@
 //!    in an epilog.
 //!
 //! Known limits: a tail-call epilog (`pop`s then `jmp`) is stepped with
-//! the body's rule. `UWOP_PUSH_MACHFRAME` (interrupt frames, never in managed
+//! the body's rule. An image the runtime could not map section by section
+//! (it then copies the code to anonymous memory) has no file mapping to
+//! attach the table to and is walked by frame pointer. `UWOP_PUSH_MACHFRAME` (interrupt frames, never in managed
 //! code) and a frame register other than rbp give an unsupported row.
 //!
 //! Hostile files: every RVA, count and size is checked against the file;
