@@ -17,7 +17,9 @@
 //! 4. A sample whose walk met a pc in no indexed mapping (a `dlopen` or a
 //!    new JIT code heap after the scan; the kernel stepped it by frame
 //!    pointer and flagged the sample) makes the record loop call
-//!    [`UnwindMaps::refresh_process`]; exited processes are dropped by
+//!    [`UnwindMaps::refresh_process`]; a process is also rescanned every
+//!    second for its first ten ([`UnwindMaps::rescan_young`]), while a
+//!    runtime maps its code; exited processes are dropped by
 //!    [`UnwindMaps::forget_process`] or [`UnwindMaps::forget_exited`].
 //! 5. All of it runs on its own thread ([`UnwindWorker`]): indexing a .NET
 //!    process reads and parses ~20 files (seconds on a loaded machine), and
@@ -53,6 +55,15 @@ use crate::unwind::{
 
 /// A process is rescanned at most this often.
 const RESCAN_EVERY: Duration = Duration::from_millis(500);
+/// For this long after a process is first indexed, it is rescanned every
+/// [`YOUNG_RESCAN_EVERY`] without waiting for a walk to meet an unindexed
+/// pc: a runtime maps its code (.NET's ReadyToRun images, `libclrjit`) in
+/// its first second, often after the first sample indexed it, and until a
+/// sample's walk lands in that code nothing asks for a rescan. Off-CPU
+/// stacks of the first waits would be walked without those tables.
+const YOUNG_FOR: Duration = Duration::from_secs(10);
+/// See [`YOUNG_FOR`].
+const YOUNG_RESCAN_EVERY: Duration = Duration::from_secs(1);
 /// Exited processes are looked for at most this often.
 const EXIT_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// Bytes of built tables kept in userspace to avoid re-parsing a file whose
@@ -161,6 +172,8 @@ struct ProcessIndex {
     /// The index entries with the table each came from.
     entries: Vec<(MappingEntry, Option<u64>)>,
     scanned_at: Instant,
+    /// When the process was first indexed ([`YOUNG_FOR`]).
+    first_scanned_at: Instant,
 }
 
 /// Counters of the userspace side of unwinding.
@@ -256,6 +269,23 @@ impl UnwindMaps {
             return true;
         }
         self.scan(pid)
+    }
+
+    /// Rescans the processes indexed less than [`YOUNG_FOR`] ago whose last
+    /// scan is older than [`YOUNG_RESCAN_EVERY`].
+    pub fn rescan_young(&mut self) {
+        let due: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(_, p)| {
+                p.first_scanned_at.elapsed() < YOUNG_FOR
+                    && p.scanned_at.elapsed() >= YOUNG_RESCAN_EVERY
+            })
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in due {
+            self.scan(pid);
+        }
     }
 
     /// Drops a process's index (it exited). Its tables stay loaded until
@@ -390,6 +420,9 @@ impl UnwindMaps {
             }
         }
         let old = self.processes.remove(&pid);
+        let first_scanned_at = old
+            .as_ref()
+            .map_or_else(Instant::now, |old| old.first_scanned_at);
         for key in &used {
             if let Some(t) = self.tables.get_mut(key) {
                 t.users += 1;
@@ -408,6 +441,7 @@ impl UnwindMaps {
             tables: used,
             entries,
             scanned_at: Instant::now(),
+            first_scanned_at,
         };
         self.write_index(pid, &index);
         self.processes.insert(pid, index);
@@ -607,7 +641,7 @@ impl UnwindWorker {
                     if stop_flag.load(Ordering::Relaxed) {
                         break;
                     }
-                    match rx.recv_timeout(EXIT_CHECK_EVERY) {
+                    match rx.recv_timeout(YOUNG_RESCAN_EVERY.min(EXIT_CHECK_EVERY)) {
                         Ok(UnwindRequest::Track(pid)) => {
                             maps.track_process(pid);
                         }
@@ -619,6 +653,7 @@ impl UnwindWorker {
                         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
                     maps.forget_exited();
+                    maps.rescan_young();
                 }
                 UnwindReport {
                     errors: maps.error_counts(),
