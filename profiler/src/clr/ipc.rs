@@ -2001,6 +2001,7 @@ mod tests {
                     name: crate::clr::events::RUNTIME_PROVIDER.to_owned(),
                     keywords: ClrEventKinds::ALL.keywords(Some(8)),
                     level: 5,
+                    filter: String::new(),
                 }]
             )
         );

@@ -30,6 +30,7 @@ use std::{
 };
 
 use super::{
+    counters::{CounterDecoder, CounterSample, counters_provider},
     events::{ClrDecodeStats, ClrEvent, ClrEventDecoder, RUNTIME_PROVIDER},
     ipc::{DiagnosticClient, IpcError, encode_string},
     nettrace::{NettraceParser, NettraceStats, ParsedItem, TraceHeader},
@@ -147,6 +148,9 @@ pub struct ProviderConfig {
     pub name: String,
     pub keywords: u64,
     pub level: u32,
+    /// `key=value;key=value` arguments of the provider (EventSources read
+    /// them, e.g. `EventCounterIntervalSec=15`); empty for none.
+    pub filter: String,
 }
 
 /// The CollectTracing2 payload: buffer size, format, rundown flag and
@@ -166,7 +170,7 @@ pub fn collect_tracing2_payload(
         out.extend_from_slice(&provider.keywords.to_le_bytes());
         out.extend_from_slice(&provider.level.to_le_bytes());
         encode_string(&mut out, &provider.name);
-        encode_string(&mut out, "");
+        encode_string(&mut out, &provider.filter);
     }
     out
 }
@@ -197,11 +201,15 @@ pub struct SessionEnd {
     /// it at session start) when the runtime's tick clock is the clock of
     /// BPF samples, as on Linux. `None` without a header.
     pub clock_skew_ns: Option<i64>,
+    /// `System.Runtime` EventCounters payloads that did not match their
+    /// metadata.
+    pub counter_errors: u64,
 }
 
 #[derive(Debug)]
 enum SessionMessage {
     Event(SessionEvent),
+    Counter(CounterSample),
     Ended(SessionEnd),
 }
 
@@ -213,7 +221,13 @@ pub struct ClrSession {
     receiver: Receiver<SessionMessage>,
     reader: Option<JoinHandle<()>>,
     end: Option<SessionEnd>,
+    /// Counter values not yet taken, at most [`MAX_PENDING_COUNTERS`].
+    counters: Vec<CounterSample>,
 }
+
+/// Counter values a session holds before they are taken: a few minutes of
+/// the runtime's ~25 counters at the shortest interval.
+const MAX_PENDING_COUNTERS: usize = 4096;
 
 impl ClrSession {
     /// Starts a streaming session in host process `pid` for `kinds`.
@@ -223,13 +237,31 @@ impl ClrSession {
         kinds: ClrEventKinds,
         runtime_major: Option<u32>,
     ) -> Result<Self, IpcError> {
+        Self::start_with_counters(procfs, pid, kinds, runtime_major, None)
+    }
+
+    /// [`Self::start`], also enabling the `System.Runtime` EventCounters
+    /// every `counters_interval_sec` seconds when given: their values
+    /// arrive through [`Self::take_counters`].
+    pub fn start_with_counters(
+        procfs: &ProcFs,
+        pid: u32,
+        kinds: ClrEventKinds,
+        runtime_major: Option<u32>,
+        counters_interval_sec: Option<u32>,
+    ) -> Result<Self, IpcError> {
         let client = DiagnosticClient::discover(procfs, pid)?;
         let provider = ProviderConfig {
             name: RUNTIME_PROVIDER.to_owned(),
             keywords: kinds.keywords(runtime_major),
             level: LEVEL_VERBOSE,
+            filter: String::new(),
         };
-        let payload = collect_tracing2_payload(SESSION_BUFFER_MB, false, &[provider]);
+        let mut providers = vec![provider];
+        if let Some(interval_sec) = counters_interval_sec {
+            providers.push(counters_provider(interval_sec));
+        }
+        let payload = collect_tracing2_payload(SESSION_BUFFER_MB, false, &providers);
         let (stream, session_id) = client.collect_tracing(&payload)?;
         let (sender, receiver) = sync_channel(CHANNEL_BOUND);
         let reader = std::thread::Builder::new()
@@ -247,7 +279,15 @@ impl ClrSession {
             receiver,
             reader: Some(reader),
             end: None,
+            counters: Vec::new(),
         })
+    }
+
+    /// The counter values received so far (see
+    /// [`Self::start_with_counters`]), oldest first; call after
+    /// [`Self::drain`], which collects them.
+    pub fn take_counters(&mut self) -> Vec<CounterSample> {
+        std::mem::take(&mut self.counters)
     }
 
     /// The host pid.
@@ -264,6 +304,7 @@ impl ClrSession {
                     n += 1;
                     on_event(event);
                 }
+                Ok(SessionMessage::Counter(sample)) => self.keep_counter(sample),
                 Ok(SessionMessage::Ended(end)) => self.end = Some(end),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
@@ -275,6 +316,13 @@ impl ClrSession {
             }
         }
         n
+    }
+
+    fn keep_counter(&mut self, sample: CounterSample) {
+        if self.counters.len() >= MAX_PENDING_COUNTERS {
+            self.counters.remove(0);
+        }
+        self.counters.push(sample);
     }
 
     /// Whether the stream has ended (target exited or session stopped).
@@ -303,6 +351,7 @@ impl ClrSession {
             let left = until.saturating_duration_since(Instant::now());
             match self.receiver.recv_timeout(left) {
                 Ok(SessionMessage::Event(event)) => on_event(event),
+                Ok(SessionMessage::Counter(sample)) => self.keep_counter(sample),
                 Ok(SessionMessage::Ended(end)) => self.end = Some(end),
                 Err(RecvTimeoutError::Timeout) => {
                     self.end = Some(SessionEnd {
@@ -356,6 +405,7 @@ pub fn method_rundown(
         name: RUNTIME_PROVIDER.to_owned(),
         keywords: keywords::JIT | keywords::LOADER,
         level: 4,
+        filter: String::new(),
     };
     let payload = collect_tracing2_payload(SESSION_BUFFER_MB, true, &[provider]);
     let (mut stream, session_id) = client.collect_tracing(&payload)?;
@@ -425,6 +475,8 @@ fn stop_in_background(
 fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSender<SessionMessage>) {
     let mut parser = NettraceParser::new();
     let mut decoder = ClrEventDecoder::new();
+    let mut counter_decoder = CounterDecoder::new();
+    let mut counter_errors = 0u64;
     let mut header: Option<TraceHeader> = None;
     let mut undelivered = 0u64;
     let mut clock_skew_ns = None;
@@ -453,7 +505,22 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
                     );
                 }
             }
+            ParsedItem::Metadata(metadata) => counter_decoder.on_metadata(metadata),
             ParsedItem::Event(record) => {
+                match counter_decoder.decode(&record) {
+                    Some(Ok(sample)) => {
+                        if sender.send(SessionMessage::Counter(sample)).is_err() {
+                            undelivered += 1;
+                        }
+                        return;
+                    }
+                    Some(Err(error)) => {
+                        counter_errors += 1;
+                        tracing::debug!(%error, "undecodable EventCounters payload");
+                        return;
+                    }
+                    None => {}
+                }
                 let Some(event) = decoder.decode(&record) else {
                     return;
                 };
@@ -493,6 +560,7 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
         error,
         undelivered,
         clock_skew_ns,
+        counter_errors,
     };
     let _ = sender.send(SessionMessage::Ended(end));
 }
@@ -512,6 +580,7 @@ mod tests {
                 name: RUNTIME_PROVIDER.to_owned(),
                 keywords: 0xFFFF_FFFF_FFFF_FFBF,
                 level: 5,
+                filter: String::new(),
             }],
         );
         let mut expected = vec![0, 1, 0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 0];

@@ -1,0 +1,246 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::clr::nettrace::{EventMetadata, EventRecord, FieldDescription};
+
+fn field(name: &str, type_code: u32) -> FieldDescription {
+    FieldDescription {
+        name: name.into(),
+        type_code,
+        fields: Box::new([]),
+    }
+}
+
+/// The `EventCounters` metadata as the runtime describes it: one
+/// `Payload` object with the fields of `CounterPayload` (polling) or
+/// `IncrementingCounterPayload` (incrementing).
+fn metadata(id: u32, incrementing: bool) -> EventMetadata {
+    let mut fields = vec![
+        field("Name", type_code::STRING),
+        field("DisplayName", type_code::STRING),
+    ];
+    if incrementing {
+        fields.push(field("DisplayRateTimeScale", type_code::STRING));
+        fields.push(field("Increment", type_code::DOUBLE));
+    } else {
+        fields.push(field("Mean", type_code::DOUBLE));
+        fields.push(field("StandardDeviation", type_code::DOUBLE));
+        fields.push(field("Count", type_code::INT32));
+        fields.push(field("Min", type_code::DOUBLE));
+        fields.push(field("Max", type_code::DOUBLE));
+    }
+    fields.extend([
+        field("IntervalSec", type_code::SINGLE),
+        field("Series", type_code::STRING),
+        field("CounterType", type_code::STRING),
+        field("Metadata", type_code::STRING),
+        field("DisplayUnits", type_code::STRING),
+    ]);
+    EventMetadata {
+        metadata_id: id,
+        provider: Arc::from(RUNTIME_COUNTERS_PROVIDER),
+        event_id: 0,
+        event_name: EVENT_COUNTERS_EVENT.into(),
+        keywords: 0,
+        version: 0,
+        level: 0,
+        fields: Box::new([FieldDescription {
+            name: "Payload".into(),
+            type_code: type_code::OBJECT,
+            fields: fields.into(),
+        }]),
+    }
+}
+
+fn utf16z(text: &str, out: &mut Vec<u8>) {
+    for unit in text.encode_utf16().chain([0]) {
+        out.extend(unit.to_le_bytes());
+    }
+}
+
+fn polling_payload(name: &str, mean: f64, units: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    utf16z(name, &mut out);
+    utf16z("Display", &mut out);
+    out.extend(mean.to_le_bytes());
+    out.extend(0f64.to_le_bytes());
+    out.extend(1i32.to_le_bytes());
+    out.extend(mean.to_le_bytes());
+    out.extend(mean.to_le_bytes());
+    out.extend(1.0f32.to_le_bytes());
+    utf16z("Interval=1000", &mut out);
+    utf16z("Mean", &mut out);
+    utf16z("", &mut out);
+    utf16z(units, &mut out);
+    out
+}
+
+fn incrementing_payload(name: &str, increment: f64) -> Vec<u8> {
+    let mut out = Vec::new();
+    utf16z(name, &mut out);
+    utf16z("Display", &mut out);
+    utf16z("00:01:00", &mut out);
+    out.extend(increment.to_le_bytes());
+    out.extend(1.0f32.to_le_bytes());
+    utf16z("Interval=1000", &mut out);
+    utf16z("Sum", &mut out);
+    utf16z("", &mut out);
+    utf16z("", &mut out);
+    out
+}
+
+fn record<'a>(provider: &'a Arc<str>, metadata_id: u32, payload: &'a [u8]) -> EventRecord<'a> {
+    EventRecord {
+        metadata_id,
+        provider,
+        event_id: 0,
+        version: 0,
+        event_name: EVENT_COUNTERS_EVENT,
+        thread_id: 1,
+        capture_thread_id: 1,
+        processor: 0,
+        sequence: 1,
+        timestamp: 0,
+        activity_id: [0; 16],
+        related_activity_id: [0; 16],
+        is_sorted: true,
+        stack: None,
+        payload,
+    }
+}
+
+#[test]
+fn decodes_both_payload_kinds_by_their_metadata() {
+    let provider: Arc<str> = Arc::from(RUNTIME_COUNTERS_PROVIDER);
+    let mut decoder = CounterDecoder::new();
+    decoder.on_metadata(&metadata(7, false));
+    decoder.on_metadata(&metadata(8, true));
+    let polling = polling_payload("gc-heap-size", 12.0, "MB");
+    let sample = decoder
+        .decode(&record(&provider, 7, &polling))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        sample,
+        CounterSample {
+            name: "gc-heap-size".into(),
+            kind: CounterKind::Mean,
+            value: 12.0,
+            interval_sec: 1.0,
+            display_units: "MB".into(),
+        }
+    );
+    let incrementing = incrementing_payload("gen-0-gc-count", 3.0);
+    let sample = decoder
+        .decode(&record(&provider, 8, &incrementing))
+        .unwrap()
+        .unwrap();
+    assert_eq!(sample.kind, CounterKind::Sum);
+    assert_eq!(sample.value, 3.0);
+    // Not a counter event: not ours.
+    assert!(
+        decoder
+            .decode(&record(&provider, 9, &incrementing))
+            .is_none()
+    );
+}
+
+#[test]
+fn hostile_payloads_are_errors_not_panics() {
+    let provider: Arc<str> = Arc::from(RUNTIME_COUNTERS_PROVIDER);
+    let mut decoder = CounterDecoder::new();
+    decoder.on_metadata(&metadata(7, false));
+    let payload = polling_payload("cpu-usage", 1.0, "%");
+    for cut in 0..payload.len() {
+        let result = decoder
+            .decode(&record(&provider, 7, &payload[..cut]))
+            .unwrap();
+        assert!(result.is_err(), "cut at {cut}");
+    }
+    let mut odd = metadata(3, false);
+    odd.fields = Box::new([field("Payload", type_code::STRING)]);
+    decoder.on_metadata(&odd);
+    assert_eq!(
+        decoder.decode(&record(&provider, 3, &payload)).unwrap(),
+        Err(CounterDecodeError::NoPayloadObject)
+    );
+}
+
+#[test]
+fn snapshots_map_to_the_semantic_convention_families() {
+    let mut counters = RuntimeCounters::new();
+    let sum = |name: &str, value: f64| CounterSample {
+        name: name.into(),
+        kind: CounterKind::Sum,
+        value,
+        interval_sec: 1.0,
+        display_units: String::new(),
+    };
+    let mean = |name: &str, value: f64| CounterSample {
+        kind: CounterKind::Mean,
+        ..sum(name, value)
+    };
+    for _ in 0..2 {
+        counters.observe(&sum("gen-0-gc-count", 5.0));
+        counters.observe(&sum("gen-1-gc-count", 2.0));
+        counters.observe(&sum("gen-2-gc-count", 1.0));
+        counters.observe(&sum("exception-count", 10.0));
+    }
+    counters.observe(&mean("gc-heap-size", 3.0));
+    counters.observe(&mean("gen-0-size", 100.0));
+    counters.observe(&sum("exception-count", f64::NAN));
+    counters.set_usage(Some(ProcessUsage {
+        user_seconds: 1.5,
+        system_seconds: 0.25,
+        resident_bytes: 4096,
+    }));
+    let snapshot = counters.snapshot();
+    let values = |name: &str| {
+        RUNTIME_FAMILIES
+            .iter()
+            .find(|family| family.name == name)
+            .unwrap()
+            .values(snapshot)
+    };
+    assert_eq!(
+        values("dotnet_gc_collections"),
+        vec![
+            (Some((GENERATION_LABEL, "gen0")), 6.0),
+            (Some((GENERATION_LABEL, "gen1")), 2.0),
+            (Some((GENERATION_LABEL, "gen2")), 2.0),
+        ]
+    );
+    assert_eq!(values("dotnet_exceptions"), vec![(None, 20.0)]);
+    assert_eq!(values("dotnet_gc_heap_size"), vec![(None, 3e6)]);
+    assert_eq!(
+        values("dotnet_gc_last_collection_heap_size"),
+        vec![(Some((GENERATION_LABEL, "gen0")), 100.0)]
+    );
+    assert_eq!(
+        values("dotnet_process_memory_working_set"),
+        vec![(None, 4096.0)]
+    );
+    assert_eq!(values("dotnet_process_cpu_time").len(), 2);
+    assert!(
+        values("dotnet_gc_pause_time").is_empty(),
+        "absent on this runtime"
+    );
+}
+
+#[test]
+fn process_usage_parses_stat_with_hostile_command_names() {
+    let stat = "4242 (a) b) (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 7 0 1000 1000000 300 18446744073709551615";
+    let usage = ProcessUsage::parse(stat, "1000 300 100 1 0 200 0", 100.0, 4096).unwrap();
+    assert_eq!(usage.user_seconds, 2.5);
+    assert_eq!(usage.system_seconds, 0.5);
+    assert_eq!(usage.resident_bytes, 300 * 4096);
+    assert!(ProcessUsage::parse("garbage", "", 100.0, 4096).is_none());
+}
+
+#[test]
+fn the_provider_asks_for_the_interval() {
+    let provider = counters_provider(15);
+    assert_eq!(provider.name, "System.Runtime");
+    assert_eq!(provider.filter, "EventCounterIntervalSec=15");
+    assert_eq!(counters_provider(0).filter, "EventCounterIntervalSec=1");
+}
