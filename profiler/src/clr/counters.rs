@@ -112,17 +112,14 @@ impl CounterDecoder {
         {
             return;
         }
-        // The event is `{ Payload: { Name, Mean|Increment, ... } }`.
-        let payload = metadata
-            .fields
-            .iter()
-            .find(|field| &*field.name == "Payload" && field.type_code == type_code::OBJECT);
-        if let Some(payload) = payload {
-            self.layouts
-                .insert(metadata.metadata_id, payload.fields.clone());
+        // The runtime describes `{ "": { Payload: { Name, ... } } }` (an
+        // unnamed wrapper object); an empty list means no layout.
+        let layout = if has_payload_object(&metadata.fields, 0) {
+            metadata.fields.clone()
         } else {
-            self.layouts.insert(metadata.metadata_id, Box::new([]));
-        }
+            Box::new([])
+        };
+        self.layouts.insert(metadata.metadata_id, layout);
     }
 
     /// `None` for events that are not counters; an error for a counter
@@ -137,6 +134,16 @@ impl CounterDecoder {
         }
         Some(decode_counter_payload(fields, record.payload))
     }
+}
+
+/// Whether an `Object` field called `Payload` is among `fields`, at any
+/// depth.
+fn has_payload_object(fields: &[FieldDescription], depth: u32) -> bool {
+    depth < 8
+        && fields.iter().any(|field| {
+            field.type_code == type_code::OBJECT
+                && (&*field.name == "Payload" || has_payload_object(&field.fields, depth + 1))
+        })
 }
 
 /// A field value, as far as counters need them.
@@ -158,9 +165,13 @@ fn decode_counter_payload(
     let mut counter_type = None;
     let mut interval_sec = 0.0f32;
     let mut display_units = String::new();
+    let mut leaves = Vec::new();
     for field in fields {
-        let value = read_field(&mut r, field, 0)?;
-        match (&*field.name, value) {
+        read_field(&mut r, field, 0, &mut leaves)?;
+    }
+    // Field names are unique within the payload object.
+    for (field_name, value) in leaves {
+        match (field_name, value) {
             ("Name", FieldValue::Text(text)) => name = Some(text),
             ("Mean", FieldValue::Number(value)) => mean = Some(value),
             ("Increment", FieldValue::Number(value)) => increment = Some(value),
@@ -186,19 +197,22 @@ fn decode_counter_payload(
     })
 }
 
-fn read_field(
+/// Reads one field; the leaves (names and values) go to `leaves`, in
+/// payload order.
+fn read_field<'f>(
     r: &mut ByteReader<'_>,
-    field: &FieldDescription,
+    field: &'f FieldDescription,
     depth: u32,
-) -> Result<FieldValue, CounterDecodeError> {
+    leaves: &mut Vec<(&'f str, FieldValue)>,
+) -> Result<(), CounterDecodeError> {
     let truncated = |_| CounterDecodeError::Truncated;
     let skip = |r: &mut ByteReader<'_>, len: usize| r.skip(len, "field").map_err(truncated);
-    Ok(match field.type_code {
+    let value = match field.type_code {
         type_code::OBJECT if depth < 8 => {
             for nested in &field.fields {
-                read_field(r, nested, depth + 1)?;
+                read_field(r, nested, depth + 1, leaves)?;
             }
-            FieldValue::Other
+            return Ok(());
         }
         type_code::BOOLEAN | type_code::INT32 => {
             FieldValue::Number(f64::from(r.u32("field").map_err(truncated)? as i32))
@@ -236,7 +250,9 @@ fn read_field(
                 type_code,
             });
         }
-    })
+    };
+    leaves.push((&field.name, value));
+    Ok(())
 }
 
 /// CPU time and memory of a process from `/proc/PID/stat` and `statm`.

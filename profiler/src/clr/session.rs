@@ -18,6 +18,11 @@
 //!    drains the stream to its end (bounded by a deadline). A target that
 //!    exits mid-session just ends the stream: what was read is kept.
 //!
+//! With [`ClrSession::start_with_counters`] the same session also carries
+//! the `System.Runtime` EventCounters ([`super::counters`]): the reader
+//! decodes them by their metadata and [`ClrSession::take_counters`] hands
+//! them out.
+//!
 //! Limits: the thread ids are the target's own (its PID namespace); a
 //! process in a time namespace has its own CLOCK_MONOTONIC offset.
 
@@ -204,13 +209,15 @@ pub struct SessionEnd {
     /// `System.Runtime` EventCounters payloads that did not match their
     /// metadata.
     pub counter_errors: u64,
+    /// Counter values not taken before [`ClrSession::stop`].
+    pub counters: Vec<CounterSample>,
 }
 
 #[derive(Debug)]
 enum SessionMessage {
     Event(SessionEvent),
     Counter(CounterSample),
-    Ended(SessionEnd),
+    Ended(Box<SessionEnd>),
 }
 
 /// A running EventPipe session; see the module documentation.
@@ -305,7 +312,7 @@ impl ClrSession {
                     on_event(event);
                 }
                 Ok(SessionMessage::Counter(sample)) => self.keep_counter(sample),
-                Ok(SessionMessage::Ended(end)) => self.end = Some(end),
+                Ok(SessionMessage::Ended(end)) => self.end = Some(*end),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
                     self.end = Some(SessionEnd {
@@ -352,7 +359,7 @@ impl ClrSession {
             match self.receiver.recv_timeout(left) {
                 Ok(SessionMessage::Event(event)) => on_event(event),
                 Ok(SessionMessage::Counter(sample)) => self.keep_counter(sample),
-                Ok(SessionMessage::Ended(end)) => self.end = Some(end),
+                Ok(SessionMessage::Ended(end)) => self.end = Some(*end),
                 Err(RecvTimeoutError::Timeout) => {
                     self.end = Some(SessionEnd {
                         error: Some(format!(
@@ -381,7 +388,9 @@ impl ClrSession {
             // Its own deadline (the client's) bounds the wait.
             stopper.join().ok().and_then(Result::err)
         });
-        (self.end.take().unwrap_or_default(), stop_error)
+        let mut end = self.end.take().unwrap_or_default();
+        end.counters = std::mem::take(&mut self.counters);
+        (end, stop_error)
     }
 }
 
@@ -561,8 +570,9 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
         undelivered,
         clock_skew_ns,
         counter_errors,
+        counters: Vec::new(),
     };
-    let _ = sender.send(SessionMessage::Ended(end));
+    let _ = sender.send(SessionMessage::Ended(Box::new(end)));
 }
 
 #[cfg(test)]

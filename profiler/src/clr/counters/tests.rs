@@ -244,3 +244,348 @@ fn the_provider_asks_for_the_interval() {
     assert_eq!(provider.filter, "EventCounterIntervalSec=15");
     assert_eq!(counters_provider(0).filter, "EventCounterIntervalSec=1");
 }
+
+/// Real runtimes: the counters a .NET 8 and a .NET Core 3.1 process
+/// publish over a real EventPipe session match what the process counts
+/// itself (GC.CollectionCount, thrown exceptions).
+mod real_runtimes {
+    use std::{
+        io::{BufRead as _, BufReader, Write as _},
+        path::{Path, PathBuf},
+        process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+        time::{Duration, Instant},
+    };
+
+    use super::*;
+    use crate::clr::session::{ClrEventKinds, ClrSession};
+
+    /// Prints its GC counts, waits for a line, collects and throws, prints
+    /// its counts again, then idles without allocating.
+    const APP: &str = r#"
+using System;
+using System.Threading;
+public static class GcApp {
+    static string Counts() {
+        return GC.CollectionCount(0) + " " + GC.CollectionCount(1) + " " + GC.CollectionCount(2);
+    }
+    public static void Main() {
+        Console.WriteLine("ready " + Counts());
+        Console.Out.Flush();
+        Console.In.ReadLine();
+        for (int i = 0; i < 7; i++) GC.Collect();
+        for (int i = 0; i < 5; i++) GC.Collect(0);
+        for (int i = 0; i < 3; i++) GC.Collect(1);
+        for (int i = 0; i < 13; i++) { try { throw new InvalidOperationException("x"); } catch (Exception) {} }
+        Console.WriteLine("done " + Counts());
+        Console.Out.Flush();
+        while (true) Thread.Sleep(100);
+    }
+}
+"#;
+
+    #[derive(Clone, Copy, Debug)]
+    enum Runtime {
+        Net8,
+        NetCore31,
+    }
+
+    impl Runtime {
+        fn dotnet(self) -> PathBuf {
+            let (var, default) = match self {
+                Runtime::Net8 => ("CLRBPF_DOTNET8", "net8/dnv/net/runtime/.net/dotnet"),
+                Runtime::NetCore31 => ("CLRBPF_DOTNET31", "netcore31/dotnetcore2/bin/dotnet"),
+            };
+            std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../target/runtimes")
+                    .join(default)
+            })
+        }
+
+        fn runtime_config(self) -> &'static str {
+            match self {
+                Runtime::Net8 => {
+                    r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.0"}}}"#
+                }
+                Runtime::NetCore31 => {
+                    r#"{"runtimeOptions":{"tfm":"netcoreapp3.1","framework":{"name":"Microsoft.NETCore.App","version":"3.1.0"},"configProperties":{"System.Globalization.Invariant":true}}}"#
+                }
+            }
+        }
+    }
+
+    struct GcApp {
+        child: Child,
+        stdin: ChildStdin,
+        stdout: BufReader<ChildStdout>,
+        _dir: tempfile::TempDir,
+    }
+
+    impl GcApp {
+        fn start(runtime: Runtime) -> (Self, [f64; 3]) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            std::fs::write(dir.path().join("App.cs"), APP).expect("write App.cs");
+            std::fs::write(
+                dir.path().join("App.runtimeconfig.json"),
+                runtime.runtime_config(),
+            )
+            .expect("write the runtime config");
+            let status = Command::new("mcs")
+                .args(["-out:App.dll", "App.cs"])
+                .current_dir(dir.path())
+                .status()
+                .expect("run mcs (Debian package mono-mcs)");
+            assert!(status.success(), "mcs failed");
+            let mut child = Command::new(runtime.dotnet())
+                .arg("App.dll")
+                .current_dir(dir.path())
+                .env_remove("TMPDIR")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {}: {e}", runtime.dotnet().display()));
+            let stdin = child.stdin.take().expect("piped stdin");
+            let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+            let mut app = Self {
+                child,
+                stdin,
+                stdout,
+                _dir: dir,
+            };
+            let counts = app.read_counts("ready");
+            (app, counts)
+        }
+
+        fn read_counts(&mut self, tag: &str) -> [f64; 3] {
+            let mut line = String::new();
+            self.stdout
+                .read_line(&mut line)
+                .expect("read the app's line");
+            let rest = line
+                .trim()
+                .strip_prefix(tag)
+                .unwrap_or_else(|| panic!("expected {tag:?}, got {line:?}"));
+            let numbers: Vec<f64> = rest
+                .split_whitespace()
+                .map(|n| n.parse().expect("a count"))
+                .collect();
+            [numbers[0], numbers[1], numbers[2]]
+        }
+
+        fn go(&mut self) -> [f64; 3] {
+            writeln!(self.stdin, "go").expect("write to the app");
+            self.stdin.flush().expect("flush");
+            self.read_counts("done")
+        }
+    }
+
+    impl Drop for GcApp {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// Drains counter values for `wait`.
+    fn collect_for(session: &mut ClrSession, counters: &mut RuntimeCounters, wait: Duration) {
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            session.drain(&mut |_| {});
+            for sample in session.take_counters() {
+                counters.observe(&sample);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a .NET runtime: run by cargo xtask test"]
+    fn gc_and_exception_counts_match_the_process_own_counts() {
+        for runtime in [Runtime::Net8, Runtime::NetCore31] {
+            let (mut app, before) = GcApp::start(runtime);
+            let procfs = ProcFs::default();
+            let pid = app.child.id();
+            let mut session = None;
+            for _ in 0..100 {
+                match ClrSession::start_with_counters(
+                    &procfs,
+                    pid,
+                    ClrEventKinds::NONE,
+                    None,
+                    Some(1),
+                ) {
+                    Ok(started) => {
+                        session = Some(started);
+                        break;
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+            let mut session = session.unwrap_or_else(|| panic!("{runtime:?}: no session"));
+            let mut counters = RuntimeCounters::new();
+            // The runtime takes its baseline when the counters are enabled;
+            // wait for the first values before the app starts counting.
+            collect_for(&mut session, &mut counters, Duration::from_millis(2500));
+            assert!(
+                counters.snapshot().totals.contains_key("gen-0-gc-count"),
+                "{runtime:?}: no counters after 2.5 s: {:?}",
+                counters.snapshot()
+            );
+            let after = app.go();
+            collect_for(&mut session, &mut counters, Duration::from_millis(3500));
+            counters.set_usage(ProcessUsage::read(&procfs, pid));
+            let (end, _) = session.stop(Duration::from_secs(5), &mut |_| {});
+            for sample in &end.counters {
+                counters.observe(sample);
+            }
+            let snapshot = counters.snapshot();
+            let total = |name: &str| snapshot.totals.get(name).copied().unwrap_or(-1.0);
+            for generation in 0..3 {
+                assert_eq!(
+                    total(&format!("gen-{generation}-gc-count")),
+                    after[generation] - before[generation],
+                    "{runtime:?} gen {generation}: {snapshot:?}"
+                );
+            }
+            assert_eq!(total("exception-count"), 13.0, "{runtime:?}: {snapshot:?}");
+            let family = RUNTIME_FAMILIES
+                .iter()
+                .find(|family| family.name == "dotnet_gc_collections")
+                .expect("the family");
+            let values = family.values(snapshot);
+            let gen2 = after[2] - before[2];
+            assert_eq!(values[2], (Some((GENERATION_LABEL, "gen2")), gen2));
+            assert!(snapshot.last.contains_key("gc-heap-size"), "{snapshot:?}");
+            assert!(snapshot.usage.is_some_and(|usage| usage.resident_bytes > 0));
+            assert_eq!(end.counter_errors, 0, "{runtime:?}");
+        }
+    }
+
+    /// Captures the raw stream of a counters-only session of each runtime
+    /// and checks that it decodes; with `CLRBPF_CAPTURE_DIR` set, keeps it
+    /// there as `<runtime>.counters.nettrace` (how the fixtures in
+    /// `nettrace/testdata/` were made).
+    #[test]
+    #[ignore = "needs a .NET runtime: run by cargo xtask test"]
+    fn capture_a_counters_stream() {
+        use std::io::Read as _;
+
+        use crate::clr::{
+            ipc::DiagnosticClient,
+            nettrace::{NettraceParser, ParsedItem},
+            session::{SESSION_BUFFER_MB, collect_tracing2_payload},
+        };
+        let scratch = tempfile::tempdir().expect("tempdir");
+        let dir = std::env::var_os("CLRBPF_CAPTURE_DIR")
+            .map_or_else(|| scratch.path().to_owned(), PathBuf::from);
+        for runtime in [Runtime::Net8, Runtime::NetCore31] {
+            let (mut app, _) = GcApp::start(runtime);
+            let procfs = ProcFs::default();
+            let client = DiagnosticClient::discover(&procfs, app.child.id()).expect("socket");
+            let payload =
+                collect_tracing2_payload(SESSION_BUFFER_MB, false, &[counters_provider(1)]);
+            let (mut stream, session_id) = client.collect_tracing(&payload).expect("session");
+            let reader = std::thread::spawn(move || {
+                let mut raw = Vec::new();
+                let _ = stream.read_to_end(&mut raw);
+                raw
+            });
+            std::thread::sleep(Duration::from_millis(1500));
+            app.go();
+            std::thread::sleep(Duration::from_millis(1500));
+            client.stop_tracing(session_id).expect("stop");
+            let raw = reader.join().expect("reader");
+            let name = match runtime {
+                Runtime::Net8 => "net8.counters.nettrace",
+                Runtime::NetCore31 => "netcore31.counters.nettrace",
+            };
+            std::fs::write(dir.join(name), &raw).expect("write the capture");
+            let mut parser = NettraceParser::new();
+            let mut decoder = CounterDecoder::new();
+            let mut names = Vec::new();
+            parser
+                .feed(&raw, &mut |item| match item {
+                    ParsedItem::Metadata(metadata) => decoder.on_metadata(metadata),
+                    ParsedItem::Event(record) => {
+                        if let Some(sample) = decoder.decode(&record) {
+                            names.push(sample.expect("decodes").name);
+                        }
+                    }
+                    _ => {}
+                })
+                .expect("parses");
+            assert!(
+                names.iter().any(|name| name == "gen-0-gc-count"),
+                "{runtime:?}: {names:?}"
+            );
+        }
+    }
+}
+
+/// The totals of every counter in a captured stream (see
+/// `nettrace/testdata/README.md`).
+fn capture_totals(name: &str) -> (RuntimeSnapshot, usize) {
+    use std::io::Read as _;
+
+    use crate::clr::nettrace::{NettraceParser, ParsedItem};
+    let path = format!(
+        "{}/src/clr/nettrace/testdata/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let gz = std::fs::read(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(gz.as_slice())
+        .read_to_end(&mut raw)
+        .expect("gunzip");
+    let mut parser = NettraceParser::new();
+    let mut decoder = CounterDecoder::new();
+    let mut counters = RuntimeCounters::new();
+    let mut events = 0;
+    parser
+        .feed(&raw, &mut |item| match item {
+            ParsedItem::Metadata(metadata) => decoder.on_metadata(metadata),
+            ParsedItem::Event(record) => {
+                if let Some(sample) = decoder.decode(&record) {
+                    events += 1;
+                    counters.observe(&sample.expect("every payload decodes"));
+                }
+            }
+            _ => {}
+        })
+        .expect("parses");
+    parser.finish().expect("ends cleanly");
+    (counters.snapshot().clone(), events)
+}
+
+/// The captured workload collected 7 full, 3 gen-1 and 5 gen-0 times and
+/// threw 13 exceptions while the session ran.
+#[test]
+fn captured_streams_decode_to_the_workload_counts() {
+    for name in [
+        "net8.counters.nettrace.gz",
+        "netcore31.counters.nettrace.gz",
+    ] {
+        let (snapshot, events) = capture_totals(name);
+        assert!(events >= 40, "{name}: {events} counter events");
+        let total = |counter: &str| snapshot.totals.get(counter).copied();
+        assert_eq!(total("gen-0-gc-count"), Some(15.0), "{name}: {snapshot:?}");
+        assert_eq!(total("gen-1-gc-count"), Some(10.0), "{name}");
+        assert_eq!(total("gen-2-gc-count"), Some(7.0), "{name}");
+        assert_eq!(total("exception-count"), Some(13.0), "{name}");
+        assert!(snapshot.last.contains_key("gc-heap-size"), "{name}");
+        assert!(
+            snapshot.last.contains_key("threadpool-thread-count"),
+            "{name}"
+        );
+    }
+    // Only .NET 6+ has the JIT counters.
+    let (net8, _) = capture_totals("net8.counters.nettrace.gz");
+    assert!(
+        net8.last
+            .get("methods-jitted-count")
+            .is_some_and(|n| *n > 0.0)
+    );
+    let (net31, _) = capture_totals("netcore31.counters.nettrace.gz");
+    assert!(!net31.last.contains_key("methods-jitted-count"));
+}
