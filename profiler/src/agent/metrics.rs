@@ -28,7 +28,7 @@ use prometheus_client::{
 };
 
 use super::queue::DropReason;
-use crate::clr::counters::RuntimeSnapshot;
+use crate::clr::counters::{CounterSample, ProcessUsage, RuntimeCounters, RuntimeSnapshot};
 
 /// Labels of a per-sink series.
 type SinkLabels = Vec<(&'static str, &'static str)>;
@@ -303,6 +303,30 @@ impl RuntimeMetricsStore {
         self.lock().insert(metrics.pid, metrics);
     }
 
+    /// Adds the counter values a process's session delivered
+    /// ([`crate::clr::session::ClrSession::take_counters`]) and its
+    /// `/proc` usage to what `counters` holds, and publishes the result.
+    /// `counters` lives with the session, so a new session (a restarted
+    /// process) starts from zero.
+    pub fn observe(
+        &self,
+        pid: u32,
+        executable: &str,
+        counters: &mut RuntimeCounters,
+        samples: impl IntoIterator<Item = CounterSample>,
+        usage: Option<ProcessUsage>,
+    ) {
+        for sample in samples {
+            counters.observe(&sample);
+        }
+        counters.set_usage(usage);
+        self.update(ProcessRuntimeMetrics {
+            pid,
+            executable: executable.to_owned(),
+            snapshot: counters.snapshot().clone(),
+        });
+    }
+
     pub fn remove(&self, pid: u32) {
         self.lock().remove(&pid);
     }
@@ -415,5 +439,56 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn dotnet_series_per_process_come_and_go() {
+        use crate::clr::counters::CounterKind;
+        let metrics = AgentMetrics::new();
+        let sample = |name: &str, kind, value| CounterSample {
+            name: name.into(),
+            kind,
+            value,
+            interval_sec: 15.0,
+            display_units: String::new(),
+        };
+        let mut counters = RuntimeCounters::new();
+        metrics.runtime().observe(
+            4242,
+            "Shop.Api",
+            &mut counters,
+            [
+                sample("gen-0-gc-count", CounterKind::Sum, 4.0),
+                sample("gen-1-gc-count", CounterKind::Sum, 1.0),
+                sample("gen-2-gc-count", CounterKind::Sum, 1.0),
+                sample("exception-count", CounterKind::Sum, 9.0),
+                sample("gc-heap-size", CounterKind::Mean, 12.0),
+                sample("threadpool-queue-length", CounterKind::Mean, 3.0),
+            ],
+            Some(ProcessUsage {
+                user_seconds: 1.5,
+                system_seconds: 0.5,
+                resident_bytes: 1 << 20,
+            }),
+        );
+        let text = metrics.render();
+        for line in [
+            "# TYPE dotnet_gc_collections counter",
+            r#"dotnet_gc_collections_total{pid="4242",executable="Shop.Api",dotnet_gc_heap_generation="gen0"} 3.0"#,
+            r#"dotnet_gc_collections_total{pid="4242",executable="Shop.Api",dotnet_gc_heap_generation="gen2"} 1.0"#,
+            r#"dotnet_exceptions_total{pid="4242",executable="Shop.Api"} 9.0"#,
+            r#"dotnet_gc_heap_size_bytes{pid="4242",executable="Shop.Api"} 12000000.0"#,
+            r#"dotnet_thread_pool_queue_length{pid="4242",executable="Shop.Api"} 3.0"#,
+            r#"dotnet_process_cpu_time_seconds_total{pid="4242",executable="Shop.Api",cpu_mode="user"} 1.5"#,
+            r#"dotnet_process_memory_working_set_bytes{pid="4242",executable="Shop.Api"} 1048576.0"#,
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("dotnet_gc_pause_time"),
+            "absent counters give no series"
+        );
+        metrics.runtime().remove(4242);
+        assert!(!metrics.render().contains("# TYPE dotnet_"));
     }
 }

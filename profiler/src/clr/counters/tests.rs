@@ -387,6 +387,66 @@ public static class GcApp {
         }
     }
 
+    /// `dotnet_gc_collections_total` of `pid` for gen0, gen1, gen2, read
+    /// back from the agent's `/metrics` over HTTP.
+    fn served_gc_collections(pid: u32, counters: &RuntimeCounters) -> [f64; 3] {
+        use crate::agent::{
+            http::{AgentHealth, HttpState, bind, serve},
+            metrics::AgentMetrics,
+        };
+        let metrics = AgentMetrics::new();
+        let mut counters = counters.clone();
+        metrics
+            .runtime()
+            .observe(pid, "dotnet", &mut counters, Vec::new(), None);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let text = runtime.block_on(async {
+            let listener = bind("127.0.0.1:0".parse().expect("address"))
+                .await
+                .expect("bind");
+            let url = format!("http://{}/metrics", listener.local_addr().expect("address"));
+            let state = HttpState::new(
+                metrics,
+                Arc::new(AgentHealth::new(Duration::from_secs(60))),
+                None,
+                60,
+            );
+            let server = tokio::spawn(serve(listener, state, std::future::pending()));
+            let client = crate::agent::http_client(Duration::from_secs(10)).expect("client");
+            let text = client
+                .get(url)
+                .send()
+                .await
+                .expect("GET /metrics")
+                .text()
+                .await
+                .expect("body");
+            server.abort();
+            text
+        });
+        let mut counts = [f64::NAN; 3];
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("dotnet_gc_collections_total{") else {
+                continue;
+            };
+            let (labels, value) = rest.split_once("} ").expect("labels then value");
+            if !labels.contains(&format!("pid=\"{pid}\"")) {
+                continue;
+            }
+            let generation = labels
+                .split("dotnet_gc_heap_generation=\"gen")
+                .nth(1)
+                .and_then(|rest| rest.chars().next())
+                .and_then(|digit| digit.to_digit(10))
+                .expect("a generation label") as usize;
+            counts[generation] = value.trim().parse().expect("a number");
+        }
+        counts
+    }
+
     /// Drains counter values for `wait`.
     fn collect_for(session: &mut ClrSession, counters: &mut RuntimeCounters, wait: Duration) {
         let until = Instant::now() + wait;
@@ -459,6 +519,15 @@ public static class GcApp {
             assert!(snapshot.last.contains_key("gc-heap-size"), "{snapshot:?}");
             assert!(snapshot.usage.is_some_and(|usage| usage.resident_bytes > 0));
             assert_eq!(end.counter_errors, 0, "{runtime:?}");
+
+            // The same numbers, as the agent's /metrics serves them.
+            let served = served_gc_collections(pid, &counters);
+            let delta = |generation: usize| after[generation] - before[generation];
+            assert_eq!(
+                served,
+                [delta(0) - delta(1), delta(1) - delta(2), delta(2)],
+                "{runtime:?}: /metrics disagrees with GC.CollectionCount"
+            );
         }
     }
 
