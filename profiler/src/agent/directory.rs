@@ -9,7 +9,8 @@
 //!    reader sees half a file.
 //! 2. After each window, retention removes this sink's own files (the name
 //!    pattern above, regular files only) older than the maximum age, then
-//!    the oldest until the total fits the size budget.
+//!    the oldest until the total fits the size budget (counted in the
+//!    blocks the files take on disk).
 //! 3. A write that fails (a full disk, a read-only directory) fails the
 //!    window: the queue drops and counts it, the agent goes on, and the
 //!    next window tries again. The part already written is removed.
@@ -19,6 +20,7 @@
 
 use std::{
     fs,
+    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, SystemTime},
@@ -192,7 +194,9 @@ fn apply_retention(config: &DirectoryConfig, now: SystemTime) -> std::io::Result
             continue;
         }
         let modified = metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-        files.push((modified, name.to_owned(), metadata.len()));
+        // What the file takes on disk (whole blocks), which is what fills it.
+        let size = metadata.len().max(metadata.blocks().saturating_mul(512));
+        files.push((modified, name.to_owned(), size));
     }
     files.sort();
     let mut total: u64 = files.iter().map(|(_, _, len)| len).sum();
@@ -309,16 +313,17 @@ mod tests {
             file.set_modified(now - Duration::from_secs(age_secs))
                 .unwrap();
         };
-        write("a.process_cpu.20260101T000000Z.pb.gz", 7200, 10); // too old
-        write("b.process_cpu.20260101T000100Z.pb.gz", 1800, 400); // oldest young
-        write("c.process_cpu.20260101T000200Z.pb.gz", 600, 400);
-        write("d.process_cpu.20260101T000300Z.pb.gz", 60, 400);
+        // Whole 4 KiB blocks, so the size on disk is the length.
+        write("a.process_cpu.20260101T000000Z.pb.gz", 7200, 4096); // too old
+        write("b.process_cpu.20260101T000100Z.pb.gz", 1800, 4096); // oldest young
+        write("c.process_cpu.20260101T000200Z.pb.gz", 600, 4096);
+        write("d.process_cpu.20260101T000300Z.pb.gz", 60, 4096);
         write("user-notes.pb.gz", 99_999, 5000); // not ours: kept
         let victim = dir.path().join("victim");
         fs::write(&victim, "precious").unwrap();
         symlink(&victim, dir.path().join("e.wall.20260101T000000Z.pb.gz")).unwrap();
         let config = DirectoryConfig {
-            max_total_bytes: 900,
+            max_total_bytes: 9000,
             ..config(dir.path())
         };
         apply_retention(&config, now).unwrap();
@@ -350,27 +355,11 @@ mod tests {
         assert!(fs::symlink_metadata(&target).unwrap().file_type().is_file());
     }
 
-    /// A full disk: `/dev/full` answers every write with ENOSPC. The
-    /// window fails (the queue drops and counts it) and leaves nothing.
+    /// A directory that cannot take files fails the window as a final
+    /// write error (the queue drops and counts it), without panicking.
     #[test]
-    fn a_full_disk_fails_the_window_and_leaves_no_partial_file() {
-        let full = Path::new("/dev/full");
-        if !full.exists() {
-            panic!("/dev/full is missing: cannot simulate a full disk");
-        }
+    fn write_errors_fail_the_window_without_retry() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x.process_cpu.20261118T110640Z.pb.gz");
-        // The writer's own file is a regular file; route its bytes to
-        // /dev/full through the same code path by writing the pprof there.
-        let profile = window(1).profiles[0].profile.clone();
-        let error = write_pprof(
-            &profile,
-            fs::File::options().write(true).open(full).unwrap(),
-        )
-        .unwrap_err();
-        assert!(matches!(error, ExportError::Write { .. }), "{error:?}");
-        // And a directory that cannot take files fails the window as a
-        // write error, without panicking.
         let missing = DirectoryConfig {
             dir: dir.path().join("gone"),
             ..config(dir.path())
@@ -381,6 +370,88 @@ mod tests {
             "{result:?}"
         );
         assert!(!result.unwrap_err().is_retryable());
-        assert!(!path.exists());
+    }
+
+    /// A real full disk: a 32 KiB tmpfs (mounting needs root). Windows
+    /// that do not fit are dropped and counted, nothing half-written is
+    /// left, and once retention frees room the sink delivers again.
+    #[test]
+    #[ignore = "needs root to mount a tmpfs: run by cargo xtask test"]
+    fn a_full_disk_drops_windows_and_the_sink_keeps_going() {
+        use crate::agent::{
+            ProfileSink as _,
+            metrics::AgentMetrics,
+            queue::{DeliveryQueue, DropReason, RetryPolicy},
+        };
+        /// Unmounts on drop, so a failing assertion leaves no mount behind.
+        struct Mount(PathBuf);
+        impl Drop for Mount {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount").arg(&self.0).status();
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=32k", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "mount a tmpfs (needs root)");
+        let _mount = Mount(dir.path().to_owned());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let metrics = AgentMetrics::new();
+            let counters = metrics.sink_counters("directory");
+            let mut config = config(dir.path());
+            let uploader = Arc::new(DirectoryUploader::new(config.clone()).unwrap());
+            let queue = DeliveryQueue::spawn(uploader, RetryPolicy::default(), counters.clone());
+            let big = |second: u64| {
+                let mut batch = window(second);
+                for service in 0..20 {
+                    batch.profiles.push(service_profile(
+                        &format!("svc{service}"),
+                        ProfileType::ProcessCpu,
+                    ));
+                }
+                Arc::new(batch)
+            };
+            for second in 0..6 {
+                queue.submit(big(second * 15));
+            }
+            assert_eq!(queue.flush(Duration::from_secs(30)).await.abandoned, 0);
+            let dropped = counters.dropped(DropReason::Rejected).get();
+            assert!(dropped > 0, "the disk never filled");
+            assert!(
+                !names(dir.path()).iter().any(|name| name.ends_with(".tmp")),
+                "{:?}",
+                names(dir.path())
+            );
+            // A size budget below the disk's: retention makes room.
+            config.max_total_bytes = 8 << 10;
+            let uploader = Arc::new(DirectoryUploader::new(config).unwrap());
+            let queue = DeliveryQueue::spawn(uploader, RetryPolicy::default(), counters.clone());
+            let shipped = counters.shipped.get();
+            queue.submit(Arc::new(window(1000)));
+            queue.submit(Arc::new(window(1015)));
+            assert_eq!(queue.flush(Duration::from_secs(30)).await.abandoned, 0);
+            let listing: Vec<(String, u64)> = fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| {
+                    let e = e.unwrap();
+                    (
+                        e.file_name().into_string().unwrap(),
+                        e.metadata().unwrap().len(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                counters.shipped.get(),
+                shipped + 1,
+                "the second window fits: {listing:?}"
+            );
+        });
     }
 }
