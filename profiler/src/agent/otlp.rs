@@ -708,7 +708,9 @@ mod tests {
 
     /// Against a loopback receiver standing in for an OpenTelemetry
     /// collector (none can be installed here): the body decodes as an
-    /// `ExportProfilesServiceRequest`, and a 400 is final.
+    /// `ExportProfilesServiceRequest`, a 200 whose body is not an
+    /// `ExportProfilesServiceResponse` still counts as delivered, and a
+    /// 400 is final.
     #[tokio::test(flavor = "current_thread")]
     async fn posts_a_decodable_export_request() {
         let receiver = Receiver::start(vec![200, 400]).await;

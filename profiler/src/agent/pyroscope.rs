@@ -390,6 +390,26 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread")]
+    async fn a_sink_that_never_answers_times_out_and_is_retried() {
+        let receiver = Receiver::start(vec![crate::agent::test_support::HANG]).await;
+        let client = crate::agent::http_client(Duration::from_millis(300)).unwrap();
+        let uploader = PyroscopeUploader::new(
+            PyroscopeConfig {
+                url: receiver.url(),
+                auth: PyroscopeAuth::default(),
+            },
+            client,
+        );
+        let started = std::time::Instant::now();
+        let error = uploader.upload(Arc::new(window(1))).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(matches!(error, UploadError::Transport { .. }), "{error:?}");
+        assert!(error.is_retryable());
+        // The next attempt is answered.
+        uploader.upload(Arc::new(window(1))).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "current_thread")]
     async fn a_refused_connection_is_a_retryable_transport_error() {
         // Bind, then close: the port refuses connections.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -50,6 +50,9 @@ pub(crate) fn service_profile(service: &str, profile_type: ProfileType) -> Servi
     }
 }
 
+/// A scripted "status" that never answers.
+pub(crate) const HANG: u16 = 0;
+
 /// One request the receiver got.
 #[derive(Clone, Debug)]
 pub(crate) struct ReceivedRequest {
@@ -59,7 +62,10 @@ pub(crate) struct ReceivedRequest {
 }
 
 /// A loopback HTTP server on 127.0.0.1:0 that records every POST and
-/// answers with the next scripted status (200 once the script is used up).
+/// answers with the next scripted status (200 once the script is used up);
+/// [`HANG`] in the script holds the answer back for a minute (a sink that
+/// accepts the connection and never answers). The body of every answer is
+/// plain text, garbage to a protobuf client.
 pub(crate) struct Receiver {
     pub addr: SocketAddr,
     pub requests: Arc<Mutex<Vec<ReceivedRequest>>>,
@@ -81,7 +87,13 @@ impl Receiver {
                     body,
                 });
                 let status = script.lock().unwrap().next().unwrap_or(200);
-                (StatusCode::from_u16(status).unwrap(), "scripted answer")
+                if status == HANG {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                }
+                (
+                    StatusCode::from_u16(status.max(200)).unwrap(),
+                    "scripted answer",
+                )
             }
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
