@@ -17,11 +17,13 @@
 //!    runtime counters of [`crate::clr::counters`]), `/healthz`, `/readyz`
 //!    and `/debug/pprof/profile`.
 //!
-//! [`config`] turns the command's options into these parts.
+//! [`batch::window_batch`] splits a window's combined profile into the
+//! batch; [`config`] turns the command's options into these parts.
 //!
 //! The profiles themselves are the [`crate::profile::Profile`] model that
 //! [`crate::export::pprof`] encodes; nothing here changes their samples.
 
+pub mod batch;
 pub mod config;
 pub mod directory;
 pub mod http;
