@@ -748,4 +748,78 @@ mod tests {
                 .any(|(frames, _)| frames.iter().any(|f| f == test_profile::MAIN_NAME))
         );
     }
+
+    /// Every index of `request` points into its table, as a receiver
+    /// checks before it reads.
+    fn assert_indices_in_range(request: &ExportProfilesServiceRequest) {
+        let d = request.dictionary.as_ref().expect("a dictionary");
+        let string = |i: i32| assert!((0..d.string_table.len() as i32).contains(&i), "string {i}");
+        let attributes = |indices: &[i32]| {
+            for &i in indices {
+                assert!(
+                    (1..d.attribute_table.len() as i32).contains(&i),
+                    "attribute {i}"
+                );
+            }
+        };
+        for mapping in &d.mapping_table {
+            string(mapping.filename_strindex);
+            attributes(&mapping.attribute_indices);
+        }
+        for function in &d.function_table {
+            string(function.name_strindex);
+            string(function.system_name_strindex);
+            string(function.filename_strindex);
+        }
+        for location in &d.location_table {
+            assert!((0..d.mapping_table.len() as i32).contains(&location.mapping_index));
+            for line in &location.lines {
+                assert!((1..d.function_table.len() as i32).contains(&line.function_index));
+            }
+            attributes(&location.attribute_indices);
+        }
+        for stack in &d.stack_table {
+            for &location in &stack.location_indices {
+                assert!((1..d.location_table.len() as i32).contains(&location));
+            }
+        }
+        for attribute in &d.attribute_table {
+            string(attribute.key_strindex);
+            string(attribute.unit_strindex);
+        }
+        for resource in &request.resource_profiles {
+            for scope in &resource.scope_profiles {
+                for profile in &scope.profiles {
+                    let sample_type = profile.sample_type.expect("a sample type");
+                    string(sample_type.type_strindex);
+                    string(sample_type.unit_strindex);
+                    for sample in &profile.samples {
+                        assert!((1..d.stack_table.len() as i32).contains(&sample.stack_index));
+                        assert_eq!(sample.link_index, 0);
+                        assert_eq!(sample.values.len(), 1);
+                        attributes(&sample.attribute_indices);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_index_points_into_its_table() {
+        let mut batch = window(1);
+        batch
+            .profiles
+            .push(service_profile("billing", ProfileType::Lock));
+        let request = export_request(&batch, Some("node-1"));
+        assert_indices_in_range(&request);
+        // Sample labels became attributes: thread ids and pids as ints.
+        let dictionary = request.dictionary.as_ref().unwrap();
+        assert!(dictionary.attribute_table.iter().any(|kv| {
+            string_of(&request, kv.key_strindex) == "thread.id"
+                && matches!(
+                    kv.value.as_ref().and_then(|v| v.value.as_ref()),
+                    Some(any_value::Value::IntValue(_))
+                )
+        }));
+    }
 }
