@@ -822,4 +822,64 @@ mod tests {
                 )
         }));
     }
+
+    /// Encoding cost of one large window: 20k samples over 5k frames, to
+    /// both wire formats. `cargo test --release -p clrbpf --lib --
+    /// --ignored measure_window_encoding --nocapture`.
+    #[test]
+    #[ignore = "a measurement: run by hand or cargo xtask bench"]
+    fn measure_window_encoding() {
+        use std::time::Instant;
+
+        use crate::{
+            agent::pyroscope::push_request,
+            profile::{Frame, FrameKind, Label, ProfileSample},
+        };
+        let mut profile = test_profile::profile();
+        let module = profile.frames[test_profile::SPIN_TIER1 as usize]
+            .module
+            .clone();
+        profile.frames = (0..5000u64)
+            .map(|i| Frame {
+                kind: FrameKind::Managed,
+                name: format!("Shop.Api.Controllers.Method{i}()").into(),
+                address: 0x7f36_8400_0000 + i * 64,
+                module: module.clone(),
+                ..Frame::synthetic("")
+            })
+            .collect();
+        profile.samples = (0..20_000u32)
+            .map(|i| ProfileSample {
+                stack: (0..24)
+                    .map(|d| (i.wrapping_mul(7919) + d * 131) % 5000)
+                    .collect(),
+                values: vec![1, 52_631_578],
+                labels: vec![
+                    Label::num("process.pid", 4242),
+                    Label::num("thread.id", i64::from(4242 + i % 64)),
+                ],
+            })
+            .collect();
+        let batch = WindowBatch {
+            start: std::time::UNIX_EPOCH + Duration::from_secs(1_795_000_000),
+            duration: Duration::from_secs(15),
+            profiles: vec![ServiceProfile {
+                profile,
+                ..service_profile("checkout", ProfileType::ProcessCpu)
+            }],
+        };
+        let started = Instant::now();
+        let otlp = export_request(&batch, Some("node-1")).encode_to_vec();
+        let otlp_time = started.elapsed();
+        let started = Instant::now();
+        let push = push_request(&batch).unwrap().encode_to_vec();
+        let push_time = started.elapsed();
+        println!(
+            "window of 20000 samples, 5000 frames: OTLP {} bytes in {:.1} ms; Pyroscope push (gzip pprof) {} bytes in {:.1} ms",
+            otlp.len(),
+            otlp_time.as_secs_f64() * 1e3,
+            push.len(),
+            push_time.as_secs_f64() * 1e3
+        );
+    }
 }
