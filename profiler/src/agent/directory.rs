@@ -15,6 +15,9 @@
 //!    window: the queue drops and counts it, the agent goes on, and the
 //!    next window tries again. The part already written is removed.
 //!
+//! Two profiles of one service and type in one window (two processes with
+//! their own labels) are `SERVICE.TYPE...` and `SERVICE+2.TYPE...`.
+//!
 //! Service names are made safe for a file name: characters other than
 //! ASCII letters, digits, `-` and `_` become `_`, at most 100 of them.
 
@@ -86,12 +89,22 @@ fn write_window(
 ) -> Result<(), UploadError> {
     let stamp = window_stamp(batch.start);
     let mut result = Ok(());
+    // Two profiles of one service and type in a window (two processes
+    // with their own labels) must not overwrite each other: the second is
+    // `SERVICE+2.TYPE...`; `+` never appears in a sanitized service name.
+    let mut seen: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
     for profile in &batch.profiles {
-        let path = config.dir.join(file_name(
-            &profile.service_name,
-            profile.profile_type,
-            &stamp,
-        ));
+        let mut name = file_name(&profile.service_name, profile.profile_type, &stamp);
+        let count = seen.entry(name.clone()).or_insert(0);
+        *count += 1;
+        if *count > 1 {
+            name = format!(
+                "{}+{count}.{}.{stamp}{SUFFIX}",
+                safe_service_name(&profile.service_name),
+                profile.profile_type.name()
+            );
+        }
+        let path = config.dir.join(name);
         let written = write_file(&path, &batch.timed(&profile.profile));
         if let Err(source) = written {
             result = Err(UploadError::Write { path, source });
@@ -277,14 +290,19 @@ mod tests {
         batch
             .profiles
             .push(service_profile("billing", ProfileType::Exception));
+        batch
+            .profiles
+            .push(service_profile("checkout", ProfileType::ProcessCpu));
         uploader.upload(Arc::new(batch.clone())).await.unwrap();
         assert_eq!(
             names(dir.path()),
             [
                 "billing.exception.20261118T110640Z.pb.gz",
+                "checkout+2.process_cpu.20261118T110640Z.pb.gz",
                 "checkout.process_cpu.20261118T110640Z.pb.gz"
             ]
         );
+        assert!(is_our_file("checkout+2.process_cpu.20261118T110640Z.pb.gz"));
         let pprof = read_pprof(
             &fs::read(
                 dir.path()
