@@ -259,16 +259,24 @@ mod real_runtimes {
     use super::*;
     use crate::clr::session::{ClrEventKinds, ClrSession};
 
-    /// Prints its GC counts, waits for a line, collects and throws, prints
-    /// its counts again, then idles without allocating.
+    /// Collects twice, prints its GC counts, waits for a line, collects and
+    /// throws, prints its counts again, then idles without allocating.
     const APP: &str = r#"
 using System;
 using System.Threading;
 public static class GcApp {
+    static int exceptions;
     static string Counts() {
-        return GC.CollectionCount(0) + " " + GC.CollectionCount(1) + " " + GC.CollectionCount(2);
+        return GC.CollectionCount(0) + " " + GC.CollectionCount(1) + " " + GC.CollectionCount(2)
+            + " " + Interlocked.CompareExchange(ref exceptions, 0, 0);
     }
     public static void Main() {
+        // Every exception the runtime counts, the runtime's own included.
+        AppDomain.CurrentDomain.FirstChanceException += (s, e) => Interlocked.Increment(ref exceptions);
+        // Collections before the agent attaches: its totals must not
+        // include them.
+        GC.Collect();
+        GC.Collect(0);
         Console.WriteLine("ready " + Counts());
         Console.Out.Flush();
         Console.In.ReadLine();
@@ -322,7 +330,7 @@ public static class GcApp {
     }
 
     impl GcApp {
-        fn start(runtime: Runtime) -> (Self, [f64; 3]) {
+        fn start(runtime: Runtime) -> (Self, [f64; 4]) {
             let dir = tempfile::tempdir().expect("tempdir");
             std::fs::write(dir.path().join("App.cs"), APP).expect("write App.cs");
             std::fs::write(
@@ -357,7 +365,8 @@ public static class GcApp {
             (app, counts)
         }
 
-        fn read_counts(&mut self, tag: &str) -> [f64; 3] {
+        /// Collections of generations 0, 1, 2, then exceptions thrown.
+        fn read_counts(&mut self, tag: &str) -> [f64; 4] {
             let mut line = String::new();
             self.stdout
                 .read_line(&mut line)
@@ -370,10 +379,10 @@ public static class GcApp {
                 .split_whitespace()
                 .map(|n| n.parse().expect("a count"))
                 .collect();
-            [numbers[0], numbers[1], numbers[2]]
+            [numbers[0], numbers[1], numbers[2], numbers[3]]
         }
 
-        fn go(&mut self) -> [f64; 3] {
+        fn go(&mut self) -> [f64; 4] {
             writeln!(self.stdin, "go").expect("write to the app");
             self.stdin.flush().expect("flush");
             self.read_counts("done")
@@ -500,6 +509,7 @@ public static class GcApp {
                 counters.observe(sample);
             }
             let snapshot = counters.snapshot();
+            assert!(before[0] >= 2.0, "{runtime:?}: the startup collections ran");
             let total = |name: &str| snapshot.totals.get(name).copied().unwrap_or(-1.0);
             for generation in 0..3 {
                 assert_eq!(
@@ -508,7 +518,12 @@ public static class GcApp {
                     "{runtime:?} gen {generation}: {snapshot:?}"
                 );
             }
-            assert_eq!(total("exception-count"), 13.0, "{runtime:?}: {snapshot:?}");
+            assert!(after[3] - before[3] >= 13.0);
+            assert_eq!(
+                total("exception-count"),
+                after[3] - before[3],
+                "{runtime:?}: {snapshot:?}"
+            );
             let family = RUNTIME_FAMILIES
                 .iter()
                 .find(|family| family.name == "dotnet_gc_collections")
