@@ -36,6 +36,7 @@ fn main() -> ExitCode {
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Record(args) => run_record(args),
+        Command::Agent(args) => run_agent(*args).map(|()| ExitCode::SUCCESS),
         Command::Ps => {
             let procfs = clrbpf::process::ProcFs::default();
             let rows = clrbpf::process::ps::dotnet_processes(&procfs);
@@ -64,6 +65,20 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn run_agent(args: clrbpf::cli::AgentArgs) -> anyhow::Result<()> {
+    // Checked first, so a malformed configuration is refused at start
+    // with the option's name.
+    let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned());
+    let config = clrbpf::agent::config::AgentConfig::from_args(args, host_name)?;
+    tracing::debug!(?config, "agent configuration");
+    anyhow::bail!(
+        "`clrbpf agent` is not wired to the sampling pipeline yet: its sinks, \
+         metrics endpoint and runtime counters exist, the window loop does not"
+    )
 }
 
 /// Longest `--off-cpu-min` (the kernel side's keep rule takes up to 2^32 ns).

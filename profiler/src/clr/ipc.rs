@@ -2026,6 +2026,7 @@ mod tests {
                     name: crate::clr::events::RUNTIME_PROVIDER.to_owned(),
                     keywords: ClrEventKinds::ALL.keywords(Some(8)),
                     level: 5,
+                    filter: String::new(),
                 }]
             )
         );
