@@ -75,10 +75,15 @@ fn run_agent(args: clrbpf::cli::AgentArgs) -> anyhow::Result<()> {
         .map(|name| name.trim().to_owned());
     let config = clrbpf::agent::config::AgentConfig::from_args(args, host_name)?;
     tracing::debug!(?config, "agent configuration");
-    anyhow::bail!(
-        "`clrbpf agent` is not wired to the sampling pipeline yet: its sinks, \
-         metrics endpoint and runtime counters exist, the window loop does not"
-    )
+    clrbpf::agent::install_tls_provider();
+    // One worker for the HTTP endpoint and the uploads; the sampling loop
+    // runs on this thread.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("start the runtime")?;
+    runtime.block_on(clrbpf::agent::run::run(config))
 }
 
 /// Longest `--off-cpu-min` (the kernel side's keep rule takes up to 2^32 ns).

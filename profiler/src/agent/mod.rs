@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod otlp;
 pub mod pyroscope;
 pub mod queue;
+pub mod run;
 
 use std::{
     fmt,

@@ -1,0 +1,374 @@
+//! `clrbpf agent`: the continuous front end over the same pipeline as
+//! `record`.
+//!
+//! 1. Load the kernel side for the whole host at `-F` (19 Hz by default),
+//!    start the sinks' delivery queues and the HTTP endpoint.
+//! 2. Every tick, [`Pipeline::tick`] drains, learns processes, runs the
+//!    CLR sessions and symbolizes, as in `record`.
+//! 3. Every `--upload-interval`, aligned to the wall clock, once the
+//!    samples of the window are all in ([`SYMBOLIZE_DELAY`] after its end),
+//!    [`Pipeline::take_window`] hands out the window's profile; it is split
+//!    per service and profile type ([`window_batch`]) and submitted to the
+//!    sinks, which never block the loop.
+//! 4. On SIGTERM or SIGINT: the current window is closed and submitted,
+//!    the .NET processes are restored, the sinks get `--grace-period` to
+//!    deliver, and the agent exits 0. SIGHUP reloads nothing and is
+//!    ignored.
+
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::Context as _;
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::{
+    ProfileSink as _,
+    batch::{ServiceKey, window_batch},
+    config::{AgentConfig, build_sinks, service_name, window_start},
+    http::{AgentHealth, HttpState},
+    metrics::AgentMetrics,
+    queue::RetryPolicy,
+    series_keys,
+};
+use crate::{
+    bpf::{OffCpuConfig, Sampler, SamplerConfig, UnwindWorker, system},
+    pipeline::{Pipeline, SYMBOLIZE_DELAY, WindowSpan},
+    process::ProcFs,
+    profile::{LabelValue, ProfileSample, label_keys, layout::ValueLayout},
+};
+
+/// How often the loop runs, as in `record`.
+const TICK: Duration = Duration::from_millis(50);
+/// Nice value of the agent's background threads.
+const AGENT_NICE: i32 = -5;
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
+    if let Err(warning) = crate::process::priority::boost_sampling_thread(AGENT_NICE) {
+        tracing::warn!("{warning}");
+    }
+    for warning in system::prepare()? {
+        tracing::warn!("{warning}");
+    }
+    let metrics = AgentMetrics::new();
+    let health = Arc::new(AgentHealth::new(config.upload_interval * 3));
+    let sinks = build_sinks(&config, &metrics, RetryPolicy::default())?;
+    let listener = super::http::bind(config.listen)
+        .await
+        .with_context(|| format!("--listen {}: cannot listen there", config.listen))?;
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http = tokio::spawn(super::http::serve(
+        listener,
+        HttpState::new(
+            metrics.clone(),
+            Arc::clone(&health),
+            None,
+            config.max_pull_seconds,
+        ),
+        async {
+            let _ = http_stopped.await;
+        },
+    ));
+
+    // `record`'s defaults: every wait of 1 ms or more, at most 2000 stacks
+    // per CPU per second.
+    let off_cpu = (config.off_cpu || config.wall).then_some(OffCpuConfig {
+        min_ns: 1_000_000,
+        max_stacks_per_cpu_second: 2000,
+    });
+    let mut sampler = Sampler::start(&SamplerConfig {
+        frequency_hz: config.frequency_hz,
+        target_pids: None,
+        user_unwind: config.dwarf_unwind,
+        unwind_table_memory_bytes: config.unwind_table_memory_bytes,
+        off_cpu,
+        ..SamplerConfig::default()
+    })?;
+    health.set_bpf_attached(true);
+    let layout = ValueLayout::new(off_cpu.is_some(), config.wall, config.clr_events.any());
+    let mut pipeline = Pipeline::new(true, config.clr_events, layout);
+    pipeline.unwind = match sampler.take_unwind_maps() {
+        Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
+        None => None,
+    };
+    let clock = Clock::now();
+    let mut window_from = SystemTime::now();
+    let mut next_cut = window_start(window_from, config.upload_interval) + config.upload_interval;
+    let mut shipper = Shipper {
+        config: &config,
+        sinks: &sinks,
+        metrics: &metrics,
+        services: ServiceNames::default(),
+        period_ns: sampler.period_ns,
+        samples_shipped: 0,
+    };
+
+    let mut sigint = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
+    let mut sighup = signal(SignalKind::hangup()).context("install the SIGHUP handler")?;
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut raw = Vec::with_capacity(4096);
+    let stopped_by = loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = sigint.recv() => break "SIGINT",
+            _ = sigterm.recv() => break "SIGTERM",
+            _ = sighup.recv() => tracing::info!("SIGHUP ignored: the agent reloads nothing"),
+        }
+        pipeline.tick(&mut sampler, &mut raw);
+        health.beat();
+        if SystemTime::now() >= next_cut + SYMBOLIZE_DELAY {
+            let span = clock.span(window_from, next_cut);
+            shipper.ship(&mut pipeline, span);
+            window_from = next_cut;
+            next_cut += config.upload_interval;
+        }
+        let counters = sampler.counters();
+        metrics
+            .samples_lost
+            .inner()
+            .store(counters.samples_lost, std::sync::atomic::Ordering::Relaxed);
+        metrics
+            .processes_tracked
+            .set(i64::try_from(pipeline.process_count()).unwrap_or(i64::MAX));
+    };
+    tracing::info!("{stopped_by}: closing the last window");
+    crate::stop::arm_second_request().ok();
+    pipeline.pull(&mut sampler, &mut raw);
+    let end = SystemTime::now();
+    if let Some(unwind) = pipeline.unwind.take() {
+        let _ = unwind.finish();
+    }
+    drop(sampler);
+    pipeline.finish_clr();
+    pipeline.process_all();
+    let span = clock.span(window_from, end);
+    shipper.ship(&mut pipeline, span);
+    pipeline.restore_processes(false);
+    let report = sinks.flush(config.grace_period).await;
+    if report.abandoned > 0 {
+        tracing::warn!(
+            windows = report.abandoned,
+            "windows not delivered within the grace period were dropped"
+        );
+    }
+    let _ = stop_http.send(());
+    let _ = http.await;
+    Ok(())
+}
+
+/// What closing a window needs besides the pipeline.
+struct Shipper<'a> {
+    config: &'a AgentConfig,
+    sinks: &'a super::queue::FanOut,
+    metrics: &'a AgentMetrics,
+    services: ServiceNames,
+    period_ns: u64,
+    /// The pipeline's sample count at the last window.
+    samples_shipped: u64,
+}
+
+impl Shipper<'_> {
+    /// Closes the window `span` and submits its profiles, one per service
+    /// and profile type.
+    fn ship(&mut self, pipeline: &mut Pipeline, span: (WindowSpan, SystemTime, Duration)) {
+        let (window, start, duration) = span;
+        let profile = pipeline.take_window(window, self.period_ns);
+        let taken = pipeline
+            .summary
+            .samples
+            .saturating_sub(self.samples_shipped);
+        self.samples_shipped = pipeline.summary.samples;
+        self.metrics
+            .samples
+            .get_or_create(&vec![("kind", "all")])
+            .inc_by(taken);
+        let (services, selection) = (&mut self.services, &self.config.selection);
+        let batch = window_batch(start, duration, &profile, |sample| {
+            services.key_of(sample, selection)
+        });
+        tracing::debug!(
+            profiles = batch.profiles.len(),
+            ?start,
+            ?duration,
+            "window closed"
+        );
+        self.services.forget_unseen();
+        self.sinks.submit(Arc::new(batch));
+    }
+}
+
+/// The entry assembly of a `dotnet` command line (`dotnet [options]
+/// App.dll args`): the first argument ending in `.dll`, without it.
+fn entry_assembly(cmdline: &[String]) -> Option<String> {
+    let dll = cmdline.iter().skip(1).find(|arg| arg.ends_with(".dll"))?;
+    let name = dll.rsplit('/').next()?.strip_suffix(".dll")?;
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
+/// CLOCK_MONOTONIC (the clock of sample times) against the wall clock, to
+/// turn wall-clock window bounds into sample-time bounds.
+struct Clock {
+    wall: SystemTime,
+    mono_ns: u64,
+}
+
+impl Clock {
+    fn now() -> Self {
+        Self {
+            wall: SystemTime::now(),
+            mono_ns: crate::profile::monotonic_ns(),
+        }
+    }
+
+    fn mono_of(&self, wall: SystemTime) -> u64 {
+        match wall.duration_since(self.wall) {
+            Ok(after) => self
+                .mono_ns
+                .saturating_add(u64::try_from(after.as_nanos()).unwrap_or(u64::MAX)),
+            Err(before) => self
+                .mono_ns
+                .saturating_sub(u64::try_from(before.duration().as_nanos()).unwrap_or(u64::MAX)),
+        }
+    }
+
+    /// The window `[from, to)`, in both clocks.
+    fn span(&self, from: SystemTime, to: SystemTime) -> (WindowSpan, SystemTime, Duration) {
+        let start_unix_ns = from
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        (
+            WindowSpan {
+                start_ns: self.mono_of(from),
+                end_ns: self.mono_of(to),
+                start_unix_ns,
+            },
+            from,
+            to.duration_since(from).unwrap_or_default(),
+        )
+    }
+}
+
+/// The service of each process, named once (its environment is read when
+/// its first sample of a window is split out) and forgotten when a window
+/// has none of its samples.
+#[derive(Default)]
+struct ServiceNames {
+    by_pid: HashMap<u32, Option<ServiceKey>>,
+    seen: std::collections::HashSet<u32>,
+    procfs: ProcFs,
+}
+
+impl ServiceNames {
+    fn key_of(
+        &mut self,
+        sample: &ProfileSample,
+        selection: &super::config::ProcessSelection,
+    ) -> Option<ServiceKey> {
+        let mut pid = None;
+        let mut executable = None;
+        let mut container = None;
+        for label in &sample.labels {
+            match (&*label.key, &label.value) {
+                (label_keys::PROCESS_PID, LabelValue::Num { value, .. }) => {
+                    pid = u32::try_from(*value).ok()
+                }
+                (label_keys::PROCESS_EXECUTABLE_NAME, LabelValue::Str(s)) => {
+                    executable = Some(s.clone())
+                }
+                (label_keys::CONTAINER_ID, LabelValue::Str(s)) => container = Some(s.clone()),
+                _ => {}
+            }
+        }
+        let pid = pid?;
+        self.seen.insert(pid);
+        let procfs = &self.procfs;
+        self.by_pid
+            .entry(pid)
+            .or_insert_with(|| {
+                let executable = executable.as_deref().unwrap_or("unknown");
+                if !selection.selects(executable, container.as_deref(), None) {
+                    return None;
+                }
+                let environ = procfs.environ(pid).unwrap_or_default();
+                // `dotnet App.dll`: the service is the entry assembly.
+                let entry_assembly = (executable == "dotnet")
+                    .then(|| procfs.process_info(pid).ok())
+                    .flatten()
+                    .and_then(|info| entry_assembly(&info.cmdline));
+                let program = entry_assembly.as_deref().unwrap_or(executable);
+                let mut labels = vec![
+                    (series_keys::PROCESS_PID.to_owned(), pid.to_string()),
+                    (
+                        series_keys::PROCESS_EXECUTABLE_NAME.to_owned(),
+                        executable.to_owned(),
+                    ),
+                ];
+                if let Some(id) = &container {
+                    labels.push((series_keys::CONTAINER_ID.to_owned(), id.to_string()));
+                }
+                Some(ServiceKey {
+                    service_name: service_name(&environ, None, program),
+                    labels,
+                })
+            })
+            .clone()
+    }
+
+    /// Drops the names of processes that had no sample in the last window.
+    fn forget_unseen(&mut self) {
+        let seen = std::mem::take(&mut self.seen);
+        self.by_pid.retain(|pid, _| seen.contains(pid));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_entry_assembly_names_a_dotnet_process() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            entry_assembly(&args(&[
+                "/usr/bin/dotnet",
+                "/srv/app/Shop.Api.dll",
+                "--port",
+                "80"
+            ])),
+            Some("Shop.Api".to_owned())
+        );
+        assert_eq!(
+            entry_assembly(&args(&[
+                "dotnet",
+                "exec",
+                "--runtimeconfig",
+                "x.json",
+                "App.dll"
+            ])),
+            Some("App".to_owned())
+        );
+        assert_eq!(entry_assembly(&args(&["dotnet", "run"])), None);
+    }
+
+    #[test]
+    fn window_bounds_map_to_sample_time() {
+        let clock = Clock {
+            wall: UNIX_EPOCH + Duration::from_secs(100),
+            mono_ns: 5_000_000_000,
+        };
+        let (span, start, duration) = clock.span(
+            UNIX_EPOCH + Duration::from_secs(99),
+            UNIX_EPOCH + Duration::from_secs(115),
+        );
+        assert_eq!(span.start_ns, 4_000_000_000);
+        assert_eq!(span.end_ns, 20_000_000_000);
+        assert_eq!(span.start_unix_ns, 99_000_000_000);
+        assert_eq!(start, UNIX_EPOCH + Duration::from_secs(99));
+        assert_eq!(duration, Duration::from_secs(16));
+    }
+}
