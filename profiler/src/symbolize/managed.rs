@@ -34,8 +34,7 @@
 //! offset, not corrected here. Memory grows with the number of methods
 //! (about 300 bytes each); caps per file and the budget bound it. Methods
 //! named from runtime events ([`ManagedSymbols::insert_method`]) are not in
-//! the files: an evicted process loses them until the runtime reports them
-//! again.
+//! the files: a process holding any is never dropped (but still charged).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -539,6 +538,9 @@ struct BudgetMember {
     tables: Weak<Mutex<SymbolTables>>,
     bytes: u64,
     last_used: u64,
+    /// Holds methods named from runtime events, which no file can give
+    /// back: never dropped.
+    pinned: bool,
 }
 
 /// What a [`ManagedSymbolBudget`] holds and has let go.
@@ -597,6 +599,7 @@ impl ManagedSymbolBudget {
                 tables: Arc::downgrade(tables),
                 bytes: 0,
                 last_used: now,
+                pinned: false,
             },
         );
         id
@@ -615,6 +618,12 @@ impl ManagedSymbolBudget {
         let now = book.clock;
         if let Some(member) = book.members.get_mut(&id) {
             member.last_used = now;
+        }
+    }
+
+    fn pin(&self, id: u64) {
+        if let Some(member) = self.lock().members.get_mut(&id) {
+            member.pinned = true;
         }
     }
 
@@ -640,7 +649,7 @@ impl ManagedSymbolBudget {
             let Some((&victim, _)) = book
                 .members
                 .iter()
-                .filter(|(other, m)| **other != id && m.bytes > 0)
+                .filter(|(other, m)| **other != id && m.bytes > 0 && !m.pinned)
                 .min_by_key(|(_, m)| m.last_used)
             else {
                 break; // only the charged process is left: it stays
@@ -858,7 +867,9 @@ impl ManagedSymbols {
     /// Adds a method the runtime reported itself (EventPipe MethodLoad or
     /// rundown MethodDCEnd events), `raw_name` spelled like a perf map name
     /// (tier suffix included), valid from `valid_from_ns`. Returns false for
-    /// a rejected range. Charged to the budget at the next refresh.
+    /// a rejected range. Charged to the budget at the next refresh; the
+    /// budget never drops a process holding such methods (no file could
+    /// give them back).
     pub fn insert_method(
         &mut self,
         start: u64,
@@ -866,12 +877,18 @@ impl ManagedSymbols {
         raw_name: &str,
         valid_from_ns: u64,
     ) -> bool {
-        let mut tables = lock_tables(&self.tables);
-        let SymbolTables {
-            index, interner, ..
-        } = &mut *tables;
-        let symbol = ManagedSymbol::from_raw_name(raw_name, start, size, interner);
-        index.insert(symbol, valid_from_ns)
+        let inserted = {
+            let mut tables = lock_tables(&self.tables);
+            let SymbolTables {
+                index, interner, ..
+            } = &mut *tables;
+            let symbol = ManagedSymbol::from_raw_name(raw_name, start, size, interner);
+            index.insert(symbol, valid_from_ns)
+        };
+        if inserted && let Some((budget, id)) = &self.budget {
+            budget.pin(*id);
+        }
+        inserted
     }
 
     /// The symbol that owned `addr` at `time_ns` (CLOCK_MONOTONIC). `None`
@@ -1504,6 +1521,29 @@ mod tests {
         all[0].refresh(7);
         assert!(all[1].is_evicted() && all[2].is_evicted());
         assert_eq!(budget.stats().used_bytes, all[0].memory_bytes());
+    }
+
+    #[test]
+    fn a_process_with_methods_from_events_is_never_dropped() {
+        const ENTRIES: usize = 2_000;
+        let targets = synthetic_targets(2, ENTRIES);
+        let budget = ManagedSymbolBudget::new(1 << 20);
+        let mut from_events = ManagedSymbols::at_with_budget(
+            targets[0].location.clone(),
+            perf_map_config(ENTRIES),
+            &budget,
+        );
+        assert!(from_events.insert_method(0x1000, 0x10, "void [A] A::B()[PreJIT]", 0));
+        from_events.refresh(1);
+        let mut other = ManagedSymbols::at_with_budget(
+            targets[1].location.clone(),
+            perf_map_config(ENTRIES),
+            &budget,
+        );
+        other.refresh(2);
+        other.refresh(3);
+        assert!(!from_events.is_evicted());
+        assert!(from_events.lookup(0x1008, 1).is_some());
     }
 
     #[test]
