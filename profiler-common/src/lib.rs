@@ -137,6 +137,52 @@ const _: () = assert!(
 // SAFETY: `#[repr(C)]`, only integers and arrays of integers, no implicit padding.
 unsafe impl aya::Pod for RawSampleEvent {}
 
+/// What a [`ProcessEventRecord`] reports. Numbered apart from
+/// [`SampleKind`] so one number names any ring-buffer record: never
+/// renumber, only add.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessEventKind {
+    /// The whole process ended: its last thread exited (or, on kernels
+    /// whose `sched_process_exit` has no `group_dead` field, its
+    /// thread-group leader did).
+    Exit = 16,
+    /// The process replaced its image (`execve`): every mapping changed.
+    Exec = 17,
+}
+
+impl ProcessEventKind {
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            16 => Some(Self::Exit),
+            17 => Some(Self::Exec),
+            _ => None,
+        }
+    }
+}
+
+/// A process lifecycle event, as the eBPF side writes it into the
+/// `SAMPLES` ring buffer among the samples. Userspace tells it from a
+/// [`RawSampleEvent`] by its length. Kept small: whole-host mode writes
+/// one per process exit on the host.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessEventRecord {
+    /// `bpf_ktime_get_ns()`, the clock of [`RawSampleEvent::time_ns`].
+    pub time_ns: u64,
+    /// Process id (tgid) in the initial PID namespace.
+    pub pid: u32,
+    /// A [`ProcessEventKind`] number.
+    pub kind: u32,
+}
+
+const _: () = assert!(size_of::<ProcessEventRecord>() == 16);
+const _: () = assert!(size_of::<ProcessEventRecord>() != size_of::<RawSampleEvent>());
+
+#[cfg(feature = "user")]
+// SAFETY: `#[repr(C)]`, only integers, no implicit padding.
+unsafe impl aya::Pod for ProcessEventRecord {}
+
 /// Indices of the per-CPU `COUNTERS` array. Stable numbers: never renumber.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,13 +220,19 @@ pub enum Counter {
     OffCpuWakers = 14,
     /// Blocking switches whose stacks were not taken (stack rate limit).
     OffCpuStacksSkipped = 15,
+    /// Process exits written to the ring buffer ([`ProcessEventKind::Exit`]).
+    ProcessExits = 16,
+    /// Process execs written to the ring buffer ([`ProcessEventKind::Exec`]).
+    ProcessExecs = 17,
+    /// Process events dropped because the ring buffer was full.
+    ProcessEventsLost = 18,
 }
 
 /// Slots of the `UNWIND_ERRORS` map: one per `UnwindError` number.
 pub const UNWIND_ERROR_SLOTS: u32 = 32;
 
 /// Number of slots in the `COUNTERS` map.
-pub const COUNTER_SLOTS: u32 = 16;
+pub const COUNTER_SLOTS: u32 = 20;
 
 /// Names of the eBPF programs, maps and globals, shared so a rename breaks the
 /// build instead of the load.
@@ -188,6 +240,12 @@ pub mod names {
     pub const PROG_ON_CPU_SAMPLE: &str = "on_cpu_sample";
     pub const PROG_FOLLOW_FORK: &str = "follow_fork";
     pub const PROG_FORGET_EXIT: &str = "forget_exit";
+    /// `sched:sched_process_exec`: a [`super::ProcessEventKind::Exec`] record.
+    pub const PROG_PROCESS_EXEC: &str = "process_exec";
+    /// `u32`: offset of `group_dead` in `sched_process_exit`'s record, 0
+    /// when the kernel's tracepoint has none (the leader's exit then
+    /// stands for the process's).
+    pub const GLOBAL_EXIT_GROUP_DEAD_OFFSET: &str = "EXIT_GROUP_DEAD_OFFSET";
     /// `sched:sched_switch`: off-CPU stacks and intervals.
     pub const PROG_OFF_CPU_SWITCH: &str = "off_cpu_switch";
     /// `sched:sched_waking`: the waker of a blocked profiled thread.

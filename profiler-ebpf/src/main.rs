@@ -4,7 +4,11 @@
 //! `off_cpu_switch` and `off_cpu_waking` ([`offcpu`]) measure where profiled
 //! threads block and who wakes them.
 //! `follow_fork` and `forget_exit` keep the set of profiled processes in step
-//! with the process tree when clrbpf profiles a command and its children.
+//! with the process tree when clrbpf profiles a command and its children;
+//! `forget_exit` and `process_exec` also tell userspace, through the same
+//! ring buffer and so in order with the samples, when a profiled process
+//! ends or execs ([`ProcessEventRecord`]), so it can let go of what the
+//! process held.
 //!
 //! With `USER_UNWIND` set, user stacks of indexed processes are walked with
 //! the unwind tables ([`unwind`]); otherwise `bpf_get_stack` follows frame
@@ -19,7 +23,9 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray, RingBuf},
     programs::{PerfEventContext, TracePointContext},
 };
-use clrbpf_common::{COUNTER_SLOTS, Counter, RawSampleEvent, SampleKind};
+use clrbpf_common::{
+    COUNTER_SLOTS, Counter, ProcessEventKind, ProcessEventRecord, RawSampleEvent, SampleKind,
+};
 
 mod offcpu;
 mod stacks;
@@ -38,6 +44,10 @@ static ON_CPU_PERIOD_NS: Global<u64> = Global::new(10_101_010);
 /// indexed; 0: frame pointers only (`bpf_get_stack`).
 #[unsafe(no_mangle)]
 static USER_UNWIND: Global<u32> = Global::new(0);
+/// Offset of `group_dead` in `sched_process_exit`'s record (read by
+/// userspace from the tracepoint's format file); 0: the kernel has none.
+#[unsafe(no_mangle)]
+static EXIT_GROUP_DEAD_OFFSET: Global<u32> = Global::new(0);
 
 /// Raw samples for userspace. The size is set at load time.
 #[map]
@@ -149,17 +159,67 @@ fn try_follow_fork(ctx: &TracePointContext) -> Result<(), i64> {
     Ok(())
 }
 
-/// `sched:sched_process_exit` (once per exiting thread): drop an exiting
-/// process from the set so the map does not fill with dead pids, and the
-/// thread's parked off-CPU record.
+/// `sched:sched_process_exit` (once per exiting thread): when the whole
+/// process ends, tell userspace and drop it from the set so the map does
+/// not fill with dead pids; always drop the thread's parked off-CPU record.
 #[tracepoint]
-pub fn forget_exit(_ctx: TracePointContext) -> u32 {
+pub fn forget_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
     offcpu::forget_thread(pid_tgid as u32);
-    if FILTER_PIDS.load() != 0 && (pid_tgid >> 32) as u32 == pid_tgid as u32 {
-        let _ = TARGET_PIDS.remove(&((pid_tgid >> 32) as u32));
+    if !process_ends(&ctx, pid_tgid) || tgid == SELF_TGID.load() || !is_profiled(tgid) {
+        return 0;
+    }
+    send_process_event(ProcessEventKind::Exit, tgid);
+    if FILTER_PIDS.load() != 0 {
+        let _ = TARGET_PIDS.remove(&tgid);
     }
     0
+}
+
+/// Whether the exiting thread is the process's last: the tracepoint's
+/// `group_dead` where the kernel has it (6.16+), else the thread-group
+/// leader's exit (a leader that exits before its threads is then taken
+/// for the process's end).
+#[inline(always)]
+fn process_ends(ctx: &TracePointContext, pid_tgid: u64) -> bool {
+    let offset = EXIT_GROUP_DEAD_OFFSET.load();
+    if offset == 0 {
+        return (pid_tgid >> 32) as u32 == pid_tgid as u32;
+    }
+    // SAFETY: the offset comes from the tracepoint's format file.
+    unsafe { ctx.read_at::<u8>(offset as usize) }.is_ok_and(|dead| dead != 0)
+}
+
+/// `sched:sched_process_exec`: a profiled process replaced its image.
+#[tracepoint]
+pub fn process_exec(_ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if tgid != SELF_TGID.load() && is_profiled(tgid) {
+        send_process_event(ProcessEventKind::Exec, tgid);
+    }
+    0
+}
+
+#[inline(always)]
+fn send_process_event(kind: ProcessEventKind, pid: u32) {
+    let record = ProcessEventRecord {
+        // SAFETY: a helper without arguments or memory access.
+        time_ns: unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_ns() },
+        pid,
+        kind: kind as u32,
+    };
+    if SAMPLES
+        .output::<ProcessEventRecord>(&record, BPF_RB_NO_WAKEUP)
+        .is_err()
+    {
+        count(Counter::ProcessEventsLost);
+        return;
+    }
+    count(match kind {
+        ProcessEventKind::Exit => Counter::ProcessExits,
+        ProcessEventKind::Exec => Counter::ProcessExecs,
+    });
 }
 
 #[cfg(not(test))]

@@ -1,7 +1,8 @@
 //! Kernel side, user half: loads the eBPF object embedded at build time,
 //! attaches `on_cpu_sample` to a `cpu-clock` perf event on every online CPU
 //! and the process-tree tracepoints, and turns ring-buffer records into
-//! [`RawSample`]s for the rest of the pipeline.
+//! [`RawSample`]s and [`ProcessEvent`]s (exits and execs, in order with the
+//! samples) for the rest of the pipeline.
 
 pub mod system;
 pub mod unwind_maps;
@@ -23,7 +24,8 @@ use aya::{
     },
 };
 use clrbpf_common::{
-    COUNTER_SLOTS, Counter, RawSampleEvent, SampleKind, names,
+    COUNTER_SLOTS, Counter, ProcessEventKind, ProcessEventRecord, RawSampleEvent, SampleKind,
+    names,
     offcpu::{OffCpuThreadTotals, upscale_by_stack_p},
     sample_flags,
     unwind::{UnwindError, UnwindRow},
@@ -154,6 +156,62 @@ pub struct KernelCounters {
     pub off_cpu_pending_full: u64,
     pub off_cpu_wakers: u64,
     pub off_cpu_stacks_skipped: u64,
+    /// Process exits and execs the kernel side wrote, and those it could
+    /// not (ring buffer full).
+    pub process_exits: u64,
+    pub process_execs: u64,
+    pub process_events_lost: u64,
+}
+
+/// A process lifecycle event from the kernel side, for a process in the
+/// profiled set (every process in whole-host mode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessEvent {
+    /// The whole process ended at `time_ns` (`bpf_ktime_get_ns`, the
+    /// samples' clock). No sample of it follows this event in the ring;
+    /// a later sample with the same pid is of a new process.
+    Exited { pid: u32, time_ns: u64 },
+    /// The process replaced its image at `time_ns`: samples before the
+    /// event ran the old image's mappings, samples after it the new one's.
+    Exec { pid: u32, time_ns: u64 },
+}
+
+impl ProcessEvent {
+    pub fn pid(&self) -> u32 {
+        match *self {
+            Self::Exited { pid, .. } | Self::Exec { pid, .. } => pid,
+        }
+    }
+
+    pub fn time_ns(&self) -> u64 {
+        match *self {
+            Self::Exited { time_ns, .. } | Self::Exec { time_ns, .. } => time_ns,
+        }
+    }
+}
+
+/// A [`ProcessEvent`] with its place among the samples drained with it
+/// ([`Sampler::drain_with_events`]): the ring buffer is one queue in the
+/// order records were written, so every sample at an index below
+/// `samples_before` was taken before the event, and every one at or
+/// above it after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessEventAt {
+    pub event: ProcessEvent,
+    pub samples_before: usize,
+}
+
+/// Process events [`Sampler::drain`] keeps for [`Sampler::take_process_events`]
+/// at most; past it the oldest are dropped and counted.
+const MAX_QUEUED_PROCESS_EVENTS: usize = 65_536;
+
+/// Userspace counts of process events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessEventCounts {
+    pub exits: u64,
+    pub execs: u64,
+    /// Dropped from the queue of [`Sampler::drain`] because nobody took them.
+    pub dropped: u64,
 }
 
 /// Run-time statistics of one BPF program from the kernel's BPF stats
@@ -179,6 +237,9 @@ pub struct Sampler {
     /// Processes with samples whose pc was in no indexed mapping.
     rescan: std::collections::HashSet<u32>,
     off_cpu: Option<OffCpuMaps>,
+    /// Events read by [`Self::drain`], for [`Self::take_process_events`].
+    process_events: std::collections::VecDeque<ProcessEvent>,
+    process_event_counts: ProcessEventCounts,
 }
 
 /// The off-CPU maps userspace reads, and the waker records waiting for the
@@ -223,6 +284,11 @@ impl Sampler {
             .override_global(names::GLOBAL_ON_CPU_PERIOD_NS, &period_ns, true)
             .override_global(names::GLOBAL_USER_UNWIND, &user_unwind, true)
             .override_global(names::GLOBAL_OFF_CPU, &off_cpu, true)
+            .override_global(
+                names::GLOBAL_EXIT_GROUP_DEAD_OFFSET,
+                &exit_group_dead_offset(),
+                true,
+            )
             .override_global(names::GLOBAL_OFF_CPU_MIN_NS, &off_cpu_min_ns, true)
             .override_global(
                 names::GLOBAL_OFF_CPU_STACKS_PER_WINDOW,
@@ -271,6 +337,7 @@ impl Sampler {
         for (program, category, name) in [
             (names::PROG_FOLLOW_FORK, "task", "task_newtask"),
             (names::PROG_FORGET_EXIT, "sched", "sched_process_exit"),
+            (names::PROG_PROCESS_EXEC, "sched", "sched_process_exec"),
         ] {
             let tp: &mut TracePoint = program_mut(&mut ebpf, program)?;
             load_program(program, tp.load())?;
@@ -322,6 +389,8 @@ impl Sampler {
             unwind_maps,
             rescan: Default::default(),
             off_cpu,
+            process_events: Default::default(),
+            process_event_counts: ProcessEventCounts::default(),
         })
     }
 
@@ -362,11 +431,65 @@ impl Sampler {
         self.samples.as_fd()
     }
 
-    /// Moves every record waiting in the ring buffer into `out`; returns how
-    /// many records were malformed (and skipped).
+    /// Moves every sample waiting in the ring buffer into `out`; returns how
+    /// many records were malformed (and skipped). Process events read on the
+    /// way wait for [`Self::take_process_events`]; [`Self::drain_with_events`]
+    /// gives them in place instead.
     pub fn drain(&mut self, out: &mut Vec<RawSample>) -> u64 {
+        let mut events = Vec::new();
+        let malformed = self.drain_with_events(out, &mut events);
+        for at in events {
+            if self.process_events.len() >= MAX_QUEUED_PROCESS_EVENTS {
+                self.process_events.pop_front();
+                self.process_event_counts.dropped += 1;
+            }
+            self.process_events.push_back(at.event);
+        }
+        malformed
+    }
+
+    /// Process events [`Self::drain`] read since the last call, oldest first.
+    pub fn take_process_events(&mut self) -> Vec<ProcessEvent> {
+        self.process_events.drain(..).collect()
+    }
+
+    pub fn process_event_counts(&self) -> ProcessEventCounts {
+        self.process_event_counts
+    }
+
+    /// Moves every record waiting in the ring buffer into `samples` and
+    /// `events`, each event with its place among the samples (indices into
+    /// `samples`, which may hold samples already). Returns how many records
+    /// were malformed (and skipped).
+    ///
+    /// The kernel writes a process's exit after all of its samples, so a
+    /// stage that handles an [`ProcessEvent::Exited`] after the samples
+    /// before it (`samples[..samples_before]`) has every sample of the
+    /// process in hand: it can name them, then let go of the process's
+    /// symbols, mappings and files.
+    pub fn drain_with_events(
+        &mut self,
+        samples: &mut Vec<RawSample>,
+        events: &mut Vec<ProcessEventAt>,
+    ) -> u64 {
         let mut malformed = 0;
         while let Some(item) = self.samples.next() {
+            if item.len() == size_of::<ProcessEventRecord>() {
+                match decode_process_event(&item) {
+                    Some(event) => {
+                        match event {
+                            ProcessEvent::Exited { .. } => self.process_event_counts.exits += 1,
+                            ProcessEvent::Exec { .. } => self.process_event_counts.execs += 1,
+                        }
+                        events.push(ProcessEventAt {
+                            event,
+                            samples_before: samples.len(),
+                        });
+                    }
+                    None => malformed += 1,
+                }
+                continue;
+            }
             match decode_event(&item, &mut self.thread_names) {
                 Some((sample, _, _)) if sample.kind == SampleKind::Waker => {
                     if let Some(maps) = self.off_cpu.as_mut() {
@@ -399,7 +522,7 @@ impl Sampler {
                     if unindexed || unwind_error == Some(UnwindError::NoMapping) {
                         self.rescan.insert(sample.pid);
                     }
-                    out.push(sample);
+                    samples.push(sample);
                 }
                 None => malformed += 1,
             }
@@ -432,6 +555,9 @@ impl Sampler {
             off_cpu_pending_full: get(Counter::OffCpuPendingFull),
             off_cpu_wakers: get(Counter::OffCpuWakers),
             off_cpu_stacks_skipped: get(Counter::OffCpuStacksSkipped),
+            process_exits: get(Counter::ProcessExits),
+            process_execs: get(Counter::ProcessExecs),
+            process_events_lost: get(Counter::ProcessEventsLost),
         }
     }
 
@@ -508,6 +634,36 @@ impl Sampler {
     }
 }
 
+/// Where the kernel's `sched_process_exit` record holds `group_dead`
+/// (0 when it has none: kernels before 6.16), from the tracepoint's format
+/// file.
+fn exit_group_dead_offset() -> u32 {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .find_map(|root| {
+            fs::read_to_string(format!("{root}/events/sched/sched_process_exit/format")).ok()
+        })
+        .map_or(0, |format| group_dead_offset(&format))
+}
+
+/// The offset of a one-byte `group_dead` field in a tracepoint format text.
+fn group_dead_offset(format: &str) -> u32 {
+    format
+        .lines()
+        .find(|line| line.contains(" group_dead;"))
+        .and_then(|line| {
+            let field = |name: &str| {
+                line.split(';')
+                    .find_map(|part| part.trim().strip_prefix(name))
+                    .and_then(|v| v.trim().parse::<u32>().ok())
+            };
+            (field("size:") == Some(1))
+                .then(|| field("offset:"))
+                .flatten()
+        })
+        .unwrap_or(0)
+}
+
 fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError>
 where
     T: TryFrom<aya::maps::Map, Error = MapError>,
@@ -582,6 +738,21 @@ fn decode_event(
     // by convention.
     let event: RawSampleEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
     decode_record(&event, names)
+}
+
+/// Decodes a [`ProcessEventRecord`]; `None` for a wrong length or an
+/// unknown kind.
+fn decode_process_event(bytes: &[u8]) -> Option<ProcessEvent> {
+    if bytes.len() != size_of::<ProcessEventRecord>() {
+        return None;
+    }
+    // SAFETY: the length is checked above and the record is plain old data.
+    let record: ProcessEventRecord = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let ProcessEventRecord { time_ns, pid, kind } = record;
+    Some(match ProcessEventKind::from_u32(kind)? {
+        ProcessEventKind::Exit => ProcessEvent::Exited { pid, time_ns },
+        ProcessEventKind::Exec => ProcessEvent::Exec { pid, time_ns },
+    })
 }
 
 /// [`decode_event`] of a record already read (or a parked one from a map).
@@ -710,6 +881,77 @@ mod tests {
         assert!(sample.kernel_stack_truncated && !sample.user_stack_truncated);
         let (again, _, _) = decode_event(bytes, &mut names).expect("valid record");
         assert!(Arc::ptr_eq(&sample.thread_name, &again.thread_name));
+    }
+
+    fn record_bytes(record: &ProcessEventRecord) -> Vec<u8> {
+        // SAFETY: plain old data without padding.
+        unsafe {
+            std::slice::from_raw_parts(
+                (&raw const *record).cast::<u8>(),
+                size_of::<ProcessEventRecord>(),
+            )
+        }
+        .to_vec()
+    }
+
+    #[test]
+    fn process_events_are_decoded() {
+        let exit = ProcessEventRecord {
+            time_ns: 123,
+            pid: 42,
+            kind: ProcessEventKind::Exit as u32,
+        };
+        assert_eq!(
+            decode_process_event(&record_bytes(&exit)),
+            Some(ProcessEvent::Exited {
+                pid: 42,
+                time_ns: 123
+            })
+        );
+        let exec = ProcessEventRecord {
+            kind: ProcessEventKind::Exec as u32,
+            ..exit
+        };
+        let event = decode_process_event(&record_bytes(&exec)).expect("an exec");
+        assert_eq!(
+            event,
+            ProcessEvent::Exec {
+                pid: 42,
+                time_ns: 123
+            }
+        );
+        assert_eq!((event.pid(), event.time_ns()), (42, 123));
+    }
+
+    #[test]
+    fn bad_process_events_are_rejected() {
+        let mut record = ProcessEventRecord {
+            time_ns: 1,
+            pid: 2,
+            kind: SampleKind::OnCpu as u32,
+        };
+        assert_eq!(decode_process_event(&record_bytes(&record)), None);
+        record.kind = 99;
+        assert_eq!(decode_process_event(&record_bytes(&record)), None);
+        record.kind = ProcessEventKind::Exit as u32;
+        let mut long = record_bytes(&record);
+        long.push(0);
+        assert_eq!(decode_process_event(&long), None);
+        assert_eq!(decode_process_event(&long[..8]), None);
+        // A sample record is never taken for a process event.
+        assert!(decode_event(&record_bytes(&record), &mut Default::default()).is_none());
+    }
+
+    #[test]
+    fn group_dead_is_found_in_the_format_file() {
+        let format = "name: sched_process_exit\nformat:\n\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;\n\tfield:pid_t pid;\toffset:24;\tsize:4;\tsigned:1;\n\tfield:int prio;\toffset:28;\tsize:4;\tsigned:1;\n\tfield:bool group_dead;\toffset:32;\tsize:1;\tsigned:0;\n";
+        assert_eq!(group_dead_offset(format), 32);
+        let old = "\tfield:pid_t pid;\toffset:24;\tsize:4;\tsigned:1;\n\tfield:int prio;\toffset:28;\tsize:4;\tsigned:1;\n";
+        assert_eq!(group_dead_offset(old), 0);
+        assert_eq!(
+            group_dead_offset("field:int group_dead;\toffset:32;\tsize:4;"),
+            0
+        );
     }
 
     #[test]

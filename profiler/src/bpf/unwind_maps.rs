@@ -69,6 +69,10 @@ const EXIT_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// Bytes of built tables kept in userspace to avoid re-parsing a file whose
 /// rows were evicted from the kernel and are needed again.
 const BUILD_CACHE_BYTES: usize = 32 << 20;
+/// Files remembered by identity at most: past it, those without a table
+/// are forgotten (a churning host maps many one-off files: each .NET
+/// process's double-mapped code heap is a memfd of its own).
+const MAX_KNOWN_FILES: usize = 16_384;
 
 /// The `UNWIND_ROWS` array, mapped into this process.
 struct RowsMmap {
@@ -180,6 +184,8 @@ struct ProcessIndex {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnwindMapsStats {
     pub processes_indexed: u64,
+    /// Indexes dropped because their process exited.
+    pub processes_forgotten: u64,
     pub tables_loaded: u64,
     pub tables_evicted: u64,
     /// Files whose table could not be built (not ELF, no CFI, unreadable).
@@ -288,18 +294,27 @@ impl UnwindMaps {
         }
     }
 
-    /// Drops a process's index (it exited). Its tables stay loaded until
-    /// memory is needed: another process may map the same files.
+    /// Drops a process's index (it exited): its entry in the kernel's
+    /// `PROCESS_MAPPINGS` and its use of each table (the tables' user
+    /// counts). Its tables stay loaded until memory is needed: another
+    /// process may map the same files, and unused tables are evicted first.
     pub fn forget_process(&mut self, pid: u32) {
         // Absent is fine: it may never have been indexed.
         let _ = self.process_mappings.remove(&pid);
         if let Some(index) = self.processes.remove(&pid) {
+            self.stats.processes_forgotten += 1;
             for key in index.tables {
                 if let Some(t) = self.tables.get_mut(&key) {
                     t.users = t.users.saturating_sub(1);
                 }
             }
         }
+    }
+
+    /// Whether the kernel's `PROCESS_MAPPINGS` holds an index for `pid`
+    /// (for tests and checks that eviction reached the kernel).
+    pub fn kernel_has_index(&self, pid: u32) -> bool {
+        self.process_mappings.get(&pid, 0).is_ok()
     }
 
     /// Forgets indexed processes that no longer exist, at most every
@@ -474,6 +489,10 @@ impl UnwindMaps {
             _ => {}
         }
         let state = self.load_file(&file);
+        if self.files.len() >= MAX_KNOWN_FILES {
+            self.files
+                .retain(|_, state| matches!(state, FileState::Table(_)));
+        }
         self.files.insert(stat_key, state);
         match state {
             FileState::Table(key) => Some(key),

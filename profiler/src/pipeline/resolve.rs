@@ -33,7 +33,7 @@ pub(super) fn user_frame(
             kind: FrameKind::Managed,
             name: symbol.name.clone(),
             system_name: (symbol.raw_name != symbol.name).then(|| symbol.raw_name.clone()),
-            jit_tier: symbol.jit_tier.clone(),
+            jit_tier: symbol.jit_tier,
             module: Some(process.jit_module.clone()),
             address: addr,
             file: None,

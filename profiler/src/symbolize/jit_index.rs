@@ -25,7 +25,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::managed::ManagedSymbol;
+use std::sync::Arc;
+
+use super::managed::{ManagedSymbol, arc_str_bytes};
 
 /// Largest code range accepted. Real methods and stub blocks are KiBs.
 pub const MAX_CODE_RANGE: u64 = 64 * 1024 * 1024;
@@ -58,6 +60,8 @@ pub struct JitCodeIndex {
     reach: Vec<u64>,
     /// Inserted since the last commit, unsorted (still found by lookups).
     pending: Vec<CodeRange>,
+    /// Heap bytes of the symbols' own strings (shared ones not counted).
+    string_bytes: u64,
     rejected_ranges: u64,
     lookup_step_limit_hits: AtomicU64,
 }
@@ -86,6 +90,10 @@ impl JitCodeIndex {
             valid_from_ns,
             symbol: id,
         });
+        self.string_bytes += arc_str_bytes(symbol.name.len());
+        if !Arc::ptr_eq(&symbol.raw_name, &symbol.name) {
+            self.string_bytes += arc_str_bytes(symbol.raw_name.len());
+        }
         self.symbols.push(symbol);
         true
     }
@@ -165,6 +173,15 @@ impl JitCodeIndex {
         choice
             .best()
             .map(|range| &self.symbols[range.symbol as usize])
+    }
+
+    /// Estimated heap bytes: the vectors' capacities and the symbols'
+    /// strings.
+    pub fn memory_bytes(&self) -> u64 {
+        let vectors = self.symbols.capacity() * size_of::<ManagedSymbol>()
+            + (self.ranges.capacity() + self.pending.capacity()) * size_of::<CodeRange>()
+            + self.reach.capacity() * size_of::<u64>();
+        vectors as u64 + self.string_bytes
     }
 
     /// Ranges held (committed and pending).

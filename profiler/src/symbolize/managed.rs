@@ -24,17 +24,25 @@
 //! 4. Index every range with that time in a [`JitCodeIndex`] and resolve a
 //!    sample by address and time (addresses are reused by tiering).
 //!
+//! 5. Memory: every process's tables are charged to one
+//!    [`ManagedSymbolBudget`] shared by all processes of a run. Past it, the
+//!    least recently used processes' tables are dropped (counted) and read
+//!    again from their perf files at their next [`ManagedSymbols::refresh`]
+//!    (the pipeline refreshes a process when it is sampled again).
+//!
 //! Limits: a process in a time namespace has its own CLOCK_MONOTONIC
 //! offset, not corrected here. Memory grows with the number of methods
-//! (about 300 bytes each); caps per file bound it.
+//! (about 300 bytes each); caps per file and the budget bound it. Methods
+//! named from runtime events ([`ManagedSymbols::insert_method`]) are not in
+//! the files: a process holding any is never dropped (but still charged).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::jit_index::JitCodeIndex;
@@ -166,6 +174,21 @@ impl SymbolInterner {
         self.strings.insert(shared.clone());
         shared
     }
+
+    /// Heap bytes held, estimated: each string's allocation and its slot.
+    pub fn memory_bytes(&self) -> u64 {
+        let slots = self.strings.capacity() as u64 * (size_of::<Arc<str>>() as u64 + 1);
+        let strings: u64 = self.strings.iter().map(|s| arc_str_bytes(s.len())).sum();
+        slots + strings
+    }
+}
+
+/// Heap bytes of one `Arc<str>` of `len` bytes as glibc's malloc gives
+/// them: the two reference counts, the text and the chunk header, rounded
+/// up to 16 bytes, at least 32.
+pub(crate) fn arc_str_bytes(len: usize) -> u64 {
+    let chunk = (len as u64 + 16 + 8).div_ceil(16) * 16;
+    chunk.max(32)
 }
 
 impl ManagedSymbol {
@@ -451,10 +474,228 @@ pub struct ManagedSymbols {
     perf_map_file: TrackedFile,
     jitdump: JitDumpParser,
     jitdump_file: TrackedFile,
-    index: JitCodeIndex,
-    interner: SymbolInterner,
+    /// The index and the interner, shared with the budget that may drop them.
+    tables: Arc<Mutex<SymbolTables>>,
+    /// The budget charged, and this process's place in it.
+    budget: Option<(ManagedSymbolBudget, u64)>,
     io: FileIoCounters,
     read_buf: Vec<u8>,
+}
+
+/// What a [`ManagedSymbolBudget`] may drop: everything read from the files.
+#[derive(Debug, Default)]
+struct SymbolTables {
+    index: JitCodeIndex,
+    interner: SymbolInterner,
+    /// Dropped by the budget since the last refresh: the files are read
+    /// again from the start.
+    evicted: bool,
+}
+
+impl SymbolTables {
+    fn memory_bytes(&self) -> u64 {
+        self.index.memory_bytes() + self.interner.memory_bytes()
+    }
+}
+
+fn lock_tables(tables: &Mutex<SymbolTables>) -> MutexGuard<'_, SymbolTables> {
+    // A panic while holding the lock leaves tables that are at worst
+    // incomplete: still safe to read.
+    tables.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Heap bytes of one perf map entry of a real service (a signature of about
+/// 100 bytes with a tier: the name and the name with its tier, the symbol,
+/// its range), as [`JitCodeIndex::memory_bytes`] counts them.
+pub const TYPICAL_ENTRY_BYTES: u64 = 448;
+
+/// Default of [`ManagedSymbolBudget::new`]'s limit for a run.
+pub const DEFAULT_MANAGED_SYMBOL_BUDGET_BYTES: u64 = 64 << 20;
+
+/// One bound on the memory of managed symbols across every process of a
+/// run. Each [`ManagedSymbols`] made with [`ManagedSymbols::with_budget`]
+/// charges its tables (an estimate from their capacities and string
+/// sizes); when the total passes the limit, the tables of the least
+/// recently used processes (by refresh and lookup) are dropped, never
+/// those of the process being charged, and read again at that process's
+/// next refresh. Cheap to clone: clones share the book.
+#[derive(Clone, Debug)]
+pub struct ManagedSymbolBudget {
+    book: Arc<Mutex<BudgetBook>>,
+}
+
+#[derive(Debug)]
+struct BudgetBook {
+    limit_bytes: u64,
+    clock: u64,
+    next_id: u64,
+    members: HashMap<u64, BudgetMember>,
+    stats: ManagedSymbolBudgetStats,
+}
+
+#[derive(Debug)]
+struct BudgetMember {
+    tables: Weak<Mutex<SymbolTables>>,
+    bytes: u64,
+    last_used: u64,
+    /// Holds methods named from runtime events, which no file can give
+    /// back: never dropped.
+    pinned: bool,
+}
+
+/// What a [`ManagedSymbolBudget`] holds and has let go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ManagedSymbolBudgetStats {
+    pub limit_bytes: u64,
+    /// Charged now, over all processes.
+    pub used_bytes: u64,
+    pub peak_bytes: u64,
+    /// Processes charged now.
+    pub processes: u64,
+    /// Times a process's tables were dropped to stay within the limit.
+    pub evictions: u64,
+    pub evicted_bytes: u64,
+    /// Evicted processes whose tables were read again.
+    pub reloads: u64,
+}
+
+impl ManagedSymbolBudget {
+    pub fn new(limit_bytes: u64) -> Self {
+        Self {
+            book: Arc::new(Mutex::new(BudgetBook {
+                limit_bytes,
+                clock: 0,
+                next_id: 0,
+                members: HashMap::new(),
+                stats: ManagedSymbolBudgetStats {
+                    limit_bytes,
+                    ..ManagedSymbolBudgetStats::default()
+                },
+            })),
+        }
+    }
+
+    pub fn stats(&self) -> ManagedSymbolBudgetStats {
+        let book = self.lock();
+        ManagedSymbolBudgetStats {
+            processes: book.members.len() as u64,
+            ..book.stats
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BudgetBook> {
+        // The book's numbers stay consistent at every await-free step.
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn join(&self, tables: &Arc<Mutex<SymbolTables>>) -> u64 {
+        let mut book = self.lock();
+        book.next_id += 1;
+        book.clock += 1;
+        let (id, now) = (book.next_id, book.clock);
+        book.members.insert(
+            id,
+            BudgetMember {
+                tables: Arc::downgrade(tables),
+                bytes: 0,
+                last_used: now,
+                pinned: false,
+            },
+        );
+        id
+    }
+
+    fn leave(&self, id: u64) {
+        let mut book = self.lock();
+        if let Some(member) = book.members.remove(&id) {
+            book.stats.used_bytes -= member.bytes;
+        }
+    }
+
+    fn touch(&self, id: u64) {
+        let mut book = self.lock();
+        book.clock += 1;
+        let now = book.clock;
+        if let Some(member) = book.members.get_mut(&id) {
+            member.last_used = now;
+        }
+    }
+
+    fn pin(&self, id: u64) {
+        if let Some(member) = self.lock().members.get_mut(&id) {
+            member.pinned = true;
+        }
+    }
+
+    fn count_reload(&self) {
+        self.lock().stats.reloads += 1;
+    }
+
+    /// Sets member `id`'s charge to `bytes` and marks it used, then drops
+    /// other members' tables, least recently used first, until the total
+    /// is within the limit. The caller must not hold `id`'s tables lock.
+    fn charge(&self, id: u64, bytes: u64) {
+        let mut book = self.lock();
+        book.clock += 1;
+        let now = book.clock;
+        let evictions_before = book.stats.evictions;
+        let Some(member) = book.members.get_mut(&id) else {
+            return;
+        };
+        let old = std::mem::replace(&mut member.bytes, bytes);
+        member.last_used = now;
+        book.stats.used_bytes = book.stats.used_bytes - old + bytes;
+        while book.stats.used_bytes > book.limit_bytes {
+            let Some((&victim, _)) = book
+                .members
+                .iter()
+                .filter(|(other, m)| **other != id && m.bytes > 0 && !m.pinned)
+                .min_by_key(|(_, m)| m.last_used)
+            else {
+                break; // only the charged process is left: it stays
+            };
+            let Some(member) = book.members.get_mut(&victim) else {
+                break;
+            };
+            let freed = std::mem::take(&mut member.bytes);
+            if let Some(tables) = member.tables.upgrade() {
+                // Lock order: book, then a member's tables. Members never
+                // call the budget while holding their own tables.
+                let mut tables = lock_tables(&tables);
+                tables.index = JitCodeIndex::new();
+                tables.interner = SymbolInterner::default();
+                tables.evicted = true;
+            }
+            book.stats.used_bytes -= freed;
+            book.stats.evictions += 1;
+            book.stats.evicted_bytes += freed;
+        }
+        book.stats.peak_bytes = book.stats.peak_bytes.max(book.stats.used_bytes);
+        let evicted = book.stats.evictions > evictions_before;
+        drop(book);
+        if evicted {
+            release_freed_memory();
+        }
+    }
+}
+
+/// Gives the pages of dropped tables back to the kernel: glibc keeps freed
+/// memory in its heap, so without this an eviction lowers the book's
+/// numbers but not the process's RSS.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own heap; no pointers passed.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+impl Drop for ManagedSymbols {
+    fn drop(&mut self) {
+        if let Some((budget, id)) = &self.budget {
+            budget.leave(*id);
+        }
+    }
 }
 
 /// What opening and reading the perf files went through, shared by the
@@ -520,7 +761,35 @@ impl ManagedSymbols {
         )
     }
 
-    /// Symbols of the process at `location` (a fake root in tests).
+    /// Symbols of live process `pid` (host pid), default bounds, charged
+    /// to `budget` (one per run, shared by every process).
+    pub fn with_budget(pid: u32, budget: &ManagedSymbolBudget) -> Self {
+        Self::at_with_budget(
+            TargetLocation::of_process(pid),
+            ManagedSymbolsConfig::default(),
+            budget,
+        )
+    }
+
+    /// [`Self::at`], charged to `budget`. The per-file entry caps shrink
+    /// to what fits in the whole budget, so one process alone cannot pass
+    /// it by much (the process being charged is never the one dropped).
+    pub fn at_with_budget(
+        location: TargetLocation,
+        mut config: ManagedSymbolsConfig,
+        budget: &ManagedSymbolBudget,
+    ) -> Self {
+        let fits = budget.stats().limit_bytes / TYPICAL_ENTRY_BYTES;
+        config.perf_map.max_entries = config.perf_map.max_entries.min(fits);
+        config.jitdump.max_code_loads = config.jitdump.max_code_loads.min(fits);
+        let mut symbols = Self::at(location, config);
+        let id = budget.join(&symbols.tables);
+        symbols.budget = Some((budget.clone(), id));
+        symbols
+    }
+
+    /// Symbols of the process at `location` (a fake root in tests), not
+    /// charged to any budget.
     pub fn at(location: TargetLocation, config: ManagedSymbolsConfig) -> Self {
         let paths = PerfFilePaths::new(&location);
         Self {
@@ -531,8 +800,8 @@ impl ManagedSymbols {
             perf_map_file: TrackedFile::default(),
             jitdump: JitDumpParser::new(config.jitdump),
             jitdump_file: TrackedFile::default(),
-            index: JitCodeIndex::new(),
-            interner: SymbolInterner::default(),
+            tables: Arc::new(Mutex::new(SymbolTables::default())),
+            budget: None,
             io: FileIoCounters::default(),
             read_buf: Vec::new(),
         }
@@ -547,27 +816,60 @@ impl ManagedSymbols {
         &self.paths
     }
 
-    /// Reads what the runtime appended since the last refresh. `now_ns` is
+    /// Reads what the runtime appended since the last refresh (all of it
+    /// again if the budget dropped this process's tables), then charges the
+    /// tables to the budget, which may drop other processes'. `now_ns` is
     /// CLOCK_MONOTONIC: the validity time of perf map lines read now.
     pub fn refresh(&mut self, now_ns: u64) -> RefreshStats {
-        let jitdump = self.refresh_jitdump(now_ns);
-        let jitdump_usable = self.jitdump.header().is_some() && self.jitdump.error().is_none();
-        let perf_map = if jitdump_usable {
-            FileRefresh {
-                status: FileStatus::NotNeeded,
-                ..FileRefresh::default()
+        let tables = Arc::clone(&self.tables);
+        let stats = {
+            let mut tables = lock_tables(&tables);
+            if std::mem::take(&mut tables.evicted) {
+                self.start_over();
+                if let Some((budget, _)) = &self.budget {
+                    budget.count_reload();
+                }
             }
-        } else {
-            self.refresh_perf_map(now_ns)
+            let jitdump = self.refresh_jitdump(&mut tables, now_ns);
+            let jitdump_usable = self.jitdump.header().is_some() && self.jitdump.error().is_none();
+            let perf_map = if jitdump_usable {
+                FileRefresh {
+                    status: FileStatus::NotNeeded,
+                    ..FileRefresh::default()
+                }
+            } else {
+                self.refresh_perf_map(&mut tables, now_ns)
+            };
+            tables.index.commit();
+            RefreshStats { perf_map, jitdump }
         };
-        self.index.commit();
-        RefreshStats { perf_map, jitdump }
+        self.charge();
+        stats
+    }
+
+    /// Forgets how far the files were read, so the next read starts over
+    /// with fresh parsers: their entry caps count what the (now empty)
+    /// index holds. Their parse counts restart too.
+    fn start_over(&mut self) {
+        self.perf_map = PerfMapParser::new(self.config.perf_map);
+        self.perf_map_file = TrackedFile::default();
+        self.jitdump = JitDumpParser::new(self.config.jitdump);
+        self.jitdump_file = TrackedFile::default();
+    }
+
+    fn charge(&self) {
+        if let Some((budget, id)) = &self.budget {
+            let bytes = lock_tables(&self.tables).memory_bytes();
+            budget.charge(*id, bytes);
+        }
     }
 
     /// Adds a method the runtime reported itself (EventPipe MethodLoad or
     /// rundown MethodDCEnd events), `raw_name` spelled like a perf map name
     /// (tier suffix included), valid from `valid_from_ns`. Returns false for
-    /// a rejected range.
+    /// a rejected range. Charged to the budget at the next refresh; the
+    /// budget never drops a process holding such methods (no file could
+    /// give them back).
     pub fn insert_method(
         &mut self,
         start: u64,
@@ -575,29 +877,61 @@ impl ManagedSymbols {
         raw_name: &str,
         valid_from_ns: u64,
     ) -> bool {
-        let symbol = ManagedSymbol::from_raw_name(raw_name, start, size, &mut self.interner);
-        self.index.insert(symbol, valid_from_ns)
+        let inserted = {
+            let mut tables = lock_tables(&self.tables);
+            let SymbolTables {
+                index, interner, ..
+            } = &mut *tables;
+            let symbol = ManagedSymbol::from_raw_name(raw_name, start, size, interner);
+            index.insert(symbol, valid_from_ns)
+        };
+        if inserted && let Some((budget, id)) = &self.budget {
+            budget.pin(*id);
+        }
+        inserted
     }
 
-    /// The symbol that owned `addr` at `time_ns` (CLOCK_MONOTONIC).
-    pub fn lookup(&self, addr: u64, time_ns: u64) -> Option<&ManagedSymbol> {
-        self.index.lookup(addr, time_ns)
+    /// The symbol that owned `addr` at `time_ns` (CLOCK_MONOTONIC). `None`
+    /// also while the budget has dropped the tables ([`Self::is_evicted`]):
+    /// [`Self::refresh`] reads them again.
+    pub fn lookup(&self, addr: u64, time_ns: u64) -> Option<ManagedSymbol> {
+        let found = lock_tables(&self.tables)
+            .index
+            .lookup(addr, time_ns)
+            .cloned();
+        if let Some((budget, id)) = &self.budget {
+            budget.touch(*id);
+        }
+        found
     }
 
-    pub fn index(&self) -> &JitCodeIndex {
-        &self.index
+    /// Whether the budget dropped the tables since the last refresh.
+    pub fn is_evicted(&self) -> bool {
+        lock_tables(&self.tables).evicted
+    }
+
+    /// Estimated heap bytes of the tables (what the budget is charged).
+    pub fn memory_bytes(&self) -> u64 {
+        lock_tables(&self.tables).memory_bytes()
     }
 
     /// Symbols held.
     pub fn len(&self) -> usize {
-        self.index.len()
+        lock_tables(&self.tables).index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.len() == 0
     }
 
     pub fn errors(&self) -> ManagedSymbolErrors {
+        let (rejected_ranges, lookup_step_limit_hits) = {
+            let tables = lock_tables(&self.tables);
+            (
+                tables.index.rejected_ranges(),
+                tables.index.lookup_step_limit_hits(),
+            )
+        };
         ManagedSymbolErrors {
             perf_map: self.perf_map.counts(),
             jitdump: self.jitdump.counts(),
@@ -606,25 +940,26 @@ impl ManagedSymbols {
             read_errors: self.io.read_errors,
             restarts: self.io.restarts,
             stale_files: self.io.stale_files,
-            rejected_ranges: self.index.rejected_ranges(),
-            lookup_step_limit_hits: self.index.lookup_step_limit_hits(),
+            rejected_ranges,
+            lookup_step_limit_hits,
             last_io_error: self.io.last_io_error.clone(),
         }
     }
 
-    fn refresh_jitdump(&mut self, now_ns: u64) -> FileRefresh {
+    fn refresh_jitdump(&mut self, tables: &mut SymbolTables, now_ns: u64) -> FileRefresh {
         let Self {
             location,
             paths,
             config,
             jitdump,
             jitdump_file,
-            index,
-            interner,
             read_buf,
             io,
             ..
         } = self;
+        let SymbolTables {
+            index, interner, ..
+        } = tables;
         let mut refresh = FileRefresh::default();
         let opened = open_tracked(location, &paths.jitdump, jitdump_file, jitdump);
         let Some(file) = io.opened(opened, &mut refresh) else {
@@ -667,19 +1002,20 @@ impl ManagedSymbols {
         refresh
     }
 
-    fn refresh_perf_map(&mut self, now_ns: u64) -> FileRefresh {
+    fn refresh_perf_map(&mut self, tables: &mut SymbolTables, now_ns: u64) -> FileRefresh {
         let Self {
             location,
             paths,
             config,
             perf_map,
             perf_map_file,
-            index,
-            interner,
             read_buf,
             io,
             ..
         } = self;
+        let SymbolTables {
+            index, interner, ..
+        } = tables;
         let mut refresh = FileRefresh::default();
         let mut opened = open_tracked(location, &paths.perf_map, perf_map_file, perf_map);
         // Look in the legacy directory while the perf map was never found.
@@ -898,14 +1234,14 @@ pub fn bench_perf_map_load(entries: usize) -> Duration {
     };
     let started = Instant::now();
     let mut symbols = ManagedSymbols::at(location, config);
-    let ManagedSymbols {
-        perf_map,
-        index,
-        interner,
-        ..
-    } = &mut symbols;
-    let added = ingest_perf_map(perf_map, index, interner, &text, 1);
+    let tables = Arc::clone(&symbols.tables);
+    let mut tables = lock_tables(&tables);
+    let SymbolTables {
+        index, interner, ..
+    } = &mut *tables;
+    let added = ingest_perf_map(&mut symbols.perf_map, index, interner, &text, 1);
     index.commit();
+    drop(tables);
     let elapsed = started.elapsed();
     assert_eq!(
         added,
@@ -1069,6 +1405,227 @@ mod tests {
         fn symbols(&self) -> ManagedSymbols {
             ManagedSymbols::at(self.location.clone(), ManagedSymbolsConfig::default())
         }
+    }
+
+    /// First stub and first method of [`synthetic_perf_map`].
+    const SYNTHETIC_STUB: u64 = 0x7f5c_2d98_0000;
+    const SYNTHETIC_METHOD: u64 = 0x7f5c_2da4_0000;
+
+    fn synthetic_targets(n: usize, entries: usize) -> Vec<Target> {
+        let map = synthetic_perf_map(entries);
+        (0..n)
+            .map(|_| {
+                let target = Target::new();
+                target.append("perf-7.map", &map);
+                target
+            })
+            .collect()
+    }
+
+    fn perf_map_config(entries: usize) -> ManagedSymbolsConfig {
+        ManagedSymbolsConfig {
+            perf_map: PerfMapLimits {
+                max_entries: entries as u64,
+                ..PerfMapLimits::default()
+            },
+            ..ManagedSymbolsConfig::default()
+        }
+    }
+
+    #[test]
+    fn many_large_perf_maps_stay_within_the_budget() {
+        const ENTRIES: usize = 20_000;
+        let targets = synthetic_targets(8, ENTRIES);
+        // One process's tables, measured without a budget.
+        let mut alone = ManagedSymbols::at(targets[0].location.clone(), perf_map_config(ENTRIES));
+        alone.refresh(1);
+        let one = alone.memory_bytes();
+        assert!(
+            one > (ENTRIES * 100) as u64,
+            "{one} bytes for {ENTRIES} entries"
+        );
+        // Room for about two and a half processes.
+        let budget = ManagedSymbolBudget::new(one * 5 / 2);
+        let mut all: Vec<ManagedSymbols> = targets
+            .iter()
+            .map(|t| {
+                ManagedSymbols::at_with_budget(
+                    t.location.clone(),
+                    perf_map_config(ENTRIES),
+                    &budget,
+                )
+            })
+            .collect();
+        for (i, symbols) in all.iter_mut().enumerate() {
+            symbols.refresh(10 + i as u64);
+            assert_eq!(symbols.len(), ENTRIES);
+            let stats = budget.stats();
+            assert!(stats.used_bytes <= stats.limit_bytes, "{stats:?}");
+        }
+        let stats = budget.stats();
+        let held: u64 = all.iter().map(ManagedSymbols::memory_bytes).sum();
+        assert_eq!(stats.used_bytes, held, "the book matches the tables");
+        assert_eq!(stats.processes, 8);
+        assert_eq!(stats.evictions, 6, "{stats:?}");
+        assert!(stats.peak_bytes <= stats.limit_bytes);
+        // The least recently used went first: the last two are whole.
+        let evicted: Vec<bool> = all.iter().map(ManagedSymbols::is_evicted).collect();
+        assert_eq!(evicted, [true, true, true, true, true, true, false, false]);
+        assert!(all[7].lookup(SYNTHETIC_STUB + 1, 0).is_some());
+        assert!(all[0].lookup(SYNTHETIC_STUB + 1, 0).is_none());
+        drop(all);
+        let stats = budget.stats();
+        assert_eq!((stats.used_bytes, stats.processes), (0, 0));
+    }
+
+    #[test]
+    fn an_evicted_process_resolves_again_after_a_refresh() {
+        const ENTRIES: usize = 5_000;
+        let targets = synthetic_targets(3, ENTRIES);
+        let mut probe = ManagedSymbols::at(targets[0].location.clone(), perf_map_config(ENTRIES));
+        probe.refresh(1);
+        // Room for one process, not two.
+        let budget = ManagedSymbolBudget::new(probe.memory_bytes() * 3 / 2);
+        let mut all: Vec<ManagedSymbols> = targets
+            .iter()
+            .map(|t| {
+                ManagedSymbols::at_with_budget(
+                    t.location.clone(),
+                    perf_map_config(ENTRIES),
+                    &budget,
+                )
+            })
+            .collect();
+        all[0].refresh(1);
+        let method = all[0].lookup(SYNTHETIC_METHOD + 1, 1).expect("a method");
+        // Charging the second drops the first.
+        all[1].refresh(2);
+        assert!(all[0].is_evicted());
+        assert!(all[0].lookup(SYNTHETIC_METHOD + 1, 1).is_none());
+        assert_eq!(all[0].len(), 0);
+        all[0].refresh(3);
+        assert!(!all[0].is_evicted());
+        assert_eq!(all[0].len(), ENTRIES, "the whole perf map was read again");
+        assert_eq!(all[0].lookup(SYNTHETIC_METHOD + 1, 1), Some(method));
+        assert!(all[1].is_evicted());
+        let stats = budget.stats();
+        assert_eq!(stats.evictions, 2);
+        assert_eq!(stats.reloads, 1);
+        assert!(stats.evicted_bytes > 0);
+        // A lookup counts as use: the one looked up outlives the other.
+        all[2].refresh(4);
+        assert!(all[0].is_evicted());
+        all[1].refresh(5);
+        all[2].refresh(6);
+        let _ = all[2].lookup(SYNTHETIC_METHOD + 1, 1);
+        all[0].refresh(7);
+        assert!(all[1].is_evicted() && all[2].is_evicted());
+        assert_eq!(budget.stats().used_bytes, all[0].memory_bytes());
+    }
+
+    #[test]
+    fn a_process_with_methods_from_events_is_never_dropped() {
+        const ENTRIES: usize = 2_000;
+        let targets = synthetic_targets(2, ENTRIES);
+        let budget = ManagedSymbolBudget::new(1 << 20);
+        let mut from_events = ManagedSymbols::at_with_budget(
+            targets[0].location.clone(),
+            perf_map_config(ENTRIES),
+            &budget,
+        );
+        assert!(from_events.insert_method(0x1000, 0x10, "void [A] A::B()[PreJIT]", 0));
+        from_events.refresh(1);
+        let mut other = ManagedSymbols::at_with_budget(
+            targets[1].location.clone(),
+            perf_map_config(ENTRIES),
+            &budget,
+        );
+        other.refresh(2);
+        other.refresh(3);
+        assert!(!from_events.is_evicted());
+        assert!(from_events.lookup(0x1008, 1).is_some());
+    }
+
+    #[test]
+    fn lookups_mark_a_process_as_used() {
+        const ENTRIES: usize = 2_000;
+        let targets = synthetic_targets(3, ENTRIES);
+        let mut probe = ManagedSymbols::at(targets[0].location.clone(), perf_map_config(ENTRIES));
+        probe.refresh(1);
+        // Room for two processes, not three.
+        let budget = ManagedSymbolBudget::new(probe.memory_bytes() * 5 / 2);
+        let mut all: Vec<ManagedSymbols> = targets
+            .iter()
+            .map(|t| {
+                ManagedSymbols::at_with_budget(
+                    t.location.clone(),
+                    perf_map_config(ENTRIES),
+                    &budget,
+                )
+            })
+            .collect();
+        all[0].refresh(1);
+        all[1].refresh(2);
+        assert!(all[0].lookup(SYNTHETIC_STUB, 1).is_some());
+        all[2].refresh(3);
+        assert!(!all[0].is_evicted(), "looked up after the second was read");
+        assert!(all[1].is_evicted());
+    }
+
+    /// RSS growth of this process holding `N` processes' symbols of
+    /// `ENTRIES` perf map lines each; run each mode in a process of its own:
+    /// `cargo test -p clrbpf --lib -- --ignored --nocapture measure_managed_symbol_memory_`
+    fn measure_managed_symbol_memory(budget: Option<ManagedSymbolBudget>) {
+        fn rss_bytes() -> u64 {
+            let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
+            let pages: u64 = statm
+                .split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse().ok())
+                .expect("resident pages");
+            pages * 4096
+        }
+        const N: usize = 6;
+        const ENTRIES: usize = 200_000;
+        let targets = synthetic_targets(N, ENTRIES);
+        let before = rss_bytes();
+        let mut all: Vec<ManagedSymbols> = targets
+            .iter()
+            .map(|t| match &budget {
+                Some(b) => {
+                    ManagedSymbols::at_with_budget(t.location.clone(), perf_map_config(ENTRIES), b)
+                }
+                None => ManagedSymbols::at(t.location.clone(), perf_map_config(ENTRIES)),
+            })
+            .collect();
+        for (i, s) in all.iter_mut().enumerate() {
+            s.refresh(i as u64);
+        }
+        let after = rss_bytes();
+        let estimated: u64 = all.iter().map(ManagedSymbols::memory_bytes).sum();
+        let held: usize = all.iter().map(ManagedSymbols::len).sum();
+        eprintln!(
+            "measure_managed_symbol_memory: {N} processes x {ENTRIES} perf map entries, budget {:?} MiB: RSS +{} MiB, estimate {} MiB ({} B/entry), {held} entries held, {:?}",
+            budget.as_ref().map(|b| b.stats().limit_bytes >> 20),
+            after.saturating_sub(before) >> 20,
+            estimated >> 20,
+            estimated / held.max(1) as u64,
+            budget.as_ref().map(ManagedSymbolBudget::stats),
+        );
+    }
+
+    #[test]
+    #[ignore = "measurement: cargo test -- --ignored --nocapture measure_"]
+    fn measure_managed_symbol_memory_unbounded() {
+        measure_managed_symbol_memory(None);
+    }
+
+    #[test]
+    #[ignore = "measurement: cargo test -- --ignored --nocapture measure_"]
+    fn measure_managed_symbol_memory_with_the_default_budget() {
+        measure_managed_symbol_memory(Some(ManagedSymbolBudget::new(
+            DEFAULT_MANAGED_SYMBOL_BUDGET_BYTES,
+        )));
     }
 
     fn jitdump_header() -> Vec<u8> {
@@ -1524,10 +2081,11 @@ mod live_tests {
         }
         eprintln!("{} symbols, {:?}", symbols.len(), symbols.errors());
         let now = monotonic_now_ns();
-        let spin = symbols
-            .index()
+        let spin = lock_tables(&symbols.tables)
+            .index
             .symbols_for_test()
             .find(|s| s.name.contains("Hot::Spin"))
+            .cloned()
             .expect("Hot::Spin was JIT-compiled");
         let found = symbols.lookup(spin.start + 1, now).expect("lookup");
         eprintln!("{found:?}");

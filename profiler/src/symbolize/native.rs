@@ -7,19 +7,57 @@
 //! that exited before its samples were symbolized still get names, as long
 //! as its mappings were seen while it ran. Results are cached per
 //! (file, offset) and per kernel address.
+//!
+//! Bounded for a long run over a churning host: each file counts the
+//! processes that map it ([`NativeSymbolizer::prepare`]) and is closed, with
+//! blazesym's data for it, when the last of them is forgotten
+//! ([`NativeSymbolizer::forget_process`], on the kernel's exit event, after
+//! the process's samples were named). Open files and cached frames are also
+//! capped ([`NativeLimits`]), least recently used first, and every eviction
+//! is counted in [`NativeStats`].
 
-use std::{collections::HashMap, fs::File, os::fd::AsRawFd, path::PathBuf, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    fs::File,
+    num::NonZeroUsize,
+    os::fd::AsRawFd,
+    path::PathBuf,
+    sync::Arc,
+};
 
 use blazesym::symbolize::{
     Input, Symbolized, Symbolizer,
+    evict::{self, Evict},
     source::{Elf, Kernel, Source},
 };
+use lru::LruCache;
 
 use crate::profile::{Frame, FrameKind, InlinedFunction, Module};
 
-/// Most files kept open for symbolization; past this, new files are
-/// symbolized as unknown (and counted) rather than exhausting descriptors.
-const MAX_OPEN_FILES: usize = 4096;
+/// Bounds of a [`NativeSymbolizer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NativeLimits {
+    /// Files kept open at once (each is one descriptor of ours and one of
+    /// blazesym's); past it the least recently used is closed, and opened
+    /// again if a live process needs it.
+    pub max_open_files: usize,
+    /// Named user frames cached, per (file, offset).
+    pub max_user_frames: usize,
+    /// Named kernel frames cached, per address.
+    pub max_kernel_frames: usize,
+}
+
+impl Default for NativeLimits {
+    fn default() -> Self {
+        Self {
+            // Well under the usual soft RLIMIT_NOFILE of 1024, two
+            // descriptors per file.
+            max_open_files: 384,
+            max_user_frames: 1 << 17,
+            max_kernel_frames: 1 << 16,
+        }
+    }
+}
 
 /// Identity of a mapped file: device and inode as /proc/PID/maps reports
 /// them, so the same library in many processes is opened once.
@@ -54,20 +92,43 @@ impl OpenedElf {
     }
 }
 
-/// Counts of what could not be named, for the end summary.
+/// One file as symbolization knows it: open (or found unopenable) once.
+struct KnownFile {
+    opened: Option<Arc<OpenedElf>>,
+    /// Names this opening in the frame cache, so a file closed and opened
+    /// again (or an inode reused) never meets the old one's frames.
+    generation: u64,
+}
+
+/// Counts of what could not be named and what was let go, for the end
+/// summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NativeStats {
     pub files_opened: u64,
     pub files_unopenable: u64,
     pub unresolved_user: u64,
     pub unresolved_kernel: u64,
+    /// Files closed because no live process maps them any more.
+    pub files_closed: u64,
+    /// Files closed by the open-file bound while a process still mapped them.
+    pub files_evicted: u64,
+    /// Cached frames dropped by the frame-cache bounds.
+    pub frames_evicted: u64,
+    /// Processes let go of through [`NativeSymbolizer::forget_process`].
+    pub processes_forgotten: u64,
 }
 
 pub struct NativeSymbolizer {
     symbolizer: Symbolizer,
-    files: HashMap<FileKey, Option<Arc<OpenedElf>>>,
-    user_cache: HashMap<(FileKey, u64), Arc<Frame>>,
-    kernel_cache: HashMap<u64, Arc<Frame>>,
+    limits: NativeLimits,
+    files: LruCache<FileKey, KnownFile>,
+    /// How many known processes map each file (whether open or not).
+    file_users: HashMap<FileKey, u32>,
+    /// The files each known process maps.
+    process_files: HashMap<u32, HashSet<FileKey>>,
+    next_generation: u64,
+    user_cache: LruCache<(u64, u64), Arc<Frame>>,
+    kernel_cache: LruCache<u64, Arc<Frame>>,
     kernel_module: Arc<Module>,
     pub stats: NativeStats,
 }
@@ -78,8 +139,16 @@ impl Default for NativeSymbolizer {
     }
 }
 
+fn at_least_one(n: usize) -> NonZeroUsize {
+    NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN)
+}
+
 impl NativeSymbolizer {
     pub fn new() -> Self {
+        Self::with_limits(NativeLimits::default())
+    }
+
+    pub fn with_limits(limits: NativeLimits) -> Self {
         let symbolizer = Symbolizer::builder()
             .enable_code_info(true)
             .enable_inlined_fns(true)
@@ -87,9 +156,13 @@ impl NativeSymbolizer {
             .build();
         Self {
             symbolizer,
-            files: HashMap::new(),
-            user_cache: HashMap::new(),
-            kernel_cache: HashMap::new(),
+            limits,
+            files: LruCache::new(at_least_one(limits.max_open_files)),
+            file_users: HashMap::new(),
+            process_files: HashMap::new(),
+            next_generation: 0,
+            user_cache: LruCache::new(at_least_one(limits.max_user_frames)),
+            kernel_cache: LruCache::new(at_least_one(limits.max_kernel_frames)),
             kernel_module: Arc::new(Module {
                 path: "[kernel.kallsyms]".into(),
                 build_id: None,
@@ -102,15 +175,20 @@ impl NativeSymbolizer {
         }
     }
 
-    /// Opens (once) the file behind a mapping while its process is alive.
-    /// Call it when a mapping is first seen, so later symbolization does
-    /// not depend on the process still running.
+    /// Opens (once) the file behind a mapping while its process is alive,
+    /// and counts the process among the file's users. Call it when a
+    /// mapping is first seen, so later symbolization does not depend on the
+    /// process still running.
     pub fn prepare(&mut self, mapping: &MappedFile<'_>) {
-        if self.files.contains_key(&mapping.key) {
-            return;
+        if self
+            .process_files
+            .entry(mapping.pid)
+            .or_default()
+            .insert(mapping.key)
+        {
+            *self.file_users.entry(mapping.key).or_insert(0) += 1;
         }
-        if self.files.len() >= MAX_OPEN_FILES {
-            self.stats.files_unopenable += 1;
+        if self.files.get(&mapping.key).is_some() {
             return;
         }
         let opened = open_mapped_file(mapping).map(|file| {
@@ -137,7 +215,71 @@ impl NativeSymbolizer {
             Some(_) => self.stats.files_opened += 1,
             None => self.stats.files_unopenable += 1,
         }
-        self.files.insert(mapping.key, opened);
+        self.next_generation += 1;
+        let known = KnownFile {
+            opened,
+            generation: self.next_generation,
+        };
+        if let Some((old_key, old)) = self.files.push(mapping.key, known)
+            && old_key != mapping.key
+        {
+            self.stats.files_evicted += 1;
+            self.close(old);
+        }
+    }
+
+    /// Lets go of what `pid` held: the files only it mapped are closed and
+    /// their blazesym data dropped (their cached frames age out of the
+    /// frame cache, unreachable). Call it once the process has exited and
+    /// its samples are named; frames of files other processes still map
+    /// stay. A pid never prepared is fine.
+    pub fn forget_process(&mut self, pid: u32) {
+        let Some(keys) = self.process_files.remove(&pid) else {
+            return;
+        };
+        self.stats.processes_forgotten += 1;
+        for key in keys {
+            let Some(users) = self.file_users.get_mut(&key) else {
+                continue;
+            };
+            *users = users.saturating_sub(1);
+            if *users > 0 {
+                continue;
+            }
+            self.file_users.remove(&key);
+            if let Some(known) = self.files.pop(&key) {
+                self.stats.files_closed += 1;
+                self.close(known);
+            }
+        }
+    }
+
+    /// Files open now (each holds a descriptor of ours, and one of
+    /// blazesym's once it was read).
+    pub fn open_files(&self) -> usize {
+        self.files
+            .iter()
+            .filter(|(_, f)| f.opened.is_some())
+            .count()
+    }
+
+    /// Processes whose files are counted ([`Self::prepare`]d, not yet
+    /// forgotten).
+    pub fn processes(&self) -> usize {
+        self.process_files.len()
+    }
+
+    pub fn limits(&self) -> NativeLimits {
+        self.limits
+    }
+
+    fn close(&mut self, known: KnownFile) {
+        if let Some(elf) = known.opened {
+            // blazesym keeps its own descriptor and parsed data per path.
+            let _ = self
+                .symbolizer
+                .evict(&Evict::Elf(evict::Elf::new(elf.fd_path())));
+        }
     }
 
     /// Names a user address inside `mapping`. `is_return_address` is true
@@ -158,13 +300,16 @@ impl NativeSymbolizer {
         let file_offset = lookup
             .saturating_sub(mapping.start)
             .saturating_add(mapping.offset);
-        if let Some(frame) = self.user_cache.get(&(mapping.key, file_offset)) {
+        let (generation, opened) = match self.files.get(&mapping.key) {
+            Some(known) => (known.generation, known.opened.clone()),
+            None => (0, None),
+        };
+        if let Some(frame) = self.user_cache.get(&(generation, file_offset)) {
             return Arc::new(Frame {
                 address: addr,
                 ..(**frame).clone()
             });
         }
-        let opened = self.files.get(&mapping.key).cloned().flatten();
         let frame = match opened {
             Some(elf) => {
                 let source = Source::Elf(Elf::new(elf.fd_path()));
@@ -188,8 +333,14 @@ impl NativeSymbolizer {
             }
         };
         let frame = Arc::new(frame);
-        self.user_cache
-            .insert((mapping.key, file_offset), frame.clone());
+        if generation != 0
+            && self
+                .user_cache
+                .push((generation, file_offset), frame.clone())
+                .is_some()
+        {
+            self.stats.frames_evicted += 1;
+        }
         frame
     }
 
@@ -221,7 +372,9 @@ impl NativeSymbolizer {
             }
         };
         let frame = Arc::new(frame);
-        self.kernel_cache.insert(addr, frame.clone());
+        if self.kernel_cache.push(addr, frame.clone()).is_some() {
+            self.stats.frames_evicted += 1;
+        }
         frame
     }
 }
@@ -356,6 +509,157 @@ mod tests {
         let frame = s.symbolize_kernel(addr + 1);
         assert_eq!(&*frame.name, name);
         assert_eq!(frame.kind, FrameKind::Kernel);
+    }
+
+    /// The executable mappings of `pid` whose path ends with `suffix`.
+    fn mapped_files(pid: u32, suffix: &str) -> Vec<(u64, u64, u64, FileKey, String)> {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        maps.lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let path = *fields.get(5)?;
+                if !fields.get(1)?.contains('x') || !path.ends_with(suffix) {
+                    return None;
+                }
+                let (start, end) = fields[0].split_once('-')?;
+                let (major, minor) = fields[3].split_once(':')?;
+                Some((
+                    u64::from_str_radix(start, 16).ok()?,
+                    u64::from_str_radix(end, 16).ok()?,
+                    u64::from_str_radix(fields[2], 16).ok()?,
+                    FileKey {
+                        dev_major: u32::from_str_radix(major, 16).ok()?,
+                        dev_minor: u32::from_str_radix(minor, 16).ok()?,
+                        inode: fields[4].parse().ok()?,
+                    },
+                    path.to_owned(),
+                ))
+            })
+            .collect()
+    }
+
+    /// Descriptors of this process open on `path`.
+    fn fds_open_on(path: &std::path::Path) -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .expect("list own fds")
+            .filter_map(Result::ok)
+            .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
+            .count()
+    }
+
+    #[test]
+    fn forgetting_the_last_process_of_a_file_closes_it() {
+        // A copy of `sleep` under a name of its own, so descriptors other
+        // tests open in parallel are not counted.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let exe = dir.path().join("clrbpf-native-forget-sleep");
+        std::fs::copy("/bin/sleep", &exe).expect("copy sleep");
+        let mut child = std::process::Command::new(&exe)
+            .arg("30")
+            .spawn()
+            .expect("start the copy of sleep");
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mappings = loop {
+            let found = mapped_files(pid, "clrbpf-native-forget-sleep");
+            if !found.is_empty() {
+                break found;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never mapped its exe"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let baseline = fds_open_on(&exe);
+        let mut s = NativeSymbolizer::new();
+        for (start, end, offset, key, path) in &mappings {
+            let mapping = MappedFile {
+                pid,
+                start: *start,
+                end: *end,
+                offset: *offset,
+                key: *key,
+                path,
+            };
+            s.prepare(&mapping);
+            let _ = s.symbolize_user(&mapping, start + 0x40, false);
+        }
+        assert_eq!(s.stats.files_opened, 1, "{:?}", s.stats);
+        assert_eq!(s.open_files(), 1);
+        assert!(fds_open_on(&exe) > baseline, "the file is held open");
+        let _ = child.kill();
+        let _ = child.wait();
+        s.forget_process(pid);
+        assert_eq!(
+            fds_open_on(&exe),
+            baseline,
+            "every descriptor on the file is closed"
+        );
+        assert_eq!(s.open_files(), 0);
+        assert_eq!(s.processes(), 0);
+        assert_eq!(s.stats.files_closed, 1);
+        assert_eq!(s.stats.processes_forgotten, 1);
+        // Forgetting twice, or a pid never seen, is harmless.
+        s.forget_process(pid);
+        s.forget_process(u32::MAX);
+        assert_eq!(s.stats.processes_forgotten, 1);
+    }
+
+    #[test]
+    fn a_file_still_mapped_by_a_live_process_stays_open() {
+        let own = std::process::id();
+        let mappings = mapped_files(own, "");
+        let (start, end, offset, key, path) = mappings.first().expect("an executable mapping");
+        let mut s = NativeSymbolizer::new();
+        for pid in [own, own + 1_000_000] {
+            s.prepare(&MappedFile {
+                pid,
+                start: *start,
+                end: *end,
+                offset: *offset,
+                key: *key,
+                path,
+            });
+        }
+        s.forget_process(own + 1_000_000);
+        assert_eq!(s.open_files(), 1, "another process still maps it");
+        s.forget_process(own);
+        assert_eq!(s.open_files(), 0);
+    }
+
+    #[test]
+    fn open_files_and_frames_are_bounded() {
+        let own = std::process::id();
+        let mut mappings = mapped_files(own, "");
+        let mut keys = HashSet::new();
+        mappings.retain(|m| keys.insert(m.3));
+        assert!(mappings.len() >= 2, "this test binary maps itself and libc");
+        let mut s = NativeSymbolizer::with_limits(NativeLimits {
+            max_open_files: 1,
+            max_user_frames: 2,
+            max_kernel_frames: 1,
+        });
+        for (start, end, offset, key, path) in &mappings {
+            let mapping = MappedFile {
+                pid: own,
+                start: *start,
+                end: *end,
+                offset: *offset,
+                key: *key,
+                path,
+            };
+            for i in 0..3 {
+                let _ = s.symbolize_user(&mapping, start + 0x100 * i, false);
+            }
+        }
+        assert_eq!(s.open_files(), 1);
+        assert_eq!(s.stats.files_evicted as usize, mappings.len() - 1);
+        assert!(s.user_cache.len() <= 2);
+        assert!(s.stats.frames_evicted > 0);
+        let _ = s.symbolize_kernel(1);
+        let _ = s.symbolize_kernel(2);
+        assert_eq!(s.kernel_cache.len(), 1);
     }
 
     #[test]
