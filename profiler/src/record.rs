@@ -171,6 +171,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         ..SamplerConfig::default()
     })?;
     let mut pipeline = Pipeline::new(perf_map_attach, clr_events, layout.clone());
+    pipeline.keep_perf_files = keep_perf_maps;
     pipeline.unwind = match sampler.take_unwind_maps() {
         Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
         None => None,
@@ -285,7 +286,6 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         &pipeline.thread_names,
         &pipeline.off_cpu_recorded,
     );
-    summary.processes = pipeline.process_count();
     summary.duration = elapsed;
     summary.samples_lost = summary.kernel.samples_lost;
     summary.stopped_by = stopped_by;

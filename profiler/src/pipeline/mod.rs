@@ -63,14 +63,23 @@ const MAX_RETRY_SAMPLES: usize = 200_000;
 /// Where raw samples come from: the kernel ([`crate::bpf::Sampler`]) or,
 /// in tests, a fake.
 pub trait SampleSource {
-    /// Moves the samples taken since the last call into `out`; returns how
-    /// many malformed records were skipped.
-    fn drain(&mut self, out: &mut Vec<RawSample>) -> u64;
+    /// Moves the samples taken since the last call into `out`, and the
+    /// process exits and execs into `events` (in the order the kernel
+    /// reported them); returns how many malformed records were skipped.
+    fn drain(
+        &mut self,
+        out: &mut Vec<RawSample>,
+        events: &mut Vec<crate::bpf::ProcessEventAt>,
+    ) -> u64;
 }
 
 impl SampleSource for crate::bpf::Sampler {
-    fn drain(&mut self, out: &mut Vec<RawSample>) -> u64 {
-        crate::bpf::Sampler::drain(self, out)
+    fn drain(
+        &mut self,
+        out: &mut Vec<RawSample>,
+        events: &mut Vec<crate::bpf::ProcessEventAt>,
+    ) -> u64 {
+        self.drain_with_events(out, events)
     }
 }
 
@@ -95,6 +104,14 @@ pub struct Pipeline {
     pub(crate) summary: RecordSummary,
     pub(crate) stack: Vec<u32>,
     pub(crate) user_frames: Vec<Arc<Frame>>,
+    /// Memory for managed symbols, shared by every process: the least
+    /// recently used processes' tables go first.
+    managed_budget: crate::symbolize::managed::ManagedSymbolBudget,
+    /// Process exits and execs reported by the kernel, in ring order: each
+    /// is applied once every sample taken before it has been added.
+    lifecycle: VecDeque<crate::bpf::ProcessEvent>,
+    /// Whether perf files of processes clrbpf asked for are kept.
+    pub(crate) keep_perf_files: bool,
     /// Samples waiting for a perf map that names their JIT frames.
     pub(crate) retry: Vec<RawSample>,
     pub(crate) unwind: Option<UnwindWorker>,
@@ -110,7 +127,7 @@ pub struct Pipeline {
 impl Pipeline {
     /// How many processes have been seen.
     pub fn process_count(&self) -> usize {
-        self.processes.len()
+        self.summary.processes
     }
 
     pub fn new(attach_perf_maps: bool, clr_events: ClrEventKinds, layout: ValueLayout) -> Self {
@@ -125,6 +142,11 @@ impl Pipeline {
             summary: RecordSummary::default(),
             stack: Vec::with_capacity(256),
             user_frames: Vec::with_capacity(256),
+            managed_budget: crate::symbolize::managed::ManagedSymbolBudget::new(
+                crate::symbolize::managed::DEFAULT_MANAGED_SYMBOL_BUDGET_BYTES,
+            ),
+            lifecycle: VecDeque::new(),
+            keep_perf_files: false,
             retry: Vec::new(),
             unwind: None,
             layout,
@@ -142,8 +164,10 @@ impl Pipeline {
                 &mut self.native,
                 self.attach_perf_maps,
                 self.clr_events,
+                self.managed_budget.clone(),
             );
             self.processes.insert(pid, process);
+            self.summary.processes += 1;
             if let Some(unwind) = self.unwind.as_ref() {
                 unwind.track_process(pid);
             }
@@ -174,9 +198,25 @@ impl Pipeline {
         for process in self.processes.values_mut() {
             process.stop_clr(until);
         }
+        let pids: Vec<u32> = self.processes.keys().copied().collect();
+        for pid in pids {
+            if let Some(mut process) = self.processes.remove(&pid) {
+                self.close_clr(&mut process);
+                self.processes.insert(pid, process);
+            }
+        }
+    }
+
+    /// Takes a stopped (or ended) session's totals into the summary and
+    /// adds its kept CLR samples, symbolized at their own times and
+    /// weighted so the totals are exact.
+    fn close_clr(&mut self, process: &mut TrackedProcess) {
+        let Some(mut clr) = process.clr.take() else {
+            return;
+        };
+        process.refresh_managed(true);
         let Self {
             native,
-            processes,
             aggregator,
             summary,
             stack,
@@ -184,23 +224,17 @@ impl Pipeline {
             layout,
             ..
         } = self;
-        for process in processes.values_mut() {
-            let Some(mut clr) = process.clr.take() else {
-                continue;
-            };
-            process.refresh_managed(true);
-            summary.warnings.append(&mut clr.take_warnings());
-            if clr.had_session() {
-                summary.clr.push(ClrProcessTotals {
-                    pid: process.pid,
-                    exe_name: process.exe_name.clone(),
-                    counters: clr.counters(),
-                    incomplete: clr.incomplete().map(str::to_owned),
-                });
-            }
-            let kept = clr.finish();
-            add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
+        summary.warnings.append(&mut clr.take_warnings());
+        if clr.had_session() {
+            summary.clr.push(ClrProcessTotals {
+                pid: process.pid,
+                exe_name: process.exe_name.clone(),
+                counters: clr.counters(),
+                incomplete: clr.incomplete().map(str::to_owned),
+            });
         }
+        let kept = clr.finish();
+        add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
     }
 
     /// Adds the CLR samples of the sampling windows closed so far, so a
@@ -246,8 +280,10 @@ impl Pipeline {
 
     /// Drains `source` into the pending samples (see [`Self::accept`]).
     pub fn pull(&mut self, source: &mut impl SampleSource, scratch: &mut Vec<RawSample>) {
-        self.summary.malformed_records += source.drain(scratch);
+        let mut events = Vec::new();
+        self.summary.malformed_records += source.drain(scratch, &mut events);
         self.accept(scratch);
+        self.lifecycle.extend(events.into_iter().map(|e| e.event));
     }
 
     /// Closes the window `span`: every sample taken before its end is
@@ -299,8 +335,83 @@ impl Pipeline {
             let Some(sample) = self.pending.pop_front() else {
                 break;
             };
+            self.apply_lifecycle(sample.time_ns);
+            // A new process under a pid whose earlier process just exited.
+            self.track(sample.pid);
             self.add_sample(&sample, false);
         }
+        self.apply_lifecycle(until_ns);
+    }
+
+    /// Applies the process events that happened before `time_ns`: an exit
+    /// releases everything the process held (after its last samples are
+    /// added), an exec makes its mappings and runtime be read again.
+    fn apply_lifecycle(&mut self, time_ns: u64) {
+        use crate::bpf::ProcessEvent;
+        while let Some(&event) = self.lifecycle.front() {
+            let (ProcessEvent::Exited { time_ns: at, .. } | ProcessEvent::Exec { time_ns: at, .. }) =
+                event;
+            if at > time_ns {
+                break;
+            }
+            self.lifecycle.pop_front();
+            match event {
+                ProcessEvent::Exited { pid, .. } => self.retire(pid),
+                ProcessEvent::Exec { pid, .. } => {
+                    if let Some(process) = self.processes.get_mut(&pid) {
+                        process.exec_seen();
+                    }
+                }
+            }
+        }
+    }
+
+    /// A process exited: its held-back samples are added as they can be
+    /// named now, its CLR totals and samples taken, the perf maps clrbpf
+    /// turned on in it released (its files removed unless kept), and its
+    /// symbols, open files and unwind index dropped.
+    fn retire(&mut self, pid: u32) {
+        if !self.processes.contains_key(&pid) {
+            return;
+        }
+        let (mine, others): (Vec<RawSample>, Vec<RawSample>) = std::mem::take(&mut self.retry)
+            .into_iter()
+            .partition(|s| s.pid == pid);
+        self.retry = others;
+        for sample in &mine {
+            self.add_sample(sample, true);
+        }
+        let Some(mut process) = self.processes.remove(&pid) else {
+            return;
+        };
+        if let Some(clr) = process.clr.as_mut() {
+            clr.begin_stop();
+        }
+        process.stop_clr(std::time::Instant::now() + CLR_STOP_DEADLINE);
+        self.close_clr(&mut process);
+        process.abandon_attach();
+        self.summary.warnings.append(&mut process.warnings);
+        if !self.keep_perf_files
+            && process.launched_here
+            && let Some(managed) = process.managed.as_ref()
+        {
+            let cleanup = remove_launched_perf_files(managed.location());
+            self.summary.warnings.extend(cleanup);
+        }
+        if let Some(handle) = process.perf_map.take() {
+            self.summary.perf_maps_enabled += 1;
+            // The process is gone: DisablePerfMap fails at once, and only
+            // the files are left to remove.
+            let cleanup = handle.finish(self.keep_perf_files);
+            self.summary
+                .warnings
+                .extend(perf_file_warnings(pid, &cleanup.files));
+        }
+        self.native.forget_process(pid);
+        if let Some(unwind) = self.unwind.as_ref() {
+            unwind.forget_process(pid);
+        }
+        self.summary.processes_exited += 1;
     }
 
     /// The end of the recording: every perf map read one last time, then
@@ -603,7 +714,11 @@ mod tests {
     struct FakeSource(VecDeque<RawSample>);
 
     impl SampleSource for FakeSource {
-        fn drain(&mut self, out: &mut Vec<RawSample>) -> u64 {
+        fn drain(
+            &mut self,
+            out: &mut Vec<RawSample>,
+            _events: &mut Vec<crate::bpf::ProcessEventAt>,
+        ) -> u64 {
             let n = self.0.len().min(3);
             out.extend(self.0.drain(..n));
             0
@@ -705,6 +820,40 @@ mod tests {
             sums
         };
         assert_eq!(by_key(&[&first, &second]), by_key(&[&all]));
+    }
+
+    #[test]
+    fn an_exit_releases_the_process_after_its_last_samples() {
+        let mut pipeline = Pipeline::new(
+            false,
+            ClrEventKinds::NONE,
+            ValueLayout::new(false, false, false),
+        );
+        let pid = u32::MAX - 1;
+        pipeline.accept(&mut vec![
+            cpu_sample(10, 1, vec![1]),
+            cpu_sample(20, 1, vec![1]),
+            // The pid reused by a new process after the exit at 25.
+            cpu_sample(30, 1, vec![1]),
+        ]);
+        pipeline
+            .lifecycle
+            .push_back(crate::bpf::ProcessEvent::Exited { pid, time_ns: 25 });
+        pipeline.process_pending(26);
+        assert_eq!(pipeline.summary.samples, 2);
+        assert_eq!(pipeline.summary.processes_exited, 1);
+        assert!(
+            !pipeline.processes.contains_key(&pid),
+            "released at its exit"
+        );
+        pipeline.process_pending(100);
+        assert_eq!(pipeline.summary.samples, 3);
+        assert!(pipeline.processes.contains_key(&pid), "the new process");
+        assert_eq!(
+            pipeline.process_count(),
+            2,
+            "two processes seen under one pid"
+        );
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub struct RecordSummary {
     pub samples_lost: u64,
     pub malformed_records: u64,
     pub processes: usize,
+    /// Processes whose exit the kernel reported during the recording; what
+    /// they held was released then.
+    pub processes_exited: usize,
     pub kernel_frames: u64,
     pub managed_frames: u64,
     pub native_frames: u64,
@@ -230,6 +233,13 @@ pub fn print_summary(
         user_frames,
         summary.kernel_frames
     )?;
+    if summary.processes_exited > 0 {
+        writeln!(
+            w,
+            "clrbpf: {} processes exited during the recording; their symbols, files and sessions were released then",
+            summary.processes_exited
+        )?;
+    }
     if summary.truncated_stacks > 0 || summary.malformed_records > 0 {
         writeln!(
             w,

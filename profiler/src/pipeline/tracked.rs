@@ -22,7 +22,7 @@ use crate::{
     },
     profile::Module,
     symbolize::{
-        managed::ManagedSymbols,
+        managed::{ManagedSymbolBudget, ManagedSymbols},
         native::{FileKey, MappedFile, NativeSymbolizer},
     },
 };
@@ -47,6 +47,8 @@ pub(super) struct TrackedProcess {
     pub(super) managed: Option<ManagedSymbols>,
     pub(super) managed_read_at: Option<Instant>,
     pub(super) perf_map: Option<PerfMapAttach>,
+    /// The budget every process's managed symbols share.
+    pub(super) managed_budget: ManagedSymbolBudget,
     /// The perf map attach under way on its own thread, with the runtime
     /// version seen in the mappings.
     pub(super) attach_job: Option<(AttachJob, Option<String>)>,
@@ -72,6 +74,7 @@ impl TrackedProcess {
         native: &mut NativeSymbolizer,
         attach: bool,
         clr_events: ClrEventKinds,
+        managed_budget: ManagedSymbolBudget,
     ) -> Self {
         let info = procfs.process_info(pid).ok();
         let launched_here = info.as_ref().is_some_and(|i| i.ns_pid == pid)
@@ -94,6 +97,7 @@ impl TrackedProcess {
             managed: None,
             managed_read_at: None,
             perf_map: None,
+            managed_budget,
             attach_job: None,
             launched_here,
             attach,
@@ -147,7 +151,7 @@ impl TrackedProcess {
         };
         let pid = self.pid;
         tracing::debug!(pid, version = ?runtime.version, "found a .NET runtime");
-        self.managed = Some(ManagedSymbols::new(pid));
+        self.managed = Some(ManagedSymbols::with_budget(pid, &self.managed_budget));
         // Runtimes before .NET 8 cannot be asked for perf maps: a process we
         // did not start gets its JIT frames named from method rundown and
         // MethodLoad events.
@@ -298,6 +302,13 @@ impl TrackedProcess {
                 add_event_method(managed, method, time_ns);
             }
         });
+    }
+
+    /// The process replaced its image: its mappings (and, if it had no
+    /// .NET runtime, whether it has one now) are read again at its next
+    /// sample.
+    pub(super) fn exec_seen(&mut self) {
+        self.maps_read_at = None;
     }
 
     pub(super) fn mapping_for(&self, addr: u64) -> Option<&Mapping> {
