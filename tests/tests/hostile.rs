@@ -173,4 +173,10 @@ fn a_second_ctrl_c_ends_the_waits_on_targets() {
         "the cut-short CLR stream is not reported:\n{stderr}"
     );
     assert!(!read_profile(&out).sample.is_empty());
+    // Its runtime could not be asked to stop writing them: remove them.
+    let pid = app.pid();
+    drop(app);
+    for name in [format!("perf-{pid}.map"), format!("jit-{pid}.dump")] {
+        let _ = std::fs::remove_file(std::path::Path::new("/tmp").join(name));
+    }
 }
