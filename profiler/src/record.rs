@@ -241,7 +241,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
                 err,
                 "\rclrbpf: recording {:>5.1} s, {} samples, {} processes (Ctrl-C to stop) ",
                 started.elapsed().as_secs_f64(),
-                pipeline.summary.samples + pipeline.pending.len() as u64,
+                pipeline.samples_seen(),
                 pipeline.process_count()
             );
             let _ = err.flush();

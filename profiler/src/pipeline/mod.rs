@@ -14,6 +14,7 @@
 //!    perf files clrbpf asked for removed) and the profile goes to the
 //!    export stage; [`summary`] says what was collected.
 
+pub mod raw_stacks;
 pub mod resolve;
 pub mod summary;
 pub mod tracked;
@@ -25,6 +26,7 @@ use std::{
 };
 
 use self::{
+    raw_stacks::RawStacks,
     resolve::{add_clr_samples, user_frame},
     summary::{ClrProcessTotals, RecordSummary},
     tracked::TrackedProcess,
@@ -112,6 +114,9 @@ pub struct Pipeline {
     lifecycle: VecDeque<crate::bpf::ProcessEvent>,
     /// Whether perf files of processes clrbpf asked for are kept.
     pub(crate) keep_perf_files: bool,
+    /// CPU samples of the current window counted by raw stack, named when
+    /// the window closes.
+    raw_cpu: RawStacks,
     /// Samples waiting for a perf map that names their JIT frames.
     pub(crate) retry: Vec<RawSample>,
     pub(crate) unwind: Option<UnwindWorker>,
@@ -147,6 +152,7 @@ impl Pipeline {
             ),
             lifecycle: VecDeque::new(),
             keep_perf_files: false,
+            raw_cpu: RawStacks::default(),
             retry: Vec::new(),
             unwind: None,
             layout,
@@ -300,6 +306,7 @@ impl Pipeline {
         for sample in &due {
             self.add_sample(sample, true);
         }
+        self.name_raw_stacks();
         let mut profile = self.aggregator.take(
             Some(ValueType::new("cpu", "nanoseconds")),
             i64::try_from(period_ns).unwrap_or(i64::MAX),
@@ -338,7 +345,7 @@ impl Pipeline {
             self.apply_lifecycle(sample.time_ns);
             // A new process under a pid whose earlier process just exited.
             self.track(sample.pid);
-            self.add_sample(&sample, false);
+            self.count_or_add(sample, false);
         }
         self.apply_lifecycle(until_ns);
     }
@@ -381,6 +388,14 @@ impl Pipeline {
         for sample in &mine {
             self.add_sample(sample, true);
         }
+        // Its CPU stacks of this window are named now, while its symbols
+        // and files are still there.
+        if let Some(process) = self.processes.get_mut(&pid) {
+            process.refresh_managed(true);
+        }
+        for stack in self.raw_cpu.take_pid(pid) {
+            self.add_counted(&stack.sample, stack.count, true);
+        }
         let Some(mut process) = self.processes.remove(&pid) else {
             return;
         };
@@ -414,6 +429,38 @@ impl Pipeline {
         self.summary.processes_exited += 1;
     }
 
+    /// A CPU sample is counted under its raw stack (named when its window
+    /// closes); any other is symbolized and added now.
+    fn count_or_add(&mut self, sample: RawSample, final_pass: bool) {
+        if sample.off_cpu.is_none() {
+            self.raw_cpu.add(sample);
+        } else {
+            self.add_sample(&sample, final_pass);
+        }
+    }
+
+    /// Names each distinct raw CPU stack of the window once (after one more
+    /// read of the perf maps of their processes) and adds it with its
+    /// sample count and summed period.
+    fn name_raw_stacks(&mut self) {
+        let stacks = self.raw_cpu.take();
+        let pids: HashSet<u32> = stacks.iter().map(|s| s.sample.pid).collect();
+        for pid in pids {
+            if let Some(process) = self.processes.get_mut(&pid) {
+                process.refresh_managed(true);
+            }
+        }
+        for stack in &stacks {
+            self.add_counted(&stack.sample, stack.count, true);
+        }
+    }
+
+    /// Samples taken so far: those added, those counted by raw stack and
+    /// those still pending, for the progress line.
+    pub fn samples_seen(&self) -> u64 {
+        self.summary.samples + self.raw_cpu.samples() + self.pending.len() as u64
+    }
+
     /// The end of the recording: every perf map read one last time, then
     /// every sample symbolized, the held-back ones included.
     pub fn process_all(&mut self) {
@@ -422,9 +469,10 @@ impl Pipeline {
         }
         let pending: Vec<RawSample> = self.pending.drain(..).collect();
         let retry = std::mem::take(&mut self.retry);
-        for sample in pending.iter().chain(&retry) {
-            self.add_sample(sample, true);
+        for sample in pending.into_iter().chain(retry) {
+            self.count_or_add(sample, true);
         }
+        self.name_raw_stacks();
     }
 
     /// Symbolizes one sample and adds it. Before the final pass, a sample
@@ -432,6 +480,12 @@ impl Pipeline {
     /// retry queue instead: runtimes before .NET 5 buffer their perf map and
     /// write most of it late, so the final read names it.
     pub fn add_sample(&mut self, sample: &RawSample, final_pass: bool) {
+        self.add_counted(sample, 1, final_pass);
+    }
+
+    /// [`Self::add_sample`] for `count` samples of one raw stack, whose
+    /// [`RawSample::value`] is their summed period.
+    fn add_counted(&mut self, sample: &RawSample, count: u64, final_pass: bool) {
         let Self {
             native,
             processes,
@@ -472,12 +526,12 @@ impl Pipeline {
         let Some(process) = processes.get(&sample.pid) else {
             return;
         };
-        summary.samples += 1;
+        summary.samples += count;
         stack.clear();
         kernel_names.clear();
         for &addr in &sample.kernel_stack {
             let frame = native.symbolize_kernel(addr);
-            summary.kernel_frames += 1;
+            summary.kernel_frames += count;
             if sample.off_cpu.is_some() {
                 kernel_names.push(frame.name.clone());
             }
@@ -488,15 +542,15 @@ impl Pipeline {
         }
         for frame in user_frames.iter() {
             match (frame.kind, &frame.module) {
-                (FrameKind::Managed, _) => summary.managed_frames += 1,
-                (FrameKind::Native, _) => summary.native_frames += 1,
-                (_, Some(_)) => summary.unnamed_frames += 1,
-                (_, None) => summary.unknown_frames += 1,
+                (FrameKind::Managed, _) => summary.managed_frames += count,
+                (FrameKind::Native, _) => summary.native_frames += count,
+                (_, Some(_)) => summary.unnamed_frames += count,
+                (_, None) => summary.unknown_frames += count,
             }
             stack.push(aggregator.intern(frame));
         }
         if sample.user_stack_truncated {
-            summary.truncated_stacks += 1;
+            summary.truncated_stacks += count;
             stack.push(aggregator.intern(&Frame::synthetic("[truncated]")));
         }
         crate::profile::gc::add_gc_root(&sample.thread_name, stack, aggregator);
@@ -515,7 +569,7 @@ impl Pipeline {
         let value = i64::try_from(sample.value).unwrap_or(i64::MAX);
         let mut values = layout.zeros();
         let Some(off_cpu) = &sample.off_cpu else {
-            values[layout.samples] = 1;
+            values[layout.samples] = i64::try_from(count).unwrap_or(i64::MAX);
             values[layout.cpu] = value;
             if let Some(wall) = layout.wall {
                 values[wall] = value;
@@ -847,7 +901,7 @@ mod tests {
             "released at its exit"
         );
         pipeline.process_pending(100);
-        assert_eq!(pipeline.summary.samples, 3);
+        assert_eq!(pipeline.samples_seen(), 3);
         assert!(pipeline.processes.contains_key(&pid), "the new process");
         assert_eq!(
             pipeline.process_count(),
