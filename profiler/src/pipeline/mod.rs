@@ -432,10 +432,27 @@ impl Pipeline {
     /// A CPU sample is counted under its raw stack (named when its window
     /// closes); any other is symbolized and added now.
     fn count_or_add(&mut self, sample: RawSample, final_pass: bool) {
-        if sample.off_cpu.is_none() {
-            self.raw_cpu.add(sample);
-        } else {
+        if sample.off_cpu.is_some() {
             self.add_sample(&sample, final_pass);
+            return;
+        }
+        let Self {
+            raw_cpu,
+            processes,
+            native,
+            procfs,
+            ..
+        } = self;
+        // A new stack is named later, maybe after its process exited: read
+        // the mappings it needs (and open their files) while it lives.
+        if let Some(new) = raw_cpu.add(sample)
+            && let Some(process) = processes.get_mut(&new.pid)
+            && new
+                .user_stack
+                .iter()
+                .any(|&addr| process.mapping_for(addr).is_none())
+        {
+            process.refresh_maps(procfs, native);
         }
     }
 

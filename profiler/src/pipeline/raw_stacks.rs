@@ -38,8 +38,10 @@ pub struct RawStacks {
 }
 
 impl RawStacks {
-    /// Counts `sample` (an on-CPU one) under its raw stack.
-    pub fn add(&mut self, sample: RawSample) {
+    /// Counts `sample` (an on-CPU one) under its raw stack; returns the
+    /// sample when its stack is new, so the caller can make sure now, while
+    /// the process lives, that its addresses can be named later.
+    pub fn add(&mut self, sample: RawSample) -> Option<&RawSample> {
         self.samples += 1;
         let hash = key_hash(&sample);
         let slots = self.by_hash.entry(hash).or_default();
@@ -51,10 +53,11 @@ impl RawStacks {
             entry.count += 1;
             entry.sample.value = entry.sample.value.saturating_add(sample.value);
             entry.sample.time_ns = entry.sample.time_ns.max(sample.time_ns);
-            return;
+            return None;
         }
         slots.push(self.entries.len());
         self.entries.push(RawStackCount { sample, count: 1 });
+        self.entries.last().map(|entry| &entry.sample)
     }
 
     /// Distinct stacks held.
