@@ -27,6 +27,7 @@ use crate::{
     bpf::{OffCpuConfig, Sampler, SamplerConfig, UnwindWorker, system},
     clr::session::ClrEventKinds,
     export::{
+        frame_names::{FrameNames, apply_frame_names},
         output::{OutputFormat, sudo_owner},
         sink::{FileSink, ProfileSink as _},
     },
@@ -51,6 +52,8 @@ pub struct RecordConfig {
     pub duration: Option<Duration>,
     pub output: PathBuf,
     pub format: OutputFormat,
+    /// How managed frames are named in the output.
+    pub frame_names: FrameNames,
     pub keep_perf_maps: bool,
     pub perf_map_attach: bool,
     /// Walk user stacks with `.eh_frame` unwind tables in the kernel.
@@ -122,6 +125,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         duration,
         output,
         format,
+        frame_names,
         keep_perf_maps,
         perf_map_attach,
         dwarf_unwind,
@@ -308,6 +312,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     profile
         .comments
         .push(format!("frequency {frequency_hz} Hz"));
+    apply_frame_names(&mut profile, frame_names);
     sink.write_window(&profile).context("write the profile")?;
     summary.outputs = sink.written().to_vec();
     Ok(summary)

@@ -22,13 +22,15 @@
 //!    frames all sit at address 0. A location's lines are the inline chain,
 //!    innermost first ([`Frame::inlined`]), then the frame's own function.
 //! 5. One function per distinct (name, system_name, filename). Managed
-//!    frames get `name` = the signature without the JIT tier and
-//!    `system_name` = the runtime's name with the tier, so `go tool pprof`
-//!    (which groups by `name`) shows one node per method while `-raw` still
-//!    tells the tiers apart. A managed frame without a distinct system name
-//!    gets none (string 0): when `system_name == name`, `go tool pprof`
-//!    takes the name for demangled C++ and cuts its parameter and generic
-//!    lists (`App::Main(string[])` -> `App::Main`), which would merge .NET
+//!    frames get `name` = `Namespace.Type.Method` (or, with
+//!    `--frame-names full`, the signature without the JIT tier),
+//!    `system_name` = the runtime's whole name with the tier, and
+//!    `filename` = the assembly, so `go tool pprof` (which groups by
+//!    `name`) shows one node per method while `-raw` still tells the
+//!    tiers apart. A managed frame without a distinct system name gets none
+//!    (string 0): when `system_name == name`, `go tool pprof` takes the name
+//!    for demangled C++ and cuts its parameter and generic lists
+//!    (`App::Main(string[])` -> `App::Main`), which would merge .NET
 //!    overloads; other frames keep pprof's usual `system_name = name`.
 //! 6. Labels: strings in `str`, numbers in `num` (+ `num_unit`). A key
 //!    appears at most once per sample (pprof discourages multi-valued keys
@@ -624,7 +626,8 @@ mod tests {
     use super::*;
     use crate::{
         export::test_profile::{
-            self, MAIN, MAIN_NAME, SPIN, SPIN_QUICK_SYSTEM, SPIN_TIER1_SYSTEM, TRUNCATED,
+            self, MAIN, MAIN_NAME, MAIN_SHORT, SPIN, SPIN_QUICK_SYSTEM, SPIN_SHORT,
+            SPIN_TIER1_SYSTEM, TRUNCATED,
         },
         profile::{Label, ProfileSample, label_keys},
     };
@@ -806,11 +809,25 @@ mod tests {
         let pprof = round_trip(&test_profile::profile());
         let tier1 = lines(&pprof, pprof.sample[0].location_id[3]);
         let quick = lines(&pprof, pprof.sample[1].location_id[0]);
-        assert_eq!(tier1, [(SPIN, SPIN_TIER1_SYSTEM, 0)]);
-        assert_eq!(quick, [(SPIN, SPIN_QUICK_SYSTEM, 0)]);
-        // A managed frame without a system name gets none (see rule 5).
+        assert_eq!(tier1, [(SPIN_SHORT, SPIN_TIER1_SYSTEM, 0)]);
+        let spin = location(&pprof, pprof.sample[0].location_id[3]).line[0].function_id;
+        assert_eq!(string(&pprof, function(&pprof, spin).filename), "Hot");
+        assert_eq!(quick, [(SPIN_SHORT, SPIN_QUICK_SYSTEM, 0)]);
+        // Without a tier, the system name is the full signature.
         let main = lines(&pprof, pprof.sample[0].location_id[4]);
+        assert_eq!(main, [(MAIN_SHORT, MAIN_NAME, 0)]);
+        // A managed frame without a distinct system name gets none (see
+        // rule 5): the full names of `--frame-names full`.
+        let mut full = test_profile::profile();
+        crate::export::frame_names::apply_frame_names(
+            &mut full,
+            crate::export::frame_names::FrameNames::Full,
+        );
+        let pprof_full = round_trip(&full);
+        let main = lines(&pprof_full, pprof_full.sample[0].location_id[4]);
         assert_eq!(main, [(MAIN_NAME, "", 0)]);
+        let tier1 = lines(&pprof_full, pprof_full.sample[0].location_id[3]);
+        assert_eq!(tier1, [(SPIN, SPIN_TIER1_SYSTEM, 0)]);
         // Other frames use their name for both.
         let kernel = lines(&pprof, pprof.sample[0].location_id[0]);
         assert_eq!(kernel, [("do_syscall_64", "do_syscall_64", 0)]);
@@ -832,7 +849,8 @@ mod tests {
         assert!(libc.has_inline_frames);
         let jit = mapping(&pprof, "[jit]");
         assert!(jit.has_functions);
-        assert!(!jit.has_filenames && !jit.has_line_numbers && !jit.has_inline_frames);
+        // The assemblies are the managed functions' file names.
+        assert!(jit.has_filenames && !jit.has_line_numbers && !jit.has_inline_frames);
         assert_eq!(jit.build_id, 0);
         // Unsymbolized: no flag, so `go tool pprof` may symbolize it locally.
         let coreclr = mapping(
@@ -1173,16 +1191,15 @@ mod tests {
         };
         let raw = run(&["-raw"]);
         assert!(raw.contains("__write_nocancel"), "{raw}");
-        assert!(
-            raw.contains(SPIN_QUICK_SYSTEM) || raw.contains(SPIN),
-            "{raw}"
-        );
+        assert!(raw.contains(SPIN_SHORT), "{raw}");
         let top = run(&["-top", "-nodecount=20"]);
         // Tier1 (20 + 30 ms) and QuickJitted (10 ms) flat in one line.
-        let spin = top.lines().find(|line| line.contains(SPIN)).expect(&top);
+        let spin = top
+            .lines()
+            .find(|line| line.ends_with(SPIN_SHORT))
+            .expect(&top);
         assert!(spin.trim_start().starts_with("40ms"), "{top}");
-        assert_eq!(top.matches(SPIN).count(), 1, "{top}");
-        // Managed signatures are shown whole (see rule 5).
-        assert!(top.contains(MAIN_NAME), "{top}");
+        assert_eq!(top.matches(SPIN_SHORT).count(), 1, "{top}");
+        assert!(top.lines().any(|line| line.ends_with(MAIN_SHORT)), "{top}");
     }
 }
