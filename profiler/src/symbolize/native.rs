@@ -170,10 +170,10 @@ impl NativeSymbolizer {
             .saturating_sub(mapping.start)
             .saturating_add(mapping.offset);
         if let Some(frame) = self.user_cache.get(&(mapping.key, file_offset)).cloned() {
-            let module = match &frame.module {
-                Some(module) => Some(self.mapping_module(mapping, module)),
-                None => None,
-            };
+            let module = frame
+                .module
+                .as_ref()
+                .map(|module| self.mapping_module(mapping, module));
             return Arc::new(Frame {
                 address: addr,
                 module,
