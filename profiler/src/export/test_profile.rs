@@ -194,5 +194,6 @@ pub(crate) fn profile() -> Profile {
         frames,
         samples,
         comments: vec!["clrbpf test".to_owned()],
+        main_module: None,
     }
 }
