@@ -36,7 +36,7 @@ use crate::{
         summary::{RecordSummary, add_still_blocked, off_cpu_threads},
     },
     process::ProcFs,
-    process::main_module::main_module as application_module,
+    process::main_module::ApplicationModule,
     profile::layout::ValueLayout,
 };
 
@@ -206,7 +206,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         .as_ref()
         .and_then(|c| c.id())
         .or(pids.first().copied());
-    let mut main_module = app_pid.and_then(|pid| application_module(&ProcFs::default(), pid));
+    let mut application = ApplicationModule::new(&ProcFs::default(), app_pid);
 
     let mut sigint = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
@@ -234,6 +234,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
             }
         }
         pipeline.tick(&mut sampler, &mut raw);
+        application.poll(&ProcFs::default());
         if command_exited_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE) {
             break "command exited";
         }
@@ -319,11 +320,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         .comments
         .push(format!("frequency {frequency_hz} Hz"));
     apply_frame_names(&mut profile, frame_names);
-    // Mapped by now, if the application still runs.
-    if let Some(later) = app_pid.and_then(|pid| application_module(&ProcFs::default(), pid)) {
-        main_module = Some(later);
-    }
-    profile.main_module = main_module;
+    profile.main_module = application.finish();
     sink.write_window(&profile).context("write the profile")?;
     summary.outputs = sink.written().to_vec();
     Ok(summary)

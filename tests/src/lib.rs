@@ -812,8 +812,14 @@ pub fn assert_some_stack_contains(profile: &Profile, pid: Option<u32>, needles: 
 /// `go tool pprof -top FILE`: the reference reader must accept the file.
 /// Returns its report.
 pub fn go_pprof_top(path: &Path) -> String {
+    go_pprof(path, "-top")
+}
+
+/// `go tool pprof REPORT FILE` (`-top`, `-traces`, ...), which must succeed;
+/// returns its report.
+pub fn go_pprof(path: &Path, report: &str) -> String {
     let output = Command::new("go")
-        .args(["tool", "pprof", "-top"])
+        .args(["tool", "pprof", report])
         .arg(path)
         .stdin(Stdio::null())
         .output()
@@ -821,7 +827,7 @@ pub fn go_pprof_top(path: &Path) -> String {
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
-        "`go tool pprof -top {}` failed ({}):\n{}\n{}",
+        "`go tool pprof {report} {}` failed ({}):\n{}\n{}",
         path.display(),
         output.status,
         stdout,

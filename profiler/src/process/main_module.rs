@@ -125,6 +125,54 @@ pub fn main_module(procfs: &ProcFs, pid: u32) -> Option<Arc<Module>> {
     Some(Arc::new(module))
 }
 
+/// Most times [`ApplicationModule::poll`] reads `/proc` for a file not
+/// mapped yet (once per recording tick): a few seconds.
+const MAX_POLLS: u32 = 100;
+
+/// The application module of one process over a recording: read when the
+/// recording starts and again until the file is mapped (the runtime maps
+/// the entry assembly some milliseconds after a launched command starts),
+/// kept once the process is gone.
+#[derive(Debug, Default)]
+pub struct ApplicationModule {
+    pid: Option<u32>,
+    module: Option<Arc<Module>>,
+    polls: u32,
+}
+
+impl ApplicationModule {
+    /// The application of `pid` (`None`: the whole host, no application).
+    pub fn new(procfs: &ProcFs, pid: Option<u32>) -> Self {
+        let mut application = Self {
+            pid,
+            module: None,
+            polls: 0,
+        };
+        application.poll(procfs);
+        application
+    }
+
+    /// Reads the module again while it is not mapped yet.
+    pub fn poll(&mut self, procfs: &ProcFs) {
+        let Some(pid) = self.pid else {
+            return;
+        };
+        let mapped = self.module.as_ref().is_some_and(|m| m.memory_limit != 0);
+        if mapped || self.polls >= MAX_POLLS {
+            return;
+        }
+        self.polls += 1;
+        if let Some(module) = main_module(procfs, pid) {
+            self.module = Some(module);
+        }
+    }
+
+    /// The module last read.
+    pub fn finish(self) -> Option<Arc<Module>> {
+        self.module
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,5 +261,11 @@ mod tests {
         assert_eq!(Path::new(&*module.path), exe);
         assert!(module.memory_limit > module.memory_start);
         assert!(module.build_id.is_some(), "rustc links a GNU build id");
+        let procfs = ProcFs::default();
+        let mut application = ApplicationModule::new(&procfs, Some(std::process::id()));
+        application.poll(&procfs);
+        assert_eq!(application.polls, 1, "mapped at once: read once");
+        assert_eq!(application.finish(), Some(module));
+        assert_eq!(ApplicationModule::new(&procfs, None).finish(), None);
     }
 }
