@@ -131,14 +131,14 @@ fn net8_exception_counts_are_upscaled_per_type() {
         assert!(
             of_type
                 .iter()
-                .any(|s| s.frames.iter().any(|f| f.contains("Exceptions::"))),
+                .any(|s| s.frames.iter().any(|f| f.contains("Exceptions.Throw"))),
             "{ty}: no sample names a throwing method of the workload"
         );
     }
     // Sampled, not every exception kept: aggregated samples are far fewer.
     assert!(sampled < 5000, "{sampled} distinct exception samples");
     let top = go_pprof_top(&path);
-    assert!(top.contains("Exceptions::"), "{top}");
+    assert!(top.contains("Exceptions.Throw"), "{top}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("20301 exceptions thrown"),

@@ -75,7 +75,7 @@ fn user_method_holds_the_waits(runtime: Runtime, label: &str) {
             .filter(|s| {
                 s.values[off_cpu] > 0
                     && s.label_num("thread.id") == tids.get(thread).copied()
-                    && s.stack_contains(&["System.Private.CoreLib"])
+                    && s.stack_contains(&["System.Threading."])
             })
             .collect();
         let total: i64 = waits.iter().map(|s| s.values[off_cpu]).sum();
