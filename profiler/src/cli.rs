@@ -5,7 +5,7 @@ use std::{ffi::OsString, path::PathBuf};
 
 use clap::{Parser, Subcommand};
 
-use crate::export::output::OutputFormat;
+use crate::export::{frame_names::FrameNames, output::OutputFormat};
 
 /// clrbpf: whole-host CPU profiles of .NET (and everything else) on Linux,
 /// with kernel, native and managed frames, without restarting anything.
@@ -368,6 +368,13 @@ pub struct RecordArgs {
     #[arg(long, value_enum)]
     pub format: Option<OutputFormat>,
 
+    /// How managed (.NET) frames are named in every output format: short
+    /// `Namespace.Type.Method` (the full signature with its JIT tier is the
+    /// pprof system_name, the assembly its filename), or the runtime's full
+    /// signature `int64 [App] App.Worker::Spin(int64)`.
+    #[arg(long, value_enum, value_name = "FORM", default_value = "short")]
+    pub frame_names: FrameNames,
+
     /// Keep the perf map and jitdump files clrbpf made a running .NET
     /// process write (by default they are removed when recording ends).
     #[arg(long)]
@@ -500,7 +507,14 @@ mod tests {
             args.command,
             vec![OsString::from("dotnet"), OsString::from("a.dll")]
         );
+        assert_eq!(args.frame_names, FrameNames::Short);
         assert!(Cli::try_parse_from(["clrbpf", "record", "-F", "0"]).is_err());
+        let cli = Cli::try_parse_from(["clrbpf", "record", "--frame-names", "full"])
+            .expect("valid arguments");
+        let Command::Record(args) = cli.command else {
+            panic!("not record")
+        };
+        assert_eq!(args.frame_names, FrameNames::Full);
     }
 
     fn agent(args: &[&str]) -> Result<AgentArgs, clap::Error> {

@@ -27,6 +27,7 @@ use crate::{
     bpf::{OffCpuConfig, Sampler, SamplerConfig, UnwindWorker, system},
     clr::session::ClrEventKinds,
     export::{
+        frame_names::{FrameNames, apply_frame_names},
         output::{OutputFormat, sudo_owner},
         sink::{FileSink, ProfileSink as _},
     },
@@ -35,6 +36,7 @@ use crate::{
         summary::{RecordSummary, add_still_blocked, off_cpu_threads},
     },
     process::ProcFs,
+    process::main_module::ApplicationModule,
     profile::layout::ValueLayout,
 };
 
@@ -51,6 +53,8 @@ pub struct RecordConfig {
     pub duration: Option<Duration>,
     pub output: PathBuf,
     pub format: OutputFormat,
+    /// How managed frames are named in the output.
+    pub frame_names: FrameNames,
     pub keep_perf_maps: bool,
     pub perf_map_attach: bool,
     /// Walk user stacks with `.eh_frame` unwind tables in the kernel.
@@ -122,6 +126,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         duration,
         output,
         format,
+        frame_names,
         keep_perf_maps,
         perf_map_attach,
         dwarf_unwind,
@@ -198,6 +203,11 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         }
         Some(child)
     };
+    let app_pid = child
+        .as_ref()
+        .and_then(|c| c.id())
+        .or(pids.first().copied());
+    let mut application = ApplicationModule::new(&ProcFs::default(), app_pid);
 
     let mut sigint = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
@@ -225,6 +235,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
             }
         }
         pipeline.tick(&mut sampler, &mut raw);
+        application.poll(&ProcFs::default());
         if command_exited_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE) {
             break "command exited";
         }
@@ -308,6 +319,8 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     profile
         .comments
         .push(format!("frequency {frequency_hz} Hz"));
+    apply_frame_names(&mut profile, frame_names);
+    profile.main_module = application.finish();
     sink.write_window(&profile).context("write the profile")?;
     summary.outputs = sink.written().to_vec();
     Ok(summary)

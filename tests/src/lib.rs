@@ -812,8 +812,14 @@ pub fn assert_some_stack_contains(profile: &Profile, pid: Option<u32>, needles: 
 /// `go tool pprof -top FILE`: the reference reader must accept the file.
 /// Returns its report.
 pub fn go_pprof_top(path: &Path) -> String {
+    go_pprof(path, "-top")
+}
+
+/// `go tool pprof REPORT FILE` (`-top`, `-traces`, ...), which must succeed;
+/// returns its report.
+pub fn go_pprof(path: &Path, report: &str) -> String {
     let output = Command::new("go")
-        .args(["tool", "pprof", "-top"])
+        .args(["tool", "pprof", report])
         .arg(path)
         .stdin(Stdio::null())
         .output()
@@ -821,7 +827,7 @@ pub fn go_pprof_top(path: &Path) -> String {
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
-        "`go tool pprof -top {}` failed ({}):\n{}\n{}",
+        "`go tool pprof {report} {}` failed ({}):\n{}\n{}",
         path.display(),
         output.status,
         stdout,
@@ -912,8 +918,8 @@ mod tests {
             "count",
             "cpu",
             "nanoseconds",
-            "Hot::Spin(uint64)",
-            "Hot::Main(string[])",
+            "Hot.Spin",
+            "Hot.Main",
             "process.pid",
             "thread.name",
             "main",
@@ -979,10 +985,7 @@ mod tests {
         let profile = tiny_profile();
         let samples = samples(&profile);
         assert_eq!(samples.len(), 1);
-        assert_eq!(
-            samples[0].frames,
-            ["Hot::Spin(uint64)", "Hot::Main(string[])"]
-        );
+        assert_eq!(samples[0].frames, ["Hot.Spin", "Hot.Main"]);
         assert_eq!(samples[0].pid(), Some(42));
         assert_eq!(
             samples[0].label("thread.name"),
@@ -996,17 +999,17 @@ mod tests {
     fn stack_contains_wants_the_needles_in_leaf_to_root_order() {
         let profile = tiny_profile();
         let sample = &samples(&profile)[0];
-        assert!(sample.stack_contains(&["Hot::Spin", "Hot::Main"]));
-        assert!(!sample.stack_contains(&["Hot::Main", "Hot::Spin"]));
+        assert!(sample.stack_contains(&["Hot.Spin", "Hot.Main"]));
+        assert!(!sample.stack_contains(&["Hot.Main", "Hot.Spin"]));
         assert!(!sample.stack_contains(&["Cold"]));
-        assert_some_stack_contains(&profile, Some(42), &["Hot::Spin"]);
-        assert_some_stack_contains(&profile, None, &["Hot::Main"]);
+        assert_some_stack_contains(&profile, Some(42), &["Hot.Spin"]);
+        assert_some_stack_contains(&profile, None, &["Hot.Main"]);
     }
 
     #[test]
     #[should_panic(expected = "no stack of pid 7 contains")]
     fn assert_some_stack_contains_checks_the_pid() {
-        assert_some_stack_contains(&tiny_profile(), Some(7), &["Hot::Spin"]);
+        assert_some_stack_contains(&tiny_profile(), Some(7), &["Hot.Spin"]);
     }
 
     #[test]

@@ -124,5 +124,5 @@ fn agent_ships_windows_per_service_and_flushes_on_sigterm() {
     let full = &profiles[1];
     assert_eq!(full.duration_nanos, 5_000_000_000);
     assert_eq!(full.time_nanos % 5_000_000_000, 0);
-    assert_some_stack_contains(full, Some(app.pid()), &["Hot::Spin"]);
+    assert_some_stack_contains(full, Some(app.pid()), &["Hot.Spin"]);
 }

@@ -52,7 +52,7 @@ fn assert_contention_matches(runtime: Runtime) {
     let all = samples(&profile);
     let on_waiter: i64 = all
         .iter()
-        .filter(|s| s.stack_contains(&["Contention::WaitForGate"]))
+        .filter(|s| s.stack_contains(&["Contention.WaitForGate"]))
         .map(|s| s.values[delay])
         .sum();
     let total: i64 = all.iter().map(|s| s.values[delay]).sum();
@@ -61,7 +61,7 @@ fn assert_contention_matches(runtime: Runtime) {
     let error = (on_waiter - waited_ns).abs() as f64 / waited_ns as f64;
     assert!(
         error <= 0.15,
-        "delay on Contention::WaitForGate {on_waiter} ns, workload measured {waited_ns} ns ({:.1}% off; total delay {total} ns over {count} contentions)",
+        "delay on Contention.WaitForGate {on_waiter} ns, workload measured {waited_ns} ns ({:.1}% off; total delay {total} ns over {count} contentions)",
         error * 100.0
     );
     let top = Command::new("go")
@@ -72,7 +72,7 @@ fn assert_contention_matches(runtime: Runtime) {
     let text = String::from_utf8_lossy(&top.stdout);
     assert!(top.status.success(), "go tool pprof failed: {text}");
     assert!(
-        text.contains("Contention::WaitForGate"),
+        text.contains("Contention.WaitForGate"),
         "pprof -sample_index=delay -top does not show the waiting method:\n{text}"
     );
 }
@@ -131,14 +131,14 @@ fn net8_exception_counts_are_upscaled_per_type() {
         assert!(
             of_type
                 .iter()
-                .any(|s| s.frames.iter().any(|f| f.contains("Exceptions::"))),
+                .any(|s| s.frames.iter().any(|f| f.contains("Exceptions.Throw"))),
             "{ty}: no sample names a throwing method of the workload"
         );
     }
     // Sampled, not every exception kept: aggregated samples are far fewer.
     assert!(sampled < 5000, "{sampled} distinct exception samples");
     let top = go_pprof_top(&path);
-    assert!(top.contains("Exceptions::"), "{top}");
+    assert!(top.contains("Exceptions.Throw"), "{top}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("20301 exceptions thrown"),
@@ -185,10 +185,10 @@ fn diagnostics_disabled_warns_and_profiles_the_cpu() {
     let cpu = value_index(&profile, "cpu/nanoseconds");
     let on_spin: i64 = samples(&profile)
         .iter()
-        .filter(|s| s.stack_contains(&["Hot::Spin"]))
+        .filter(|s| s.stack_contains(&["Hot.Spin"]))
         .map(|s| s.values[cpu])
         .sum();
-    assert!(on_spin > 0, "no CPU on Hot::Spin");
+    assert!(on_spin > 0, "no CPU on Hot.Spin");
 }
 
 #[test]
@@ -204,6 +204,6 @@ fn netcore31_attach_names_methods_compiled_before_it() {
     clrbpf_integration_tests::assert_some_stack_contains(
         &profile,
         Some(hot.pid()),
-        &["Hot::Spin", "Hot::Main"],
+        &["Hot.Spin", "Hot.Main"],
     );
 }

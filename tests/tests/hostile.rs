@@ -63,7 +63,7 @@ fn hostile_diagnostic_sockets_delay_nothing() {
         );
     }
     let profile = read_profile(&out);
-    assert_some_stack_contains(&profile, Some(app.pid()), &["Hot::Spin"]);
+    assert_some_stack_contains(&profile, Some(app.pid()), &["Hot.Spin"]);
     let cpu = value_index(&profile, "cpu/nanoseconds");
     let app_cpu_ns: i64 = samples(&profile)
         .iter()

@@ -128,14 +128,9 @@ fn net8_sleeping_and_waiting_threads_show_their_blocked_time() {
 
     // Thread.Sleep: off-CPU time within 10% of the time the workload slept,
     // on the managed method that slept, waits of kind `sleep`.
-    let sleeping = blocked_in("OffCpu::SleepLoop");
+    let sleeping = blocked_in("OffCpu.SleepLoop");
     let sleep_total: i64 = sleeping.iter().map(|s| s.values[off_cpu]).sum();
-    assert_within(
-        "off-CPU time in OffCpu::SleepLoop",
-        sleep_total,
-        slept,
-        0.10,
-    );
+    assert_within("off-CPU time in OffCpu.SleepLoop", sleep_total, slept, 0.10);
     let share = kind_share(&sleeping, off_cpu, "sleep");
     assert!(
         share >= 0.9,
@@ -145,14 +140,14 @@ fn net8_sleeping_and_waiting_threads_show_their_blocked_time() {
     assert!(
         sleeping
             .iter()
-            .any(|s| s.stack_contains(&["schedule", "futex", "OffCpu::SleepLoop"])),
-        "no blocked stack goes from the kernel's futex wait to OffCpu::SleepLoop"
+            .any(|s| s.stack_contains(&["schedule", "futex", "OffCpu.SleepLoop"])),
+        "no blocked stack goes from the kernel's futex wait to OffCpu.SleepLoop"
     );
 
     // ManualResetEventSlim.Wait: likewise, kind `futex`, released by Setter.
-    let waiting = blocked_in("OffCpu::WaitLoop");
+    let waiting = blocked_in("OffCpu.WaitLoop");
     let wait_total: i64 = waiting.iter().map(|s| s.values[off_cpu]).sum();
-    assert_within("off-CPU time in OffCpu::WaitLoop", wait_total, waited, 0.10);
+    assert_within("off-CPU time in OffCpu.WaitLoop", wait_total, waited, 0.10);
     let share = kind_share(&waiting, off_cpu, "futex");
     assert!(
         share >= 0.9,
@@ -163,20 +158,20 @@ fn net8_sleeping_and_waiting_threads_show_their_blocked_time() {
         waiting.iter().any(|s| s.stack_contains(&[
             "pthread_cond_wait",
             "libcoreclr.so",
-            "ManualResetEventSlim::Wait",
-            "OffCpu::WaitLoop"
+            "ManualResetEventSlim.Wait",
+            "OffCpu.WaitLoop"
         ])),
-        "no blocked stack of the waiter goes through glibc, libcoreclr and ManualResetEventSlim.Wait to OffCpu::WaitLoop"
+        "no blocked stack of the waiter goes through glibc, libcoreclr and ManualResetEventSlim.Wait to OffCpu.WaitLoop"
     );
     let released_by_setter: i64 = all
         .iter()
         .filter(|s| {
             s.values[wakeup] > 0
                 && s.stack_contains(&[
-                    "OffCpu::SetLoop",
-                    "ManualResetEventSlim::Set",
+                    "OffCpu.SetLoop",
+                    "ManualResetEventSlim.Set",
                     "--",
-                    "OffCpu::WaitLoop",
+                    "OffCpu.WaitLoop",
                 ])
                 && str_label(s, "waker.thread.name") == Some("Setter")
         })
@@ -184,7 +179,7 @@ fn net8_sleeping_and_waiting_threads_show_their_blocked_time() {
         .sum();
     assert!(
         released_by_setter as f64 >= 0.8 * waited as f64,
-        "wakeup samples attribute only {:.1} ms of the waiter's {:.1} ms to the Setter thread's OffCpu::SetLoop",
+        "wakeup samples attribute only {:.1} ms of the waiter's {:.1} ms to the Setter thread's OffCpu.SetLoop",
         released_by_setter as f64 / 1e6,
         waited as f64 / 1e6
     );
@@ -192,10 +187,10 @@ fn net8_sleeping_and_waiting_threads_show_their_blocked_time() {
     // The CPU-bound thread: CPU samples, almost no off-CPU time.
     let burner_cpu: i64 = all
         .iter()
-        .filter(|s| s.stack_contains(&["OffCpu::Burn"]))
+        .filter(|s| s.stack_contains(&["OffCpu.Burn"]))
         .map(|s| s.values[cpu])
         .sum();
-    let burner_off: i64 = blocked_in("OffCpu::Burn")
+    let burner_off: i64 = blocked_in("OffCpu.Burn")
         .iter()
         .map(|s| s.values[off_cpu])
         .sum();
@@ -244,7 +239,7 @@ fn net8_monitor_enter_blocked_stack_reaches_the_locking_method() {
         "futex_wait",
         "__futex_abstimed_wait_common",
         "libcoreclr.so",
-        "Contention::WaitForGate",
+        "Contention.WaitForGate",
     ];
     let blocked: i64 = all
         .iter()
@@ -254,7 +249,7 @@ fn net8_monitor_enter_blocked_stack_reaches_the_locking_method() {
     let waited = measured(&output.stdout, "WAITED_NS");
     assert!(
         blocked as f64 >= 0.5 * waited as f64,
-        "blocked stacks from glibc's wait through libcoreclr to Contention::WaitForGate hold {:.1} ms of the {:.1} ms the threads waited for the lock; heaviest off-CPU stacks:\n{}",
+        "blocked stacks from glibc's wait through libcoreclr to Contention.WaitForGate hold {:.1} ms of the {:.1} ms the threads waited for the lock; heaviest off-CPU stacks:\n{}",
         blocked as f64 / 1e6,
         waited as f64 / 1e6,
         {

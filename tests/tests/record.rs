@@ -96,8 +96,8 @@ fn launch_mode_measures_the_cpu_split_of_two_methods() {
         ],
         "sample types (CLR events are on by default)"
     );
-    assert_some_stack_contains(&profile, Some(pid), &["Ratio::HotA"]);
-    assert_some_stack_contains(&profile, Some(pid), &["Ratio::HotB"]);
+    assert_some_stack_contains(&profile, Some(pid), &["Ratio.HotA"]);
+    assert_some_stack_contains(&profile, Some(pid), &["Ratio.HotB"]);
 
     let all = samples(&profile);
     let of_child: Vec<_> = all.iter().filter(|s| s.pid() == Some(pid)).collect();
@@ -128,8 +128,8 @@ fn launch_mode_measures_the_cpu_split_of_two_methods() {
     let count = value_index(&profile, "samples/count");
     let (mut cpu_a, mut cpu_b, mut samples_ab) = (0i64, 0i64, 0i64);
     for sample in &of_child {
-        let in_a = sample.stack_contains(&["Ratio::HotA"]);
-        let in_b = sample.stack_contains(&["Ratio::HotB"]);
+        let in_a = sample.stack_contains(&["Ratio.HotA"]);
+        let in_b = sample.stack_contains(&["Ratio.HotB"]);
         if in_a || in_b {
             // The hot loop runs on the main thread, whose tid is the pid.
             assert_eq!(
@@ -159,8 +159,8 @@ fn launch_mode_measures_the_cpu_split_of_two_methods() {
 
     let top = go_pprof_top(&output_path);
     assert!(
-        top.contains("Ratio::HotA"),
-        "go tool pprof -top does not list Ratio::HotA:\n{top}"
+        top.contains("Ratio.HotA"),
+        "go tool pprof -top does not list Ratio.HotA:\n{top}"
     );
 }
 
@@ -182,7 +182,7 @@ fn attach_names_methods_compiled_before_the_attach_and_cleans_up() {
     std::thread::sleep(Duration::from_secs(2));
     let (_, output_path) = record_pid(&env, &dir, hot.pid(), &["-d", "4"], "p.pb.gz");
     let profile = read_profile(&output_path);
-    assert_some_stack_contains(&profile, Some(hot.pid()), &["Hot::Spin"]);
+    assert_some_stack_contains(&profile, Some(hot.pid()), &["Hot.Spin"]);
     let other_pids: Vec<u32> = pids(&profile)
         .into_iter()
         .filter(|p| *p != hot.pid())
@@ -262,7 +262,7 @@ fn whole_host_contains_the_workload_under_its_pid() {
     );
     assert_success(&output);
     let profile = read_profile(&output_path);
-    assert_some_stack_contains(&profile, Some(hot.pid()), &["Hot::Spin"]);
+    assert_some_stack_contains(&profile, Some(hot.pid()), &["Hot.Spin"]);
     let pids = pids(&profile);
     assert!(
         pids.contains(&spinner.0.id()),
@@ -308,7 +308,7 @@ fn launch_mode_follows_child_processes() {
     let sh_pid = printed_pid(&output.stdout, "SHPID");
     assert_ne!(pid, sh_pid, "the workload ran as the shell's own process");
     let profile = read_profile(&output_path);
-    assert_some_stack_contains(&profile, Some(pid), &["Hot::Spin"]);
+    assert_some_stack_contains(&profile, Some(pid), &["Hot.Spin"]);
     go_pprof_top(&output_path);
 }
 
@@ -330,8 +330,8 @@ fn assert_folded_names_hot_spin(text: &str) {
     assert!(
         stacks
             .iter()
-            .any(|(frames, _)| frames.iter().any(|f| f.contains("Hot::Spin"))),
-        "no folded stack contains Hot::Spin:\n{text}"
+            .any(|(frames, _)| frames.iter().any(|f| f.contains("Hot.Spin"))),
+        "no folded stack contains Hot.Spin:\n{text}"
     );
 }
 
@@ -379,8 +379,8 @@ fn svg_output_is_a_flame_graph() {
         path.display()
     );
     assert!(
-        svg.contains("Hot::Spin"),
-        "the flame graph does not name Hot::Spin"
+        svg.contains("Hot.Spin"),
+        "the flame graph does not name Hot.Spin"
     );
 }
 
@@ -418,6 +418,6 @@ fn launch_mode_names_methods_on_dotnet_core_3_1() {
     assert_success(&output);
     let pid = printed_pid(&output.stdout, "PID");
     let profile = read_profile(&output_path);
-    assert_some_stack_contains(&profile, Some(pid), &["Hot::Spin"]);
+    assert_some_stack_contains(&profile, Some(pid), &["Hot.Spin"]);
     go_pprof_top(&output_path);
 }

@@ -192,7 +192,7 @@ fn a_non_root_targets_own_perf_files_are_read_and_removed_as_its_user() {
     let dir = TempDir::new("own-files");
     let (output, profile_path) = record_pid(&env, &dir, pid, &["-d", "3"], "out.pb.gz");
     let profile = clrbpf_integration_tests::read_profile(&profile_path);
-    clrbpf_integration_tests::assert_some_stack_contains(&profile, Some(pid), &["Hot::Spin"]);
+    clrbpf_integration_tests::assert_some_stack_contains(&profile, Some(pid), &["Hot.Spin"]);
     for name in perf_file_names(pid) {
         let path = Path::new("/tmp").join(&name);
         assert!(

@@ -201,10 +201,10 @@ fn dotnet_stack_crosses_glibc_qsort_to_the_managed_caller() {
     let _ = std::fs::remove_file(format!("/tmp/jit-{pid}.dump"));
     // Leaf to root: the comparer, glibc's sort, qsort, the managed caller.
     let through_qsort = [
-        "Qsort::CompareInts",
+        "Qsort.CompareInts",
         "msort_with_tmp",
         "qsort",
-        "Qsort::SortMany",
+        "Qsort.SortMany",
     ];
     assert_some_stack_contains(&profile, Some(pid), &through_qsort);
     // Until the tables of a new process are built (1-2 s here, more on a
@@ -220,17 +220,17 @@ fn dotnet_stack_crosses_glibc_qsort_to_the_managed_caller() {
     let sorted: i64 = in_sort.iter().map(weight).sum();
     let reached: i64 = in_sort
         .iter()
-        .filter(|s| s.stack_contains(&["msort_with_tmp", "qsort", "Qsort::SortMany"]))
+        .filter(|s| s.stack_contains(&["msort_with_tmp", "qsort", "Qsort.SortMany"]))
         .map(weight)
         .sum();
     let share = reached as f64 / sorted.max(1) as f64;
     eprintln!(
-        "{reached} of {sorted} samples in glibc's sort reach Qsort::SortMany ({:.1}%)",
+        "{reached} of {sorted} samples in glibc's sort reach Qsort.SortMany ({:.1}%)",
         share * 100.0
     );
     assert!(sorted >= 200, "only {sorted} samples in glibc's sort");
     assert!(
         share >= 0.4,
-        "only {reached} of {sorted} samples in glibc's sort reach Qsort::SortMany"
+        "only {reached} of {sorted} samples in glibc's sort reach Qsort.SortMany"
     );
 }

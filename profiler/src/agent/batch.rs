@@ -139,6 +139,9 @@ fn project(
         frames,
         samples: kept,
         comments: profile.comments.clone(),
+        // The combined profile's application is one process's; a
+        // service's profile lists its mappings as its frames use them.
+        main_module: None,
     }
 }
 

@@ -482,6 +482,7 @@ impl DictionaryBuilder {
             frames,
             samples,
             comments: _,
+            main_module: _,
         } = profile;
         // Frames, stacks and attributes once for all sample types.
         let mut frame_locations: HashMap<u32, i32> = HashMap::new();
@@ -674,7 +675,8 @@ mod tests {
         assert!(
             cpu_stacks
                 .iter()
-                .any(|(names, _)| names.first().map(String::as_str) == Some(test_profile::SPIN)),
+                .any(|(names, _)| names.first().map(String::as_str)
+                    == Some(test_profile::SPIN_SHORT)),
             "{cpu_stacks:?}"
         );
         // Managed frames are marked `dotnet`.
@@ -772,7 +774,7 @@ mod tests {
         assert!(
             names
                 .iter()
-                .any(|(frames, _)| frames.iter().any(|f| f == test_profile::MAIN_NAME))
+                .any(|(frames, _)| frames.iter().any(|f| f == test_profile::MAIN_SHORT))
         );
     }
 

@@ -379,7 +379,7 @@ mod tests {
         assert_eq!(pprof.time_nanos, batch.start_unix_ns());
         assert_eq!(pprof.duration_nanos, 15_000_000_000);
         let names: Vec<&str> = pprof.string_table.iter().map(String::as_str).collect();
-        assert!(names.contains(&test_profile::SPIN), "{names:?}");
+        assert!(names.contains(&test_profile::SPIN_SHORT), "{names:?}");
         let exception = &push.series[1];
         assert_eq!(label(&exception.labels, "__name__"), Some("exception"));
         assert_eq!(label(&exception.labels, "service_name"), Some("billing"));

@@ -168,9 +168,9 @@ mod tests {
     #[test]
     fn folds_the_test_profile() {
         let expected = "\
-[unknown];void [App] App::Main(string[])_[j] 10000000
-dotnet;void [App] App::Main(string[])_[j];int64 [Hot] Hot::Spin(int64)_[j] 40000000
-dotnet;void [App] App::Main(string[])_[j];int64 [Hot] Hot::Spin(int64)_[j];__GI___libc_write;__write_nocancel_[i];entry_SYSCALL_64_[k];do_syscall_64_[k] 20000000
+[unknown];App.Main_[j] 10000000
+dotnet;App.Main_[j];Hot.Spin_[j] 40000000
+dotnet;App.Main_[j];Hot.Spin_[j];__GI___libc_write;__write_nocancel_[i];entry_SYSCALL_64_[k];do_syscall_64_[k] 20000000
 my:app;[truncated];libcoreclr.so+0x1234;evil:name with  controls 10000000
 ";
         assert_eq!(collapsed(&test_profile::profile(), 1), expected);
@@ -179,9 +179,9 @@ my:app;[truncated];libcoreclr.so+0x1234;evil:name with  controls 10000000
     #[test]
     fn sums_the_chosen_sample_type() {
         let expected = "\
-[unknown];void [App] App::Main(string[])_[j] 1
-dotnet;void [App] App::Main(string[])_[j];int64 [Hot] Hot::Spin(int64)_[j] 4
-dotnet;void [App] App::Main(string[])_[j];int64 [Hot] Hot::Spin(int64)_[j];__GI___libc_write;__write_nocancel_[i];entry_SYSCALL_64_[k];do_syscall_64_[k] 2
+[unknown];App.Main_[j] 1
+dotnet;App.Main_[j];Hot.Spin_[j] 4
+dotnet;App.Main_[j];Hot.Spin_[j];__GI___libc_write;__write_nocancel_[i];entry_SYSCALL_64_[k];do_syscall_64_[k] 2
 my:app;[truncated];libcoreclr.so+0x1234;evil:name with  controls 1
 ";
         assert_eq!(collapsed(&test_profile::profile(), 0), expected);
@@ -255,7 +255,7 @@ my:app;[truncated];libcoreclr.so+0x1234;evil:name with  controls 1
         ];
         let expected = "\
 [unknown] 2
-_d;void [App] App::Main(string[])_[j];[invalid frame index] 9223372036854775807
+_d;App.Main_[j];[invalid frame index] 9223372036854775807
 ";
         assert_eq!(collapsed(&profile, 0), expected);
     }

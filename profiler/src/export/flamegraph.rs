@@ -238,8 +238,8 @@ mod tests {
         let svg = render(&test_profile::profile(), 1);
         for name in [
             "dotnet",
-            "void [App] App::Main(string[])",
-            "int64 [Hot] Hot::Spin(int64)",
+            "App.Main",
+            "Hot.Spin",
             "__GI___libc_write",
             "__write_nocancel",
             "entry_SYSCALL_64",
@@ -252,7 +252,7 @@ mod tests {
         }
         assert!(!svg.contains("_[j]") && !svg.contains("_[k]") && !svg.contains("_[i]"));
         // The tiers of Spin are one frame: 60 ms of 80 ms.
-        assert!(svg.contains("int64 [Hot] Hot::Spin(int64) (60,000,000 nanoseconds, 75.00%)"));
+        assert!(svg.contains("Hot.Spin (60,000,000 nanoseconds, 75.00%)"));
         assert!(svg.contains("cpu (nanoseconds)"));
     }
 
@@ -327,7 +327,7 @@ mod tests {
         let is_grey = |c: Color| c.r == c.g && c.g == c.b;
         let is_purple = |c: Color| c.r == c.b && c.g < c.r;
         let is_aqua = |c: Color| c.g == c.b && c.r < c.g;
-        assert!(is_green(fill_of(&svg, "int64 [Hot] Hot::Spin(int64)")));
+        assert!(is_green(fill_of(&svg, "Hot.Spin")));
         assert!(is_orange(fill_of(&svg, "do_syscall_64")));
         assert!(is_aqua(fill_of(&svg, "__write_nocancel")));
         assert!(is_red(fill_of(&svg, "__GI___libc_write")));

@@ -7,6 +7,7 @@
 
 pub mod collapsed;
 pub mod flamegraph;
+pub mod frame_names;
 pub mod output;
 pub mod pprof;
 pub mod sink;

@@ -489,7 +489,7 @@ mod tests {
         }
         let svg = dir.path().join("a.svg");
         write_profile(&profile, OutputFormat::Svg, 1, &svg, None).unwrap();
-        assert!(fs::read_to_string(&svg).unwrap().contains("Hot::Spin"));
+        assert!(fs::read_to_string(&svg).unwrap().contains("Hot.Spin"));
     }
 
     #[test]

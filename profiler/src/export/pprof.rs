@@ -10,7 +10,9 @@
 //! 1. `string_table[0]` is `""`; every string is interned once.
 //! 2. Mapping, location and function ids are `1..=n`, in table order; id 0
 //!    means "none" (a location without a mapping).
-//! 3. One mapping per distinct [`Module`]. `has_functions` comes from the
+//! 3. One mapping per distinct [`Module`], the profile's main module (the
+//!    application) first when it has one, whether or not a frame is in
+//!    it: viewers name the profile after the first mapping. `has_functions` comes from the
 //!    module: `go tool pprof` re-symbolizes a mapping with no `has_*` flag
 //!    set from the binary on the reader's machine, which is what we want for
 //!    modules the profiler could not name. The other `has_*` flags are set
@@ -22,13 +24,15 @@
 //!    frames all sit at address 0. A location's lines are the inline chain,
 //!    innermost first ([`Frame::inlined`]), then the frame's own function.
 //! 5. One function per distinct (name, system_name, filename). Managed
-//!    frames get `name` = the signature without the JIT tier and
-//!    `system_name` = the runtime's name with the tier, so `go tool pprof`
-//!    (which groups by `name`) shows one node per method while `-raw` still
-//!    tells the tiers apart. A managed frame without a distinct system name
-//!    gets none (string 0): when `system_name == name`, `go tool pprof`
-//!    takes the name for demangled C++ and cuts its parameter and generic
-//!    lists (`App::Main(string[])` -> `App::Main`), which would merge .NET
+//!    frames get `name` = `Namespace.Type.Method` (or, with
+//!    `--frame-names full`, the signature without the JIT tier),
+//!    `system_name` = the runtime's whole name with the tier, and
+//!    `filename` = the assembly, so `go tool pprof` (which groups by
+//!    `name`) shows one node per method while `-raw` still tells the
+//!    tiers apart. A managed frame without a distinct system name gets none
+//!    (string 0): when `system_name == name`, `go tool pprof` takes the name
+//!    for demangled C++ and cuts its parameter and generic lists
+//!    (`App::Main(string[])` -> `App::Main`), which would merge .NET
 //!    overloads; other frames keep pprof's usual `system_name = name`.
 //! 6. Labels: strings in `str`, numbers in `num` (+ `num_unit`). A key
 //!    appears at most once per sample (pprof discourages multi-valued keys
@@ -78,9 +82,14 @@ pub fn to_pprof(profile: &Profile) -> pprof_proto::Profile {
         frames,
         samples,
         comments,
+        main_module,
     } = profile;
 
     let mut builder = PprofBuilder::new(frames.len());
+    if let Some(module) = main_module {
+        // See rule 3 of the module doc.
+        builder.mapping_id(module);
+    }
     let sample_type = sample_types
         .iter()
         .map(|value_type| builder.value_type(&value_type.r#type, &value_type.unit))
@@ -360,39 +369,42 @@ impl PprofBuilder {
         id
     }
 
-    /// The mapping of `module`, created on first use, with its `has_*`
+    /// The id of `module`'s mapping, created on first use.
+    fn mapping_id(&mut self, module: &Module) -> u64 {
+        if let Some(&id) = self.mapping_ids.get(module) {
+            return id;
+        }
+        let id = next_id(self.mapping.len());
+        let Module {
+            path,
+            build_id,
+            memory_start,
+            memory_limit,
+            file_offset,
+            has_functions,
+        } = module;
+        self.mapping.push(pprof_proto::Mapping {
+            id,
+            memory_start: *memory_start,
+            memory_limit: *memory_limit,
+            file_offset: *file_offset,
+            filename: self.strings.intern(path),
+            build_id: build_id
+                .as_deref()
+                .map_or(0, |build_id| self.strings.intern(build_id)),
+            has_functions: *has_functions,
+            has_filenames: false,
+            has_line_numbers: false,
+            has_inline_frames: false,
+        });
+        self.mapping_ids.insert(module.clone(), id);
+        id
+    }
+
+    /// The mapping of `module` ([`Self::mapping_id`]), with its `has_*`
     /// flags widened by what `frame` carries.
     fn mapping_for(&mut self, frame: &Frame, module: &Module) -> u64 {
-        let id = match self.mapping_ids.get(module) {
-            Some(&id) => id,
-            None => {
-                let id = next_id(self.mapping.len());
-                let Module {
-                    path,
-                    build_id,
-                    memory_start,
-                    memory_limit,
-                    file_offset,
-                    has_functions,
-                } = module;
-                self.mapping.push(pprof_proto::Mapping {
-                    id,
-                    memory_start: *memory_start,
-                    memory_limit: *memory_limit,
-                    file_offset: *file_offset,
-                    filename: self.strings.intern(path),
-                    build_id: build_id
-                        .as_deref()
-                        .map_or(0, |build_id| self.strings.intern(build_id)),
-                    has_functions: *has_functions,
-                    has_filenames: false,
-                    has_line_numbers: false,
-                    has_inline_frames: false,
-                });
-                self.mapping_ids.insert(module.clone(), id);
-                id
-            }
-        };
+        let id = self.mapping_id(module);
         let mapping = &mut self.mapping[usize::try_from(id - 1).expect("id fits usize")];
         if mapping.has_functions {
             let inline_files = frame.inlined.iter().any(|inlined| inlined.file.is_some());
@@ -624,7 +636,8 @@ mod tests {
     use super::*;
     use crate::{
         export::test_profile::{
-            self, MAIN, MAIN_NAME, SPIN, SPIN_QUICK_SYSTEM, SPIN_TIER1_SYSTEM, TRUNCATED,
+            self, MAIN, MAIN_NAME, MAIN_SHORT, SPIN, SPIN_QUICK_SYSTEM, SPIN_SHORT,
+            SPIN_TIER1_SYSTEM, TRUNCATED,
         },
         profile::{Label, ProfileSample, label_keys},
     };
@@ -806,14 +819,81 @@ mod tests {
         let pprof = round_trip(&test_profile::profile());
         let tier1 = lines(&pprof, pprof.sample[0].location_id[3]);
         let quick = lines(&pprof, pprof.sample[1].location_id[0]);
-        assert_eq!(tier1, [(SPIN, SPIN_TIER1_SYSTEM, 0)]);
-        assert_eq!(quick, [(SPIN, SPIN_QUICK_SYSTEM, 0)]);
-        // A managed frame without a system name gets none (see rule 5).
+        assert_eq!(tier1, [(SPIN_SHORT, SPIN_TIER1_SYSTEM, 0)]);
+        let spin = location(&pprof, pprof.sample[0].location_id[3]).line[0].function_id;
+        assert_eq!(string(&pprof, function(&pprof, spin).filename), "Hot");
+        assert_eq!(quick, [(SPIN_SHORT, SPIN_QUICK_SYSTEM, 0)]);
+        // Without a tier, the system name is the full signature.
         let main = lines(&pprof, pprof.sample[0].location_id[4]);
+        assert_eq!(main, [(MAIN_SHORT, MAIN_NAME, 0)]);
+        // A managed frame without a distinct system name gets none (see
+        // rule 5): the full names of `--frame-names full`.
+        let mut full = test_profile::profile();
+        crate::export::frame_names::apply_frame_names(
+            &mut full,
+            crate::export::frame_names::FrameNames::Full,
+        );
+        let pprof_full = round_trip(&full);
+        let main = lines(&pprof_full, pprof_full.sample[0].location_id[4]);
         assert_eq!(main, [(MAIN_NAME, "", 0)]);
+        let tier1 = lines(&pprof_full, pprof_full.sample[0].location_id[3]);
+        assert_eq!(tier1, [(SPIN, SPIN_TIER1_SYSTEM, 0)]);
         // Other frames use their name for both.
         let kernel = lines(&pprof, pprof.sample[0].location_id[0]);
         assert_eq!(kernel, [("do_syscall_64", "do_syscall_64", 0)]);
+    }
+
+    #[test]
+    fn the_main_module_is_the_first_mapping() {
+        let mut profile = test_profile::profile();
+        let without = round_trip(&profile);
+        assert_eq!(
+            string(&without, without.mapping[0].filename),
+            "[kernel.kallsyms]",
+            "first use order without a main module"
+        );
+        profile.main_module = Some(std::sync::Arc::new(Module {
+            path: "/srv/app/App.dll".into(),
+            build_id: None,
+            memory_start: 0x7f10_a000_0000,
+            memory_limit: 0x7f10_a000_2000,
+            file_offset: 0,
+            has_functions: true,
+        }));
+        let pprof = round_trip(&profile);
+        let first = &pprof.mapping[0];
+        assert_eq!(first.id, 1);
+        assert_eq!(string(&pprof, first.filename), "/srv/app/App.dll");
+        assert_eq!(
+            (first.memory_start, first.memory_limit, first.file_offset),
+            (0x7f10_a000_0000, 0x7f10_a000_2000, 0)
+        );
+        assert!(first.has_functions && !first.has_filenames);
+        // The frames' mappings follow, in first-use order, ids unchanged
+        // in meaning.
+        let names: Vec<&str> = pprof
+            .mapping
+            .iter()
+            .map(|m| string(&pprof, m.filename))
+            .collect();
+        assert_eq!(names.len(), without.mapping.len() + 1);
+        assert_eq!(names[1], "[kernel.kallsyms]");
+        validate(&pprof).expect("valid with an unused mapping");
+        // A main module that frames use too is one mapping.
+        let mut shared = test_profile::profile();
+        shared.main_module = shared.frames[test_profile::LIBC_WRITE as usize]
+            .module
+            .clone();
+        let pprof = round_trip(&shared);
+        assert_eq!(pprof.mapping.len(), without.mapping.len());
+        assert_eq!(
+            string(&pprof, pprof.mapping[0].filename),
+            "/usr/lib/x86_64-linux-gnu/libc.so.6"
+        );
+        assert!(
+            pprof.mapping[0].has_filenames,
+            "flags still follow the frames"
+        );
     }
 
     #[test]
@@ -832,7 +912,8 @@ mod tests {
         assert!(libc.has_inline_frames);
         let jit = mapping(&pprof, "[jit]");
         assert!(jit.has_functions);
-        assert!(!jit.has_filenames && !jit.has_line_numbers && !jit.has_inline_frames);
+        // The assemblies are the managed functions' file names.
+        assert!(jit.has_filenames && !jit.has_line_numbers && !jit.has_inline_frames);
         assert_eq!(jit.build_id, 0);
         // Unsymbolized: no flag, so `go tool pprof` may symbolize it locally.
         let coreclr = mapping(
@@ -1173,16 +1254,15 @@ mod tests {
         };
         let raw = run(&["-raw"]);
         assert!(raw.contains("__write_nocancel"), "{raw}");
-        assert!(
-            raw.contains(SPIN_QUICK_SYSTEM) || raw.contains(SPIN),
-            "{raw}"
-        );
+        assert!(raw.contains(SPIN_SHORT), "{raw}");
         let top = run(&["-top", "-nodecount=20"]);
         // Tier1 (20 + 30 ms) and QuickJitted (10 ms) flat in one line.
-        let spin = top.lines().find(|line| line.contains(SPIN)).expect(&top);
+        let spin = top
+            .lines()
+            .find(|line| line.ends_with(SPIN_SHORT))
+            .expect(&top);
         assert!(spin.trim_start().starts_with("40ms"), "{top}");
-        assert_eq!(top.matches(SPIN).count(), 1, "{top}");
-        // Managed signatures are shown whole (see rule 5).
-        assert!(top.contains(MAIN_NAME), "{top}");
+        assert_eq!(top.matches(SPIN_SHORT).count(), 1, "{top}");
+        assert!(top.lines().any(|line| line.ends_with(MAIN_SHORT)), "{top}");
     }
 }

@@ -23,6 +23,9 @@ pub(crate) const SPIN: &str = "int64 [Hot] Hot::Spin(int64)";
 pub(crate) const SPIN_TIER1_SYSTEM: &str = "int64 [Hot] Hot::Spin(int64)[OptimizedTier1]";
 pub(crate) const SPIN_QUICK_SYSTEM: &str = "int64 [Hot] Hot::Spin(int64)[QuickJitted]";
 pub(crate) const MAIN_NAME: &str = "void [App] App::Main(string[])";
+/// The names the symbolizer gives those methods ([`crate::symbolize::method_name`]).
+pub(crate) const SPIN_SHORT: &str = "Hot.Spin";
+pub(crate) const MAIN_SHORT: &str = "App.Main";
 
 fn module(path: &str, start: u64, limit: u64, has_functions: bool) -> Arc<Module> {
     Arc::new(Module {
@@ -96,12 +99,17 @@ pub(crate) fn profile() -> Profile {
         line: 10,
     }];
 
-    let mut spin_tier1 = frame(FrameKind::Managed, SPIN, Some(&jit), 0x7f36_84c1_2170);
+    let mut spin_tier1 = frame(FrameKind::Managed, SPIN_SHORT, Some(&jit), 0x7f36_84c1_2170);
     spin_tier1.system_name = Some(SPIN_TIER1_SYSTEM.into());
     spin_tier1.jit_tier = Some("OptimizedTier1".into());
-    let mut spin_quick = frame(FrameKind::Managed, SPIN, Some(&jit), 0x7f36_84b0_0100);
+    spin_tier1.file = Some("Hot".into());
+    let mut spin_quick = frame(FrameKind::Managed, SPIN_SHORT, Some(&jit), 0x7f36_84b0_0100);
     spin_quick.system_name = Some(SPIN_QUICK_SYSTEM.into());
     spin_quick.jit_tier = Some("QuickJitted".into());
+    spin_quick.file = Some("Hot".into());
+    let mut main = frame(FrameKind::Managed, MAIN_SHORT, Some(&jit), 0x7f36_84a0_0010);
+    main.system_name = Some(MAIN_NAME.into());
+    main.file = Some("App".into());
 
     let frames = vec![
         frame(
@@ -119,7 +127,7 @@ pub(crate) fn profile() -> Profile {
         libc_write,
         spin_tier1,
         spin_quick,
-        frame(FrameKind::Managed, MAIN_NAME, Some(&jit), 0x7f36_84a0_0010),
+        main,
         frame(
             FrameKind::Unknown,
             "libcoreclr.so+0x1234",
@@ -186,5 +194,6 @@ pub(crate) fn profile() -> Profile {
         frames,
         samples,
         comments: vec!["clrbpf test".to_owned()],
+        main_module: None,
     }
 }

@@ -31,12 +31,12 @@ pub(super) fn user_frame(
     {
         return Arc::new(Frame {
             kind: FrameKind::Managed,
-            name: symbol.name.clone(),
-            system_name: (symbol.raw_name != symbol.name).then(|| symbol.raw_name.clone()),
+            name: symbol.short_name.clone(),
+            system_name: (symbol.raw_name != symbol.short_name).then(|| symbol.raw_name.clone()),
             jit_tier: symbol.jit_tier,
             module: Some(process.jit_module.clone()),
             address: addr,
-            file: None,
+            file: symbol.assembly,
             line: 0,
             inlined: Vec::new(),
         });

@@ -16,6 +16,7 @@
 
 pub mod dotnet;
 pub mod identity;
+pub mod main_module;
 pub mod maps;
 pub mod priority;
 pub mod ps;

@@ -117,6 +117,7 @@ impl Aggregator {
             frames,
             samples,
             comments: Vec::new(),
+            main_module: None,
         }
     }
 

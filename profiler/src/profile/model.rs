@@ -222,4 +222,7 @@ pub struct Profile {
     pub samples: Vec<ProfileSample>,
     /// Free-form notes, e.g. the producer and its version.
     pub comments: Vec<String>,
+    /// The application profiled (`record -p`, `record -- COMMAND`): the
+    /// first pprof mapping, which viewers show as the profile's program.
+    pub main_module: Option<Arc<Module>>,
 }

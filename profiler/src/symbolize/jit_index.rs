@@ -252,6 +252,7 @@ mod tests {
     fn symbol(name: &str, start: u64, size: u64) -> ManagedSymbol {
         ManagedSymbol {
             name: name.into(),
+            short_name: name.into(),
             jit_tier: None,
             raw_name: name.into(),
             assembly: None,

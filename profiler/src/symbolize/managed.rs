@@ -47,6 +47,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::jit_index::JitCodeIndex;
 use super::jitdump::{JitDumpCounts, JitDumpError, JitDumpLimits, JitDumpParser};
+use super::method_name::parse_method_name;
 use super::perf_files::perf_file_names;
 use super::perf_map::{PerfMapCounts, PerfMapLimits, PerfMapParser};
 use super::target_fs::{self, TargetFsError};
@@ -58,6 +59,9 @@ pub struct ManagedSymbol {
     /// Full signature without the tier, as the runtime writes it:
     /// `int64 [Hot] Hot::Spin(int64)`.
     pub name: Arc<str>,
+    /// `Namespace.Type.Method` ([`super::method_name`]); the same `Arc`
+    /// as `name` when the name has no short form (stubs).
+    pub short_name: Arc<str>,
     /// JIT tier from the `[Tier]` suffix: `OptimizedTier1`, `PreJIT`, ...
     pub jit_tier: Option<Arc<str>>,
     /// The name exactly as written (the same `Arc` as `name` when there is
@@ -203,8 +207,13 @@ impl ManagedSymbol {
             raw_name.clone()
         };
         let assembly = assembly_of(&name).map(|assembly| interner.intern(assembly));
+        let short_name = match parse_method_name(&name) {
+            Some(method) if !is_stub_name(raw) => method.short().into(),
+            _ => name.clone(),
+        };
         Self {
             is_stub: is_stub_name(raw),
+            short_name,
             name,
             jit_tier,
             raw_name,

@@ -6,11 +6,13 @@
 //! files safely inside the target's root, [`perf_map`] and [`jitdump`] parse
 //! them incrementally, [`jit_index`] keeps the code ranges by address and
 //! time, and [`managed`] ties them together per process
-//! ([`managed::ManagedSymbols`]).
+//! ([`managed::ManagedSymbols`]); [`method_name`] gives a method the short
+//! name .NET users read.
 
 pub mod jit_index;
 pub mod jitdump;
 pub mod managed;
+pub mod method_name;
 pub mod native;
 pub mod perf_files;
 pub mod perf_map;

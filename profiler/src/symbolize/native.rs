@@ -80,6 +80,13 @@ pub struct MappedFile<'a> {
     pub path: &'a str,
 }
 
+/// A file mapping's identity: the file and where it is mapped.
+type MappingKey = (FileKey, u64, u64, u64);
+
+/// Most mappings given their own module; past it frames keep the file's
+/// module (no range), so a host with endless `dlopen`s stays bounded.
+const MAX_MAPPING_MODULES: usize = 65_536;
+
 struct OpenedElf {
     /// Held open so `fd_path` stays valid after the process exits.
     file: File,
@@ -129,6 +136,9 @@ pub struct NativeSymbolizer {
     next_generation: u64,
     user_cache: LruCache<(u64, u64), Arc<Frame>>,
     kernel_cache: LruCache<u64, Arc<Frame>>,
+    /// The pprof mapping of each file mapping seen: the file's module with
+    /// the mapping's real range and offset, shared by its frames.
+    mapping_modules: HashMap<MappingKey, Arc<Module>>,
     kernel_module: Arc<Module>,
     pub stats: NativeStats,
 }
@@ -163,6 +173,7 @@ impl NativeSymbolizer {
             next_generation: 0,
             user_cache: LruCache::new(at_least_one(limits.max_user_frames)),
             kernel_cache: LruCache::new(at_least_one(limits.max_kernel_frames)),
+            mapping_modules: HashMap::new(),
             kernel_module: Arc::new(Module {
                 path: "[kernel.kallsyms]".into(),
                 build_id: None,
@@ -304,10 +315,15 @@ impl NativeSymbolizer {
             Some(known) => (known.generation, known.opened.clone()),
             None => (0, None),
         };
-        if let Some(frame) = self.user_cache.get(&(generation, file_offset)) {
+        if let Some(frame) = self.user_cache.get(&(generation, file_offset)).cloned() {
+            let module = frame
+                .module
+                .as_ref()
+                .map(|module| self.mapping_module(mapping, module));
             return Arc::new(Frame {
                 address: addr,
-                ..(**frame).clone()
+                module,
+                ..(*frame).clone()
             });
         }
         let frame = match opened {
@@ -341,7 +357,36 @@ impl NativeSymbolizer {
         {
             self.stats.frames_evicted += 1;
         }
-        frame
+        match &frame.module {
+            Some(module) => Arc::new(Frame {
+                module: Some(self.mapping_module(mapping, module)),
+                ..(*frame).clone()
+            }),
+            None => frame,
+        }
+    }
+    /// `file_module` (the file's path and build id) placed where `mapping`
+    /// maps it: the pprof mapping a server-side symbolizer needs.
+    fn mapping_module(
+        &mut self,
+        mapping: &MappedFile<'_>,
+        file_module: &Arc<Module>,
+    ) -> Arc<Module> {
+        let key = (mapping.key, mapping.start, mapping.end, mapping.offset);
+        if let Some(module) = self.mapping_modules.get(&key) {
+            return module.clone();
+        }
+        if self.mapping_modules.len() >= MAX_MAPPING_MODULES {
+            return file_module.clone();
+        }
+        let module = Arc::new(Module {
+            memory_start: mapping.start,
+            memory_limit: mapping.end,
+            file_offset: mapping.offset,
+            ..(**file_module).clone()
+        });
+        self.mapping_modules.insert(key, module.clone());
+        module
     }
 
     /// Names a kernel address from kallsyms.
@@ -711,8 +756,31 @@ mod tests {
             frame.name
         );
         assert_eq!(frame.kind, FrameKind::Native);
-        // Cached: the second lookup gives the same name.
-        assert_eq!(s.symbolize_user(&mapping, addr, false).name, frame.name);
+        // The pprof mapping is where the file is mapped, with its build id.
+        let module = frame.module.as_deref().expect("a module");
+        assert_eq!(
+            (module.memory_start, module.memory_limit, module.file_offset),
+            (mapping.start, mapping.end, mapping.offset)
+        );
+        assert_eq!(&*module.path, mapping.path);
+        assert!(module.build_id.as_deref().is_some_and(|id| id.len() >= 16));
+        // Cached: the second lookup gives the same name and module, and the
+        // same file mapped elsewhere gets its own range.
+        let again = s.symbolize_user(&mapping, addr, false);
+        assert_eq!(again.name, frame.name);
+        assert!(Arc::ptr_eq(
+            again.module.as_ref().expect("a module"),
+            frame.module.as_ref().expect("a module")
+        ));
+        let moved = MappedFile {
+            start: mapping.start + 0x1000_0000,
+            end: mapping.end + 0x1000_0000,
+            ..mapping
+        };
+        let elsewhere = s.symbolize_user(&moved, addr + 0x1000_0000, false);
+        assert_eq!(elsewhere.name, frame.name);
+        let module = elsewhere.module.as_deref().expect("a module");
+        assert_eq!(module.memory_start, moved.start);
         assert_eq!(s.stats.files_opened, 1);
     }
 }
