@@ -5,12 +5,14 @@
 //! [`symbolize`] (kernel, native and managed names) -> [`profile`]
 //! (aggregation, sampling, upscaling) -> [`export`] (pprof, folded stacks,
 //! flame graphs). [`clr`] talks to .NET runtimes over their diagnostic socket;
-//! [`unwind`] prepares native unwind tables for the kernel side.
+//! [`unwind`] prepares native unwind tables for the kernel side; [`k8s`]
+//! names the pod and container of a process from its container id.
 
 pub mod bpf;
 pub mod cli;
 pub mod clr;
 pub mod export;
+pub mod k8s;
 pub mod process;
 pub mod profile;
 pub mod record;

@@ -150,6 +150,8 @@ struct TrackedProcess {
     pid: u32,
     exe_name: Arc<str>,
     container_id: Option<Arc<str>>,
+    /// Pod and container names (k8s/), looked up once.
+    pod: Option<Arc<crate::k8s::PodLabels>>,
     mappings: MappingTable,
     maps_read_at: Option<Instant>,
     managed: Option<ManagedSymbols>,
@@ -190,10 +192,15 @@ impl TrackedProcess {
             .as_ref()
             .and_then(|i| i.container_id.clone())
             .map(Arc::from);
+        let pod = info.as_ref().and_then(|i| {
+            crate::k8s::PodMetadata::global()
+                .labels_for(i.container_id.as_deref(), i.pod_uid.as_deref())
+        });
         let mut process = Self {
             pid,
             exe_name,
             container_id,
+            pod,
             mappings: MappingTable::default(),
             maps_read_at: None,
             managed: None,
@@ -716,6 +723,7 @@ impl Pipeline {
         if let Some(id) = &process.container_id {
             labels.push(Label::str(label_keys::CONTAINER_ID, id.clone()));
         }
+        labels.extend(process.pod.iter().flat_map(|pod| pod.sample_labels()));
         let value = i64::try_from(sample.value).unwrap_or(i64::MAX);
         let mut values = layout.zeros();
         let Some(off_cpu) = &sample.off_cpu else {
@@ -934,6 +942,7 @@ fn add_clr_samples(
         if let Some(id) = &process.container_id {
             labels.push(Label::str(label_keys::CONTAINER_ID, id.clone()));
         }
+        labels.extend(process.pod.iter().flat_map(|pod| pod.sample_labels()));
         labels.extend(item.labels);
         let count = i64::try_from(count).unwrap_or(i64::MAX);
         let delay = i64::try_from(delay_ns).unwrap_or(i64::MAX);
