@@ -205,6 +205,9 @@ pub fn prepare() -> Result<Vec<String>, SystemError> {
         .into_iter()
         .map(|c| format!("missing CAP_{}: {}", c.name, c.without))
         .collect();
+    if let Some(warning) = kallsyms_warning() {
+        warnings.push(warning);
+    }
     if !Path::new(TRACEFS).join("events").is_dir() {
         mount("tracefs", TRACEFS).map_err(|source| SystemError::Tracefs { source })?;
         tracing::info!("mounted tracefs at {TRACEFS}");
@@ -239,6 +242,35 @@ pub fn prepare() -> Result<Vec<String>, SystemError> {
         );
     }
     Ok(warnings)
+}
+
+/// Kernel frames are named from /proc/kallsyms, whose addresses read as
+/// zero under `kernel.kptr_restrict` unless the opener has CAP_SYSLOG
+/// (kptr_restrict=1) or at all (2). Checked once, on the first line.
+fn kallsyms_warning() -> Option<String> {
+    use std::io::BufRead as _;
+    let file = fs::File::open("/proc/kallsyms").ok()?;
+    let mut first = String::new();
+    io::BufReader::new(file).read_line(&mut first).ok()?;
+    kallsyms_hides_addresses(&first).then(|| {
+        let restrict = fs::read_to_string("/proc/sys/kernel/kptr_restrict").unwrap_or_default();
+        format!(
+            "/proc/kallsyms shows zero addresses (kernel.kptr_restrict={}): kernel frames stay unnamed; {}",
+            restrict.trim(),
+            if restrict.trim() == "2" {
+                "set kernel.kptr_restrict to 1 and give clrbpf CAP_SYSLOG"
+            } else {
+                "clrbpf needs CAP_SYSLOG"
+            }
+        )
+    })
+}
+
+fn kallsyms_hides_addresses(first_line: &str) -> bool {
+    first_line
+        .split_whitespace()
+        .next()
+        .is_some_and(|addr| !addr.is_empty() && addr.bytes().all(|b| b == b'0'))
 }
 
 /// `clrbpf system-info`: the kernel features clrbpf uses, one per line.
@@ -288,6 +320,11 @@ pub fn print_system_info(mut w: impl Write) -> io::Result<()> {
         w,
         "kptr_restrict          {}",
         read("/proc/sys/kernel/kptr_restrict")
+    )?;
+    writeln!(
+        w,
+        "kernel symbols         {}",
+        kallsyms_warning().unwrap_or_else(|| "named (/proc/kallsyms addresses visible)".into())
     )?;
     writeln!(
         w,
@@ -365,6 +402,15 @@ mod tests {
             .map(|c| c.name.to_owned())
             .collect();
         assert_eq!(listed, ours);
+    }
+
+    #[test]
+    fn zero_kallsyms_addresses_are_noticed() {
+        assert!(kallsyms_hides_addresses(
+            "0000000000000000 A fixed_percpu_data\n"
+        ));
+        assert!(!kallsyms_hides_addresses("ffffffff81000000 T _stext\n"));
+        assert!(!kallsyms_hides_addresses(""));
     }
 
     #[test]
