@@ -29,6 +29,9 @@ pub struct Capability {
     pub required: bool,
     /// What is lost without it.
     pub without: &'static str,
+    /// Needed only on kernels older than this (major, minor): since 5.11
+    /// BPF memory is charged to the memory cgroup, not RLIMIT_MEMLOCK.
+    pub needed_before: Option<(u32, u32)>,
 }
 
 /// Exactly the capabilities the Helm chart adds
@@ -40,69 +43,84 @@ pub const CHART_CAPABILITIES: [Capability; 10] = [
         bit: CAP_BPF,
         required: true,
         without: "no eBPF programs or maps: nothing is sampled",
+        needed_before: None,
     },
     Capability {
         name: "PERFMON",
         bit: CAP_PERFMON,
         required: true,
         without: "no system-wide perf events: nothing is sampled",
+        needed_before: None,
     },
     Capability {
         name: "SYS_PTRACE",
         bit: CAP_SYS_PTRACE,
         required: true,
         without: "other users' processes are unreadable (/proc/PID/maps, root, environ): no symbols, no .NET attach",
+        needed_before: None,
     },
     Capability {
         name: "SYS_RESOURCE",
         bit: 24,
         required: false,
         without: "RLIMIT_MEMLOCK cannot be raised: BPF maps fail to load on kernels before 5.11",
+        needed_before: Some((5, 11)),
     },
     Capability {
         name: "DAC_READ_SEARCH",
         bit: 2,
         required: false,
         without: "binaries and perf maps in containers that root may not read by file mode stay unnamed",
+        needed_before: None,
     },
     Capability {
         name: "CHECKPOINT_RESTORE",
         bit: 40,
         required: false,
         without: "/proc/PID/map_files is closed: no DWARF unwind tables for native code (frame pointers only), symbols through /proc/PID/root only",
+        needed_before: None,
     },
     Capability {
         name: "IPC_LOCK",
         bit: 14,
         required: false,
         without: "ring buffers count against RLIMIT_MEMLOCK on kernels before 5.11",
+        needed_before: Some((5, 11)),
     },
     Capability {
         name: "SYSLOG",
         bit: 34,
         required: false,
         without: "with kernel.kptr_restrict=1, /proc/kallsyms shows zero addresses: kernel frames unnamed",
+        needed_before: None,
     },
     Capability {
         name: "SETUID",
         bit: 7,
         required: false,
         without: "no setfsuid: .NET apps running as another user cannot be attached (diagnostic socket mode 0600) nor their perf files removed",
+        needed_before: None,
     },
     Capability {
         name: "SETGID",
         bit: 6,
         required: false,
         without: "no setfsgid: as SETUID, for the app's group",
+        needed_before: None,
     },
 ];
 
-/// The chart's capabilities this process lacks (CAP_SYS_ADMIN stands in
-/// for BPF, PERFMON and CHECKPOINT_RESTORE, as on kernels before 5.8/5.9).
-fn missing_chart_capabilities(caps: u64) -> Vec<&'static Capability> {
+/// The chart's capabilities this process lacks and this kernel needs
+/// (CAP_SYS_ADMIN stands in for BPF, PERFMON and CHECKPOINT_RESTORE, as on
+/// kernels before 5.8/5.9).
+fn missing_chart_capabilities(caps: u64, kernel: Option<(u32, u32)>) -> Vec<&'static Capability> {
     let has = |bit: u32| caps & (1u64 << bit) != 0;
     CHART_CAPABILITIES
         .iter()
+        .filter(|c| match (c.needed_before, kernel) {
+            (Some(before), Some(kernel)) => kernel < before,
+            _ => true,
+        })
         .filter(|c| {
             let covered_by_admin =
                 matches!(c.name, "BPF" | "PERFMON" | "CHECKPOINT_RESTORE") && has(CAP_SYS_ADMIN);
@@ -201,10 +219,11 @@ pub fn prepare() -> Result<Vec<String>, SystemError> {
     if !Path::new("/proc/sys/kernel/bpf_stats_enabled").exists() {
         return Err(SystemError::NoBpf);
     }
-    let mut warnings: Vec<String> = missing_chart_capabilities(effective_capabilities())
-        .into_iter()
-        .map(|c| format!("missing CAP_{}: {}", c.name, c.without))
-        .collect();
+    let mut warnings: Vec<String> =
+        missing_chart_capabilities(effective_capabilities(), kernel_version())
+            .into_iter()
+            .map(|c| format!("missing CAP_{}: {}", c.name, c.without))
+            .collect();
     if let Some(warning) = kallsyms_warning() {
         warnings.push(warning);
     }
@@ -242,6 +261,18 @@ pub fn prepare() -> Result<Vec<String>, SystemError> {
         );
     }
     Ok(warnings)
+}
+
+/// (major, minor) of the running kernel.
+fn kernel_version() -> Option<(u32, u32)> {
+    parse_kernel_version(&fs::read_to_string("/proc/sys/kernel/osrelease").ok()?)
+}
+
+fn parse_kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.trim().split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 /// Kernel frames are named from /proc/kallsyms, whose addresses read as
@@ -302,12 +333,15 @@ pub fn print_system_info(mut w: impl Write) -> io::Result<()> {
             format!("missing {}", missing.join(", "))
         }
     )?;
-    let missing_chart = missing_chart_capabilities(caps);
+    let missing_chart = missing_chart_capabilities(caps, kernel_version());
     for c in &CHART_CAPABILITIES {
-        let state = if !missing_chart.iter().any(|m| m.name == c.name) {
+        let present = caps & (1u64 << c.bit) != 0;
+        let state = if missing_chart.iter().any(|m| m.name == c.name) {
+            format!("MISSING: {}", c.without)
+        } else if present {
             "present".to_owned()
         } else {
-            format!("MISSING: {}", c.without)
+            "absent (not needed: this kernel or CAP_SYS_ADMIN covers it)".to_owned()
         };
         writeln!(w, "  CAP_{:<21}{state}", c.name)?;
     }
@@ -416,20 +450,31 @@ mod tests {
     #[test]
     fn missing_chart_capabilities_name_what_they_disable() {
         let all: u64 = CHART_CAPABILITIES.iter().map(|c| 1u64 << c.bit).sum();
-        assert!(missing_chart_capabilities(all).is_empty());
+        let new_kernel = Some((6, 18));
+        assert!(missing_chart_capabilities(all, new_kernel).is_empty());
         let without_syslog = all & !(1u64 << 34);
-        let missing = missing_chart_capabilities(without_syslog);
+        let missing = missing_chart_capabilities(without_syslog, new_kernel);
         assert_eq!(missing.len(), 1);
         assert_eq!(missing[0].name, "SYSLOG");
         assert!(missing[0].without.contains("kernel frames"));
         // CAP_SYS_ADMIN stands in for BPF, PERFMON and CHECKPOINT_RESTORE.
         let admin = (1u64 << CAP_SYS_ADMIN) | (1 << CAP_SYS_PTRACE);
-        let names: Vec<_> = missing_chart_capabilities(admin)
+        let names: Vec<_> = missing_chart_capabilities(admin, new_kernel)
             .iter()
             .map(|c| c.name)
             .collect();
         assert!(!names.contains(&"BPF") && !names.contains(&"CHECKPOINT_RESTORE"));
         assert!(names.contains(&"SYSLOG"));
+        // RLIMIT_MEMLOCK matters before 5.11 only.
+        assert!(!names.contains(&"SYS_RESOURCE") && !names.contains(&"IPC_LOCK"));
+        let old: Vec<_> = missing_chart_capabilities(admin, Some((5, 10)))
+            .iter()
+            .map(|c| c.name)
+            .collect();
+        assert!(old.contains(&"SYS_RESOURCE") && old.contains(&"IPC_LOCK"));
+        assert_eq!(parse_kernel_version("6.18.44-fc-v782\n"), Some((6, 18)));
+        assert_eq!(parse_kernel_version("5.4.0"), Some((5, 4)));
+        assert_eq!(parse_kernel_version("garbage"), None);
     }
 
     #[test]
