@@ -21,6 +21,16 @@ fn build_protos() -> anyhow::Result<()> {
     prost_build::Config::new()
         .compile_fds(descriptors)
         .context("generate pprof types")?;
+    // Pyroscope's push API (the agent's Pyroscope sink).
+    println!("cargo:rerun-if-changed=proto/pyroscope");
+    let descriptors = protox::compile(
+        ["push/v1/push.proto", "types/v1/types.proto"],
+        ["proto/pyroscope"],
+    )
+    .context("compile the Pyroscope push protos")?;
+    prost_build::Config::new()
+        .compile_fds(descriptors)
+        .context("generate Pyroscope push types")?;
     Ok(())
 }
 

@@ -10,9 +10,12 @@
 //! the caller's output slice.
 //!
 //! Strategy, per frame:
-//! 1. The caller's lookup maps the pc to a row of the file's table, to "no
-//!    row" (anonymous executable memory such as JIT code, or a file without a
-//!    table: use the frame-pointer rule), or to an [`UnwindError`]. Return
+//! 1. The caller's lookup maps the pc to a row of the file's table (an ELF
+//!    file's `.eh_frame`, or a ReadyToRun image's Windows x64 unwind info),
+//!    to "no row" (anonymous executable memory such as JIT code, or a file
+//!    without a table: use the frame-pointer rule; a
+//!    [`CfaRule::FramePointer`] row means the same), or to an
+//!    [`UnwindError`]. Return
 //!    addresses are looked up at `pc - 1`, so a call that ends a function
 //!    finds its own row, not the next function's; interrupted pcs (the
 //!    sampled leaf, and the frame a signal interrupted) are looked up as is.
@@ -65,10 +68,20 @@ pub mod x86_64 {
     pub const OP_PUSH_RBP: u8 = 0x55;
     /// `ret`.
     pub const OP_RET: u8 = 0xc3;
+    /// `pop rbp`.
+    pub const OP_POP_RBP: u8 = 0x5d;
+    /// The REX prefix with only B set: `41 58+r` is `pop r8`..`pop r15`.
+    pub const REX_B: u8 = 0x41;
     /// `mov rbp, rsp` (`48 89 e5`) as the low three bytes of a little-endian
     /// read at the pc.
     pub const OP_MOV_RBP_RSP: u64 = 0x00e5_8948;
 }
+
+/// [`UnwindRow::cfa_param`] flag of an sp- or fp-based row whose function's
+/// epilogs are not described by the rows (Windows x64 unwind info, which
+/// ReadyToRun code carries): an interrupted frame first checks whether its
+/// pc is in an epilog's `pop`s or at its `ret` ([`step_interrupted_epilog`]).
+pub const CFA_PARAM_EPILOG_BY_CODE: u8 = 1;
 
 /// How to compute the CFA (the caller's sp before its call) of a frame.
 /// Stored as a `u8` in [`UnwindRow::cfa_rule`]: never renumber, only add.
@@ -92,6 +105,10 @@ pub enum CfaRule {
     /// A rule the table cannot express (a DWARF expression, a register other
     /// than sp and fp).
     Unsupported = 5,
+    /// No unwind information, but code that keeps the frame-pointer chain:
+    /// the gaps of a ReadyToRun image's table (stubs, thunks). The walk
+    /// steps as for a mapping without a table instead of ending.
+    FramePointer = 6,
 }
 
 impl CfaRule {
@@ -103,6 +120,7 @@ impl CfaRule {
             3 => Some(Self::PltSp),
             4 => Some(Self::SignalFrame),
             5 => Some(Self::Unsupported),
+            6 => Some(Self::FramePointer),
             _ => None,
         }
     }
@@ -185,7 +203,9 @@ pub struct UnwindRow {
     /// A [`RaRule`] number.
     pub ra_rule: u8,
     /// Parameter of some CFA rules: for [`CfaRule::PltSp`], the offset in the
-    /// PLT entry from which the extra 8 bytes are on the stack.
+    /// PLT entry from which the extra 8 bytes are on the stack; for
+    /// [`CfaRule::SpOffset`] and [`CfaRule::FpOffset`], flags
+    /// ([`CFA_PARAM_EPILOG_BY_CODE`]).
     pub cfa_param: u8,
     pub _pad: [u8; 4],
 }
@@ -527,6 +547,7 @@ pub fn step<M: MemoryReader + ?Sized>(
         CfaRule::NoInfo => return Err(UnwindError::NoTableRow),
         CfaRule::Unsupported => return Err(UnwindError::UnsupportedCfa),
         CfaRule::SignalFrame => return step_signal_frame(regs, mem),
+        CfaRule::FramePointer => return step_frame_pointer(regs, mem),
         CfaRule::SpOffset => regs.sp,
         CfaRule::FpOffset => regs.fp,
         CfaRule::PltSp => {
@@ -684,6 +705,72 @@ pub fn step_interrupted_without_row<M: MemoryReader + ?Sized>(
     Ok(StepOutcome::Caller)
 }
 
+/// An interrupted frame in an x64 epilog the rows do not describe: when
+/// the code at pc is zero or more `pop`s (`58+r`, `41 58+r`) then `ret`,
+/// the stack pointer already went past the frame's allocation, and the
+/// return address is above the words those pops will take (rbp among them
+/// when one is `pop rbp`). `Ok(None)` when the code is not such an epilog
+/// (or cannot be read): the row applies. Before the epilog's `add rsp` or
+/// `lea rsp` the row's rule is still right. The pc of an interrupted frame
+/// is an instruction's start, so the bytes decode as they run.
+pub fn step_interrupted_epilog<M: MemoryReader + ?Sized>(
+    regs: &mut UnwindRegs,
+    mem: &M,
+) -> Result<Option<StepOutcome>, UnwindError> {
+    let Some(code) = mem.read_code_u64(regs.pc) else {
+        return Ok(None);
+    };
+    let mut ra_slot = 0u64;
+    let mut rbp_slot = None;
+    let mut i = 0u32;
+    let mut found = false;
+    // At most 8 code bytes: `ret` after up to 7 one-byte pops.
+    for _ in 0..8 {
+        if i >= 8 {
+            break;
+        }
+        let byte = (code >> (8 * i)) as u8;
+        if byte == x86_64::OP_RET {
+            found = true;
+            break;
+        }
+        if (0x58..=0x5f).contains(&byte) {
+            if byte == x86_64::OP_POP_RBP {
+                rbp_slot = Some(ra_slot);
+            }
+            ra_slot += 8;
+            i += 1;
+        } else if byte == x86_64::REX_B
+            && i < 7
+            && (0x58..=0x5f).contains(&((code >> (8 * (i + 1))) as u8))
+        {
+            ra_slot += 8;
+            i += 2;
+        } else {
+            return Ok(None);
+        }
+    }
+    if !found {
+        return Ok(None);
+    }
+    let ra_addr = offset(regs.sp, ra_slot as i64)?;
+    let pc = read(mem, ra_addr)?;
+    if pc == 0 {
+        return Err(UnwindError::PcZero);
+    }
+    let fp = match rbp_slot {
+        Some(slot) => read(mem, offset(regs.sp, slot as i64)?)?,
+        None => regs.fp,
+    };
+    *regs = UnwindRegs {
+        pc,
+        sp: offset(ra_addr, 8)?,
+        fp,
+        lr: 0,
+    };
+    Ok(Some(StepOutcome::Caller))
+}
+
 /// Walks a stack from `regs` (the sampled registers), writing each frame's pc
 /// into `out`, leaf first, at most `out.len()` frames (the only loop bound).
 ///
@@ -744,9 +831,19 @@ where
     } else {
         regs.pc.wrapping_sub(1)
     };
-    let row = lookup(lookup_pc)?;
+    let row = lookup(lookup_pc)?.filter(|r| r.cfa_rule != CfaRule::FramePointer as u8);
     let outcome = match (row, *interrupted) {
         (None, true) => step_interrupted_without_row(regs, mem)?,
+        (Some(row), true)
+            if row.cfa_param & CFA_PARAM_EPILOG_BY_CODE != 0
+                && (row.cfa_rule == CfaRule::SpOffset as u8
+                    || row.cfa_rule == CfaRule::FpOffset as u8) =>
+        {
+            match step_interrupted_epilog(regs, mem)? {
+                Some(outcome) => outcome,
+                None => step(regs, Some(&row), mem)?,
+            }
+        }
         (row, _) => step(regs, row.as_ref(), mem)?,
     };
     match outcome {
@@ -1092,6 +1189,93 @@ mod tests {
             UnwindRow::new(0x1020, CfaRule::FpOffset, 16).with_fp_at(-16),
             UnwindRow::no_info(0x1040),
         ]
+    }
+
+    /// A leaf in a ReadyToRun epilog: at its `pop`s and `ret` the row (the
+    /// body's rule) no longer holds; the code says where the return address
+    /// is. Elsewhere the row applies.
+    #[test]
+    fn interrupted_epilogs_are_read_from_the_code() {
+        // Body: CFA = sp + 24 (push rbp; push rbx; call...). Epilog at
+        // 0x5010: add rsp, 0 (nothing here); pop rbx; pop rbp; ret.
+        let row = UnwindRow::new(0x5000, CfaRule::SpOffset, 24)
+            .with_fp_at(-16)
+            .with_cfa_param(CFA_PARAM_EPILOG_BY_CODE);
+        let mem = FakeMemory::default()
+            .code_at(
+                0x5010,
+                &[0x5b, 0x5d, 0xc3, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc],
+            )
+            .code_at(0x5020, &[0x41, 0x5f, 0xc3, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc])
+            .code_at(0x5030, &[0x48, 0x8b, 0xc3, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc])
+            .word(0x7000, 0x1111) // rbx
+            .word(0x7008, 0x7200) // rbp
+            .word(0x7010, 0x6000); // return address
+        let lookup = |pc: u64| Ok(Some(UnwindRow { pc, ..row }));
+        let at = |pc: u64, sp: u64| {
+            let mut r = regs(pc, sp, 0x7100);
+            let mut interrupted = true;
+            next_frame(&mut r, &mut interrupted, &mut { lookup }, &mem).map(|_| r)
+        };
+        // At `pop rbx`: two words, then the return address.
+        assert_eq!(at(0x5010, 0x7000), Ok(regs(0x6000, 0x7018, 0x7200)));
+        // At `pop rbp`.
+        assert_eq!(at(0x5011, 0x7008), Ok(regs(0x6000, 0x7018, 0x7200)));
+        // At `ret`: rbp already restored.
+        assert_eq!(at(0x5012, 0x7010), Ok(regs(0x6000, 0x7018, 0x7100)));
+        // `pop r15; ret` from 0x7008.
+        assert_eq!(at(0x5020, 0x7008), Ok(regs(0x6000, 0x7018, 0x7100)));
+        // Not an epilog (`mov rax, rbx`): the row, CFA = sp + 24.
+        assert_eq!(at(0x5030, 0x7000), Ok(regs(0x6000, 0x7018, 0x7200)));
+        // A return address (not interrupted) never reads code.
+        let mut r = regs(0x5013, 0x7000, 0x7100);
+        let mut interrupted = false;
+        assert_eq!(
+            next_frame(&mut r, &mut interrupted, &mut { lookup }, &mem),
+            Ok(true)
+        );
+        assert_eq!(r, regs(0x6000, 0x7018, 0x7200));
+    }
+
+    /// A `FramePointer` row (a gap of a ReadyToRun table) walks exactly as
+    /// no row does: frame records, and the leaf's `push rbp` check.
+    #[test]
+    fn frame_pointer_rows_walk_like_no_row() {
+        // Leaf at `push rbp` (return address at sp), then a frame record.
+        let mem = FakeMemory::default()
+            .code_at(
+                0x5000,
+                &[
+                    x86_64::OP_PUSH_RBP,
+                    0x90,
+                    0x90,
+                    0x90,
+                    0x90,
+                    0x90,
+                    0x90,
+                    0x90,
+                ],
+            )
+            .word(0x7000, 0x6010)
+            .word(0x7100, 0)
+            .word(0x7108, 0x6020);
+        let start = regs(0x5000, 0x7000, 0x7100);
+        let mut with_rows = [0u64; 8];
+        let mut without = [0u64; 8];
+        let a = walk(
+            start,
+            |pc| Ok(Some(UnwindRow::new(pc, CfaRule::FramePointer, 0))),
+            &mem,
+            &mut with_rows,
+        );
+        let b = walk(start, |_| Ok(None), &mem, &mut without);
+        assert_eq!(a, b);
+        assert_eq!(&with_rows[..a.0], &[0x5000, 0x6010, 0x6020]);
+        assert_eq!(a.1, None);
+        let mut r = start;
+        let row = UnwindRow::new(0, CfaRule::FramePointer, 0);
+        assert_eq!(step(&mut r, Some(&row), &mem), Ok(StepOutcome::Caller));
+        assert_eq!(r, regs(0x6020, 0x7110, 0));
     }
 
     #[test]

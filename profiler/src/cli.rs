@@ -30,6 +30,13 @@ pub enum Command {
     /// DOTNET_PerfMapEnabled=1, profiles it and every process it starts, and
     /// stops when it exits.
     Record(RecordArgs),
+    /// Profile continuously and ship one profile per service every
+    /// interval to Pyroscope, an OpenTelemetry collector or a directory;
+    /// serve metrics (with .NET runtime metrics) and health on --listen.
+    ///
+    /// Runs until SIGTERM or SIGINT, then ships the last window (within
+    /// --grace-period) and exits 0. SIGHUP is ignored: nothing is reloaded.
+    Agent(Box<AgentArgs>),
     /// List the .NET processes on this host.
     Ps,
     /// Report the kernel features clrbpf uses.
@@ -53,6 +60,278 @@ pub enum Command {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
+}
+
+/// Options of `clrbpf agent`. Durations are written `500ms`, `10s`, `1m`,
+/// `24h`; sizes `500MB`, `2GiB` or bytes.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Sampling")]
+pub struct AgentArgs {
+    /// Samples per second on each CPU.
+    #[arg(short = 'F', long = "frequency", value_name = "HZ", default_value_t = 19,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub frequency: u64,
+
+    /// How often a window is cut and shipped, aligned to the wall clock
+    /// (5s to 5m). .NET runtime counters are read at the same interval.
+    #[arg(long, value_name = "DURATION", default_value = "15s",
+          value_parser = parse_upload_interval)]
+    pub upload_interval: std::time::Duration,
+
+    /// CLR events to collect from .NET processes (contention, exceptions,
+    /// waits), with per-process rate limits.
+    #[arg(
+        long,
+        value_name = "KINDS",
+        default_value = "contention,exceptions,waits",
+        conflicts_with = "no_clr_events"
+    )]
+    pub clr_events: String,
+
+    /// No EventPipe session for CLR events (CPU samples and runtime
+    /// counters only).
+    #[arg(long)]
+    pub no_clr_events: bool,
+
+    /// Also profile off-CPU time (where threads block).
+    #[arg(long)]
+    pub off_cpu: bool,
+
+    /// Also profile wall time (CPU plus off-CPU per thread; implies
+    /// --off-cpu).
+    #[arg(long)]
+    pub wall: bool,
+
+    /// Walk user stacks by frame pointers only (no .eh_frame unwind tables).
+    #[arg(long)]
+    pub frame_pointers_only: bool,
+
+    /// Kernel memory reserved for unwind tables.
+    #[arg(long, value_name = "MB", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub unwind_table_memory_mb: u64,
+
+    /// Only processes whose executable name (comm or file name) is NAME
+    /// (repeatable). Without any selection option: every process.
+    #[arg(long = "exe", value_name = "NAME", help_heading = "Process selection")]
+    pub executables: Vec<String>,
+
+    /// Only processes in the container with this id (64 hex digits, or a
+    /// unique prefix of at least 12; repeatable).
+    #[arg(long = "container-id", value_name = "ID", value_parser = parse_container_id,
+          help_heading = "Process selection")]
+    pub container_ids: Vec<String>,
+
+    /// Only processes of pods in this Kubernetes namespace (repeatable).
+    #[arg(long = "k8s-namespace", value_name = "NAMESPACE", value_parser = parse_k8s_namespace,
+          help_heading = "Process selection")]
+    pub k8s_namespaces: Vec<String>,
+
+    /// Push profiles to Pyroscope (or Grafana Cloud Profiles, or Alloy's
+    /// pyroscope.receive_http) at this base URL, e.g. http://pyroscope:4040.
+    #[arg(long, value_name = "URL", value_parser = parse_http_url,
+          help_heading = "Sinks")]
+    pub pyroscope_url: Option<String>,
+
+    /// Pyroscope basic-auth user.
+    #[arg(
+        long,
+        value_name = "USER",
+        env = "CLRBPF_PYROSCOPE_BASIC_AUTH_USER",
+        requires = "pyroscope_url",
+        help_heading = "Sinks"
+    )]
+    pub pyroscope_basic_auth_user: Option<String>,
+
+    /// Pyroscope basic-auth password (prefer the environment variable or
+    /// --pyroscope-basic-auth-password-file: a command line is visible to
+    /// every user of the host).
+    #[arg(
+        long,
+        value_name = "PASSWORD",
+        env = "CLRBPF_PYROSCOPE_BASIC_AUTH_PASSWORD",
+        hide_env_values = true,
+        requires = "pyroscope_basic_auth_user",
+        conflicts_with = "pyroscope_basic_auth_password_file",
+        help_heading = "Sinks"
+    )]
+    pub pyroscope_basic_auth_password: Option<String>,
+
+    /// Read the Pyroscope basic-auth password from this file.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "pyroscope_basic_auth_user",
+        help_heading = "Sinks"
+    )]
+    pub pyroscope_basic_auth_password_file: Option<PathBuf>,
+
+    /// Pyroscope bearer token (same caveat as the password).
+    #[arg(long, value_name = "TOKEN", env = "CLRBPF_PYROSCOPE_BEARER_TOKEN",
+          hide_env_values = true, requires = "pyroscope_url",
+          conflicts_with_all = ["pyroscope_bearer_token_file", "pyroscope_basic_auth_user"],
+          help_heading = "Sinks")]
+    pub pyroscope_bearer_token: Option<String>,
+
+    /// Read the Pyroscope bearer token from this file.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "pyroscope_url",
+        conflicts_with = "pyroscope_basic_auth_user",
+        help_heading = "Sinks"
+    )]
+    pub pyroscope_bearer_token_file: Option<PathBuf>,
+
+    /// Pyroscope tenant, sent as X-Scope-OrgID.
+    #[arg(
+        long,
+        value_name = "TENANT",
+        env = "CLRBPF_PYROSCOPE_TENANT_ID",
+        requires = "pyroscope_url",
+        help_heading = "Sinks"
+    )]
+    pub pyroscope_tenant_id: Option<String>,
+
+    /// Export OTLP profiles over HTTP to this base URL (an OpenTelemetry
+    /// collector's OTLP/HTTP receiver, e.g. http://otel-collector:4318).
+    #[arg(long, value_name = "URL", value_parser = parse_http_url,
+          help_heading = "Sinks")]
+    pub otlp_url: Option<String>,
+
+    /// Write rolling .pb.gz files here. The default sink when no URL is
+    /// given (then /var/lib/clrbpf/profiles unless set).
+    #[arg(long, value_name = "DIR", help_heading = "Sinks")]
+    pub output_dir: Option<PathBuf>,
+
+    /// Remove files of --output-dir older than this.
+    #[arg(long, value_name = "DURATION", default_value = "24h",
+          value_parser = parse_duration, help_heading = "Sinks")]
+    pub retention: std::time::Duration,
+
+    /// Remove the oldest files of --output-dir while they total more.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB",
+          value_parser = parse_size, help_heading = "Sinks")]
+    pub retention_size: u64,
+
+    /// How long the last window may take to ship at shutdown.
+    #[arg(long, value_name = "DURATION", default_value = "10s",
+          value_parser = parse_duration, help_heading = "Sinks")]
+    pub grace_period: std::time::Duration,
+
+    /// Serve /metrics, /healthz, /readyz and /debug/pprof/profile here.
+    #[arg(
+        long,
+        value_name = "ADDR:PORT",
+        default_value = "127.0.0.1:7071",
+        help_heading = "HTTP endpoint"
+    )]
+    pub listen: std::net::SocketAddr,
+
+    /// Longest profile /debug/pprof/profile?seconds=N takes.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=3600),
+          help_heading = "HTTP endpoint")]
+    pub max_pull_seconds: u64,
+}
+
+/// A duration such as `500ms`, `10s`, `1m`, `24h` (humantime syntax).
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let duration = humantime::parse_duration(text.trim())
+        .map_err(|error| format!("{error} (write a duration like 500ms, 10s, 1m, 24h)"))?;
+    if duration.is_zero() {
+        return Err("must be more than zero".to_owned());
+    }
+    Ok(duration)
+}
+
+/// `--upload-interval`: a duration from 5 s to 5 min.
+fn parse_upload_interval(text: &str) -> Result<std::time::Duration, String> {
+    let duration = parse_duration(text)?;
+    let (min, max) = (
+        std::time::Duration::from_secs(5),
+        std::time::Duration::from_secs(300),
+    );
+    if !(min..=max).contains(&duration) {
+        return Err("must be from 5s to 5m".to_owned());
+    }
+    if duration.subsec_nanos() != 0 {
+        return Err("must be a whole number of seconds".to_owned());
+    }
+    Ok(duration)
+}
+
+/// A size: bytes, or a number with `KB`, `MB`, `GB` (powers of 1000) or
+/// `KiB`, `MiB`, `GiB` (powers of 1024).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (write 500MB, 2GiB or bytes)"))?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1000,
+        "mb" => 1000 * 1000,
+        "gb" => 1000 * 1000 * 1000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` (use KB, MB, GB, KiB, MiB, GiB)"
+            ));
+        }
+    };
+    number
+        .checked_mul(multiplier)
+        .filter(|&bytes| bytes > 0)
+        .ok_or_else(|| format!("`{text}` is zero or too large"))
+}
+
+/// An http or https URL with a host.
+fn parse_http_url(text: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(text.trim()).map_err(|error| format!("not a URL: {error}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err("must be an http:// or https:// URL with a host".to_owned());
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("must not have a query or fragment".to_owned());
+    }
+    Ok(url.as_str().trim_end_matches('/').to_owned())
+}
+
+/// A container id: lower-case hex, 12 to 64 digits.
+fn parse_container_id(text: &str) -> Result<String, String> {
+    let id = text.trim().to_ascii_lowercase();
+    let id = id
+        .rsplit_once("://")
+        .map_or(id.as_str(), |(_, id)| id)
+        .to_owned();
+    if !(12..=64).contains(&id.len()) || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(
+            "must be 12 to 64 hex digits (a docker://, containerd:// prefix is fine)".to_owned(),
+        );
+    }
+    Ok(id)
+}
+
+/// A Kubernetes namespace name (RFC 1123 label).
+fn parse_k8s_namespace(text: &str) -> Result<String, String> {
+    let valid = (1..=63).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !text.starts_with('-')
+        && !text.ends_with('-');
+    if valid {
+        Ok(text.to_owned())
+    } else {
+        Err("must be a Kubernetes namespace name (lower-case letters, digits, `-`)".to_owned())
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -170,6 +449,20 @@ pub struct RecordArgs {
     #[arg(long)]
     pub wall: bool,
 
+    /// clrbpf raises its own priority so that it keeps up, and loses no
+    /// samples, on the saturated hosts where a profile is most needed: the
+    /// loop that drains the samples runs SCHED_RR (priority 1; it sleeps
+    /// most of the time), its background threads (unwind tables, CLR
+    /// sessions) at this nice value. Needs CAP_SYS_NICE (root has it);
+    /// without it clrbpf warns and runs as started.
+    #[arg(long, value_name = "N", default_value_t = -10, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(-20..=19))]
+    pub nice: i32,
+
+    /// Keep clrbpf's scheduling priority as it was started.
+    #[arg(long, conflicts_with = "nice")]
+    pub no_priority_boost: bool,
+
     /// No progress line and no summary.
     #[arg(short, long)]
     pub quiet: bool,
@@ -208,5 +501,95 @@ mod tests {
             vec![OsString::from("dotnet"), OsString::from("a.dll")]
         );
         assert!(Cli::try_parse_from(["clrbpf", "record", "-F", "0"]).is_err());
+    }
+
+    fn agent(args: &[&str]) -> Result<AgentArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["clrbpf", "agent"].iter().chain(args))?;
+        match cli.command {
+            Command::Agent(args) => Ok(*args),
+            _ => panic!("not agent"),
+        }
+    }
+
+    fn agent_error(args: &[&str]) -> String {
+        agent(args).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn agent_defaults() {
+        let args = agent(&[]).expect("defaults");
+        assert_eq!(args.frequency, 19);
+        assert_eq!(args.upload_interval, std::time::Duration::from_secs(15));
+        assert_eq!(args.grace_period, std::time::Duration::from_secs(10));
+        assert_eq!(args.retention, std::time::Duration::from_secs(24 * 3600));
+        assert_eq!(args.retention_size, 1 << 30);
+        assert_eq!(args.listen, "127.0.0.1:7071".parse().unwrap());
+        assert_eq!(args.max_pull_seconds, 60);
+        assert!(args.pyroscope_url.is_none() && args.otlp_url.is_none());
+    }
+
+    #[test]
+    fn agent_parses_durations_sizes_urls_and_selections() {
+        let args = agent(&[
+            "--upload-interval",
+            "1m",
+            "--grace-period",
+            "500ms",
+            "--retention",
+            "2h",
+            "--retention-size",
+            "500MB",
+            "--pyroscope-url",
+            "https://profiles.example.com/",
+            "--otlp-url",
+            "http://collector:4318",
+            "--exe",
+            "dotnet",
+            "--container-id",
+            "containerd://0123456789ABcdef",
+            "--k8s-namespace",
+            "shop",
+            "-F",
+            "49",
+        ])
+        .expect("valid");
+        assert_eq!(args.upload_interval, std::time::Duration::from_secs(60));
+        assert_eq!(args.grace_period, std::time::Duration::from_millis(500));
+        assert_eq!(args.retention_size, 500_000_000);
+        assert_eq!(
+            args.pyroscope_url.as_deref(),
+            Some("https://profiles.example.com")
+        );
+        assert_eq!(args.otlp_url.as_deref(), Some("http://collector:4318"));
+        assert_eq!(args.container_ids, ["0123456789abcdef"]);
+        assert_eq!(args.k8s_namespaces, ["shop"]);
+        assert_eq!(args.frequency, 49);
+    }
+
+    #[test]
+    fn malformed_agent_config_is_refused_naming_the_option() {
+        for (args, option) in [
+            (&["--upload-interval", "4s"][..], "--upload-interval"),
+            (&["--upload-interval", "6m"], "--upload-interval"),
+            (&["--upload-interval", "15"], "--upload-interval"),
+            (&["--upload-interval", "5500ms"], "--upload-interval"),
+            (&["--grace-period", "0s"], "--grace-period"),
+            (&["--retention", "soon"], "--retention"),
+            (&["--retention-size", "12XB"], "--retention-size"),
+            (&["--pyroscope-url", "ftp://x"], "--pyroscope-url"),
+            (&["--otlp-url", "not a url"], "--otlp-url"),
+            (&["--container-id", "xyz"], "--container-id"),
+            (&["--k8s-namespace", "Shop_1"], "--k8s-namespace"),
+            (&["--listen", "localhost"], "--listen"),
+            (&["--max-pull-seconds", "0"], "--max-pull-seconds"),
+            (&["-F", "0"], "--frequency"),
+            (&["--pyroscope-tenant-id", "t"], "--pyroscope-url"),
+        ] {
+            let message = agent_error(args);
+            assert!(message.contains(option), "{args:?}: {message}");
+        }
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("99999999999999999999GB").is_err());
     }
 }

@@ -5,19 +5,38 @@
 //! [`symbolize`] (kernel, native and managed names) -> [`profile`]
 //! (aggregation, sampling, upscaling) -> [`export`] (pprof, folded stacks,
 //! flame graphs). [`clr`] talks to .NET runtimes over their diagnostic socket;
-//! [`unwind`] prepares native unwind tables for the kernel side; [`k8s`]
+//! [`unwind`] prepares native unwind tables for the kernel side. [`agent`]
+//! ships profiles continuously to Pyroscope, OTLP or a directory; [`k8s`]
 //! names the pod and container of a process from its container id.
 
+pub mod agent;
 pub mod bpf;
 pub mod cli;
 pub mod clr;
 pub mod export;
 pub mod k8s;
+pub mod pipeline;
 pub mod process;
 pub mod profile;
 pub mod record;
+pub mod stop;
 pub mod symbolize;
 pub mod unwind;
+
+/// Pyroscope's push API types, generated from `proto/pyroscope/`.
+pub mod pyroscope_proto {
+    #![allow(clippy::all, reason = "generated code: lints may or may not fire")]
+    pub mod push {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/push.v1.rs"));
+        }
+    }
+    pub mod types {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/types.v1.rs"));
+        }
+    }
+}
 
 /// The pprof protobuf types, generated from `proto/profile.proto`.
 pub mod pprof_proto {

@@ -10,7 +10,8 @@ use clrbpf::{
     cli::{Cli, Command, RecordArgs},
     clr::session::ClrEventKinds,
     export::output::OutputFormat,
-    record::{RecordConfig, print_summary, record},
+    pipeline::summary::print_summary,
+    record::{RecordConfig, record},
 };
 
 fn main() -> ExitCode {
@@ -22,7 +23,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     match run(cli.command) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             eprintln!("clrbpf: error: {err:#}");
             ExitCode::from(2)
@@ -30,19 +31,27 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(command: Command) -> anyhow::Result<()> {
+/// The exit code of `clrbpf`: that of the command `record` ran, when it ran
+/// one (as `time`, `perf record` and `strace` do), else success.
+fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Record(args) => run_record(args),
+        Command::Agent(args) => run_agent(*args).map(|()| ExitCode::SUCCESS),
         Command::Ps => {
             let procfs = clrbpf::process::ProcFs::default();
             let rows = clrbpf::process::ps::dotnet_processes(&procfs);
             clrbpf::process::ps::print_ps_table(&rows, std::io::stdout().lock())
-                .context("write the process table")
+                .context("write the process table")?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::SystemInfo => {
-            clrbpf::bpf::system::print_system_info(std::io::stdout().lock()).context("write")
+            clrbpf::bpf::system::print_system_info(std::io::stdout().lock()).context("write")?;
+            Ok(ExitCode::SUCCESS)
         }
-        Command::BenchClrIntake { file, copies, runs } => bench_clr_intake(&file, copies, runs),
+        Command::BenchClrIntake { file, copies, runs } => {
+            bench_clr_intake(&file, copies, runs)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::BenchPerfMap { entries, runs } => {
             let mut times: Vec<Duration> = (0..runs.max(1))
                 .map(|_| clrbpf::symbolize::bench_perf_map_load(entries))
@@ -53,15 +62,32 @@ fn run(command: Command) -> anyhow::Result<()> {
                 times[times.len() / 2].as_secs_f64() * 1e3,
                 times.len()
             );
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
 }
 
+fn run_agent(args: clrbpf::cli::AgentArgs) -> anyhow::Result<()> {
+    // Checked first, so a malformed configuration is refused at start
+    // with the option's name.
+    let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned());
+    let config = clrbpf::agent::config::AgentConfig::from_args(args, host_name)?;
+    tracing::debug!(?config, "agent configuration");
+    anyhow::bail!(
+        "`clrbpf agent` is not wired to the sampling pipeline yet: its sinks, \
+         metrics endpoint and runtime counters exist, the window loop does not"
+    )
+}
+
 /// Longest `--off-cpu-min` (the kernel side's keep rule takes up to 2^32 ns).
 const MAX_OFF_CPU_MIN_MS: f64 = 4000.0;
+/// Longest `--duration`: about ten years; for longer, leave it out and stop
+/// with Ctrl-C.
+const MAX_DURATION_SECONDS: f64 = 315_360_000.0;
 
-fn run_record(args: RecordArgs) -> anyhow::Result<()> {
+fn run_record(args: RecordArgs) -> anyhow::Result<ExitCode> {
     let RecordArgs {
         pids,
         all,
@@ -81,6 +107,8 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         off_cpu_min,
         off_cpu_max_stacks,
         wall,
+        nice,
+        no_priority_boost,
         quiet,
         command,
     } = args;
@@ -108,6 +136,9 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         Some(d) if !(d.is_finite() && d > 0.0) => {
             anyhow::bail!("--duration must be a positive number of seconds")
         }
+        Some(d) if d > MAX_DURATION_SECONDS => anyhow::bail!(
+            "--duration {d} is longer than {MAX_DURATION_SECONDS} seconds (ten years): leave it out to record until Ctrl-C"
+        ),
         d => d.map(Duration::from_secs_f64),
     };
     let config = RecordConfig {
@@ -127,6 +158,7 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
         split,
         off_cpu,
         wall,
+        nice: (!no_priority_boost).then_some(nice),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -136,7 +168,20 @@ fn run_record(args: RecordArgs) -> anyhow::Result<()> {
     if !quiet {
         print_summary(&summary, &output, std::io::stderr().lock()).context("write the summary")?;
     }
-    Ok(())
+    Ok(summary.command_status.map_or(ExitCode::SUCCESS, |status| {
+        ExitCode::from(exit_code_of(status))
+    }))
+}
+
+/// A command's status as a shell reports it: its exit code, or 128 + N
+/// when signal N ended it.
+fn exit_code_of(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt as _;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => (code & 0xff) as u8,
+        (None, Some(signal)) => (128 + signal).clamp(0, 255) as u8,
+        (None, None) => 1,
+    }
 }
 
 fn bench_clr_intake(file: &std::path::Path, copies: usize, runs: usize) -> anyhow::Result<()> {

@@ -12,7 +12,7 @@
 use std::{
     collections::BTreeSet,
     env,
-    ffi::OsStr,
+    ffi::{OsStr, OsString},
     fs,
     io::{BufRead as _, BufReader, Read as _},
     path::{Path, PathBuf},
@@ -264,6 +264,35 @@ fn close_fd(fd: libc::c_long) -> std::io::Result<()> {
     Ok(())
 }
 
+/// How [`TestProcess::launch`] starts a workload.
+#[derive(Clone, Debug, Default)]
+pub struct Launch<'a> {
+    /// `DOTNET_PerfMapEnabled=1` from the start.
+    pub perf_map: bool,
+    /// Run as this uid (and the gid of the same number), no other groups.
+    pub user: Option<u32>,
+    /// Extra environment variables.
+    pub env: &'a [(&'a str, &'a str)],
+    /// Run in new user and pid namespaces, with this pid inside.
+    pub pid_in_namespace: Option<u32>,
+}
+
+/// The host pid of the process whose innermost pid is `ns_pid` in a pid
+/// namespace below ours.
+pub fn host_pid_of_ns_pid(ns_pid: u32) -> Option<u32> {
+    fs::read_dir("/proc").ok()?.find_map(|entry| {
+        let host: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+        let status = fs::read_to_string(format!("/proc/{host}/status")).ok()?;
+        let pids: Vec<u32> = status
+            .lines()
+            .find_map(|line| line.strip_prefix("NSpid:"))?
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        (pids.len() > 1 && pids.last() == Some(&ns_pid)).then_some(host)
+    })
+}
+
 /// A running workload, killed when dropped. Its stdout is collected so a
 /// test can read the workload's own measurements.
 pub struct TestProcess {
@@ -279,23 +308,111 @@ impl TestProcess {
     /// `/tmp/perf-PID.map` from the start; without, the variable is removed
     /// from the environment so only an attaching profiler can turn it on.
     pub fn start(env: &Env, runtime: Runtime, name: &str, args: &[&str], perf_map: bool) -> Self {
-        let mut command = Command::new(env.dotnet(runtime));
+        Self::launch(
+            env,
+            runtime,
+            name,
+            args,
+            &Launch {
+                perf_map,
+                ..Launch::default()
+            },
+        )
+    }
+
+    /// [`Self::start`] with the user, environment and pid namespace of
+    /// `launch`.
+    pub fn launch(env: &Env, runtime: Runtime, name: &str, args: &[&str], launch: &Launch) -> Self {
+        let mut argv: Vec<OsString> = Vec::new();
+        if let Some(uid) = launch.user {
+            argv.extend(
+                [
+                    "setpriv",
+                    "--reuid",
+                    &uid.to_string(),
+                    "--regid",
+                    &uid.to_string(),
+                ]
+                .map(OsString::from),
+            );
+            argv.extend(["--clear-groups", "--"].map(OsString::from));
+        }
+        if let Some(ns_pid) = launch.pid_in_namespace {
+            // A user namespace (so a non-root user may make the others) and
+            // a pid namespace whose next pid is `ns_pid`, as a container
+            // runtime or `unshare` gives any user.
+            let script = format!(
+                "echo {} > /proc/sys/kernel/ns_last_pid; \"$0\" \"$@\" & wait",
+                ns_pid - 1
+            );
+            argv.extend(
+                [
+                    "unshare",
+                    "--user",
+                    "--map-root-user",
+                    "--pid",
+                    "--fork",
+                    "--kill-child",
+                    "--mount-proc",
+                    "sh",
+                    "-c",
+                    &script,
+                ]
+                .map(OsString::from),
+            );
+        }
+        argv.push(env.dotnet(runtime).as_os_str().to_owned());
+        argv.push(env.workload(runtime, name).into_os_string());
+        argv.extend(args.iter().map(OsString::from));
+        Self::start_argv(name, &argv, launch)
+    }
+
+    /// A process that looks like .NET to a profiler but misbehaves
+    /// (`tests/fakes/fake_dotnet.py`): `mode` is `silent` (never accepts on
+    /// its diagnostic socket), `mute` (accepts, never answers) or `junk`
+    /// (answers with random bytes). Runs as `user`, lives `seconds`.
+    pub fn fake_dotnet(mode: &str, seconds: u32, user: u32) -> Self {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fakes")
+            .join("fake_dotnet.py");
+        let argv: Vec<OsString> = [
+            OsString::from("setpriv"),
+            "--reuid".into(),
+            user.to_string().into(),
+            "--regid".into(),
+            user.to_string().into(),
+            "--clear-groups".into(),
+            "--".into(),
+            // The system's: a pyenv shim under /root is not the user's to run.
+            "/usr/bin/python3".into(),
+            script.into_os_string(),
+            mode.into(),
+            seconds.to_string().into(),
+        ]
+        .into();
+        Self::start_argv(&format!("fake .NET ({mode})"), &argv, &Launch::default())
+    }
+
+    /// Starts `argv`, waits for `READY` and checks the printed `PID`.
+    fn start_argv(name: &str, argv: &[OsString], launch: &Launch) -> Self {
+        let mut command = Command::new(&argv[0]);
         command
-            .arg(env.workload(runtime, name))
-            .args(args)
+            .args(&argv[1..])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         for variable in [ENV_PERF_MAP, "COMPlus_PerfMapEnabled"] {
             command.env_remove(variable);
         }
-        if perf_map {
+        if launch.perf_map {
             command.env(ENV_PERF_MAP, "1");
+        }
+        for (key, value) in launch.env {
+            command.env(key, value);
         }
         let mut child = command
             .spawn()
             .unwrap_or_else(|e| panic!("start workload {name}: {e}"));
-        let pid = child.id();
         let stdout = child.stdout.take().expect("stdout is piped");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (ready_tx, ready_rx) = mpsc::channel();
@@ -312,8 +429,8 @@ impl TestProcess {
             })
         };
         let mut process = Self {
+            pid: child.id(),
             child,
-            pid,
             lines,
             reader: Some(reader),
         };
@@ -325,11 +442,23 @@ impl TestProcess {
             );
         }
         let printed = parse_value::<u32>(&process.lines(), "PID");
-        assert_eq!(
-            printed,
-            Some(pid),
-            "workload {name} printed another PID than the process started"
-        );
+        match launch.pid_in_namespace {
+            None => assert_eq!(
+                printed,
+                Some(process.pid),
+                "workload {name} printed another PID than the process started"
+            ),
+            Some(ns_pid) => {
+                assert_eq!(
+                    printed,
+                    Some(ns_pid),
+                    "workload {name} did not get pid {ns_pid} in its namespace"
+                );
+                process.pid = host_pid_of_ns_pid(ns_pid).unwrap_or_else(|| {
+                    panic!("no host process has pid {ns_pid} in a child pid namespace")
+                });
+            }
+        }
         process
     }
 
@@ -356,6 +485,8 @@ impl TestProcess {
 
 impl Drop for TestProcess {
     fn drop(&mut self) {
+        // `setpriv` execs the workload; `unshare --kill-child` takes the
+        // pid namespace, and the workload in it, down with it.
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -758,6 +889,26 @@ pub fn record_pid(
     let output = run_clrbpf(env, &args, dir.path(), RECORD_TIMEOUT);
     assert_success(&output);
     (output, output_path)
+}
+
+/// `(samples, lost)` from the first line of clrbpf's summary
+/// (`clrbpf: recorded 5.0 s (duration), N samples from P processes, L lost, ...`).
+pub fn summary_samples_and_lost(stderr: &str) -> (u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("clrbpf: recorded "))
+        .unwrap_or_else(|| panic!("no summary line in:\n{stderr}"));
+    let number_before = |word: &str| -> u64 {
+        let at = line
+            .find(word)
+            .unwrap_or_else(|| panic!("no `{word}` in {line:?}"));
+        line[..at]
+            .split_whitespace()
+            .last()
+            .and_then(|n| n.trim_end_matches(',').parse().ok())
+            .unwrap_or_else(|| panic!("no number before `{word}` in {line:?}"))
+    };
+    (number_before(" samples from"), number_before(" lost"))
 }
 
 /// How long one `clrbpf record` of a test may take.

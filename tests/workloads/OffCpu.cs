@@ -38,8 +38,9 @@ static class OffCpu
         {
             long t0 = Stopwatch.GetTimestamp();
             // The two-argument overload: the no-argument one is a small
-            // wrapper the JIT compiles without a frame pointer, which hides
-            // its caller from frame-pointer unwinding.
+            // wrapper that, once called often, the JIT re-compiles at tier 1
+            // without a frame pointer, which hides its caller (JIT code is
+            // still unwound by frame pointer; ReadyToRun code has tables).
             Signal.Wait(Timeout.Infinite, CancellationToken.None);
             waitedTicks += Stopwatch.GetTimestamp() - t0;
             Signal.Reset();

@@ -377,6 +377,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     println!("| perf map load, 100,000 entries (median) | {perf_map_ms} ms | <= 50 ms |");
     clr_benches(inputs)?;
     crate::bench_offcpu::run(inputs, have_perf)?;
+    crate::bench_saturated::run(inputs, have_perf)?;
     if !have_perf {
         println!("\nbench: perf is not installed (apt-get install linux-perf): no comparison row");
     }

@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_offcpu;
+mod bench_saturated;
 mod chart;
 mod cmd;
 mod setup;

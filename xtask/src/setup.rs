@@ -24,6 +24,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "linux-perf",  // the peer the benchmark compares with
     "bpfcc-tools", // idem
     "bpftool",     // BPF program stats, debugging
+    "python3",     // /usr/bin/python3 runs the fake .NET targets of tests/fakes as another user
 ];
 
 /// A .NET runtime shipped inside a PyPI wheel (DESIGN.md, "Facts verified").

@@ -17,7 +17,9 @@
 //! 4. A sample whose walk met a pc in no indexed mapping (a `dlopen` or a
 //!    new JIT code heap after the scan; the kernel stepped it by frame
 //!    pointer and flagged the sample) makes the record loop call
-//!    [`UnwindMaps::refresh_process`]; exited processes are dropped by
+//!    [`UnwindMaps::refresh_process`]; a process is also rescanned every
+//!    second for its first ten ([`UnwindMaps::rescan_young`]), while a
+//!    runtime maps its code; exited processes are dropped by
 //!    [`UnwindMaps::forget_process`] or [`UnwindMaps::forget_exited`].
 //! 5. All of it runs on its own thread ([`UnwindWorker`]): indexing a .NET
 //!    process reads and parses ~20 files (seconds on a loaded machine), and
@@ -32,6 +34,10 @@ use std::{
         unix::fs::MetadataExt as _,
     },
     ptr::NonNull,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -49,6 +55,15 @@ use crate::unwind::{
 
 /// A process is rescanned at most this often.
 const RESCAN_EVERY: Duration = Duration::from_millis(500);
+/// For this long after a process is first indexed, it is rescanned every
+/// [`YOUNG_RESCAN_EVERY`] without waiting for a walk to meet an unindexed
+/// pc: a runtime maps its code (.NET's ReadyToRun images, `libclrjit`) in
+/// its first second, often after the first sample indexed it, and until a
+/// sample's walk lands in that code nothing asks for a rescan. Off-CPU
+/// stacks of the first waits would be walked without those tables.
+const YOUNG_FOR: Duration = Duration::from_secs(10);
+/// See [`YOUNG_FOR`].
+const YOUNG_RESCAN_EVERY: Duration = Duration::from_secs(1);
 /// Exited processes are looked for at most this often.
 const EXIT_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// Bytes of built tables kept in userspace to avoid re-parsing a file whose
@@ -157,6 +172,8 @@ struct ProcessIndex {
     /// The index entries with the table each came from.
     entries: Vec<(MappingEntry, Option<u64>)>,
     scanned_at: Instant,
+    /// When the process was first indexed ([`YOUNG_FOR`]).
+    first_scanned_at: Instant,
 }
 
 /// Counters of the userspace side of unwinding.
@@ -252,6 +269,23 @@ impl UnwindMaps {
             return true;
         }
         self.scan(pid)
+    }
+
+    /// Rescans the processes indexed less than [`YOUNG_FOR`] ago whose last
+    /// scan is older than [`YOUNG_RESCAN_EVERY`].
+    pub fn rescan_young(&mut self) {
+        let due: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(_, p)| {
+                p.first_scanned_at.elapsed() < YOUNG_FOR
+                    && p.scanned_at.elapsed() >= YOUNG_RESCAN_EVERY
+            })
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in due {
+            self.scan(pid);
+        }
     }
 
     /// Drops a process's index (it exited). Its tables stay loaded until
@@ -386,6 +420,9 @@ impl UnwindMaps {
             }
         }
         let old = self.processes.remove(&pid);
+        let first_scanned_at = old
+            .as_ref()
+            .map_or_else(Instant::now, |old| old.first_scanned_at);
         for key in &used {
             if let Some(t) = self.tables.get_mut(key) {
                 t.users += 1;
@@ -404,6 +441,7 @@ impl UnwindMaps {
             tables: used,
             entries,
             scanned_at: Instant::now(),
+            first_scanned_at,
         };
         self.write_index(pid, &index);
         self.processes.insert(pid, index);
@@ -571,6 +609,9 @@ pub struct UnwindReport {
     pub stats: UnwindMapsStats,
 }
 
+/// How long [`UnwindWorker::finish`] waits for the table being built.
+const FINISH_WAIT: Duration = Duration::from_secs(1);
+
 /// [`UnwindMaps`] on a thread of its own. Indexing a .NET process builds
 /// tables for libcoreclr, libclrjit, ICU and the rest: seconds of CPU on a
 /// busy machine, which must not stall the loop that drains the ring buffer
@@ -578,6 +619,10 @@ pub struct UnwindReport {
 /// process's index is written, the kernel side walks it by frame pointers.
 pub struct UnwindWorker {
     requests: Option<std::sync::mpsc::Sender<UnwindRequest>>,
+    /// Set by [`Self::finish`]: the requests still queued are dropped (a
+    /// saturated host can queue hundreds of processes to index, which the
+    /// end of a recording must not wait for).
+    stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<UnwindReport>>,
 }
 
@@ -585,12 +630,18 @@ impl UnwindWorker {
     /// Moves `maps` to a new thread.
     pub fn spawn(maps: UnwindMaps) -> std::io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<UnwindRequest>();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("clrbpf-unwind".into())
             .spawn(move || {
+                crate::process::priority::enter_background_thread();
                 let mut maps = maps;
                 loop {
-                    match rx.recv_timeout(EXIT_CHECK_EVERY) {
+                    if stop_flag.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    match rx.recv_timeout(YOUNG_RESCAN_EVERY.min(EXIT_CHECK_EVERY)) {
                         Ok(UnwindRequest::Track(pid)) => {
                             maps.track_process(pid);
                         }
@@ -602,6 +653,7 @@ impl UnwindWorker {
                         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
                     maps.forget_exited();
+                    maps.rescan_young();
                 }
                 UnwindReport {
                     errors: maps.error_counts(),
@@ -611,6 +663,7 @@ impl UnwindWorker {
             })?;
         Ok(Self {
             requests: Some(tx),
+            stop,
             thread: Some(thread),
         })
     }
@@ -637,20 +690,33 @@ impl UnwindWorker {
         self.send(UnwindRequest::Forget(pid));
     }
 
-    /// Stops the thread once the queued requests are done and returns what
-    /// it counted; `None` if it panicked. Call before the sampler (the
-    /// owner of the programs) is dropped, so the error counters are read
-    /// while the maps are still loaded.
+    /// Stops the thread once the request under way is done (the queued
+    /// ones are dropped) and returns what it counted; `None` if it
+    /// panicked. Call before the sampler (the owner of the programs) is
+    /// dropped, so the error counters are read while the maps are still
+    /// loaded.
     pub fn finish(mut self) -> Option<UnwindReport> {
+        self.stop.store(true, Ordering::Relaxed);
         self.requests = None;
-        self.thread.take()?.join().ok()
+        let thread = self.thread.take()?;
+        // One table can take seconds to build on a saturated host: the
+        // recording does not wait for it (the thread ends by itself after).
+        crate::stop::wait_until(Instant::now() + FINISH_WAIT, || thread.is_finished());
+        if !thread.is_finished() {
+            tracing::debug!("the unwind table thread is still busy: no unwind report");
+            return None;
+        }
+        thread.join().ok()
     }
 }
 
 impl Drop for UnwindWorker {
     fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
         self.requests = None;
-        if let Some(thread) = self.thread.take() {
+        if let Some(thread) = self.thread.take()
+            && thread.is_finished()
+        {
             let _ = thread.join();
         }
     }

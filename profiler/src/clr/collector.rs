@@ -24,8 +24,9 @@ use crate::{process::ProcFs, profile::clr_sampling::Weighted};
 const SOCKET_WAIT: Duration = Duration::from_secs(10);
 /// Pause between two attempts to start the session.
 const RETRY_EVERY: Duration = Duration::from_millis(200);
-/// How long the stream may take to end after StopTracing.
-const STOP_DEADLINE: Duration = Duration::from_secs(3);
+/// How long a stream that ended by itself (the process exited) may take to
+/// deliver its last events.
+const ENDED_STREAM_DEADLINE: Duration = Duration::from_secs(3);
 /// How long a method rundown may take.
 const RUNDOWN_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -34,6 +35,13 @@ enum CollectorState {
     Waiting {
         since: Instant,
         last_try: Option<Instant>,
+    },
+    /// Connecting and asking for the session, on a thread of its own: a
+    /// runtime that is stopped, or a process that only looks like one and
+    /// never answers, must not hold up the recording loop.
+    Starting {
+        since: Instant,
+        job: std::thread::JoinHandle<Result<ClrSession, IpcError>>,
     },
     Running(Box<ClrSession>),
     Ended,
@@ -49,6 +57,9 @@ pub struct ClrCollector {
     intake: ClrIntake,
     end: Option<SessionEnd>,
     warnings: Vec<String>,
+    /// Why the totals miss events: the stream broke before the recording
+    /// ended (the process was killed, the runtime sent garbage).
+    incomplete: Option<String>,
     sessions_started: u32,
     /// Run a method rundown once the session is up (catch-up for runtimes
     /// without EnablePerfMap).
@@ -82,6 +93,7 @@ impl ClrCollector {
             intake: ClrIntake::default(),
             end: None,
             warnings,
+            incomplete: None,
             sessions_started: 0,
             rundown,
             rundown_methods: 0,
@@ -99,28 +111,63 @@ impl ClrCollector {
             }
             *last_try = Some(Instant::now());
             let since = *since;
-            match ClrSession::start(procfs, self.pid, self.kinds, self.runtime_major) {
+            let (procfs, pid, kinds, major) =
+                (procfs.clone(), self.pid, self.kinds, self.runtime_major);
+            match std::thread::Builder::new()
+                .name(format!("clrbpf-session-{pid}"))
+                .spawn(move || {
+                    crate::process::priority::enter_background_thread();
+                    ClrSession::start(&procfs, pid, kinds, major)
+                }) {
+                Ok(job) => self.state = CollectorState::Starting { since, job },
+                Err(e) => {
+                    self.warnings.push(format!(
+                        "pid {pid}: no CLR events: cannot start a thread for the session: {e}"
+                    ));
+                    self.state = CollectorState::Ended;
+                }
+            }
+        }
+        if matches!(&self.state, CollectorState::Starting { job, .. } if job.is_finished()) {
+            let CollectorState::Starting { since, job } =
+                std::mem::replace(&mut self.state, CollectorState::Ended)
+            else {
+                unreachable!("matched above");
+            };
+            let started = job.join().unwrap_or_else(|_| {
+                Err(IpcError::Io {
+                    pid: self.pid,
+                    command: super::ipc::CommandId::COLLECT_TRACING_2,
+                    source: std::io::Error::other("the session thread panicked"),
+                })
+            });
+            match started {
                 Ok(session) => {
                     self.sessions_started += 1;
                     self.state = CollectorState::Running(Box::new(session));
                     if self.rundown {
                         let (procfs, pid) = (procfs.clone(), self.pid);
                         self.rundown_job = Some(std::thread::spawn(move || {
+                            crate::process::priority::enter_background_thread();
                             method_rundown(&procfs, pid, RUNDOWN_DEADLINE)
                         }));
                     }
                 }
-                Err(IpcError::SocketNotFound { .. }) if since.elapsed() < SOCKET_WAIT => {}
+                Err(IpcError::SocketNotFound { .. }) if since.elapsed() < SOCKET_WAIT => {
+                    self.state = CollectorState::Waiting {
+                        since,
+                        last_try: Some(Instant::now()),
+                    };
+                }
                 Err(e) => {
                     self.warnings.push(format!(
                         "pid {}: no CLR events (lock contention, exceptions): {e}; CPU profiling goes on",
                         self.pid
                     ));
-                    self.state = CollectorState::Ended;
                 }
             }
         }
-        self.collect_rundown(false, on_method);
+        self.collect_rundown(None, on_method);
         let Self {
             state, intake, end, ..
         } = self;
@@ -134,17 +181,44 @@ impl ClrCollector {
                 else {
                     unreachable!("matched above");
                 };
-                let (session_end, _) =
-                    session.stop(STOP_DEADLINE, &mut |event| route(intake, on_method, event));
+                let (session_end, _) = session
+                    .stop(Instant::now() + ENDED_STREAM_DEADLINE, &mut |event| {
+                        route(intake, on_method, event)
+                    });
+                if let Some(error) = &session_end.error {
+                    self.warnings.push(format!(
+                        "pid {}: the CLR event stream broke before the end of the recording ({error}): its exception and contention totals are incomplete",
+                        self.pid
+                    ));
+                    self.incomplete = Some(format!("the event stream broke: {error}"));
+                }
                 *end = Some(session_end);
             }
         }
         taken
     }
 
-    /// Takes the rundown's methods once it is done (`wait`: wait for it).
-    fn collect_rundown(&mut self, wait: bool, on_method: &mut impl FnMut(&MethodLoad, u64)) {
-        if !wait && !self.rundown_job.as_ref().is_some_and(|j| j.is_finished()) {
+    /// Takes the rundown's methods once it is done (`wait_until`: wait for
+    /// it until then; a rundown still running then is abandoned).
+    fn collect_rundown(
+        &mut self,
+        wait_until: Option<Instant>,
+        on_method: &mut impl FnMut(&MethodLoad, u64),
+    ) {
+        let Some(job) = self.rundown_job.as_ref() else {
+            return;
+        };
+        if let Some(until) = wait_until {
+            crate::stop::wait_until(until, || job.is_finished());
+        }
+        if !job.is_finished() {
+            if wait_until.is_some() {
+                self.rundown_job = None;
+                self.warnings.push(format!(
+                    "pid {}: the method rundown had not ended when the recording did: JIT frames compiled before the attach may be unnamed",
+                    self.pid
+                ));
+            }
             return;
         }
         let Some(job) = self.rundown_job.take() else {
@@ -186,26 +260,35 @@ impl ClrCollector {
 
     /// Stops the session (the end of the recording) and takes its last
     /// events.
-    pub fn stop(&mut self, on_method: &mut impl FnMut(&MethodLoad, u64)) {
-        self.collect_rundown(true, on_method);
+    pub fn stop(&mut self, until: Instant, on_method: &mut impl FnMut(&MethodLoad, u64)) {
+        self.collect_rundown(Some(until), on_method);
         let state = std::mem::replace(&mut self.state, CollectorState::Ended);
-        if let CollectorState::Running(session) = state {
-            let intake = &mut self.intake;
-            let (session_end, stop_error) =
-                session.stop(STOP_DEADLINE, &mut |event| route(intake, on_method, event));
-            if let Some(error) = &session_end.error {
-                self.warnings
-                    .push(format!("pid {}: CLR event stream: {error}", self.pid));
+        match state {
+            CollectorState::Running(session) => {
+                let intake = &mut self.intake;
+                let (session_end, stop_error) =
+                    session.stop(until, &mut |event| route(intake, on_method, event));
+                if let Some(error) = &session_end.error {
+                    self.warnings
+                        .push(format!("pid {}: CLR event stream: {error}", self.pid));
+                    self.incomplete = Some(format!("the event stream failed: {error}"));
+                }
+                if let Some(e) = stop_error
+                    && session_end.error.is_some()
+                {
+                    self.warnings.push(format!(
+                        "pid {}: stopping the EventPipe session: {e}",
+                        self.pid
+                    ));
+                }
+                self.end = Some(session_end);
             }
-            if let Some(e) = stop_error
-                && session_end.error.is_some()
-            {
-                self.warnings.push(format!(
-                    "pid {}: stopping the EventPipe session: {e}",
-                    self.pid
-                ));
-            }
-            self.end = Some(session_end);
+            // Left to its own deadline: the recording does not wait for it.
+            CollectorState::Starting { .. } => self.warnings.push(format!(
+                "pid {}: no CLR events: its runtime had not answered the session request when the recording ended",
+                self.pid
+            )),
+            CollectorState::Waiting { .. } | CollectorState::Ended => {}
         }
         if let Some(end) = &self.end
             && end.stream.lost_events > 0
@@ -214,7 +297,22 @@ impl ClrCollector {
                 "pid {}: the runtime dropped {} CLR events (its session buffer was full); totals are low by that much",
                 self.pid, end.stream.lost_events
             ));
+            self.incomplete
+                .get_or_insert_with(|| format!("{} events dropped", end.stream.lost_events));
         }
+    }
+
+    /// Sends StopTracing to a running session without waiting, so that
+    /// every process's session stops at once ([`Self::stop`] then drains).
+    pub fn begin_stop(&mut self) {
+        if let CollectorState::Running(session) = &mut self.state {
+            session.begin_stop();
+        }
+    }
+
+    /// Why the totals are incomplete, if they are.
+    pub fn incomplete(&self) -> Option<&str> {
+        self.incomplete.as_deref()
     }
 
     /// The kept samples of the sampling windows closed so far.

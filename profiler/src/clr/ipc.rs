@@ -37,10 +37,14 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use crate::process::{
-    ProcError, ProcFs,
-    dotnet::{DotnetEnvironment, DotnetRuntime, version_major},
-    root::{EntryKind, TargetDir, TargetRoot, entry_kind, fd_path, fstat},
+use crate::{
+    process::{
+        ProcError, ProcFs,
+        dotnet::{DotnetEnvironment, DotnetRuntime, version_major},
+        identity::{FsIdentity, IdentityError},
+        root::{EntryKind, TargetDir, TargetRoot, entry_kind, fd_path, fstat},
+    },
+    symbolize::perf_files::{self, PerfFileCleanup},
 };
 
 /// First 14 bytes of every message.
@@ -326,6 +330,16 @@ pub enum IpcError {
     },
     #[error("{path} is not a socket: refusing to connect")]
     NotASocket { path: PathBuf },
+    #[error(
+        "{path} is owned by uid {owner}, not by the process's uid {expected}: refusing to connect for it"
+    )]
+    NotOwned {
+        path: PathBuf,
+        owner: u32,
+        expected: u32,
+    },
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
     #[error("cannot connect to {path}: the runtime may have exited or stopped listening")]
     Connect {
         path: PathBuf,
@@ -754,6 +768,9 @@ pub struct DiagnosticClient {
     procfs: ProcFs,
     pid: u32,
     socket: DiagnosticSocket,
+    /// The target's filesystem identity: the socket must be its own, and
+    /// connections are made as that user (see [`crate::process::identity`]).
+    owner: FsIdentity,
     timeout: Duration,
 }
 
@@ -761,17 +778,19 @@ impl DiagnosticClient {
     /// Finds the socket of host process `pid` and makes a client for it.
     pub fn discover(procfs: &ProcFs, pid: u32) -> Result<Self, IpcError> {
         let socket = find_diagnostic_socket(procfs, pid)?;
-        Ok(Self::new(procfs, pid, socket))
+        Self::new(procfs, pid, socket)
     }
 
     /// A client for a socket found earlier.
-    pub fn new(procfs: &ProcFs, pid: u32, socket: DiagnosticSocket) -> Self {
-        Self {
+    pub fn new(procfs: &ProcFs, pid: u32, socket: DiagnosticSocket) -> Result<Self, IpcError> {
+        let owner = FsIdentity::of_process(procfs, pid).map_err(proc_to_ipc)?;
+        Ok(Self {
             procfs: procfs.clone(),
             pid,
             socket,
+            owner,
             timeout: DEFAULT_TIMEOUT,
-        }
+        })
     }
 
     /// Sets the deadline of each command (default 5 s).
@@ -796,10 +815,18 @@ impl DiagnosticClient {
         &self.socket
     }
 
+    /// The target's filesystem identity.
+    pub fn owner(&self) -> &FsIdentity {
+        &self.owner
+    }
+
     /// Opens a connection. The socket is re-resolved inside the target's
     /// root each time, opened `O_PATH | O_NOFOLLOW`, checked to be a socket
-    /// and connected through `/proc/self/fd/N`: no symlink is followed and
-    /// no path length limit applies.
+    /// owned by the target's user and connected through `/proc/self/fd/N`
+    /// as that user: no symlink is followed, no path length limit applies,
+    /// and the kernel allows the connection only if the target itself could
+    /// make it (a socket of another user that the target names by its
+    /// TMPDIR or its namespace pid stays out of reach).
     pub fn connect(&self) -> Result<UnixStream, IpcError> {
         let root = TargetRoot::open(&self.procfs, self.pid).map_err(proc_to_ipc)?;
         let dir = root.open_dir(&self.socket.dir_in_root).map_err(|e| {
@@ -823,7 +850,16 @@ impl DiagnosticClient {
                 path: self.socket.host_path.clone(),
             });
         }
-        let stream = UnixStream::connect(fd_path(handle.as_fd())).map_err(|source| {
+        if stat.st_uid != self.owner.uid {
+            return Err(IpcError::NotOwned {
+                path: self.socket.host_path.clone(),
+                owner: stat.st_uid,
+                expected: self.owner.uid,
+            });
+        }
+        let socket_path = fd_path(handle.as_fd());
+        let connected = self.owner.run(|| UnixStream::connect(&socket_path))?;
+        let stream = connected.map_err(|source| {
             if source.kind() == io::ErrorKind::PermissionDenied {
                 IpcError::PermissionDenied {
                     path: self.socket.host_path.clone(),
@@ -1088,6 +1124,8 @@ pub struct PerfMapAttach {
     ns_pid: u32,
     perf_map_dirs: Vec<String>,
     runtime_version: Option<String>,
+    /// When EnablePerfMap was sent: only files written since are ours.
+    enabled_at: SystemTime,
     finished: bool,
 }
 
@@ -1096,10 +1134,8 @@ pub struct PerfMapAttach {
 pub struct PerfMapCleanup {
     /// The result of DisablePerfMap (an error is normal if the process exited).
     pub disable: Result<(), IpcError>,
-    /// Host paths of the files removed.
-    pub removed: Vec<PathBuf>,
-    /// Files that could not be removed, and why.
-    pub failed: Vec<(PathBuf, io::Error)>,
+    /// The perf files removed, left alone, or that could not be removed.
+    pub files: PerfFileCleanup,
 }
 
 impl PerfMapAttach {
@@ -1143,6 +1179,7 @@ impl PerfMapAttach {
                 },
             ));
         }
+        let enabled_at = SystemTime::now();
         match client.enable_perf_map(PerfMapType::All) {
             Ok(()) => {}
             Err(IpcError::Refused {
@@ -1171,6 +1208,7 @@ impl PerfMapAttach {
             client,
             perf_map_dirs: environment.perf_map_dirs(),
             runtime_version,
+            enabled_at,
             finished: false,
         })))
     }
@@ -1198,21 +1236,22 @@ impl PerfMapAttach {
 
     /// The file names the runtime writes for this process.
     pub fn file_names(&self) -> [String; 3] {
-        perf_map_file_names(self.ns_pid)
+        perf_files::perf_file_names(self.ns_pid)
     }
 
     /// Turns perf maps off and, unless `keep_files`, removes
     /// `perf-<nspid>.map`, `perfinfo-<nspid>.map` and `jit-<nspid>.dump`
-    /// (regular files only, through a directory fd inside the target's
-    /// root). Removal is tried even if the process already exited (its
-    /// container's files stay reachable while another process lives in it).
+    /// under the rules of [`perf_files`]: the target's own regular files,
+    /// written since the request, unlinked as the target's user through a
+    /// directory fd inside its root. Removal is tried even if the process
+    /// already exited (its container's files stay reachable while another
+    /// process lives in it).
     pub fn finish(mut self, keep_files: bool) -> PerfMapCleanup {
         self.finished = true;
         let disable = self.client.disable_perf_map();
         let mut cleanup = PerfMapCleanup {
             disable,
-            removed: Vec::new(),
-            failed: Vec::new(),
+            files: PerfFileCleanup::default(),
         };
         if keep_files {
             return cleanup;
@@ -1221,39 +1260,24 @@ impl PerfMapAttach {
             Some(root) => Ok(root),
             None => TargetRoot::open(&self.client.procfs, self.client.pid),
         };
+        let root_path = self.client.procfs.pid_path(self.client.pid, "root");
         let root = match opened {
             Ok(root) => root,
             Err(e) => {
-                let path = self.client.procfs.pid_path(self.client.pid, "root");
-                cleanup.failed.push((path, io::Error::other(e)));
+                cleanup.files.failed.push((root_path, io::Error::other(e)));
                 return cleanup;
             }
         };
-        for dir_path in &self.perf_map_dirs {
-            let dir = match root.open_dir(dir_path) {
-                Ok(dir) => dir,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => {
-                    cleanup.failed.push((root.display_path(dir_path), e));
-                    continue;
-                }
-            };
-            for name in perf_map_file_names(self.ns_pid) {
-                let name = OsStr::new(&name);
-                let path = dir.display_child(name);
-                match dir.stat(name) {
-                    Ok(stat) if stat.kind == EntryKind::File => match dir.unlink(name) {
-                        Ok(()) => cleanup.removed.push(path),
-                        Err(e) => cleanup.failed.push((path, e)),
-                    },
-                    Ok(_) => cleanup.failed.push((
-                        path,
-                        io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
-                    )),
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => cleanup.failed.push((path, e)),
-                }
-            }
+        let dirs: Vec<&Path> = self.perf_map_dirs.iter().map(Path::new).collect();
+        match perf_files::remove_perf_files(
+            &root,
+            &dirs,
+            self.ns_pid,
+            &self.client.owner,
+            self.enabled_at,
+        ) {
+            Ok(files) => cleanup.files = files,
+            Err(e) => cleanup.files.failed.push((root_path, io::Error::other(e))),
         }
         cleanup
     }
@@ -1275,15 +1299,6 @@ impl Drop for PerfMapAttach {
             );
         }
     }
-}
-
-/// `perf-<pid>.map`, `perfinfo-<pid>.map`, `jit-<pid>.dump`.
-pub fn perf_map_file_names(ns_pid: u32) -> [String; 3] {
-    [
-        format!("perf-{ns_pid}.map"),
-        format!("perfinfo-{ns_pid}.map"),
-        format!("jit-{ns_pid}.dump"),
-    ]
 }
 
 #[cfg(test)]
@@ -1629,6 +1644,16 @@ mod tests {
         assert_eq!(key(choose_socket(&candidates, 9, None)), None);
     }
 
+    /// The `status` of a fake target run by the user running the tests (who
+    /// owns the sockets they bind).
+    fn fake_status() -> String {
+        let me = FsIdentity::current();
+        format!(
+            "Name:\tdotnet\nPPid:\t1\nUid:\t{0}\t{0}\t{0}\t{0}\nGid:\t{1}\t{1}\t{1}\t{1}\nGroups:\t\nNSpid:\t5\t7\n",
+            me.uid, me.gid
+        )
+    }
+
     /// A fake `/proc/5` whose process has namespace pid 7, started at tick
     /// 100, with `TMPDIR=<tmpdir>`; returns the procfs and the host path of
     /// the temp directory inside its root.
@@ -1638,10 +1663,7 @@ mod tests {
             dir,
             5,
             &[
-                (
-                    "status",
-                    b"Name:\tdotnet\nPPid:\t1\nUid:\t0\t0\t0\t0\nNSpid:\t5\t7\n",
-                ),
+                ("status", fake_status().as_bytes()),
                 (
                     "stat",
                     b"5 (dotnet) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0\n",
@@ -1898,13 +1920,14 @@ mod tests {
         let cleanup = attach.finish(false);
         assert!(cleanup.disable.is_ok(), "{:?}", cleanup.disable);
         assert_eq!(
-            cleanup.removed,
+            cleanup.files.removed,
             [
                 dir.path().join("5/root/tmp/perf-7.map"),
                 dir.path().join("5/root/tmp/perfinfo-7.map")
             ]
         );
-        assert_eq!(cleanup.failed.len(), 1, "{:?}", cleanup.failed);
+        assert!(cleanup.files.failed.is_empty(), "{:?}", cleanup.files);
+        assert_eq!(cleanup.files.left_alone.len(), 1, "{:?}", cleanup.files);
         assert!(slash_tmp.join("perf-5.map").exists());
         assert_eq!(
             fs::read_to_string(dir.path().join("precious")).expect("read"),
@@ -1977,8 +2000,9 @@ mod tests {
         );
         let session = ClrSession::start(&procfs, 5, ClrEventKinds::ALL, Some(8)).expect("start");
         let mut seen = (0u64, 0u64);
-        let (end, stop_error) =
-            session.stop(Duration::from_secs(10), &mut |event| match event.event {
+        let (end, stop_error) = session.stop(
+            Instant::now() + Duration::from_secs(10),
+            &mut |event| match event.event {
                 ClrEvent::ContentionStop(_) => seen.0 += 1,
                 ClrEvent::ExceptionThrown(_) => {
                     assert!(!event.stack.is_empty(), "exception without its stack");
@@ -1986,7 +2010,8 @@ mod tests {
                     seen.1 += 1;
                 }
                 _ => {}
-            });
+            },
+        );
         assert!(stop_error.is_none(), "{stop_error:?}");
         assert!(end.error.is_none(), "{:?}", end.error);
         assert_eq!(seen, expected);
@@ -2001,6 +2026,7 @@ mod tests {
                     name: crate::clr::events::RUNTIME_PROVIDER.to_owned(),
                     keywords: ClrEventKinds::ALL.keywords(Some(8)),
                     level: 5,
+                    filter: String::new(),
                 }]
             )
         );
@@ -2236,7 +2262,7 @@ public static class Hot {
     }
 
     fn remove_stale(pid: u32) {
-        for name in perf_map_file_names(pid) {
+        for name in perf_files::perf_file_names(pid) {
             let _ = std::fs::remove_file(Path::new("/tmp").join(name));
         }
     }
@@ -2290,16 +2316,17 @@ public static class Hot {
         );
         let cleanup = attach.finish(false);
         assert!(cleanup.disable.is_ok(), "{:?}", cleanup.disable);
-        assert!(cleanup.failed.is_empty(), "{:?}", cleanup.failed);
+        assert!(cleanup.files.failed.is_empty(), "{:?}", cleanup.files);
         assert!(!perf_map.exists(), "perf map left behind");
         assert!(!Path::new(&format!("/tmp/jit-{pid}.dump")).exists());
         assert!(
             cleanup
+                .files
                 .removed
                 .iter()
                 .any(|p| p.ends_with(format!("perf-{pid}.map"))),
             "{:?}",
-            cleanup.removed
+            cleanup.files
         );
         assert!(app.is_running(), "the target died");
     }
@@ -2383,7 +2410,8 @@ public static class Hot {
                 methods.len()
             );
             std::thread::sleep(Duration::from_millis(300));
-            let (end, stop_error) = session.stop(Duration::from_secs(5), &mut |_| {});
+            let (end, stop_error) =
+                session.stop(Instant::now() + Duration::from_secs(5), &mut |_| {});
             assert!(stop_error.is_none(), "{stop_error:?}");
             assert!(end.error.is_none(), "{:?}", end.error);
             let skew = end.clock_skew_ns.expect("a trace header");

@@ -1,7 +1,9 @@
 //! The .NET runtime from the outside: the diagnostic IPC client (EnablePerfMap,
-//! ProcessInfo, EventPipe sessions) and what is decoded from it.
+//! ProcessInfo, EventPipe sessions) and what is decoded from it: CLR events
+//! for profiles, `System.Runtime` EventCounters for runtime metrics.
 
 pub mod collector;
+pub mod counters;
 pub mod events;
 pub mod intake;
 pub mod ipc;

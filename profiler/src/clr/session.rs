@@ -18,6 +18,11 @@
 //!    drains the stream to its end (bounded by a deadline). A target that
 //!    exits mid-session just ends the stream: what was read is kept.
 //!
+//! With [`ClrSession::start_with_counters`] the same session also carries
+//! the `System.Runtime` EventCounters ([`super::counters`]): the reader
+//! decodes them by their metadata and [`ClrSession::take_counters`] hands
+//! them out.
+//!
 //! Limits: the thread ids are the target's own (its PID namespace); a
 //! process in a time namespace has its own CLOCK_MONOTONIC offset.
 
@@ -30,6 +35,7 @@ use std::{
 };
 
 use super::{
+    counters::{CounterDecoder, CounterSample, counters_provider},
     events::{ClrDecodeStats, ClrEvent, ClrEventDecoder, RUNTIME_PROVIDER},
     ipc::{DiagnosticClient, IpcError, encode_string},
     nettrace::{NettraceParser, NettraceStats, ParsedItem, TraceHeader},
@@ -147,6 +153,9 @@ pub struct ProviderConfig {
     pub name: String,
     pub keywords: u64,
     pub level: u32,
+    /// `key=value;key=value` arguments of the provider (EventSources read
+    /// them, e.g. `EventCounterIntervalSec=15`); empty for none.
+    pub filter: String,
 }
 
 /// The CollectTracing2 payload: buffer size, format, rundown flag and
@@ -166,7 +175,7 @@ pub fn collect_tracing2_payload(
         out.extend_from_slice(&provider.keywords.to_le_bytes());
         out.extend_from_slice(&provider.level.to_le_bytes());
         encode_string(&mut out, &provider.name);
-        encode_string(&mut out, "");
+        encode_string(&mut out, &provider.filter);
     }
     out
 }
@@ -197,12 +206,18 @@ pub struct SessionEnd {
     /// it at session start) when the runtime's tick clock is the clock of
     /// BPF samples, as on Linux. `None` without a header.
     pub clock_skew_ns: Option<i64>,
+    /// `System.Runtime` EventCounters payloads that did not match their
+    /// metadata.
+    pub counter_errors: u64,
+    /// Counter values not taken before [`ClrSession::stop`].
+    pub counters: Vec<CounterSample>,
 }
 
 #[derive(Debug)]
 enum SessionMessage {
     Event(SessionEvent),
-    Ended(SessionEnd),
+    Counter(CounterSample),
+    Ended(Box<SessionEnd>),
 }
 
 /// A running EventPipe session; see the module documentation.
@@ -212,8 +227,16 @@ pub struct ClrSession {
     session_id: u64,
     receiver: Receiver<SessionMessage>,
     reader: Option<JoinHandle<()>>,
+    /// StopTracing, sent from a thread of its own by [`Self::begin_stop`].
+    stopper: Option<JoinHandle<Result<(), IpcError>>>,
     end: Option<SessionEnd>,
+    /// Counter values not yet taken, at most [`MAX_PENDING_COUNTERS`].
+    counters: Vec<CounterSample>,
 }
+
+/// Counter values a session holds before they are taken: a few minutes of
+/// the runtime's ~25 counters at the shortest interval.
+const MAX_PENDING_COUNTERS: usize = 4096;
 
 impl ClrSession {
     /// Starts a streaming session in host process `pid` for `kinds`.
@@ -223,18 +246,39 @@ impl ClrSession {
         kinds: ClrEventKinds,
         runtime_major: Option<u32>,
     ) -> Result<Self, IpcError> {
+        Self::start_with_counters(procfs, pid, kinds, runtime_major, None)
+    }
+
+    /// [`Self::start`], also enabling the `System.Runtime` EventCounters
+    /// every `counters_interval_sec` seconds when given: their values
+    /// arrive through [`Self::take_counters`].
+    pub fn start_with_counters(
+        procfs: &ProcFs,
+        pid: u32,
+        kinds: ClrEventKinds,
+        runtime_major: Option<u32>,
+        counters_interval_sec: Option<u32>,
+    ) -> Result<Self, IpcError> {
         let client = DiagnosticClient::discover(procfs, pid)?;
         let provider = ProviderConfig {
             name: RUNTIME_PROVIDER.to_owned(),
             keywords: kinds.keywords(runtime_major),
             level: LEVEL_VERBOSE,
+            filter: String::new(),
         };
-        let payload = collect_tracing2_payload(SESSION_BUFFER_MB, false, &[provider]);
+        let mut providers = vec![provider];
+        if let Some(interval_sec) = counters_interval_sec {
+            providers.push(counters_provider(interval_sec));
+        }
+        let payload = collect_tracing2_payload(SESSION_BUFFER_MB, false, &providers);
         let (stream, session_id) = client.collect_tracing(&payload)?;
         let (sender, receiver) = sync_channel(CHANNEL_BOUND);
         let reader = std::thread::Builder::new()
             .name(format!("clr-events-{pid}"))
-            .spawn(move || read_session(stream, kinds, &sender))
+            .spawn(move || {
+                crate::process::priority::enter_background_thread();
+                read_session(stream, kinds, &sender)
+            })
             .map_err(|source| IpcError::Io {
                 pid,
                 command: super::ipc::CommandId::COLLECT_TRACING_2,
@@ -246,8 +290,17 @@ impl ClrSession {
             session_id,
             receiver,
             reader: Some(reader),
+            stopper: None,
             end: None,
+            counters: Vec::new(),
         })
+    }
+
+    /// The counter values received so far (see
+    /// [`Self::start_with_counters`]), oldest first; call after
+    /// [`Self::drain`], which collects them.
+    pub fn take_counters(&mut self) -> Vec<CounterSample> {
+        std::mem::take(&mut self.counters)
     }
 
     /// The host pid.
@@ -264,7 +317,8 @@ impl ClrSession {
                     n += 1;
                     on_event(event);
                 }
-                Ok(SessionMessage::Ended(end)) => self.end = Some(end),
+                Ok(SessionMessage::Counter(sample)) => self.keep_counter(sample),
+                Ok(SessionMessage::Ended(end)) => self.end = Some(*end),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
                     self.end = Some(SessionEnd {
@@ -277,38 +331,53 @@ impl ClrSession {
         n
     }
 
+    fn keep_counter(&mut self, sample: CounterSample) {
+        if self.counters.len() >= MAX_PENDING_COUNTERS {
+            self.counters.remove(0);
+        }
+        self.counters.push(sample);
+    }
+
     /// Whether the stream has ended (target exited or session stopped).
     pub fn has_ended(&self) -> bool {
         self.end.is_some()
     }
 
     /// Stops the session, hands the remaining events to `on_event` and
-    /// returns how the stream ended. Waits at most `deadline` for the end
-    /// of the stream; the StopTracing error, if any, is returned too (it is
-    /// normal when the process has exited).
+    /// returns how the stream ended. Waits until `until` at most for the
+    /// end of the stream; the StopTracing error, if any, is returned too (it
+    /// is normal when the process has exited).
     pub fn stop(
         mut self,
-        deadline: Duration,
+        until: Instant,
         on_event: &mut impl FnMut(SessionEvent),
     ) -> (SessionEnd, Option<IpcError>) {
-        // StopTracing is answered only once the runtime has flushed the
-        // session into the stream: send it from another thread while this
-        // one keeps draining, or a full channel would stall both sides.
-        let stopper = self
-            .end
-            .is_none()
-            .then(|| stop_in_background(&self.client, self.session_id));
-        let until = Instant::now() + deadline;
+        self.begin_stop();
         while self.end.is_none() {
-            let left = until.saturating_duration_since(Instant::now());
+            if crate::stop::hurry() {
+                self.end = Some(SessionEnd {
+                    error: Some(
+                        "stopped before the stream ended (a second stop request)".to_owned(),
+                    ),
+                    ..SessionEnd::default()
+                });
+                break;
+            }
+            // In short steps, so a second stop request is seen at once.
+            let left = until
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(50));
             match self.receiver.recv_timeout(left) {
                 Ok(SessionMessage::Event(event)) => on_event(event),
-                Ok(SessionMessage::Ended(end)) => self.end = Some(end),
+                Ok(SessionMessage::Counter(sample)) => self.keep_counter(sample),
+                Ok(SessionMessage::Ended(end)) => self.end = Some(*end),
+                Err(RecvTimeoutError::Timeout) if Instant::now() < until => {}
                 Err(RecvTimeoutError::Timeout) => {
                     self.end = Some(SessionEnd {
-                        error: Some(format!(
-                            "the stream did not end within {deadline:?} of StopTracing"
-                        )),
+                        error: Some(
+                            "the stream did not end in time after StopTracing (the runtime is stopped or overloaded)"
+                                .to_owned(),
+                        ),
                         ..SessionEnd::default()
                     });
                 }
@@ -328,11 +397,28 @@ impl ClrSession {
         {
             let _ = reader.join();
         }
-        let stop_error = stopper.and_then(|stopper| {
-            // Its own deadline (the client's) bounds the wait.
-            stopper.join().ok().and_then(Result::err)
-        });
-        (self.end.take().unwrap_or_default(), stop_error)
+        // Likewise StopTracing: a runtime that never answers it is not
+        // waited for (the client's deadline ends that thread).
+        let stop_error = self
+            .stopper
+            .take()
+            .filter(JoinHandle::is_finished)
+            .and_then(|stopper| stopper.join().ok().and_then(Result::err));
+        let mut end = self.end.take().unwrap_or_default();
+        end.counters = std::mem::take(&mut self.counters);
+        (end, stop_error)
+    }
+
+    /// Sends StopTracing without waiting: the end of a recording stops
+    /// every process's session at once, then drains them against one
+    /// deadline ([`Self::stop`]).
+    pub fn begin_stop(&mut self) {
+        // StopTracing is answered only once the runtime has flushed the
+        // session into the stream: it is sent from another thread while
+        // this one keeps draining, or a full channel would stall both sides.
+        if self.end.is_none() && self.stopper.is_none() {
+            self.stopper = Some(stop_in_background(&self.client, self.session_id));
+        }
     }
 }
 
@@ -356,6 +442,7 @@ pub fn method_rundown(
         name: RUNTIME_PROVIDER.to_owned(),
         keywords: keywords::JIT | keywords::LOADER,
         level: 4,
+        filter: String::new(),
     };
     let payload = collect_tracing2_payload(SESSION_BUFFER_MB, true, &[provider]);
     let (mut stream, session_id) = client.collect_tracing(&payload)?;
@@ -425,6 +512,8 @@ fn stop_in_background(
 fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSender<SessionMessage>) {
     let mut parser = NettraceParser::new();
     let mut decoder = ClrEventDecoder::new();
+    let mut counter_decoder = CounterDecoder::new();
+    let mut counter_errors = 0u64;
     let mut header: Option<TraceHeader> = None;
     let mut undelivered = 0u64;
     let mut clock_skew_ns = None;
@@ -453,7 +542,22 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
                     );
                 }
             }
+            ParsedItem::Metadata(metadata) => counter_decoder.on_metadata(metadata),
             ParsedItem::Event(record) => {
+                match counter_decoder.decode(&record) {
+                    Some(Ok(sample)) => {
+                        if sender.send(SessionMessage::Counter(sample)).is_err() {
+                            undelivered += 1;
+                        }
+                        return;
+                    }
+                    Some(Err(error)) => {
+                        counter_errors += 1;
+                        tracing::debug!(%error, "undecodable EventCounters payload");
+                        return;
+                    }
+                    None => {}
+                }
                 let Some(event) = decoder.decode(&record) else {
                     return;
                 };
@@ -483,9 +587,13 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
     if error.is_none()
         && let Err(e) = parser.finish()
     {
-        // A stream cut by the target's exit has no end tag: worth a
-        // debug line, not a warning.
-        tracing::debug!(error = %e, "event stream ended without its end tag");
+        // A runtime that exits normally, or stops the session when asked,
+        // ends the stream with its end tag; a stream cut without it lost
+        // whatever the runtime still buffered (the process was killed or
+        // crashed, or something cut the connection).
+        error = Some(format!(
+            "it ended without its end-of-stream tag ({e}): the process was killed or crashed"
+        ));
     }
     let end = SessionEnd {
         stream: *parser.stats(),
@@ -493,8 +601,10 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
         error,
         undelivered,
         clock_skew_ns,
+        counter_errors,
+        counters: Vec::new(),
     };
-    let _ = sender.send(SessionMessage::Ended(end));
+    let _ = sender.send(SessionMessage::Ended(Box::new(end)));
 }
 
 #[cfg(test)]
@@ -512,6 +622,7 @@ mod tests {
                 name: RUNTIME_PROVIDER.to_owned(),
                 keywords: 0xFFFF_FFFF_FFFF_FFBF,
                 level: 5,
+                filter: String::new(),
             }],
         );
         let mut expected = vec![0, 1, 0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 0];

@@ -9,6 +9,8 @@ pub mod collapsed;
 pub mod flamegraph;
 pub mod output;
 pub mod pprof;
+pub mod sink;
+pub mod split;
 
 #[cfg(test)]
 pub(crate) mod test_profile;
@@ -75,7 +77,9 @@ pub enum ExportError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot move the finished output `{from}` to `{to}`")]
+    #[error("`{path}` is a directory: name a file to write the profile to")]
+    OutputIsDirectory { path: PathBuf },
+    #[error("cannot move the finished output to `{to}`; the profile is kept in `{from}`")]
     Rename {
         from: PathBuf,
         to: PathBuf,

@@ -5,16 +5,21 @@
 //! directories such as `/tmp`, so the file is written the safe way:
 //!
 //! 1. a new temporary file is created next to the target with
-//!    `O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC`, so no symlink planted there is
-//!    ever followed and no existing file is ever opened;
-//! 2. the profile is written and synced, then the file is given to the
-//!    invoking user (`SUDO_UID`/`SUDO_GID`; perf leaves root-owned files
-//!    behind, which users then cannot open or delete);
+//!    `O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC`, mode 0600 (it holds every
+//!    process's command line, thread names and exception messages, as
+//!    perf's files do), so no symlink planted there is ever followed and no
+//!    existing file is ever opened. It is given to the invoking user
+//!    (`SUDO_UID`/`SUDO_GID`; perf leaves root-owned files behind, which
+//!    users then cannot open or delete) right away. `record` does this when
+//!    it starts, so a bad output path fails before any work;
+//! 2. the profile is written and synced;
 //! 3. `rename(2)` puts it at the target path. `rename` replaces a symlink
 //!    at the target itself instead of writing where it points, and readers
 //!    never see a half-written file. A write that fails (or an
 //!    [`OutputFile`] dropped without [`OutputFile::commit`]) removes the
-//!    temporary file and leaves the target as it was.
+//!    temporary file and leaves the target as it was; a rename that fails
+//!    (a directory planted at the target meanwhile) keeps the temporary
+//!    file, whole, and the error names it.
 //!
 //! The directories on the path are the user's choice and are followed as
 //! usual; only the last component is protected.
@@ -52,8 +57,8 @@ const TEMP_ATTEMPTS: u32 = 64;
 /// and suffix still fit in NAME_MAX (255 bytes).
 const TEMP_NAME_KEEP: usize = 160;
 
-/// Mode of a new output file, before the umask.
-const OUTPUT_MODE: u32 = 0o644;
+/// Mode of a new output file, before the umask: the owner's only.
+const OUTPUT_MODE: u32 = 0o600;
 
 /// What a profile is written as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
@@ -145,7 +150,6 @@ pub struct OutputFile {
     writer: Option<BufWriter<File>>,
     temp_path: PathBuf,
     target: PathBuf,
-    owner: Option<(u32, u32)>,
 }
 
 /// Makes temporary names unique within this process.
@@ -158,6 +162,11 @@ pub fn create_output(path: &Path, owner: Option<(u32, u32)>) -> Result<OutputFil
         path: path.to_owned(),
     };
     let file_name = path.file_name().ok_or_else(not_a_file)?;
+    if fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(ExportError::OutputIsDirectory {
+            path: path.to_owned(),
+        });
+    }
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         Some(_) => Path::new("."),
@@ -184,12 +193,26 @@ pub fn create_output(path: &Path, owner: Option<(u32, u32)>) -> Result<OutputFil
             .open(&temp_path);
         match opened {
             Ok(file) => {
-                return Ok(OutputFile {
+                let output = OutputFile {
                     writer: Some(BufWriter::new(file)),
                     temp_path,
                     target: path.to_owned(),
-                    owner,
-                });
+                };
+                // The final owner from the start; dropping `output` on
+                // failure removes the temporary file.
+                if let Some((uid, gid)) = owner
+                    && let Some(writer) = output.writer.as_ref()
+                {
+                    std::os::unix::fs::fchown(writer.get_ref(), Some(uid), Some(gid)).map_err(
+                        |source| ExportError::Chown {
+                            path: path.to_owned(),
+                            uid,
+                            gid,
+                            source,
+                        },
+                    )?;
+                }
+                return Ok(output);
             }
             Err(error) if error.kind() == io::ErrorKind::AlreadyExists => last_error = Some(error),
             Err(source) => {
@@ -212,8 +235,39 @@ impl OutputFile {
         &self.target
     }
 
-    /// Finishes the file: flushes and syncs it, gives it to the owner and
-    /// renames it over the target.
+    /// Where the file is until committed.
+    pub fn temp_path(&self) -> &Path {
+        &self.temp_path
+    }
+
+    /// Writes `profile` as `format` (see [`write_profile`]) and commits.
+    pub fn write_profile(
+        mut self,
+        profile: &Profile,
+        format: OutputFormat,
+        sample_type_index: usize,
+    ) -> Result<(), ExportError> {
+        if format != OutputFormat::Pprof {
+            super::check_sample_type_index(profile, sample_type_index)?;
+        }
+        let written = match format {
+            OutputFormat::Pprof => write_pprof(profile, &mut self),
+            OutputFormat::Collapsed => write_collapsed(profile, sample_type_index, &mut self),
+            OutputFormat::Svg => write_flamegraph(profile, sample_type_index, &mut self),
+        };
+        written.map_err(|error| match error {
+            ExportError::Write { source, .. } => ExportError::WriteOutput {
+                path: self.target.clone(),
+                source,
+            },
+            error => error,
+        })?;
+        self.commit()
+    }
+
+    /// Finishes the file: flushes and syncs it and renames it over the
+    /// target. If the rename fails, the temporary file stays (the error
+    /// names it): the profile is whole there.
     pub fn commit(mut self) -> Result<(), ExportError> {
         let writer = self
             .writer
@@ -227,25 +281,15 @@ impl OutputFile {
             .into_inner()
             .map_err(|error| write_error(error.into_error()))?;
         file.sync_all().map_err(write_error)?;
-        if let Some((uid, gid)) = self.owner {
-            std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(|source| {
-                ExportError::Chown {
-                    path: self.target.clone(),
-                    uid,
-                    gid,
-                    source,
-                }
-            })?;
-        }
         drop(file);
-        fs::rename(&self.temp_path, &self.target).map_err(|source| ExportError::Rename {
-            from: self.temp_path.clone(),
+        let renamed = fs::rename(&self.temp_path, &self.target);
+        // Committed, or kept for the user: nothing for `drop` to remove.
+        let temp_path = std::mem::take(&mut self.temp_path);
+        renamed.map_err(|source| ExportError::Rename {
+            from: temp_path,
             to: self.target.clone(),
             source,
-        })?;
-        // Committed: nothing left for `drop` to clean up.
-        self.temp_path = PathBuf::new();
-        Ok(())
+        })
     }
 
     fn writer(&mut self) -> io::Result<&mut BufWriter<File>> {
@@ -296,20 +340,7 @@ pub fn write_profile(
     if format != OutputFormat::Pprof {
         super::check_sample_type_index(profile, sample_type_index)?;
     }
-    let mut output = create_output(path, owner)?;
-    let written = match format {
-        OutputFormat::Pprof => write_pprof(profile, &mut output),
-        OutputFormat::Collapsed => write_collapsed(profile, sample_type_index, &mut output),
-        OutputFormat::Svg => write_flamegraph(profile, sample_type_index, &mut output),
-    };
-    written.map_err(|error| match error {
-        ExportError::Write { source, .. } => ExportError::WriteOutput {
-            path: path.to_owned(),
-            source,
-        },
-        error => error,
-    })?;
-    output.commit()
+    create_output(path, owner)?.write_profile(profile, format, sample_type_index)
 }
 
 #[cfg(test)]
@@ -513,6 +544,55 @@ mod tests {
         .unwrap();
         let metadata = fs::metadata(&target).unwrap();
         assert_eq!((metadata.uid(), metadata.gid()), owner);
+        assert_eq!(
+            metadata.mode() & 0o777,
+            0o600,
+            "only the owner reads a profile"
+        );
+    }
+
+    #[test]
+    fn the_temporary_file_has_its_final_owner_and_mode_from_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        // SAFETY: plain getters without preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let owner = if uid == 0 { (65534, 65534) } else { (uid, gid) };
+        let output = create_output(&dir.path().join("a.pb.gz"), Some(owner)).unwrap();
+        let metadata = fs::metadata(output.temp_path()).unwrap();
+        assert_eq!((metadata.uid(), metadata.gid()), owner);
+        assert_eq!(metadata.mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_directory_at_the_target_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("planted.pb.gz");
+        fs::create_dir(&target).unwrap();
+        assert!(matches!(
+            create_output(&target, None),
+            Err(ExportError::OutputIsDirectory { .. })
+        ));
+        assert_eq!(dir_entries(dir.path()), ["planted.pb.gz"]);
+    }
+
+    #[test]
+    fn a_failed_rename_keeps_the_finished_profile_and_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("late.pb.gz");
+        let output = create_output(&target, None).unwrap();
+        // Planted after the start, as a local user could in /tmp.
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("x"), "x").unwrap();
+        let error = output
+            .write_profile(&test_profile::profile(), OutputFormat::Pprof, 0)
+            .unwrap_err();
+        let ExportError::Rename { from, .. } = &error else {
+            panic!("expected a rename error, got {error:?}");
+        };
+        assert!(error.to_string().contains(&from.display().to_string()));
+        let kept = fs::read(from).unwrap();
+        let profile = read_pprof(&kept[..]).unwrap();
+        assert!(!profile.sample.is_empty());
     }
 
     #[test]

@@ -15,7 +15,9 @@
 //! malformed content gives an error or is skipped and counted, never a panic.
 
 pub mod dotnet;
+pub mod identity;
 pub mod maps;
+pub mod priority;
 pub mod ps;
 pub mod root;
 
@@ -217,6 +219,19 @@ impl ProcFs {
     pub fn environ(&self, pid: u32) -> Result<Environ, ProcError> {
         let (bytes, truncated) = self.read_pid_file(pid, "environ", ENVIRON_MAX_BYTES)?;
         Ok(Environ { bytes, truncated })
+    }
+
+    /// Whether `pid` is a running process: it exists and is neither a
+    /// zombie nor dead (a zombie still answers `kill(pid, 0)`).
+    pub fn is_running(&self, pid: u32) -> bool {
+        match self.read_pid_file(pid, "stat", STAT_MAX_BYTES) {
+            Ok((stat, _)) => stat
+                .iter()
+                .rposition(|&b| b == b')')
+                .and_then(|close| stat[close + 1..].iter().find(|b| !b.is_ascii_whitespace()))
+                .is_some_and(|state| !matches!(state, b'Z' | b'X')),
+            Err(_) => false,
+        }
     }
 
     /// The parsed memory mappings of `pid`.

@@ -98,8 +98,7 @@ fn dotnet_process(
         && let Some(socket) = &socket
     {
         runtime_version = DiagnosticClient::new(procfs, pid, socket.clone())
-            .with_timeout(VERSION_QUERY_TIMEOUT)
-            .process_info()
+            .and_then(|client| client.with_timeout(VERSION_QUERY_TIMEOUT).process_info())
             .ok()
             .and_then(|i| i.clr_product_version)
             .map(|v| strip_build_metadata(&v).to_string());

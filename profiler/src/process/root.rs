@@ -62,6 +62,17 @@ impl TargetRoot {
         Ok(Self { fd, host_path })
     }
 
+    /// A directory of the host taken as a target's root: `/` for the
+    /// processes of a command clrbpf launched in its own mount namespace,
+    /// which may be gone (and their `/proc/PID/root` with them) by the end.
+    pub fn at_host_path(host_path: &Path) -> io::Result<Self> {
+        let fd = open_root_dir(host_path)?;
+        Ok(Self {
+            fd,
+            host_path: host_path.to_path_buf(),
+        })
+    }
+
     /// `<procfs>/<pid>/root`, for messages.
     pub fn host_path(&self) -> &Path {
         &self.host_path
@@ -69,12 +80,14 @@ impl TargetRoot {
 
     /// The host path of `path_in_root`, for messages only: opening it would
     /// follow the target's symlinks on the host side.
-    pub fn display_path(&self, path_in_root: &str) -> PathBuf {
-        self.host_path.join(path_in_root.trim_start_matches('/'))
+    pub fn display_path(&self, path_in_root: impl AsRef<Path>) -> PathBuf {
+        let path = path_in_root.as_ref();
+        self.host_path.join(path.strip_prefix("/").unwrap_or(path))
     }
 
     /// Opens a directory by its path as the target sees it (`/tmp`).
-    pub fn open_dir(&self, path_in_root: &str) -> io::Result<TargetDir> {
+    pub fn open_dir(&self, path_in_root: impl AsRef<Path>) -> io::Result<TargetDir> {
+        let path_in_root = path_in_root.as_ref();
         let fd = self.resolve(path_in_root, libc::O_RDONLY | libc::O_DIRECTORY)?;
         Ok(TargetDir {
             fd,
@@ -84,7 +97,8 @@ impl TargetRoot {
 
     /// Opens a regular file for reading by its path as the target sees it
     /// (`/tmp/perf-7.map`). A symlink as last component is refused.
-    pub fn open_file(&self, path_in_root: &str) -> io::Result<File> {
+    pub fn open_file(&self, path_in_root: impl AsRef<Path>) -> io::Result<File> {
+        let path_in_root = path_in_root.as_ref();
         // O_NONBLOCK: a FIFO planted in place of a file must not block us.
         let fd = self.resolve(
             path_in_root,
@@ -106,8 +120,8 @@ impl TargetRoot {
         Ok((stat.st_dev, stat.st_ino))
     }
 
-    fn resolve(&self, path_in_root: &str, flags: libc::c_int) -> io::Result<OwnedFd> {
-        open_in_root(self.fd.as_fd(), OsStr::new(path_in_root), flags)
+    fn resolve(&self, path_in_root: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+        open_in_root(self.fd.as_fd(), path_in_root.as_os_str(), flags)
     }
 }
 

@@ -1,6 +1,10 @@
 //! Sums symbolized samples into a [`Profile`]: frames are interned once
 //! (one per distinct frame and address, so one pprof location each) and
 //! samples with the same stack and labels add their values.
+//!
+//! [`Aggregator::take`] hands out the profile of the window so far and
+//! starts the next one empty (frames too: a window's profile holds only
+//! the frames its samples use), so a long run holds one window at a time.
 
 use std::collections::HashMap;
 
@@ -79,19 +83,22 @@ impl Aggregator {
         self.samples.len()
     }
 
-    /// The profile, with the caller's period and timing fields.
-    pub fn finish(
-        mut self,
+    /// The profile of the window so far, with the caller's period and
+    /// timing fields; the aggregator starts the next window empty.
+    pub fn take(
+        &mut self,
         period_type: Option<ValueType>,
         period: i64,
         start_unix_ns: i64,
         duration_ns: i64,
     ) -> Profile {
-        let samples = self
-            .order
+        self.frame_index.clear();
+        let frames = std::mem::take(&mut self.frames);
+        let mut sums = std::mem::take(&mut self.samples);
+        let samples = std::mem::take(&mut self.order)
             .into_iter()
             .filter_map(|key| {
-                let values = self.samples.remove(&key)?;
+                let values = sums.remove(&key)?;
                 let SampleKey { stack, labels } = key;
                 Some(ProfileSample {
                     stack: stack.into_vec(),
@@ -101,16 +108,27 @@ impl Aggregator {
             })
             .collect();
         Profile {
-            sample_types: self.sample_types,
+            sample_types: self.sample_types.clone(),
             default_sample_type: None,
             period_type,
             period,
             start_unix_ns,
             duration_ns,
-            frames: self.frames,
+            frames,
             samples,
             comments: Vec::new(),
         }
+    }
+
+    /// The profile of the one window there is.
+    pub fn finish(
+        mut self,
+        period_type: Option<ValueType>,
+        period: i64,
+        start_unix_ns: i64,
+        duration_ns: i64,
+    ) -> Profile {
+        self.take(period_type, period, start_unix_ns, duration_ns)
     }
 }
 
@@ -123,6 +141,24 @@ mod tests {
             ValueType::new("samples", "count"),
             ValueType::new("cpu", "nanoseconds"),
         ]
+    }
+
+    #[test]
+    fn take_hands_out_a_window_and_starts_the_next_empty() {
+        let mut a = Aggregator::new(types());
+        let main = a.intern(&Frame::synthetic("main"));
+        a.add(&[main], vec![], &[1, 10]);
+        let first = a.take(None, 10, 100, 5);
+        assert_eq!(first.samples.len(), 1);
+        assert_eq!((first.start_unix_ns, first.duration_ns), (100, 5));
+        assert_eq!(a.distinct_samples(), 0);
+        let work = a.intern(&Frame::synthetic("work"));
+        assert_eq!(work, 0, "each window interns its own frames");
+        a.add(&[work], vec![], &[2, 20]);
+        let second = a.finish(None, 10, 105, 5);
+        assert_eq!(second.frames.len(), 1);
+        assert_eq!(second.frames[0].name.as_ref(), "work");
+        assert_eq!(second.samples[0].values, vec![2, 20]);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 mod aggregate;
 pub mod clr_sampling;
 pub mod gc;
+pub mod layout;
 mod model;
 pub mod wait_kind;
 

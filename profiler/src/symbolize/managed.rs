@@ -39,9 +39,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::jit_index::JitCodeIndex;
 use super::jitdump::{JitDumpCounts, JitDumpError, JitDumpLimits, JitDumpParser};
+use super::perf_files::perf_file_names;
 use super::perf_map::{PerfMapCounts, PerfMapLimits, PerfMapParser};
 use super::target_fs::{self, TargetFsError};
-use crate::process::ProcFs;
+use crate::process::{ProcFs, identity::FsIdentity};
 
 /// A named range of managed code.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -237,14 +238,6 @@ impl PerfFilePaths {
     }
 }
 
-fn perf_file_names(ns_pid: u32) -> [String; 3] {
-    [
-        format!("perf-{ns_pid}.map"),
-        format!("jit-{ns_pid}.dump"),
-        format!("perfinfo-{ns_pid}.map"),
-    ]
-}
-
 /// Where a process's perf files are.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TargetLocation {
@@ -258,6 +251,10 @@ pub struct TargetLocation {
     pub perf_dir: PathBuf,
     /// Where runtimes before .NET 8 write the perf map (`$TMPDIR` or `/tmp`).
     pub legacy_perf_map_dir: PathBuf,
+    /// The process's filesystem identity: a perf file is read only when
+    /// this uid owns it (the names are the target's to choose, so a file of
+    /// that name may be another user's). `None` (unreadable): none is read.
+    pub owner: Option<FsIdentity>,
     /// When the process started. The runtime never deletes its perf files,
     /// so `/tmp` keeps those of dead processes, and pids are reused: a file
     /// last modified before this (minus [`STALE_FILE_SLACK`]) belongs to an
@@ -279,6 +276,7 @@ impl TargetLocation {
             root: target_fs::proc_root(pid),
             perf_dir: dirs.perf_dir,
             legacy_perf_map_dir: dirs.legacy_perf_map_dir,
+            owner: FsIdentity::of_process(&ProcFs::default(), pid).ok(),
             started_at: target_fs::process_start_time(pid),
         }
     }
@@ -359,6 +357,40 @@ pub struct ManagedSymbolErrors {
     pub lookup_step_limit_hits: u64,
     /// The last open or read error, for a log line.
     pub last_io_error: Option<String>,
+}
+
+impl ManagedSymbolErrors {
+    /// What went wrong with the perf files, in a few words for the summary;
+    /// `None` when nothing did. A refused, symlinked or corrupt file leaves
+    /// frames unnamed, and the user must be told why.
+    pub fn problems(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if self.open_errors + self.read_errors > 0 {
+            parts.push(format!(
+                "{} perf file opens or reads refused or failed (last: {})",
+                self.open_errors + self.read_errors,
+                self.last_io_error.as_deref().unwrap_or("unknown")
+            ));
+        }
+        let bad_lines = self.perf_map.malformed_lines + self.perf_map.long_lines;
+        if bad_lines > 0 {
+            parts.push(format!("{bad_lines} malformed perf map lines skipped"));
+        }
+        let bad_loads = self.jitdump.bad_code_loads + self.jitdump.long_names;
+        if bad_loads > 0 {
+            parts.push(format!("{bad_loads} malformed jitdump records skipped"));
+        }
+        if let Some(stop) = &self.jitdump_stop {
+            parts.push(format!("jitdump unusable: {stop}"));
+        }
+        let over_cap = self.perf_map.entries_over_cap + self.jitdump.code_loads_over_cap;
+        if over_cap > 0 {
+            parts.push(format!(
+                "{over_cap} methods over the per-process cap dropped"
+            ));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
 }
 
 /// Bytes compared to tell a rewritten file from a grown one.
@@ -710,6 +742,17 @@ fn open_tracked(
         Err(error) if error.is_not_found() => return Ok(Opened::Missing),
         Err(error) => return Err(error),
     };
+    // Checked on the open file, before a byte is read.
+    let owner = file.metadata().map(|m| m.uid()).ok();
+    let expected = location.owner.as_ref().map(|o| o.uid);
+    if owner.is_none() || owner != expected {
+        return Err(TargetFsError::NotOwned {
+            root: root.to_owned(),
+            path: path.to_owned(),
+            owner,
+            expected,
+        });
+    }
     let open_error = |source: io::Error| TargetFsError::Open {
         root: root.to_owned(),
         path: path.to_owned(),
@@ -787,38 +830,6 @@ fn read_incrementally<P: IncrementalParser>(
     Ok(total)
 }
 
-/// Deletes `perf-NSPID.map`, `perfinfo-NSPID.map` and `jit-NSPID.dump` of
-/// process `pid` inside its root (the runtime never deletes them). Only
-/// names inside the target's perf directory are unlinked; symlinks are
-/// removed, not followed. Returns how many files were removed.
-pub fn remove_perf_files(pid: u32, ns_pid: u32) -> Result<usize, TargetFsError> {
-    let dirs = target_fs::target_perf_dirs(pid);
-    remove_perf_files_at(&TargetLocation {
-        pid,
-        ns_pid,
-        root: target_fs::proc_root(pid),
-        perf_dir: dirs.perf_dir,
-        legacy_perf_map_dir: dirs.legacy_perf_map_dir,
-        started_at: None,
-    })
-}
-
-/// [`remove_perf_files`] for an explicit location; both the perf directory
-/// and the legacy one are cleaned.
-pub fn remove_perf_files_at(location: &TargetLocation) -> Result<usize, TargetFsError> {
-    let names = perf_file_names(location.ns_pid);
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let mut removed = target_fs::remove_in_root_dir(&location.root, &location.perf_dir, &names)?;
-    if location.legacy_perf_map_dir != location.perf_dir {
-        match target_fs::remove_in_root_dir(&location.root, &location.legacy_perf_map_dir, &names) {
-            Ok(count) => removed += count,
-            Err(error) if error.is_not_found() => {}
-            Err(error) => return Err(error),
-        }
-    }
-    Ok(removed)
-}
-
 /// A perf map of `entries` lines shaped like a real .NET service's: stubs
 /// and methods from two code heaps interleaved (so not sorted), tiers,
 /// generic signatures.
@@ -882,6 +893,7 @@ pub fn bench_perf_map_load(entries: usize) -> Duration {
         root: PathBuf::from("/nonexistent"),
         perf_dir: PathBuf::from("/tmp"),
         legacy_perf_map_dir: PathBuf::from("/tmp"),
+        owner: Some(FsIdentity::current()),
         started_at: None,
     };
     let started = Instant::now();
@@ -1035,6 +1047,7 @@ mod tests {
                     root,
                     perf_dir: PathBuf::from("/tmp"),
                     legacy_perf_map_dir: PathBuf::from("/tmp"),
+                    owner: Some(FsIdentity::current()),
                     started_at: None,
                 },
             }
@@ -1357,8 +1370,6 @@ mod tests {
         // The choice sticks: a later file in /tmp is not read.
         target.append("perf-7.map", b"0x1000 10 other()\n");
         assert_eq!(symbols.refresh(3).perf_map.bytes_read, 0);
-        target.append("perfinfo-7.map", b"x");
-        assert_eq!(remove_perf_files_at(&target.location).expect("remove"), 3);
     }
 
     #[test]
@@ -1394,15 +1405,31 @@ mod tests {
     }
 
     #[test]
-    fn remove_perf_files_deletes_only_the_targets_files() {
-        let target = Target::new();
-        for name in ["perf-7.map", "jit-7.dump", "perfinfo-7.map", "perf-8.map"] {
-            target.append(name, b"x");
-        }
-        assert_eq!(remove_perf_files_at(&target.location).expect("remove"), 3);
-        assert!(target.host_path("perf-8.map").exists());
-        assert!(!target.host_path("perf-7.map").exists());
-        assert_eq!(remove_perf_files_at(&target.location).expect("remove"), 0);
+    fn perf_files_of_another_owner_are_not_read() {
+        let mut target = Target::new();
+        target.append("perf-7.map", b"0x1000 10 secret()\n");
+        target.location.owner = Some(FsIdentity {
+            uid: FsIdentity::current().uid.wrapping_add(1),
+            ..FsIdentity::current()
+        });
+        let mut symbols = target.symbols();
+        let stats = symbols.refresh(1);
+        assert_eq!(stats.perf_map.status, FileStatus::Failed);
+        assert!(symbols.is_empty());
+        let errors = symbols.errors();
+        assert_eq!(errors.open_errors, 1);
+        assert!(
+            errors
+                .last_io_error
+                .as_deref()
+                .is_some_and(|e| e.contains("not by the process's uid")),
+            "{errors:?}"
+        );
+        target.location.owner = None;
+        assert_eq!(
+            target.symbols().refresh(1).perf_map.status,
+            FileStatus::Failed
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod jit_index;
 pub mod jitdump;
 pub mod managed;
 pub mod native;
+pub mod perf_files;
 pub mod perf_map;
 pub mod target_fs;
 

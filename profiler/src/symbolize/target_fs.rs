@@ -12,10 +12,9 @@
 //! (`O_NOFOLLOW`), opening never blocks on a FIFO (`O_NONBLOCK`), and anything
 //! that is not a regular file is refused. Every read is bounded.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -57,12 +56,16 @@ pub enum TargetFsError {
     NotRegularFile { root: PathBuf, path: PathBuf },
     #[error("path {path} is not usable in a target root (NUL byte or not a plain file name)")]
     InvalidPath { path: PathBuf },
-    #[error("cannot remove {path} inside the target root {root}")]
-    Remove {
+    #[error(
+        "{path} inside the target root {root} is owned by {}, not by the process's uid {}: not read",
+        .owner.map_or("an unknown user".to_owned(), |uid| format!("uid {uid}")),
+        .expected.map_or("(unknown)".to_owned(), |uid| uid.to_string())
+    )]
+    NotOwned {
         root: PathBuf,
         path: PathBuf,
-        #[source]
-        source: io::Error,
+        owner: Option<u32>,
+        expected: Option<u32>,
     },
 }
 
@@ -74,7 +77,7 @@ impl TargetFsError {
             Self::OpenRoot { source, .. } | Self::Open { source, .. } => {
                 source.kind() == io::ErrorKind::NotFound
             }
-            Self::NotRegularFile { .. } | Self::InvalidPath { .. } | Self::Remove { .. } => false,
+            Self::NotRegularFile { .. } | Self::InvalidPath { .. } | Self::NotOwned { .. } => false,
         }
     }
 }
@@ -113,48 +116,6 @@ pub fn open_in_root_dir(root: &Path, path_in_root: &Path) -> Result<File, Target
         });
     }
     Ok(file)
-}
-
-/// Removes the files named `file_names` (plain names, no `/`) from directory
-/// `dir_in_root`, resolved inside `root`. The directory is opened with
-/// `RESOLVE_IN_ROOT`, and `unlinkat` never follows a symlink in its last
-/// component (it removes the link itself), so nothing outside `root` can be
-/// touched. Missing files are not an error. Returns how many were removed.
-pub fn remove_in_root_dir(
-    root: &Path,
-    dir_in_root: &Path,
-    file_names: &[&str],
-) -> Result<usize, TargetFsError> {
-    let dir = resolve_in(
-        root,
-        dir_in_root,
-        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK | libc::O_NOCTTY,
-    )?;
-    let mut removed = 0;
-    for name in file_names {
-        let path = dir_in_root.join(name);
-        if name.is_empty() || name.contains('/') || *name == "." || *name == ".." {
-            return Err(TargetFsError::InvalidPath { path });
-        }
-        let c_name =
-            CString::new(*name).map_err(|_| TargetFsError::InvalidPath { path: path.clone() })?;
-        // SAFETY: `dir` is an open directory descriptor and `c_name` a
-        // NUL-terminated string; both outlive the call.
-        let rc = unsafe { libc::unlinkat(dir.as_raw_fd(), c_name.as_ptr(), 0) };
-        if rc == 0 {
-            removed += 1;
-            continue;
-        }
-        let source = io::Error::last_os_error();
-        if source.kind() != io::ErrorKind::NotFound {
-            return Err(TargetFsError::Remove {
-                root: root.to_owned(),
-                path,
-                source,
-            });
-        }
-    }
-    Ok(removed)
 }
 
 /// What a bounded read returned.
@@ -450,7 +411,8 @@ mod tests {
             matches!(error, TargetFsError::NotRegularFile { .. }),
             "{error:?}"
         );
-        let fifo = CString::new(fx.root.join("tmp/fifo").as_os_str().as_bytes()).expect("path");
+        let fifo =
+            std::ffi::CString::new(fx.root.join("tmp/fifo").as_os_str().as_bytes()).expect("path");
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         // Must not block waiting for a writer.
@@ -480,40 +442,6 @@ mod tests {
         std::fs::write(&path, b"x").expect("write");
         let file = open_in_root(std::process::id(), &path).expect("open");
         assert_eq!(read_all(file), b"x");
-    }
-
-    #[test]
-    fn remove_unlinks_symlinks_not_their_targets() {
-        let fx = fixture();
-        symlink(&fx.outside, fx.root.join("tmp/jit-1.dump")).expect("symlink");
-        let removed = remove_in_root_dir(
-            &fx.root,
-            Path::new("/tmp"),
-            &["perf-1.map", "jit-1.dump", "perfinfo-1.map"],
-        )
-        .expect("remove");
-        assert_eq!(removed, 2);
-        assert!(!fx.root.join("tmp/perf-1.map").exists());
-        assert!(
-            std::fs::symlink_metadata(fx.root.join("tmp/jit-1.dump")).is_err(),
-            "the link is gone"
-        );
-        assert_eq!(std::fs::read(&fx.outside).expect("read"), b"host secret");
-        let error =
-            remove_in_root_dir(&fx.root, Path::new("/tmp"), &["../etc/secret"]).unwrap_err();
-        assert!(matches!(error, TargetFsError::InvalidPath { .. }));
-        assert!(fx.root.join("etc/secret").exists());
-    }
-
-    #[test]
-    fn remove_resolves_the_directory_inside_the_root() {
-        let fx = fixture();
-        let outside_dir = fx.outside.parent().expect("parent").to_owned();
-        symlink(&outside_dir, fx.root.join("tmp2")).expect("symlink");
-        // `/tmp2` -> host dir: resolved in the root it does not exist.
-        let error = remove_in_root_dir(&fx.root, Path::new("/tmp2"), &["secret"]).unwrap_err();
-        assert!(error.is_not_found(), "{error:?}");
-        assert!(fx.outside.exists());
     }
 
     #[test]

@@ -24,8 +24,20 @@ struct Seized(libc::pid_t);
 
 impl Drop for Seized {
     fn drop(&mut self) {
-        // SAFETY: plain syscall on a thread id; no memory is passed.
-        unsafe { libc::ptrace(libc::PTRACE_DETACH, self.0, 0usize, 0usize) };
+        // SAFETY: plain syscalls on a thread id; `status` outlives waitpid.
+        unsafe {
+            if libc::ptrace(libc::PTRACE_DETACH, self.0, 0usize, 0usize) == 0 {
+                return;
+            }
+            // Detaching needs a ptrace-stopped tracee: an error path that
+            // left before the stop (an interrupted waitpid on a loaded
+            // machine) would leave the thread traced, and the next capture
+            // would fail with EPERM. Stop it, then detach.
+            libc::ptrace(libc::PTRACE_INTERRUPT, self.0, 0usize, 0usize);
+            let mut status = 0;
+            libc::waitpid(self.0, &mut status, libc::__WALL);
+            libc::ptrace(libc::PTRACE_DETACH, self.0, 0usize, 0usize);
+        }
     }
 }
 
@@ -54,9 +66,16 @@ pub fn capture_thread(pid: libc::pid_t, tid: libc::pid_t) -> io::Result<Captured
         "PTRACE_INTERRUPT",
     )?;
     let mut status = 0;
-    // SAFETY: `status` outlives the call.
-    if unsafe { libc::waitpid(tid, &mut status, libc::__WALL) } != tid {
-        return Err(io::Error::last_os_error());
+    loop {
+        // SAFETY: `status` outlives the call.
+        let waited = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
+        if waited == tid {
+            break;
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
     }
     // SAFETY: user_regs_struct is plain integers; all-zero is valid.
     let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };

@@ -64,6 +64,17 @@ pub struct UnwindRowStats {
     pub overlapping_fdes: usize,
     /// The table hit [`MAX_TABLE_ROWS`] and the rest was dropped.
     pub truncated: bool,
+    /// ReadyToRun images: `RUNTIME_FUNCTION`s (method bodies, funclets)
+    /// whose rows are in the table.
+    pub runtime_functions: usize,
+    /// ReadyToRun images: functions whose unwind info names no frame
+    /// register, so their CFA is rsp-based throughout. Most of them still
+    /// push rbp and point it at their frame (CoreCLR does not declare it
+    /// unless the frame needs it, as for `localloc`); the others are the
+    /// ones a frame-pointer walk loses the caller of.
+    pub functions_without_frame_register: usize,
+    /// ReadyToRun images: functions continuing another's unwind info.
+    pub chained_functions: usize,
 }
 
 impl UnwindRowStats {

@@ -1,9 +1,11 @@
-//! Native unwinding without frame pointers: `.eh_frame` to compact tables for
+//! Unwinding without frame pointers: `.eh_frame` (native code) and
+//! ReadyToRun unwind info (precompiled managed code) to compact tables for
 //! the kernel side.
 //!
 //! Place in the data flow: for each executable mapping of a profiled process,
 //! userspace builds (once per file, shared by [`FileIdentity`]) an
-//! [`UnwindTable`] of sorted rows ([`eh_frame`]), keeps them in an
+//! [`UnwindTable`] of sorted rows ([`eh_frame`] for ELF files,
+//! [`ready_to_run`] for R2R `.dll`s), keeps them in an
 //! [`UnwindTableCache`] under a byte budget ([`table`]), and
 //! `crate::bpf::unwind_maps` loads them into BPF maps ([`arena`] places the
 //! rows) with a per-process index of mappings. The kernel side
@@ -13,6 +15,7 @@
 
 pub mod arena;
 pub mod eh_frame;
+pub mod ready_to_run;
 pub mod replay;
 pub mod table;
 
@@ -36,8 +39,10 @@ pub enum UnwindTableError {
     },
     #[error("ELF file is larger than the {limit}-byte limit for unwind tables")]
     TooLarge { limit: u64 },
-    #[error("mapped file is not ELF (no ELF magic), so it has no unwind table")]
+    #[error("mapped file is neither ELF nor PE (no magic), so it has no unwind table")]
     NotElf,
+    #[error("PE file has no ReadyToRun unwind information: {reason}")]
+    NotReadyToRun { reason: &'static str },
     #[error("parsing the ELF file for its unwind table")]
     Parse {
         #[source]

@@ -1,4 +1,5 @@
-//! One ELF file's unwind table, its identity, and the cache that shares
+//! One ELF file's (or ReadyToRun image's) unwind table, its identity, and
+//! the cache that shares
 //! tables between processes: what the kernel-side unwind maps are filled
 //! from. A file mapped by a hundred processes is parsed once; the cache keeps
 //! the most recently used tables within a byte budget.
@@ -18,6 +19,7 @@ use twox_hash::XxHash3_64;
 
 use super::UnwindTableError;
 use super::eh_frame::{UnwindRowStats, build_rows};
+use super::ready_to_run;
 
 /// Largest ELF file [`UnwindTable::from_file`] reads.
 pub const MAX_ELF_FILE_BYTES: u64 = 1 << 30;
@@ -98,30 +100,50 @@ pub struct UnwindTable {
 }
 
 impl UnwindTable {
-    /// Builds the table of the ELF file whose bytes are `data`.
+    /// Builds the table of the ELF file (or ReadyToRun PE image) whose
+    /// bytes are `data`.
     pub fn from_elf_bytes(data: &[u8]) -> Result<Self, UnwindTableError> {
         let elf = object::File::parse(data).map_err(|source| UnwindTableError::Parse { source })?;
         let identity = FileIdentity::of_elf(&elf, data);
-        Self::from_elf(&elf, identity)
+        Self::from_object(&elf, data, identity)
     }
 
-    /// Builds the table of a parsed ELF file whose identity is known.
-    pub fn from_elf(
-        elf: &object::File<'_>,
+    /// Builds the table of a parsed file whose bytes are `data` and whose
+    /// identity is known: `.eh_frame` rows and `PT_LOAD` segments for ELF,
+    /// ReadyToRun rows and sections for PE.
+    pub fn from_object(
+        file: &object::File<'_>,
+        data: &[u8],
         identity: FileIdentity,
     ) -> Result<Self, UnwindTableError> {
-        let (rows, stats) = build_rows(elf)?;
-        let segments = elf
-            .segments()
-            .map(|s| {
-                let (file_offset, file_size) = s.file_range();
-                LoadSegment {
+        let (rows, stats, segments) = if file.format() == object::BinaryFormat::Pe {
+            let pe = object::read::pe::PeFile64::parse(data)
+                .map_err(|source| UnwindTableError::Parse { source })?;
+            let (rows, stats) = ready_to_run::build_rows(&pe, data)?;
+            let segments = ready_to_run::section_segments(&pe)
+                .into_iter()
+                .map(|(file_offset, file_size, vaddr)| LoadSegment {
                     file_offset,
                     file_size,
-                    vaddr: s.address(),
-                }
-            })
-            .collect();
+                    vaddr,
+                })
+                .collect();
+            (rows, stats, segments)
+        } else {
+            let (rows, stats) = build_rows(file)?;
+            let segments = file
+                .segments()
+                .map(|s| {
+                    let (file_offset, file_size) = s.file_range();
+                    LoadSegment {
+                        file_offset,
+                        file_size,
+                        vaddr: s.address(),
+                    }
+                })
+                .collect();
+            (rows, stats, segments)
+        };
         let (index, words) = build_row_index(&rows);
         Ok(Self {
             identity,
@@ -144,7 +166,8 @@ impl UnwindTable {
         &self.identity
     }
 
-    /// Sorted rows, ending with a `NoInfo` row (or empty).
+    /// Sorted rows, ending with a `NoInfo` row (ELF) or a `FramePointer`
+    /// row (ReadyToRun), or empty.
     pub fn rows(&self) -> &[UnwindRow] {
         &self.rows
     }
@@ -305,16 +328,16 @@ pub fn pack_index_words(words: &[u32]) -> Box<[UnwindRow]> {
         .collect()
 }
 
-/// Reads a whole ELF file, refusing more than [`MAX_ELF_FILE_BYTES`] and,
-/// before reading the rest, a file without the ELF magic. Executable
-/// mappings are not all ELF: .NET 8 maps its JIT code from a memfd
-/// (`/memfd:doublemapper`) sized in gigabytes, which reading whole cost a
-/// gigabyte of memory and a second of CPU per process.
+/// Reads a whole ELF file or PE image (a ReadyToRun `.dll`), refusing more
+/// than [`MAX_ELF_FILE_BYTES`] and, before reading the rest, a file without
+/// either magic. Executable mappings are not all ELF or PE: .NET 8 maps its
+/// JIT code from a memfd (`/memfd:doublemapper`) sized in gigabytes, which
+/// reading whole cost a gigabyte of memory and a second of CPU per process.
 pub fn read_elf_file(file: &File) -> Result<Vec<u8>, UnwindTableError> {
     let mut magic = [0u8; 4];
     file.read_exact_at(&mut magic, 0)
         .map_err(|source| UnwindTableError::Read { source })?;
-    if magic != *b"\x7fELF" {
+    if magic != *b"\x7fELF" && magic[..2] != *b"MZ" {
         return Err(UnwindTableError::NotElf);
     }
     let size = file
@@ -400,7 +423,7 @@ impl UnwindTableCache {
         if let Some(table) = self.get(&identity) {
             return Ok(table);
         }
-        Ok(self.insert(UnwindTable::from_elf(&elf, identity)?))
+        Ok(self.insert(UnwindTable::from_object(&elf, data, identity)?))
     }
 
     /// Identities evicted (or refused) since the last call.

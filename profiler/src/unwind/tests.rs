@@ -756,7 +756,27 @@ fn start_dotnet_app(
     mcs_args: &[&str],
     args: &[&str],
 ) -> (tempfile::TempDir, KillOnDrop) {
-    let dotnet = coreclr_dir().join("dotnet");
+    start_dotnet_app_on(
+        &coreclr_dir().join("dotnet"),
+        NET8_CONFIG,
+        source,
+        mcs_args,
+        args,
+    )
+}
+
+const NET8_CONFIG: &str = r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.0"}}}"#;
+const NETCORE31_CONFIG: &str = r#"{"runtimeOptions":{"tfm":"netcoreapp3.1","framework":{"name":"Microsoft.NETCore.App","version":"3.1.0"},"configProperties":{"System.Globalization.Invariant":true}}}"#;
+
+/// [`start_dotnet_app`] on the runtime of host `dotnet` with its
+/// `runtimeconfig` JSON.
+fn start_dotnet_app_on(
+    dotnet: &Path,
+    runtime_config: &str,
+    source: &str,
+    mcs_args: &[&str],
+    args: &[&str],
+) -> (tempfile::TempDir, KillOnDrop) {
     assert!(
         dotnet.exists(),
         "{} missing: run cargo xtask setup",
@@ -764,11 +784,8 @@ fn start_dotnet_app(
     );
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("App.cs"), source).expect("App.cs");
-    std::fs::write(
-        dir.path().join("App.runtimeconfig.json"),
-        r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.0"}}}"#,
-    )
-    .expect("runtimeconfig");
+    std::fs::write(dir.path().join("App.runtimeconfig.json"), runtime_config)
+        .expect("runtimeconfig");
     let status = Command::new("mcs")
         .current_dir(dir.path())
         .args(mcs_args)
@@ -778,10 +795,12 @@ fn start_dotnet_app(
         .expect("running mcs");
     assert!(status.success(), "mcs failed");
     let child = KillOnDrop(
-        Command::new(&dotnet)
+        Command::new(dotnet)
             .arg(dir.path().join("App.dll"))
             .args(args)
+            // .NET Core 3.1 reads only the COMPlus_ spelling.
             .env("DOTNET_PerfMapEnabled", "1")
+            .env("COMPlus_PerfMapEnabled", "1")
             .stdout(Stdio::piped())
             .spawn()
             .expect("starting dotnet"),
@@ -946,4 +965,264 @@ fn replay_dotnet_thread_in_qsort_with_a_managed_comparer() {
         "{reached} of {in_libc} captures in libc reach SortMany:\n{}",
         failures.join("\n")
     );
+}
+
+// ---- ReadyToRun images ----
+
+/// The `dotnet` host of a runtime: `$var`, else where `cargo xtask setup`
+/// unpacks it.
+fn dotnet_host(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/runtimes").join(default))
+}
+
+/// `System.Private.CoreLib.dll` next to a `dotnet` host.
+fn corelib_of(dotnet: &Path) -> PathBuf {
+    let shared = dotnet
+        .parent()
+        .expect("dotnet in a directory")
+        .join("shared/Microsoft.NETCore.App");
+    let version = std::fs::read_dir(&shared)
+        .unwrap_or_else(|e| panic!("{}: {e} (run cargo xtask setup)", shared.display()))
+        .filter_map(Result::ok)
+        .find(|e| e.path().join("System.Private.CoreLib.dll").is_file())
+        .unwrap_or_else(|| panic!("no CoreLib under {}", shared.display()));
+    version.path().join("System.Private.CoreLib.dll")
+}
+
+/// Checks a real CoreLib's table against its code: every function whose
+/// first instruction is `push rbp` has "rbp saved at CFA - 16, CFA = rsp +
+/// 16" right after it, every `push rax` wrapper "CFA = rsp + 16, rbp
+/// untouched", and the table has the shape the kernel search needs.
+fn check_corelib(dotnet: &Path) {
+    let path = corelib_of(dotnet);
+    let data = std::fs::read(&path).expect("CoreLib");
+    let started = Instant::now();
+    let table = UnwindTable::from_elf_bytes(&data).expect("R2R table");
+    let s = table.stats();
+    eprintln!(
+        "{}: {} functions ({} without a frame register, {} chained), {} rows, {} KiB, built in {:?}",
+        path.display(),
+        s.runtime_functions,
+        s.functions_without_frame_register,
+        s.chained_functions,
+        s.rows,
+        table.size_bytes() / 1024,
+        started.elapsed()
+    );
+    assert!(s.runtime_functions > 20_000, "{s:?}");
+    assert!(s.functions_without_frame_register > 1000, "{s:?}");
+    assert_eq!(s.parse_errors, 0, "{s:?}");
+    assert_eq!(s.overlapping_fdes, 0, "{s:?}");
+    assert_eq!(
+        (s.unsupported_cfa_rows, s.unsupported_fp_rows),
+        (0, 0),
+        "{s:?}"
+    );
+    assert!(!s.truncated);
+    let rows = table.rows();
+    for pair in rows.windows(2) {
+        assert!(pair[0].pc < pair[1].pc, "unsorted: {pair:?}");
+        assert!(!pair[0].same_rule(&pair[1]), "unmerged: {pair:?}");
+    }
+    assert_eq!(
+        rows.last().map(|r| r.cfa_rule),
+        Some(CfaRule::FramePointer as u8)
+    );
+    check_row_index(&table);
+
+    let pe = object::read::pe::PeFile64::parse(&*data).expect("PE");
+    let image_base = object::read::pe::ImageNtHeaders::optional_header(pe.nt_headers())
+        .image_base
+        .get(object::LittleEndian);
+    let (functions, _) = ready_to_run::runtime_function_list(&pe, &data).expect("functions");
+    let sections = pe.section_table();
+    let (mut push_rbp, mut push_rax) = (0, 0);
+    for f in &functions {
+        let Some(code) = sections.pe_data_at(&*data, f.begin) else {
+            panic!("function at RVA {:#x} outside the file", f.begin);
+        };
+        let va = image_base + u64::from(f.begin);
+        let entry = table.find_row(va).copied();
+        let managed = |rule, offset| {
+            UnwindRow::new(0, rule, offset)
+                .with_cfa_param(clrbpf_common::unwind::CFA_PARAM_EPILOG_BY_CODE)
+        };
+        assert_eq!(
+            entry.map(|r| UnwindRow { pc: 0, ..r }),
+            Some(managed(CfaRule::SpOffset, 8)),
+            "entry of {va:#x}"
+        );
+        let after = table
+            .find_row(va + 1)
+            .copied()
+            .map(|r| UnwindRow { pc: 0, ..r });
+        match code.first() {
+            Some(0x55) => {
+                push_rbp += 1;
+                assert_eq!(
+                    after,
+                    Some(managed(CfaRule::SpOffset, 16).with_fp_at(-16)),
+                    "after push rbp at {va:#x}"
+                );
+            }
+            Some(0x50) => {
+                push_rax += 1;
+                assert_eq!(
+                    after,
+                    Some(managed(CfaRule::SpOffset, 16)),
+                    "after push rax at {va:#x}"
+                );
+            }
+            _ => {}
+        }
+    }
+    eprintln!("{push_rbp} functions start with push rbp, {push_rax} with push rax");
+    assert!(push_rbp > 10_000 && push_rax > 100, "{push_rbp} {push_rax}");
+}
+
+#[test]
+#[ignore = "needs the .NET runtime `cargo xtask setup` unpacks: run by cargo xtask test"]
+fn ready_to_run_rows_of_net8_corelib() {
+    check_corelib(&dotnet_host(
+        "CLRBPF_DOTNET8",
+        "net8/dnv/net/runtime/.net/dotnet",
+    ));
+}
+
+#[test]
+#[ignore = "needs the .NET runtime `cargo xtask setup` unpacks: run by cargo xtask test"]
+fn ready_to_run_rows_of_netcore31_corelib() {
+    check_corelib(&dotnet_host(
+        "CLRBPF_DOTNET31",
+        "netcore31/dotnetcore2/bin/dotnet",
+    ));
+}
+
+/// Hostile R2R images: truncations anywhere and corrupt bytes in the
+/// runtime functions and unwind infos never panic.
+#[test]
+#[ignore = "needs the .NET runtime `cargo xtask setup` unpacks: run by cargo xtask test"]
+fn hostile_ready_to_run_images_never_panic() {
+    let path = corelib_of(&dotnet_host(
+        "CLRBPF_DOTNET31",
+        "netcore31/dotnetcore2/bin/dotnet",
+    ));
+    let data = std::fs::read(&path).expect("CoreLib");
+    for cut in (0..data.len()).step_by(data.len() / 23) {
+        let _ = UnwindTable::from_elf_bytes(&data[..cut]);
+    }
+    let pe = object::read::pe::PeFile64::parse(&*data).expect("PE");
+    let (functions, _) = ready_to_run::runtime_function_list(&pe, &data).expect("functions");
+    let sections = pe.section_table();
+    let (first, _) = sections
+        .pe_file_range_at(functions[0].unwind_info)
+        .expect("unwind info in the file");
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..60 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let mut corrupt = data.clone();
+        // Unwind infos follow each other after the first one.
+        let at = first as usize + (seed as usize) % (1 << 20);
+        if let Some(b) = corrupt.get_mut(at) {
+            *b = (seed >> 32) as u8;
+        }
+        if let Ok(table) = UnwindTable::from_elf_bytes(&corrupt) {
+            for pair in table.rows().windows(2) {
+                assert!(pair[0].pc < pair[1].pc);
+            }
+        }
+    }
+}
+
+/// The workload of the frameless-wrapper tests (issue 13).
+const FRAMELESS_APP: &str = include_str!("../../../tests/workloads/Frameless.cs");
+
+/// Threads blocked in `ManualResetEventSlim.Wait(int)`,
+/// `SemaphoreSlim.Wait(int)` and `Task.Wait(int)` (ReadyToRun code without
+/// a frame), and one running a task inline under `Task.Wait()`: the walk with the
+/// ReadyToRun tables reaches the user method that called the framework;
+/// frame pointers alone skip it.
+#[test]
+#[ignore = "needs ptrace (root), mcs and the .NET runtime: run by cargo xtask test"]
+fn replay_dotnet_threads_under_frameless_ready_to_run_wrappers() {
+    replay_frameless_app(&coreclr_dir().join("dotnet"), NET8_CONFIG);
+}
+
+/// The same on .NET Core 3.1.
+#[test]
+#[ignore = "needs ptrace (root), mcs and the .NET runtime: run by cargo xtask test"]
+fn replay_netcore31_threads_under_frameless_ready_to_run_wrappers() {
+    replay_frameless_app(
+        &dotnet_host("CLRBPF_DOTNET31", "netcore31/dotnetcore2/bin/dotnet"),
+        NETCORE31_CONFIG,
+    );
+}
+
+fn replay_frameless_app(dotnet: &Path, runtime_config: &str) {
+    let (_dir, mut child) = start_dotnet_app_on(
+        dotnet,
+        runtime_config,
+        FRAMELESS_APP,
+        &["-optimize+"],
+        &["0", "60", "600000"],
+    );
+    let pid = child.0.id();
+    let rx = lines_of(&mut child.0);
+    let mut tids = HashMap::new();
+    for _ in 0..4 {
+        let line = wait_line(&rx, "TID ");
+        let mut fields = line.split_whitespace().skip(1);
+        let (Some(name), Some(tid)) = (fields.next(), fields.next()) else {
+            panic!("bad line {line:?}");
+        };
+        tids.insert(name.to_owned(), tid.parse::<u32>().expect("tid"));
+    }
+    for (thread, method) in [
+        ("mres", "Frameless::WaitMres"),
+        ("semaphore", "Frameless::WaitSemaphore"),
+        ("task", "Frameless::WaitTask"),
+        ("burn", "Frameless::BurnUnderTaskWait"),
+    ] {
+        let tid = tids[thread];
+        if thread == "burn" {
+            std::thread::sleep(Duration::from_millis(200));
+        } else {
+            wait_in_syscall(pid, tid, SYS_FUTEX);
+        }
+        let captured = capture_thread(pid as i32, tid as i32).expect("ptrace capture");
+        let (frames, err, tables) = replay(&captured);
+        let text = show(&frames);
+        let ranges = perf_map_ranges(pid, method);
+        assert!(!ranges.is_empty(), "{method} missing from the perf map");
+        let within = |pc: u64| ranges.iter().any(|(s, e)| *s < pc && pc <= *e);
+        let at = frames
+            .iter()
+            .position(|f| within(f.pc))
+            .unwrap_or_else(|| panic!("{thread}: no {method} frame (error {err:?}):{text}"));
+        // Right below it: framework code from a ReadyToRun image's table.
+        let callee = tables
+            .mapping_for(frames[at - 1].pc)
+            .unwrap_or_else(|| panic!("{thread}: callee unmapped:{text}"));
+        assert!(
+            callee.path.ends_with(".dll") && callee.table.is_some(),
+            "{thread}: {method}'s callee is not ReadyToRun code:{text}"
+        );
+        // Frame pointers alone lose it.
+        let mut out = [0u64; 128];
+        let (n, _) = walk(
+            captured.regs,
+            |_| Ok(None::<UnwindRow>),
+            &captured.memory,
+            &mut out,
+        );
+        assert!(
+            !out[..n].iter().any(|pc| within(*pc)),
+            "{thread}: frame pointers alone reach {method}: the wrapper has a frame?"
+        );
+        eprintln!("{thread}: {method} is frame {at} (error {err:?}):{text}");
+    }
 }

@@ -6,8 +6,8 @@
 use std::{collections::HashMap, sync::Arc};
 
 use super::{
-    EventMetadata, EventRecord, NettraceLimits, NettraceStats, ParsedItem, SequencePoint,
-    StackBlockInfo,
+    EventMetadata, EventRecord, FieldDescription, NettraceLimits, NettraceStats, ParsedItem,
+    SequencePoint, StackBlockInfo,
     error::{BlockKind, NettraceError},
     reader::{ByteReader, ReadError},
 };
@@ -400,6 +400,7 @@ impl StreamState {
                 keywords: record.keywords,
                 version: record.version,
                 level: record.level,
+                fields: record.fields.into(),
             };
             self.stats.metadata += 1;
             let id = meta.metadata_id;
@@ -561,8 +562,9 @@ fn observe_sequence(
     }
 }
 
-/// The fixed part of a metadata record's payload; field descriptions and V5
-/// tags after it are not needed (the runtime sends none for its own events).
+/// A metadata record's payload: the fixed part, then the V1 field list
+/// (the runtime sends an empty one for its own events). V5 tags after it
+/// are not read.
 #[derive(Debug)]
 struct MetadataPayload {
     metadata_id: u32,
@@ -572,11 +574,19 @@ struct MetadataPayload {
     keywords: u64,
     version: u32,
     level: u32,
+    fields: Vec<FieldDescription>,
 }
+
+/// Nesting of `Object` fields followed at most.
+const MAX_FIELD_DEPTH: u32 = 8;
+/// Fields described per event at most, nested ones included.
+const MAX_FIELDS: usize = 256;
+/// Longest field name kept, in UTF-16 code units.
+const MAX_FIELD_NAME_UNITS: usize = 256;
 
 fn parse_metadata_payload(payload: &[u8]) -> Result<MetadataPayload, ReadError> {
     let mut r = ByteReader::new(payload);
-    Ok(MetadataPayload {
+    let mut record = MetadataPayload {
         metadata_id: r.u32("MetaDataId")?,
         provider: r.utf16z(MAX_METADATA_NAME_UNITS, "ProviderName")?,
         event_id: r.u32("EventId")?,
@@ -584,5 +594,48 @@ fn parse_metadata_payload(payload: &[u8]) -> Result<MetadataPayload, ReadError> 
         keywords: r.u64("Keywords")?,
         version: r.u32("Version")?,
         level: r.u32("Level")?,
-    })
+        fields: Vec::new(),
+    };
+    // The field list is optional (older writers end the record here) and
+    // only self-describing events need it: a bad one leaves it empty
+    // rather than losing the record.
+    if !r.is_empty() {
+        let mut budget = MAX_FIELDS;
+        record.fields = parse_fields(&mut r, 0, &mut budget).unwrap_or_default();
+    }
+    Ok(record)
+}
+
+/// `u32 count`, then `count` fields (see [`FieldDescription`]).
+fn parse_fields(
+    r: &mut ByteReader<'_>,
+    depth: u32,
+    budget: &mut usize,
+) -> Result<Vec<FieldDescription>, ReadError> {
+    let count = r.u32("FieldCount")? as usize;
+    if count > *budget || depth > MAX_FIELD_DEPTH {
+        return Err(ReadError::Truncated {
+            field: "FieldCount",
+            offset: r.pos(),
+            needed: count,
+            available: *budget,
+        });
+    }
+    *budget -= count;
+    let mut fields = Vec::with_capacity(count);
+    for _ in 0..count {
+        let type_code = r.u32("TypeCode")?;
+        let nested = if type_code == super::type_code::OBJECT {
+            parse_fields(r, depth + 1, budget)?
+        } else {
+            Vec::new()
+        };
+        let name = r.utf16z(MAX_FIELD_NAME_UNITS, "FieldName")?;
+        fields.push(FieldDescription {
+            name: name.into(),
+            type_code,
+            fields: nested.into(),
+        });
+    }
+    Ok(fields)
 }

@@ -200,6 +200,44 @@ pub struct EventMetadata {
     pub keywords: u64,
     pub version: u32,
     pub level: u32,
+    /// The payload layout, for self-describing events (EventSource and
+    /// TraceLogging events such as `EventCounters`). Empty for the
+    /// runtime's native events, and when the list could not be parsed.
+    pub fields: Box<[FieldDescription]>,
+}
+
+/// One field of a self-describing event payload (V1 field layout of the
+/// NetTrace V4/V5 metadata: `u32 TypeCode`, for `Object` a nested
+/// `u32 count` and fields, then the UTF-16 name).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldDescription {
+    pub name: Box<str>,
+    /// System.TypeCode numbering (9 Int32, 13 Single, 14 Double, 18
+    /// String, 1 Object, ...), EventPipe's 17 for Guid.
+    pub type_code: u32,
+    /// The fields of an `Object`.
+    pub fields: Box<[FieldDescription]>,
+}
+
+/// Type codes of [`FieldDescription::type_code`].
+pub mod type_code {
+    pub const OBJECT: u32 = 1;
+    pub const BOOLEAN: u32 = 3;
+    pub const CHAR: u32 = 4;
+    pub const SBYTE: u32 = 5;
+    pub const BYTE: u32 = 6;
+    pub const INT16: u32 = 7;
+    pub const UINT16: u32 = 8;
+    pub const INT32: u32 = 9;
+    pub const UINT32: u32 = 10;
+    pub const INT64: u32 = 11;
+    pub const UINT64: u32 = 12;
+    pub const SINGLE: u32 = 13;
+    pub const DOUBLE: u32 = 14;
+    pub const DECIMAL: u32 = 15;
+    pub const DATE_TIME: u32 = 16;
+    pub const GUID: u32 = 17;
+    pub const STRING: u32 = 18;
 }
 
 /// One event, borrowed from the parser for the duration of the callback.

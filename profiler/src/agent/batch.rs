@@ -1,0 +1,239 @@
+//! From one window's combined profile (every process, every sample type,
+//! as the pipeline aggregates it) to a [`WindowBatch`]: one
+//! [`ServiceProfile`] per service and [`ProfileType`].
+//!
+//! 1. Each sample is given to its service by the caller's `service_of`
+//!    (the pipeline knows which pid is which service, and its labels);
+//!    samples of no service are left out.
+//! 2. The sample types are grouped by profile type, by name:
+//!    `samples`+`cpu` -> `process_cpu`, `off_cpu`+`wakeup` -> `offcpu`,
+//!    `wall` -> `wall`, `contentions`+`delay` -> `lock`, `exceptions` ->
+//!    `exception`. Other sample types are not shipped.
+//! 3. Each (service, profile type) profile keeps only its columns, only
+//!    the samples with a value in them, and only the frames those samples
+//!    use (renumbered), so no profile carries another service's frames.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::{Duration, SystemTime},
+};
+
+use super::{ProfileType, ServiceProfile, WindowBatch};
+use crate::profile::{FrameIndex, Profile, ProfileSample};
+
+/// The service a sample belongs to: its name and its series labels
+/// (OpenTelemetry keys, see [`super::series_keys`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    pub service_name: String,
+    pub labels: Vec<(String, String)>,
+}
+
+/// The profile type a sample type belongs to, by its name.
+pub fn profile_type_of(sample_type: &str) -> Option<ProfileType> {
+    Some(match sample_type {
+        "samples" | "cpu" => ProfileType::ProcessCpu,
+        "off_cpu" | "wakeup" => ProfileType::OffCpu,
+        "wall" => ProfileType::Wall,
+        "contentions" | "delay" => ProfileType::Lock,
+        "exceptions" => ProfileType::Exception,
+        _ => return None,
+    })
+}
+
+/// Splits `profile` into the window's batch; see the module documentation.
+pub fn window_batch(
+    start: SystemTime,
+    duration: Duration,
+    profile: &Profile,
+    mut service_of: impl FnMut(&ProfileSample) -> Option<ServiceKey>,
+) -> WindowBatch {
+    // Sample type columns of each profile type, in profile order.
+    let mut columns: BTreeMap<ProfileType, Vec<usize>> = BTreeMap::new();
+    for (index, sample_type) in profile.sample_types.iter().enumerate() {
+        if let Some(profile_type) = profile_type_of(&sample_type.r#type) {
+            columns.entry(profile_type).or_default().push(index);
+        }
+    }
+    let mut by_service: BTreeMap<ServiceKey, Vec<&ProfileSample>> = BTreeMap::new();
+    for sample in &profile.samples {
+        if let Some(key) = service_of(sample) {
+            by_service.entry(key).or_default().push(sample);
+        }
+    }
+    let mut profiles = Vec::new();
+    for (key, samples) in by_service {
+        for (&profile_type, columns) in &columns {
+            let part = project(profile, &samples, columns, profile_type);
+            if part.samples.is_empty() {
+                continue;
+            }
+            profiles.push(ServiceProfile {
+                service_name: key.service_name.clone(),
+                profile_type,
+                labels: key.labels.clone(),
+                profile: part,
+            });
+        }
+    }
+    WindowBatch {
+        start,
+        duration,
+        profiles,
+    }
+}
+
+/// The part of `profile` with `samples`, the sample types `columns`, and
+/// only the frames used.
+fn project(
+    profile: &Profile,
+    samples: &[&ProfileSample],
+    columns: &[usize],
+    profile_type: ProfileType,
+) -> Profile {
+    let mut frame_map: HashMap<FrameIndex, FrameIndex> = HashMap::new();
+    let mut frames = Vec::new();
+    let mut kept = Vec::new();
+    for sample in samples {
+        let values: Vec<i64> = columns
+            .iter()
+            .map(|&column| sample.values.get(column).copied().unwrap_or(0))
+            .collect();
+        if values.iter().all(|&value| value == 0) {
+            continue;
+        }
+        let stack = sample
+            .stack
+            .iter()
+            .filter_map(|&index| {
+                let frame = profile.frames.get(index as usize)?;
+                Some(*frame_map.entry(index).or_insert_with(|| {
+                    frames.push(frame.clone());
+                    FrameIndex::try_from(frames.len() - 1).unwrap_or(FrameIndex::MAX)
+                }))
+            })
+            .collect();
+        kept.push(ProfileSample {
+            stack,
+            values,
+            labels: sample.labels.clone(),
+        });
+    }
+    let sample_types = columns
+        .iter()
+        .map(|&column| profile.sample_types[column].clone())
+        .collect::<Vec<_>>();
+    // The CPU profile opens on CPU time; the others on their last type
+    // (delay for locks), as `go tool pprof` would.
+    let default_sample_type = match profile_type {
+        ProfileType::ProcessCpu => sample_types.iter().position(|t| &*t.r#type == "cpu"),
+        _ => sample_types.len().checked_sub(1),
+    };
+    Profile {
+        sample_types,
+        default_sample_type,
+        period_type: profile.period_type.clone(),
+        period: profile.period,
+        start_unix_ns: profile.start_unix_ns,
+        duration_ns: profile.duration_ns,
+        frames,
+        samples: kept,
+        comments: profile.comments.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        export::{test_profile, to_pprof, validate},
+        profile::{LabelValue, ValueType, label_keys},
+    };
+
+    /// The test profile with a contentions/delay/exceptions column added
+    /// and its samples spread over two pids.
+    fn combined() -> Profile {
+        let mut profile = test_profile::profile();
+        profile.sample_types.extend([
+            ValueType::new("contentions", "count"),
+            ValueType::new("delay", "nanoseconds"),
+            ValueType::new("exceptions", "count"),
+        ]);
+        for (index, sample) in profile.samples.iter_mut().enumerate() {
+            sample.values.extend([0, 0, 0]);
+            if index == 0 {
+                sample.values[2] = 3;
+                sample.values[3] = 7_000;
+            }
+        }
+        profile
+    }
+
+    fn pid_of(sample: &ProfileSample) -> Option<i64> {
+        sample
+            .labels
+            .iter()
+            .find_map(|label| match (&*label.key, &label.value) {
+                (label_keys::PROCESS_PID, LabelValue::Num { value, .. }) => Some(*value),
+                _ => None,
+            })
+    }
+
+    #[test]
+    fn splits_by_service_and_profile_type() {
+        let profile = combined();
+        let pids: Vec<i64> = profile.samples.iter().filter_map(pid_of).collect();
+        let first_pid = pids[0];
+        let batch = window_batch(
+            SystemTime::UNIX_EPOCH,
+            Duration::from_secs(15),
+            &profile,
+            |sample| {
+                let pid = pid_of(sample)?;
+                Some(ServiceKey {
+                    service_name: if pid == first_pid { "a" } else { "b" }.to_owned(),
+                    labels: vec![("process.pid".to_owned(), pid.to_string())],
+                })
+            },
+        );
+        let kinds: Vec<(&str, ProfileType)> = batch
+            .profiles
+            .iter()
+            .map(|p| (p.service_name.as_str(), p.profile_type))
+            .collect();
+        assert!(kinds.contains(&("a", ProfileType::ProcessCpu)), "{kinds:?}");
+        assert!(kinds.contains(&("a", ProfileType::Lock)), "{kinds:?}");
+        assert!(
+            !kinds.contains(&("a", ProfileType::Exception)),
+            "no exceptions: no profile"
+        );
+        // Totals are kept: the CPU of every service adds up to the whole.
+        let total_cpu: i64 = batch
+            .profiles
+            .iter()
+            .filter(|p| p.profile_type == ProfileType::ProcessCpu)
+            .flat_map(|p| p.profile.samples.iter().map(|s| s.values[1]))
+            .sum();
+        let expected: i64 = profile.samples.iter().map(|s| s.values[1]).sum();
+        assert_eq!(total_cpu, expected);
+        for part in &batch.profiles {
+            validate(&to_pprof(&part.profile)).expect("a valid pprof");
+            assert!(part.profile.frames.len() <= profile.frames.len());
+            let used: std::collections::HashSet<FrameIndex> = part
+                .profile
+                .samples
+                .iter()
+                .flat_map(|s| s.stack.iter().copied())
+                .collect();
+            assert_eq!(used.len(), part.profile.frames.len(), "only used frames");
+        }
+        let lock = batch
+            .profiles
+            .iter()
+            .find(|p| p.profile_type == ProfileType::Lock)
+            .expect("a lock profile");
+        assert_eq!(lock.profile.samples.len(), 1);
+        assert_eq!(lock.profile.samples[0].values, [3, 7_000]);
+        assert_eq!(lock.profile.default_sample_type, Some(1));
+    }
+}

@@ -1,0 +1,494 @@
+//! The agent's `/metrics`: a [`prometheus_client`] registry with two kinds
+//! of series, rendered in the OpenMetrics text format Prometheus scrapes.
+//!
+//! - The agent's own (`clrbpf_agent_*`): counters and gauges the pipeline
+//!   and the delivery queues update as they go ([`AgentMetrics`],
+//!   [`SinkCounters`]), plus the agent's RSS read at each scrape.
+//! - .NET runtime metrics per .NET process (`dotnet_*`), read from the
+//!   `System.Runtime` EventCounters of each process
+//!   ([`crate::clr::counters`]) and kept in a [`RuntimeMetricsStore`] that
+//!   encodes them at each scrape, so a process that exits just disappears.
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    sync::{Arc, Mutex},
+};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::Histogram,
+    },
+    registry::{Registry, Unit},
+};
+
+use super::queue::DropReason;
+use crate::clr::counters::{CounterSample, ProcessUsage, RuntimeCounters, RuntimeSnapshot};
+
+/// Labels of a per-sink series.
+type SinkLabels = Vec<(&'static str, &'static str)>;
+
+/// Buckets of the upload time histogram, in seconds.
+const UPLOAD_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+
+/// Every series the agent exports; cheap to clone (the metrics are shared).
+#[derive(Clone)]
+pub struct AgentMetrics {
+    registry: Arc<Registry>,
+    /// Samples taken, by `kind` (`cpu`, `off_cpu`, ...). The pipeline adds
+    /// each window's count.
+    pub samples: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// Samples the kernel could not hand over (full rings).
+    pub samples_lost: Counter,
+    /// Time the BPF programs ran (`bpf_stats`), in seconds.
+    pub bpf_run_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    pub processes_tracked: Gauge,
+    pub dotnet_processes_tracked: Gauge,
+    /// Kernel memory held by unwind tables.
+    pub unwind_table_bytes: Gauge,
+    /// EventCounters payloads that could not be decoded.
+    pub runtime_counter_errors: Counter,
+    shipped: Family<SinkLabels, Counter>,
+    failed: Family<SinkLabels, Counter>,
+    dropped: Family<SinkLabels, Counter>,
+    queue_length: Family<SinkLabels, Gauge>,
+    upload_seconds: Family<SinkLabels, Histogram>,
+    runtime: Arc<RuntimeMetricsStore>,
+    /// Each sink's "accepting" flag, by name.
+    sinks: Arc<Mutex<BTreeMap<&'static str, Arc<std::sync::atomic::AtomicBool>>>>,
+}
+
+/// One sink's series, handed to its [`super::queue::DeliveryQueue`].
+#[derive(Clone, Debug)]
+pub struct SinkCounters {
+    pub shipped: Counter,
+    /// Upload attempts that failed (a window retried 3 times counts 3).
+    pub failed: Counter,
+    pub queue_length: Gauge,
+    pub upload_seconds: Histogram,
+    sink: &'static str,
+    dropped: Family<SinkLabels, Counter>,
+    /// Whether the last upload went through (true until one fails).
+    accepting: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SinkCounters {
+    /// Records whether the sink's last upload went through (`/readyz`).
+    pub fn set_accepting(&self, accepting: bool) {
+        self.accepting
+            .store(accepting, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The counter of windows dropped for `reason`.
+    pub fn dropped(&self, reason: DropReason) -> Counter {
+        self.dropped
+            .get_or_create(&vec![("sink", self.sink), ("reason", reason.name())])
+            .clone()
+    }
+}
+
+impl Default for AgentMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for AgentMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AgentMetrics").finish_non_exhaustive()
+    }
+}
+
+impl AgentMetrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let samples = Family::default();
+        let samples_lost = Counter::default();
+        let bpf_run_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+        let processes_tracked = Gauge::default();
+        let dotnet_processes_tracked = Gauge::default();
+        let unwind_table_bytes = Gauge::default();
+        let runtime_counter_errors = Counter::default();
+        let shipped = Family::default();
+        let failed = Family::default();
+        let dropped = Family::default();
+        let queue_length = Family::default();
+        let upload_seconds = Family::<SinkLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(UPLOAD_BUCKETS)) as fn() -> Histogram,
+        );
+        let runtime = Arc::new(RuntimeMetricsStore::default());
+        {
+            let agent = registry.sub_registry_with_prefix("clrbpf_agent");
+            agent.register("samples", "Samples taken, by kind", samples.clone());
+            agent.register(
+                "samples_lost",
+                "Samples lost before userspace read them (full rings)",
+                samples_lost.clone(),
+            );
+            agent.register_with_unit(
+                "bpf_run",
+                "Time the BPF programs ran",
+                Unit::Seconds,
+                bpf_run_seconds.clone(),
+            );
+            agent.register(
+                "processes_tracked",
+                "Processes the agent tracks",
+                processes_tracked.clone(),
+            );
+            agent.register(
+                "dotnet_processes_tracked",
+                ".NET processes the agent tracks",
+                dotnet_processes_tracked.clone(),
+            );
+            agent.register_with_unit(
+                "unwind_table",
+                "Kernel memory held by unwind tables",
+                Unit::Bytes,
+                unwind_table_bytes.clone(),
+            );
+            agent.register(
+                "runtime_counter_errors",
+                "System.Runtime EventCounters payloads that could not be decoded",
+                runtime_counter_errors.clone(),
+            );
+            agent.register(
+                "windows_shipped",
+                "Windows delivered, per sink",
+                shipped.clone(),
+            );
+            agent.register(
+                "window_upload_failures",
+                "Failed upload attempts, per sink",
+                failed.clone(),
+            );
+            agent.register(
+                "windows_dropped",
+                "Windows given up, per sink and reason (queue_full, rejected, retries_exhausted, shutdown)",
+                dropped.clone(),
+            );
+            agent.register(
+                "queue_length",
+                "Windows waiting for delivery, per sink",
+                queue_length.clone(),
+            );
+            agent.register_with_unit(
+                "upload_duration",
+                "Time of one upload attempt, per sink",
+                Unit::Seconds,
+                upload_seconds.clone(),
+            );
+            agent.register_collector(Box::new(SelfCollector));
+        }
+        registry.register_collector(Box::new(Arc::clone(&runtime)));
+        Self {
+            registry: Arc::new(registry),
+            samples,
+            samples_lost,
+            bpf_run_seconds,
+            processes_tracked,
+            dotnet_processes_tracked,
+            unwind_table_bytes,
+            runtime_counter_errors,
+            shipped,
+            failed,
+            dropped,
+            queue_length,
+            upload_seconds,
+            runtime,
+            sinks: Arc::default(),
+        }
+    }
+
+    /// Whether at least one sink's last upload went through (a sink that
+    /// has not uploaded yet counts as accepting).
+    pub fn any_sink_accepting(&self) -> bool {
+        self.sinks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .any(|flag| flag.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The series of sink `name` (created at 0, so they show before the
+    /// first window).
+    pub fn sink_counters(&self, name: &'static str) -> SinkCounters {
+        let labels = vec![("sink", name)];
+        let accepting = Arc::clone(
+            self.sinks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .entry(name)
+                .or_insert_with(|| Arc::new(std::sync::atomic::AtomicBool::new(true))),
+        );
+        SinkCounters {
+            accepting,
+            shipped: self.shipped.get_or_create(&labels).clone(),
+            failed: self.failed.get_or_create(&labels).clone(),
+            queue_length: self.queue_length.get_or_create(&labels).clone(),
+            upload_seconds: self.upload_seconds.get_or_create(&labels).clone(),
+            sink: name,
+            dropped: self.dropped.clone(),
+        }
+    }
+
+    /// The per-process .NET runtime metrics.
+    pub fn runtime(&self) -> &Arc<RuntimeMetricsStore> {
+        &self.runtime
+    }
+
+    /// The OpenMetrics text of every series.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail; an encoder error would be a
+        // bug in a collector, and a partial page is still worth serving.
+        if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            tracing::warn!(%error, "encoding the metrics failed");
+        }
+        text
+    }
+}
+
+/// Reads the agent's own RSS at each scrape.
+#[derive(Debug)]
+struct SelfCollector;
+
+impl Collector for SelfCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        if let Some(bytes) = self_rss_bytes() {
+            let gauge = ConstGauge::new(i64::try_from(bytes).unwrap_or(i64::MAX));
+            let metric = encoder.encode_descriptor(
+                "resident_memory",
+                "The agent's resident set size",
+                Some(&Unit::Bytes),
+                gauge.metric_type(),
+            )?;
+            gauge.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
+/// The agent's RSS from `/proc/self/statm` (pages).
+fn self_rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096))
+}
+
+/// A .NET process's runtime metrics as last read, with its labels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessRuntimeMetrics {
+    pub pid: u32,
+    pub executable: String,
+    pub snapshot: RuntimeSnapshot,
+}
+
+/// The `dotnet_*` series: one entry per .NET process, replaced as its
+/// counters arrive, removed when it exits.
+#[derive(Debug, Default)]
+pub struct RuntimeMetricsStore {
+    processes: Mutex<BTreeMap<u32, ProcessRuntimeMetrics>>,
+}
+
+impl RuntimeMetricsStore {
+    pub fn update(&self, metrics: ProcessRuntimeMetrics) {
+        self.lock().insert(metrics.pid, metrics);
+    }
+
+    /// Adds the counter values a process's session delivered
+    /// ([`crate::clr::session::ClrSession::take_counters`]) and its
+    /// `/proc` usage to what `counters` holds, and publishes the result.
+    /// `counters` lives with the session, so a new session (a restarted
+    /// process) starts from zero.
+    pub fn observe(
+        &self,
+        pid: u32,
+        executable: &str,
+        counters: &mut RuntimeCounters,
+        samples: impl IntoIterator<Item = CounterSample>,
+        usage: Option<ProcessUsage>,
+    ) {
+        for sample in samples {
+            counters.observe(&sample);
+        }
+        counters.set_usage(usage);
+        self.update(ProcessRuntimeMetrics {
+            pid,
+            executable: executable.to_owned(),
+            snapshot: counters.snapshot().clone(),
+        });
+    }
+
+    pub fn remove(&self, pid: u32) {
+        self.lock().remove(&pid);
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.lock().keys().copied().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, ProcessRuntimeMetrics>> {
+        self.processes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Collector for RuntimeMetricsStore {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let processes: Vec<ProcessRuntimeMetrics> = self.lock().values().cloned().collect();
+        if processes.is_empty() {
+            return Ok(());
+        }
+        for family in crate::clr::counters::RUNTIME_FAMILIES {
+            let mut rows = Vec::new();
+            for process in &processes {
+                for (attribute, value) in family.values(&process.snapshot) {
+                    let mut labels = vec![
+                        ("pid".to_owned(), process.pid.to_string()),
+                        ("executable".to_owned(), process.executable.clone()),
+                    ];
+                    if let Some((key, value)) = attribute {
+                        labels.push((key.to_owned(), value.to_owned()));
+                    }
+                    rows.push((labels, value));
+                }
+            }
+            if rows.is_empty() {
+                continue;
+            }
+            let unit = family.unit.map(|unit| Unit::Other(unit.to_owned()));
+            if family.monotonic {
+                let mut metric = encoder.encode_descriptor(
+                    family.name,
+                    family.help,
+                    unit.as_ref(),
+                    prometheus_client::metrics::MetricType::Counter,
+                )?;
+                for (labels, value) in rows {
+                    ConstCounter::new(value).encode(metric.encode_family(&labels)?)?;
+                }
+            } else {
+                let mut metric = encoder.encode_descriptor(
+                    family.name,
+                    family.help,
+                    unit.as_ref(),
+                    prometheus_client::metrics::MetricType::Gauge,
+                )?;
+                for (labels, value) in rows {
+                    ConstGauge::new(value).encode(metric.encode_family(&labels)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Displays an error with its sources, `a: b: c`, for log fields.
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(error) = source {
+            write!(f, ": {error}")?;
+            source = error.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sink_series_exist_before_the_first_window() {
+        let metrics = AgentMetrics::new();
+        let counters = metrics.sink_counters("pyroscope");
+        counters.shipped.inc();
+        counters.dropped(DropReason::QueueFull).inc_by(2);
+        counters.queue_length.set(3);
+        metrics.processes_tracked.set(12);
+        metrics
+            .samples
+            .get_or_create(&vec![("kind", "cpu")])
+            .inc_by(190);
+        let text = metrics.render();
+        for line in [
+            "clrbpf_agent_windows_shipped_total{sink=\"pyroscope\"} 1",
+            "clrbpf_agent_windows_dropped_total{sink=\"pyroscope\",reason=\"queue_full\"} 2",
+            "clrbpf_agent_queue_length{sink=\"pyroscope\"} 3",
+            "clrbpf_agent_window_upload_failures_total{sink=\"pyroscope\"} 0",
+            "clrbpf_agent_processes_tracked 12",
+            "clrbpf_agent_samples_total{kind=\"cpu\"} 190",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(
+            text.contains("clrbpf_agent_resident_memory_bytes "),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn dotnet_series_per_process_come_and_go() {
+        use crate::clr::counters::CounterKind;
+        let metrics = AgentMetrics::new();
+        let sample = |name: &str, kind, value| CounterSample {
+            name: name.into(),
+            kind,
+            value,
+            interval_sec: 15.0,
+            display_units: String::new(),
+        };
+        let mut counters = RuntimeCounters::new();
+        metrics.runtime().observe(
+            4242,
+            "Shop.Api",
+            &mut counters,
+            [
+                sample("gen-0-gc-count", CounterKind::Sum, 4.0),
+                sample("gen-1-gc-count", CounterKind::Sum, 1.0),
+                sample("gen-2-gc-count", CounterKind::Sum, 1.0),
+                sample("exception-count", CounterKind::Sum, 9.0),
+                sample("gc-heap-size", CounterKind::Mean, 12.0),
+                sample("threadpool-queue-length", CounterKind::Mean, 3.0),
+            ],
+            Some(ProcessUsage {
+                user_seconds: 1.5,
+                system_seconds: 0.5,
+                resident_bytes: 1 << 20,
+            }),
+        );
+        let text = metrics.render();
+        for line in [
+            "# TYPE dotnet_gc_collections counter",
+            r#"dotnet_gc_collections_total{pid="4242",executable="Shop.Api",dotnet_gc_heap_generation="gen0"} 3.0"#,
+            r#"dotnet_gc_collections_total{pid="4242",executable="Shop.Api",dotnet_gc_heap_generation="gen2"} 1.0"#,
+            r#"dotnet_exceptions_total{pid="4242",executable="Shop.Api"} 9.0"#,
+            r#"dotnet_gc_heap_size_bytes{pid="4242",executable="Shop.Api"} 12000000.0"#,
+            r#"dotnet_thread_pool_queue_length{pid="4242",executable="Shop.Api"} 3.0"#,
+            r#"dotnet_process_cpu_time_seconds_total{pid="4242",executable="Shop.Api",cpu_mode="user"} 1.5"#,
+            r#"dotnet_process_memory_working_set_bytes{pid="4242",executable="Shop.Api"} 1048576.0"#,
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("dotnet_gc_pause_time"),
+            "absent counters give no series"
+        );
+        metrics.runtime().remove(4242);
+        assert!(!metrics.render().contains("# TYPE dotnet_"));
+    }
+}

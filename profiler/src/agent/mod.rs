@@ -1,0 +1,300 @@
+//! Continuous mode (`clrbpf agent`): the last stage of the data flow for
+//! profiles that leave the host. The pipeline cuts a window every upload
+//! interval and hands it over as one [`WindowBatch`] (one
+//! [`ServiceProfile`] per service and [`ProfileType`]) to a [`ProfileSink`];
+//! from there:
+//!
+//! 1. [`queue::DeliveryQueue`] (the [`ProfileSink`] the pipeline holds, one
+//!    per configured backend) takes the window without ever blocking the
+//!    caller: a bounded queue per backend, the oldest window dropped first
+//!    when it is full, retries with exponential backoff and jitter, on its
+//!    own tokio task. [`queue::FanOut`] hands one window to several queues.
+//! 2. A [`WindowUploader`] is one backend's protocol client:
+//!    [`pyroscope::PyroscopeUploader`] (Pyroscope's push API),
+//!    [`otlp::OtlpUploader`] (OTLP profiles over HTTP) or
+//!    [`directory::DirectoryUploader`] (rolling `.pb.gz` files, the default).
+//! 3. [`http`] serves `/metrics` ([`metrics::AgentMetrics`], with the .NET
+//!    runtime counters of [`crate::clr::counters`]), `/healthz`, `/readyz`
+//!    and `/debug/pprof/profile`.
+//!
+//! [`batch::window_batch`] splits a window's combined profile into the
+//! batch; [`config`] turns the command's options into these parts.
+//!
+//! The profiles themselves are the [`crate::profile::Profile`] model that
+//! [`crate::export::pprof`] encodes; nothing here changes their samples.
+
+pub mod batch;
+pub mod config;
+pub mod directory;
+pub mod http;
+pub mod metrics;
+pub mod otlp;
+pub mod pyroscope;
+pub mod queue;
+
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use crate::profile::Profile;
+
+/// A boxed, sendable future: what the object-safe traits here return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a profile measures. The names are Pyroscope's (the ones its .NET
+/// views know), used for `__name__` and in file names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProfileType {
+    /// On-CPU samples (`samples/count`, `cpu/nanoseconds`).
+    ProcessCpu,
+    /// CPU plus off-CPU time per thread (`wall/nanoseconds`).
+    Wall,
+    /// Where threads blocked (`off_cpu/nanoseconds`).
+    OffCpu,
+    /// Monitor contention (`contentions/count`, `delay/nanoseconds`).
+    Lock,
+    /// Exceptions thrown (`exceptions/count`).
+    Exception,
+    /// Wait-handle waits (.NET 9+).
+    Wait,
+}
+
+impl ProfileType {
+    pub const ALL: [Self; 6] = [
+        Self::ProcessCpu,
+        Self::Wall,
+        Self::OffCpu,
+        Self::Lock,
+        Self::Exception,
+        Self::Wait,
+    ];
+
+    /// The profile name: Pyroscope's `__name__` (`process_cpu`, `wall`,
+    /// `lock`, `exception` are the ones grafana/pyroscope-dotnet sends;
+    /// `offcpu` is Grafana Alloy's eBPF name), also the file-name part.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ProcessCpu => "process_cpu",
+            Self::Wall => "wall",
+            Self::OffCpu => "offcpu",
+            Self::Lock => "lock",
+            Self::Exception => "exception",
+            Self::Wait => "wait",
+        }
+    }
+}
+
+impl fmt::Display for ProfileType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Label keys of a [`ServiceProfile`] (OpenTelemetry resource attribute
+/// names; each sink maps them to its backend's conventions).
+pub mod series_keys {
+    pub const SERVICE_NAME: &str = "service.name";
+    pub const PROCESS_PID: &str = "process.pid";
+    pub const PROCESS_EXECUTABLE_NAME: &str = "process.executable.name";
+    pub const PROCESS_EXECUTABLE_PATH: &str = "process.executable.path";
+    pub const CONTAINER_ID: &str = "container.id";
+    pub const HOST_NAME: &str = "host.name";
+    pub const K8S_NAMESPACE_NAME: &str = "k8s.namespace.name";
+    pub const K8S_POD_NAME: &str = "k8s.pod.name";
+    pub const K8S_POD_UID: &str = "k8s.pod.uid";
+    pub const K8S_CONTAINER_NAME: &str = "k8s.container.name";
+    pub const K8S_NODE_NAME: &str = "k8s.node.name";
+    pub const K8S_DEPLOYMENT_NAME: &str = "k8s.deployment.name";
+}
+
+/// One service's profile of one type for one window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceProfile {
+    /// The service, named as the issue orders it (`OTEL_SERVICE_NAME`,
+    /// `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, `DD_SERVICE`, the
+    /// Kubernetes workload, the executable): chosen by the pipeline.
+    pub service_name: String,
+    pub profile_type: ProfileType,
+    /// The series' process and Kubernetes labels, keyed by OpenTelemetry
+    /// resource attribute names ([`series_keys`]), without
+    /// `service.name` (that is [`Self::service_name`]). A key appears at
+    /// most once; sinks keep the first.
+    pub labels: Vec<(String, String)>,
+    /// The samples. Its `start_unix_ns`/`duration_ns` should be the
+    /// window's; sinks fill them from the window when they are 0.
+    pub profile: Profile,
+}
+
+/// One closed window: everything the pipeline aggregated between `start`
+/// and `start + duration`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WindowBatch {
+    /// Wall-clock start, aligned to the upload interval.
+    pub start: SystemTime,
+    pub duration: Duration,
+    pub profiles: Vec<ServiceProfile>,
+}
+
+impl WindowBatch {
+    /// The window start in nanoseconds since the Unix epoch (0 before it).
+    pub fn start_unix_ns(&self) -> i64 {
+        self.start.duration_since(UNIX_EPOCH).map_or(0, |since| {
+            i64::try_from(since.as_nanos()).unwrap_or(i64::MAX)
+        })
+    }
+
+    /// The window end in nanoseconds since the Unix epoch.
+    pub fn end_unix_ns(&self) -> i64 {
+        self.start_unix_ns()
+            .saturating_add(i64::try_from(self.duration.as_nanos()).unwrap_or(i64::MAX))
+    }
+
+    /// `profile` with the window's time range filled in where it has none.
+    pub(crate) fn timed(&self, profile: &Profile) -> Profile {
+        let mut profile = profile.clone();
+        if profile.start_unix_ns == 0 {
+            profile.start_unix_ns = self.start_unix_ns();
+        }
+        if profile.duration_ns == 0 {
+            profile.duration_ns = i64::try_from(self.duration.as_nanos()).unwrap_or(i64::MAX);
+        }
+        profile
+    }
+}
+
+/// Where the pipeline hands its closed windows. Implemented by
+/// [`queue::DeliveryQueue`] (one backend) and [`queue::FanOut`] (several).
+pub trait ProfileSink: Send + Sync {
+    /// Takes one closed window. Never blocks and never fails: a backend
+    /// that cannot keep up drops its oldest windows, counted in the
+    /// metrics.
+    fn submit(&self, batch: Arc<WindowBatch>);
+
+    /// Waits until every window submitted so far is delivered or given up,
+    /// for at most `grace` (at shutdown, after the last window); what is
+    /// still queued then is dropped and counted.
+    fn flush(&self, grace: Duration) -> BoxFuture<'_, FlushReport>;
+}
+
+/// What [`ProfileSink::flush`] achieved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushReport {
+    /// Windows still queued when the grace period ended (now dropped).
+    pub abandoned: u64,
+}
+
+impl FlushReport {
+    pub fn merge(self, other: Self) -> Self {
+        Self {
+            abandoned: self.abandoned + other.abandoned,
+        }
+    }
+}
+
+/// One backend's protocol client: delivers one window, once. Retries are
+/// the queue's business.
+pub trait WindowUploader: Send + Sync + 'static {
+    /// The sink's name in metrics and logs (`pyroscope`, `otlp`, `directory`).
+    fn name(&self) -> &'static str;
+
+    fn upload(&self, batch: Arc<WindowBatch>) -> BoxFuture<'_, Result<(), UploadError>>;
+}
+
+/// Why a window was not delivered.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    #[error("{sink} answered HTTP {status}: {body}")]
+    Status {
+        sink: &'static str,
+        status: u16,
+        /// The start of the answer, for the log.
+        body: String,
+    },
+    #[error("cannot reach {sink}")]
+    Transport {
+        sink: &'static str,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("cannot encode the window for {sink}")]
+    Encode {
+        sink: &'static str,
+        #[source]
+        source: crate::export::ExportError,
+    },
+    #[error("cannot write the window to `{path}`")]
+    Write {
+        path: std::path::PathBuf,
+        #[source]
+        source: crate::export::ExportError,
+    },
+    #[error("the {sink} writer stopped")]
+    WriterStopped { sink: &'static str },
+}
+
+impl UploadError {
+    /// Whether trying again later may work: connection failures, timeouts,
+    /// 408, 429 and 5xx answers. Other 4xx answers (bad request, bad
+    /// credentials, an unsupported OTLP revision) and local encoding or
+    /// disk errors are final for that window.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Status { status, .. } => matches!(status, 408 | 429 | 500..=599),
+            Self::Transport { .. } => true,
+            Self::Encode { .. } | Self::Write { .. } | Self::WriterStopped { .. } => false,
+        }
+    }
+}
+
+/// Installs rustls' ring crypto provider as the process default (once),
+/// which the HTTP clients of the sinks use. No OpenSSL, no aws-lc.
+pub fn install_tls_provider() {
+    // Err means a provider is already installed: fine either way.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Builds the HTTP client the network sinks share: rustls, a request
+/// timeout, no proxy from the environment (an agent talks to the URL it
+/// was given).
+pub fn http_client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
+    install_tls_provider();
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout.min(Duration::from_secs(10)))
+        .user_agent(concat!("clrbpf/", env!("CARGO_PKG_VERSION")))
+        .no_proxy()
+        .build()
+}
+
+/// `N` random bytes from the standard library's per-process random hasher
+/// keys (for ids; not for secrets).
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut out = [0u8; N];
+    for (index, chunk) in out.chunks_mut(8).enumerate() {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(crate::profile::monotonic_ns());
+        hasher.write_usize(index);
+        let word = hasher.finish().to_le_bytes();
+        chunk.copy_from_slice(&word[..chunk.len()]);
+    }
+    out
+}
+
+/// The first `limit` bytes of an HTTP answer as text, for error messages.
+pub(crate) fn body_excerpt(body: &[u8], limit: usize) -> String {
+    let end = body.len().min(limit);
+    let mut text = String::from_utf8_lossy(&body[..end]).into_owned();
+    text.retain(|c| !c.is_control() || c == ' ');
+    if body.len() > limit {
+        text.push_str("...");
+    }
+    text
+}
+
+#[cfg(test)]
+pub(crate) mod test_support;

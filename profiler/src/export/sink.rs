@@ -1,0 +1,140 @@
+//! Where the profile of a closed window goes: a [`ProfileSink`]. `record`
+//! has one window and a [`FileSink`] (one file, or one per kind with
+//! `--split`); the agent hands every window to its uploaders through the
+//! same trait.
+
+use std::path::{Path, PathBuf};
+
+use super::{
+    ExportError,
+    output::{OutputFile, OutputFormat, create_output},
+    split::{select_sample_types, split_outputs},
+};
+use crate::profile::{Profile, layout::ValueLayout};
+
+/// Takes the profile of each window the pipeline closes.
+pub trait ProfileSink {
+    /// Writes or ships `profile`, the whole host's samples of one window.
+    fn write_window(&mut self, profile: &Profile) -> Result<(), ExportError>;
+}
+
+/// The output files of `record`, created (mode 0600, owned by the invoking
+/// user under sudo) before anything is recorded, so a bad path fails first;
+/// filled and renamed into place with the one window's profile.
+pub struct FileSink {
+    format: OutputFormat,
+    planned: Vec<PlannedOutput>,
+    written: Vec<PathBuf>,
+}
+
+/// One output file and what goes in it.
+struct PlannedOutput {
+    path: PathBuf,
+    /// The sample types it keeps (indices into the combined profile);
+    /// `None`: all of them.
+    types: Option<Vec<usize>>,
+    /// The sample type folded stacks and flame graphs show.
+    index: usize,
+    file: OutputFile,
+}
+
+impl FileSink {
+    /// Creates `output` (or, with `split`, one file per kind of `layout`)
+    /// as `format`, owned by `owner`.
+    pub fn create(
+        output: &Path,
+        format: OutputFormat,
+        split: bool,
+        layout: &ValueLayout,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Self, ExportError> {
+        let parts: Vec<(PathBuf, Option<Vec<usize>>, usize)> = if split {
+            split_outputs(output, format, layout)
+                .into_iter()
+                .map(|(path, types, index)| (path, Some(types), index))
+                .collect()
+        } else {
+            let index = match format {
+                OutputFormat::Pprof => layout.default_index(),
+                OutputFormat::Collapsed | OutputFormat::Svg => layout.folded_index(),
+            };
+            vec![(output.to_owned(), None, index)]
+        };
+        let planned = parts
+            .into_iter()
+            .map(|(path, types, index)| {
+                Ok(PlannedOutput {
+                    file: create_output(&path, owner)?,
+                    path,
+                    types,
+                    index,
+                })
+            })
+            .collect::<Result<_, ExportError>>()?;
+        Ok(Self {
+            format,
+            planned,
+            written: Vec::new(),
+        })
+    }
+
+    /// The files written so far.
+    pub fn written(&self) -> &[PathBuf] {
+        &self.written
+    }
+}
+
+impl ProfileSink for FileSink {
+    /// Fills and commits every file; a second window has nowhere to go.
+    fn write_window(&mut self, profile: &Profile) -> Result<(), ExportError> {
+        if self.planned.is_empty() {
+            return Err(ExportError::NotAFilePath {
+                path: PathBuf::from("(the output files were written already)"),
+            });
+        }
+        for planned in std::mem::take(&mut self.planned) {
+            let PlannedOutput {
+                path,
+                types,
+                index,
+                file,
+            } = planned;
+            match types {
+                Some(types) => {
+                    let mut part = select_sample_types(profile, &types);
+                    part.default_sample_type = Some(index);
+                    file.write_profile(&part, self.format, index)?;
+                }
+                None => file.write_profile(profile, self.format, index)?,
+            }
+            self.written.push(path);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::{pprof::read_pprof, test_profile};
+
+    #[test]
+    fn split_files_exist_from_the_start_and_hold_their_kinds_after_the_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = ValueLayout::new(true, false, false);
+        let out = dir.path().join("p.pb.gz");
+        let mut sink = FileSink::create(&out, OutputFormat::Pprof, true, &layout, None).unwrap();
+        let temporaries = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(temporaries, 2, "cpu and offcpu, created before any sample");
+        let mut profile = test_profile::profile();
+        profile.sample_types = layout.types.clone();
+        for sample in &mut profile.samples {
+            sample.values.resize(layout.types.len(), 1);
+        }
+        sink.write_window(&profile).unwrap();
+        assert_eq!(sink.written().len(), 2);
+        let cpu = read_pprof(&std::fs::read(dir.path().join("p.cpu.pb.gz")).unwrap()).unwrap();
+        assert_eq!(cpu.sample_type.len(), 2);
+        assert!(sink.write_window(&profile).is_err(), "one window only");
+    }
+}

@@ -1,0 +1,114 @@
+//! `--split`: one output file per kind of sample (CPU, off-CPU, wall,
+//! contention, exceptions) cut from the combined profile.
+
+use std::path::{Path, PathBuf};
+
+use super::output::OutputFormat;
+use crate::profile::{Profile, ProfileSample, layout::ValueLayout};
+
+/// `--split`: for `out.pb.gz`, `out.cpu.pb.gz` (samples, cpu),
+/// `out.offcpu.pb.gz` (off_cpu, wakeup), `out.wall.pb.gz`,
+/// `out.contention.pb.gz` (contentions, delay) and `out.exceptions.pb.gz`,
+/// those the recording has, with the sample types each keeps (indices
+/// into the combined profile) and the one folded stacks and flame graphs
+/// show (an index into the kept ones).
+pub fn split_outputs(
+    output: &Path,
+    format: OutputFormat,
+    layout: &ValueLayout,
+) -> Vec<(PathBuf, Vec<usize>, usize)> {
+    let name = output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (stem, extension) = match name.strip_suffix(".pb.gz") {
+        Some(stem) => (stem.to_owned(), ".pb.gz".to_owned()),
+        None => match name.rsplit_once('.') {
+            Some((stem, ext)) if !stem.is_empty() => (stem.to_owned(), format!(".{ext}")),
+            _ => (name.clone(), String::new()),
+        },
+    };
+    let folded = !matches!(format, OutputFormat::Pprof);
+    let mut parts = vec![(
+        "cpu",
+        vec![layout.samples, layout.cpu],
+        if folded { 0 } else { 1 },
+    )];
+    if let (Some(off_cpu), Some(wakeup)) = (layout.off_cpu, layout.wakeup) {
+        parts.push(("offcpu", vec![off_cpu, wakeup], 0));
+    }
+    if let Some(wall) = layout.wall {
+        parts.push(("wall", vec![wall], 0));
+    }
+    if let Some(clr) = layout.clr {
+        parts.push(("contention", vec![clr, clr + 1], 1));
+        parts.push(("exceptions", vec![clr + 2], 0));
+    }
+    parts
+        .into_iter()
+        .map(|(kind, types, index)| {
+            (
+                output.with_file_name(format!("{stem}.{kind}{extension}")),
+                types,
+                index,
+            )
+        })
+        .collect()
+}
+
+/// The part of `profile` with only the sample types `types`, and only the
+/// samples with a value in one of them.
+pub fn select_sample_types(profile: &Profile, types: &[usize]) -> Profile {
+    let mut part = profile.clone();
+    part.sample_types = types
+        .iter()
+        .filter_map(|&i| profile.sample_types.get(i).cloned())
+        .collect();
+    part.samples = profile
+        .samples
+        .iter()
+        .filter_map(|sample| {
+            let values: Vec<i64> = types
+                .iter()
+                .map(|&i| sample.values.get(i).copied().unwrap_or(0))
+                .collect();
+            values.iter().any(|&v| v != 0).then(|| ProfileSample {
+                values,
+                ..sample.clone()
+            })
+        })
+        .collect();
+    let keeps_cpu = types.contains(&1);
+    if !keeps_cpu {
+        part.period_type = None;
+        part.period = 0;
+    }
+    part
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_files_are_named_by_kind_with_their_sample_types() {
+        let layout = ValueLayout::new(true, true, true);
+        let parts = split_outputs(Path::new("/x/out.pb.gz"), OutputFormat::Pprof, &layout);
+        let files: Vec<String> = parts
+            .iter()
+            .map(|(p, _, _)| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            files,
+            [
+                "out.cpu.pb.gz",
+                "out.offcpu.pb.gz",
+                "out.wall.pb.gz",
+                "out.contention.pb.gz",
+                "out.exceptions.pb.gz"
+            ]
+        );
+        assert_eq!(parts[1].1, vec![2, 3]);
+        assert_eq!(parts[4].1, vec![7]);
+    }
+}

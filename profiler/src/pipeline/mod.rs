@@ -1,0 +1,731 @@
+//! The pipeline that `record` drives: raw samples from the kernel in,
+//! aggregated, symbolized samples out.
+//!
+//! 1. [`Pipeline::accept`] takes the raw samples a tick drained and learns
+//!    each new process once ([`tracked::TrackedProcess`]: mappings, .NET
+//!    runtime, perf maps, EventPipe session).
+//! 2. [`Pipeline::process_pending`] symbolizes them a little after they
+//!    were taken (the runtime writes a method's perf map line right after
+//!    compiling it): [`resolve`] turns addresses into frames, and each
+//!    sample becomes labels and values ([`crate::profile::layout`]) in the
+//!    [`Aggregator`]. CLR events enter there too, as samples of their own
+//!    kinds.
+//! 3. At the end, the .NET processes are restored (perf maps off, the
+//!    perf files clrbpf asked for removed) and the profile goes to the
+//!    export stage; [`summary`] says what was collected.
+
+pub mod resolve;
+pub mod summary;
+pub mod tracked;
+
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    path::Path,
+    sync::Arc,
+};
+
+use self::{
+    resolve::{add_clr_samples, user_frame},
+    summary::{ClrProcessTotals, RecordSummary},
+    tracked::TrackedProcess,
+};
+use crate::{
+    bpf::UnwindWorker,
+    clr::{collector::ClrCollector, session::ClrEventKinds},
+    process::{ProcFs, root::TargetRoot},
+    profile::{
+        Aggregator, Frame, FrameKind, Label, Profile, RawSample, ValueType, label_keys,
+        layout::ValueLayout, wait_kind,
+    },
+    symbolize::{
+        managed::TargetLocation,
+        native::NativeSymbolizer,
+        perf_files::{PerfFileCleanup, remove_perf_files},
+    },
+};
+
+/// How long the end of a recording waits for the EventPipe sessions (all
+/// of them together) to deliver their last events after StopTracing.
+const CLR_STOP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long after a sample was taken it is symbolized: the runtime writes a
+/// method's perf map line right after JIT-compiling it, and we read the
+/// file on a timer.
+pub const SYMBOLIZE_DELAY: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// How long the end of a recording waits for the runtimes (all of them
+/// together) to turn their perf maps off again.
+const DETACH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Most samples held back for a late perf map (about 4 KiB each at most).
+const MAX_RETRY_SAMPLES: usize = 200_000;
+
+/// Where raw samples come from: the kernel ([`crate::bpf::Sampler`]) or,
+/// in tests, a fake.
+pub trait SampleSource {
+    /// Moves the samples taken since the last call into `out`; returns how
+    /// many malformed records were skipped.
+    fn drain(&mut self, out: &mut Vec<RawSample>) -> u64;
+}
+
+impl SampleSource for crate::bpf::Sampler {
+    fn drain(&mut self, out: &mut Vec<RawSample>) -> u64 {
+        crate::bpf::Sampler::drain(self, out)
+    }
+}
+
+/// The span of one window: CLOCK_MONOTONIC bounds (the clock of sample
+/// times), `[start_ns, end_ns)`, and the wall-clock time of its start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowSpan {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub start_unix_ns: i64,
+}
+
+/// Turns raw samples into aggregated, symbolized ones.
+pub struct Pipeline {
+    pub(crate) procfs: ProcFs,
+    pub(crate) attach_perf_maps: bool,
+    pub(crate) clr_events: ClrEventKinds,
+    pub(crate) native: NativeSymbolizer,
+    processes: HashMap<u32, TrackedProcess>,
+    pub(crate) aggregator: Aggregator,
+    pub(crate) pending: VecDeque<RawSample>,
+    pub(crate) summary: RecordSummary,
+    pub(crate) stack: Vec<u32>,
+    pub(crate) user_frames: Vec<Arc<Frame>>,
+    /// Samples waiting for a perf map that names their JIT frames.
+    pub(crate) retry: Vec<RawSample>,
+    pub(crate) unwind: Option<UnwindWorker>,
+    pub(crate) layout: ValueLayout,
+    /// Kernel frame names of the sample being added (for `wait.kind`).
+    pub(crate) kernel_names: Vec<Arc<str>>,
+    /// Thread names seen in samples, for the off-CPU totals.
+    pub(crate) thread_names: HashMap<u32, Arc<str>>,
+    /// Off-CPU nanoseconds (upscaled) and waits the profile holds, per tid.
+    pub(crate) off_cpu_recorded: HashMap<u32, (u64, u64)>,
+}
+
+impl Pipeline {
+    /// How many processes have been seen.
+    pub fn process_count(&self) -> usize {
+        self.processes.len()
+    }
+
+    pub fn new(attach_perf_maps: bool, clr_events: ClrEventKinds, layout: ValueLayout) -> Self {
+        Self {
+            procfs: ProcFs::default(),
+            attach_perf_maps,
+            clr_events,
+            native: NativeSymbolizer::new(),
+            processes: HashMap::new(),
+            aggregator: Aggregator::new(layout.types.clone()),
+            pending: VecDeque::new(),
+            summary: RecordSummary::default(),
+            stack: Vec::with_capacity(256),
+            user_frames: Vec::with_capacity(256),
+            retry: Vec::new(),
+            unwind: None,
+            layout,
+            kernel_names: Vec::with_capacity(128),
+            thread_names: HashMap::new(),
+            off_cpu_recorded: HashMap::new(),
+        }
+    }
+
+    pub fn track(&mut self, pid: u32) {
+        if !self.processes.contains_key(&pid) {
+            let process = TrackedProcess::discover(
+                &self.procfs,
+                pid,
+                &mut self.native,
+                self.attach_perf_maps,
+                self.clr_events,
+            );
+            self.processes.insert(pid, process);
+            if let Some(unwind) = self.unwind.as_ref() {
+                unwind.track_process(pid);
+            }
+        }
+    }
+
+    /// Starts, drains (and notices the end of) every EventPipe session.
+    pub fn poll_clr(&mut self) {
+        for process in self.processes.values_mut() {
+            process.poll_attach();
+            process.poll_clr(&self.procfs);
+        }
+    }
+
+    /// The end of the recording: stops every session, then adds the kept
+    /// CLR events, symbolized like CPU samples' user stacks at their own
+    /// time and weighted so the totals are exact.
+    pub fn finish_clr(&mut self) {
+        // Every session is asked to stop at once, then all are drained
+        // against one deadline: the end of a recording waits for the
+        // slowest runtime once, not for each in turn.
+        for process in self.processes.values_mut() {
+            if let Some(clr) = process.clr.as_mut() {
+                clr.begin_stop();
+            }
+        }
+        let until = std::time::Instant::now() + CLR_STOP_DEADLINE;
+        for process in self.processes.values_mut() {
+            process.stop_clr(until);
+        }
+        let Self {
+            native,
+            processes,
+            aggregator,
+            summary,
+            stack,
+            procfs,
+            layout,
+            ..
+        } = self;
+        for process in processes.values_mut() {
+            let Some(mut clr) = process.clr.take() else {
+                continue;
+            };
+            process.refresh_managed(true);
+            summary.warnings.append(&mut clr.take_warnings());
+            if clr.had_session() {
+                summary.clr.push(ClrProcessTotals {
+                    pid: process.pid,
+                    exe_name: process.exe_name.clone(),
+                    counters: clr.counters(),
+                    incomplete: clr.incomplete().map(str::to_owned),
+                });
+            }
+            let kept = clr.finish();
+            add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
+        }
+    }
+
+    /// Adds the CLR samples of the sampling windows closed so far, so a
+    /// long recording holds at most one window of them per process.
+    pub fn flush_clr_windows(&mut self) {
+        let Self {
+            native,
+            processes,
+            aggregator,
+            stack,
+            procfs,
+            layout,
+            ..
+        } = self;
+        for process in processes.values_mut() {
+            let Some(kept) = process.clr.as_mut().map(ClrCollector::take_completed) else {
+                continue;
+            };
+            if !kept.is_empty() {
+                process.refresh_managed(true);
+                add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
+            }
+        }
+    }
+
+    /// One tick of a recording: drain the kernel's samples, queue the
+    /// processes whose stacks met unindexed code for a rescan, start and
+    /// drain the EventPipe sessions, add the CLR samples of closed sampling
+    /// windows, and symbolize the samples taken [`SYMBOLIZE_DELAY`] ago or
+    /// earlier.
+    pub fn tick(&mut self, sampler: &mut crate::bpf::Sampler, scratch: &mut Vec<RawSample>) {
+        self.pull(sampler, scratch);
+        if let Some(unwind) = self.unwind.as_ref() {
+            for pid in sampler.take_pids_to_rescan() {
+                unwind.refresh_process(pid);
+            }
+        }
+        self.poll_clr();
+        self.flush_clr_windows();
+        let delay = u64::try_from(SYMBOLIZE_DELAY.as_nanos()).unwrap_or(u64::MAX);
+        self.process_pending(crate::profile::monotonic_ns().saturating_sub(delay));
+    }
+
+    /// Drains `source` into the pending samples (see [`Self::accept`]).
+    pub fn pull(&mut self, source: &mut impl SampleSource, scratch: &mut Vec<RawSample>) {
+        self.summary.malformed_records += source.drain(scratch);
+        self.accept(scratch);
+    }
+
+    /// Closes the window `span`: every sample taken before its end is
+    /// symbolized (the held-back ones named as well as they can be now) and
+    /// the profile of the window is handed out, with `period_ns` per CPU
+    /// sample; the next window starts empty. Samples taken after the end
+    /// stay pending for the next window.
+    pub fn take_window(&mut self, span: WindowSpan, period_ns: u64) -> Profile {
+        self.process_pending(span.end_ns);
+        let (due, later): (Vec<RawSample>, Vec<RawSample>) = std::mem::take(&mut self.retry)
+            .into_iter()
+            .partition(|s| s.time_ns < span.end_ns);
+        self.retry = later;
+        for sample in &due {
+            self.add_sample(sample, true);
+        }
+        let mut profile = self.aggregator.take(
+            Some(ValueType::new("cpu", "nanoseconds")),
+            i64::try_from(period_ns).unwrap_or(i64::MAX),
+            span.start_unix_ns,
+            i64::try_from(span.end_ns.saturating_sub(span.start_ns)).unwrap_or(i64::MAX),
+        );
+        profile.default_sample_type = Some(self.layout.default_index());
+        profile
+    }
+
+    pub fn accept(&mut self, samples: &mut Vec<RawSample>) {
+        for sample in samples.drain(..) {
+            self.track(sample.pid);
+            self.pending.push_back(sample);
+        }
+    }
+
+    /// Symbolizes and aggregates the samples taken before `until_ns`
+    /// (`u64::MAX`: all of them).
+    pub fn process_pending(&mut self, until_ns: u64) {
+        let due: HashSet<u32> = self
+            .pending
+            .iter()
+            .take_while(|s| s.time_ns < until_ns)
+            .map(|s| s.pid)
+            .collect();
+        for pid in due {
+            if let Some(p) = self.processes.get_mut(&pid) {
+                p.refresh_managed(false);
+            }
+        }
+        while self.pending.front().is_some_and(|s| s.time_ns < until_ns) {
+            let Some(sample) = self.pending.pop_front() else {
+                break;
+            };
+            self.add_sample(&sample, false);
+        }
+    }
+
+    /// The end of the recording: every perf map read one last time, then
+    /// every sample symbolized, the held-back ones included.
+    pub fn process_all(&mut self) {
+        for process in self.processes.values_mut() {
+            process.refresh_managed(true);
+        }
+        let pending: Vec<RawSample> = self.pending.drain(..).collect();
+        let retry = std::mem::take(&mut self.retry);
+        for sample in pending.iter().chain(&retry) {
+            self.add_sample(sample, true);
+        }
+    }
+
+    /// Symbolizes one sample and adds it. Before the final pass, a sample
+    /// with a JIT frame its process's perf map does not name yet goes to the
+    /// retry queue instead: runtimes before .NET 5 buffer their perf map and
+    /// write most of it late, so the final read names it.
+    pub fn add_sample(&mut self, sample: &RawSample, final_pass: bool) {
+        let Self {
+            native,
+            processes,
+            aggregator,
+            summary,
+            stack,
+            procfs,
+            user_frames,
+            retry,
+            layout,
+            kernel_names,
+            thread_names,
+            off_cpu_recorded,
+            ..
+        } = self;
+        user_frames.clear();
+        if let Some(process) = processes.get_mut(&sample.pid) {
+            for (i, &addr) in sample.user_stack.iter().enumerate() {
+                let is_return_address = i > 0;
+                user_frames.push(user_frame(
+                    native,
+                    procfs,
+                    process,
+                    addr,
+                    is_return_address,
+                    sample.time_ns,
+                ));
+            }
+            let unresolved_jit = process.managed.is_some()
+                && user_frames
+                    .iter()
+                    .any(|f| f.kind == FrameKind::Unknown && f.module.is_none());
+            if unresolved_jit && !final_pass && retry.len() < MAX_RETRY_SAMPLES {
+                retry.push(sample.clone());
+                return;
+            }
+        }
+        let Some(process) = processes.get(&sample.pid) else {
+            return;
+        };
+        summary.samples += 1;
+        stack.clear();
+        kernel_names.clear();
+        for &addr in &sample.kernel_stack {
+            let frame = native.symbolize_kernel(addr);
+            summary.kernel_frames += 1;
+            if sample.off_cpu.is_some() {
+                kernel_names.push(frame.name.clone());
+            }
+            stack.push(aggregator.intern(&frame));
+        }
+        if sample.kernel_stack_truncated {
+            stack.push(aggregator.intern(&Frame::synthetic("[truncated kernel stack]")));
+        }
+        for frame in user_frames.iter() {
+            match (frame.kind, &frame.module) {
+                (FrameKind::Managed, _) => summary.managed_frames += 1,
+                (FrameKind::Native, _) => summary.native_frames += 1,
+                (_, Some(_)) => summary.unnamed_frames += 1,
+                (_, None) => summary.unknown_frames += 1,
+            }
+            stack.push(aggregator.intern(frame));
+        }
+        if sample.user_stack_truncated {
+            summary.truncated_stacks += 1;
+            stack.push(aggregator.intern(&Frame::synthetic("[truncated]")));
+        }
+        crate::profile::gc::add_gc_root(&sample.thread_name, stack, aggregator);
+        let mut labels = vec![
+            Label::num(label_keys::PROCESS_PID, i64::from(sample.pid)),
+            Label::str(
+                label_keys::PROCESS_EXECUTABLE_NAME,
+                process.exe_name.clone(),
+            ),
+            Label::num(label_keys::THREAD_ID, i64::from(sample.tid)),
+            Label::str(label_keys::THREAD_NAME, sample.thread_name.clone()),
+        ];
+        if let Some(id) = &process.container_id {
+            labels.push(Label::str(label_keys::CONTAINER_ID, id.clone()));
+        }
+        labels.extend(process.pod.iter().flat_map(|pod| pod.sample_labels()));
+        let value = i64::try_from(sample.value).unwrap_or(i64::MAX);
+        let mut values = layout.zeros();
+        let Some(off_cpu) = &sample.off_cpu else {
+            values[layout.samples] = 1;
+            values[layout.cpu] = value;
+            if let Some(wall) = layout.wall {
+                values[wall] = value;
+            }
+            aggregator.add(stack, labels, &values);
+            return;
+        };
+        // The latest name: a new thread blocks before it names itself.
+        thread_names.insert(sample.tid, sample.thread_name.clone());
+        let waker_kernel: Vec<Arc<Frame>> = off_cpu
+            .waker_kernel_stack
+            .iter()
+            .map(|&addr| native.symbolize_kernel(addr))
+            .collect();
+        let kind = wait_kind::classify(
+            off_cpu.syscall,
+            wait_kind::woken_by_timer(waker_kernel.iter().map(|f| &*f.name)),
+            kernel_names.iter().map(|n| &**n),
+        );
+        labels.push(Label::str(label_keys::WAIT_KIND, kind.name()));
+        if let Some(at) = layout.off_cpu {
+            values[at] = value;
+        }
+        if let Some(wall) = layout.wall {
+            values[wall] = value;
+        }
+        if off_cpu.stack_not_taken {
+            stack.insert(
+                0,
+                aggregator.intern(&Frame::synthetic("[stack not taken: --off-cpu-max-stacks]")),
+            );
+        }
+        let recorded = off_cpu_recorded.entry(sample.tid).or_default();
+        recorded.0 += sample.value;
+        recorded.1 += 1;
+        let Some(wakeup) = layout.wakeup else {
+            aggregator.add(stack, labels, &values);
+            return;
+        };
+        let blocked = stack.clone();
+        aggregator.add(stack, labels.clone(), &values);
+        if off_cpu.waker.is_none() && waker_kernel.is_empty() {
+            return;
+        }
+        // As bcc's offwaketime: the waker's stack, root first, on top of a
+        // `--` frame on top of the blocked stack, so a flame graph reads
+        // "blocked in X (below), released by Y (above)".
+        stack.clear();
+        let in_interrupt = wait_kind::woken_in_interrupt(waker_kernel.iter().map(|f| &*f.name));
+        match &off_cpu.waker {
+            Some(waker) if !in_interrupt => {
+                stack.push(aggregator.intern(&Frame::synthetic(&format!(
+                    "{} (pid {})",
+                    waker.thread_name, waker.pid
+                ))));
+                if let Some(process) = processes.get_mut(&waker.pid) {
+                    for (i, &addr) in waker.user_stack.iter().enumerate().rev() {
+                        let frame =
+                            user_frame(native, procfs, process, addr, i > 0, sample.time_ns);
+                        stack.push(aggregator.intern(&frame));
+                    }
+                } else {
+                    stack.push(aggregator.intern(&Frame::synthetic("[process not profiled]")));
+                }
+                labels.push(Label::num(
+                    label_keys::WAKER_PROCESS_PID,
+                    i64::from(waker.pid),
+                ));
+                labels.push(Label::num(
+                    label_keys::WAKER_THREAD_ID,
+                    i64::from(waker.tid),
+                ));
+                labels.push(Label::str(
+                    label_keys::WAKER_THREAD_NAME,
+                    waker.thread_name.clone(),
+                ));
+            }
+            _ => stack.push(aggregator.intern(&Frame::synthetic("[interrupt]"))),
+        }
+        for frame in waker_kernel.iter().rev() {
+            stack.push(aggregator.intern(frame));
+        }
+        stack.push(aggregator.intern(&Frame::synthetic("--")));
+        stack.extend_from_slice(&blocked);
+        let mut waker_values = layout.zeros();
+        waker_values[wakeup] = value;
+        aggregator.add(stack, labels, &waker_values);
+    }
+
+    /// Turns perf maps off again in the processes where we turned them on,
+    /// and removes the perf files of the processes the command started.
+    pub fn restore_processes(&mut self, keep_files: bool) {
+        let mut detaching = Vec::new();
+        for process in self.processes.values_mut() {
+            process.abandon_attach();
+            self.summary.warnings.append(&mut process.warnings);
+            if let Some(problems) = process.managed.as_ref().and_then(|m| m.errors().problems()) {
+                self.summary.warnings.push(format!(
+                    "pid {}: some managed frames may be unnamed: {problems}",
+                    process.pid
+                ));
+            }
+            if !keep_files
+                && process.launched_here
+                && let Some(managed) = process.managed.as_ref()
+            {
+                let cleanup = remove_launched_perf_files(managed.location());
+                self.summary.warnings.extend(cleanup);
+            }
+            if let Some(handle) = process.perf_map.take() {
+                self.summary.perf_maps_enabled += 1;
+                // Every process at once, on threads of their own: a stopped
+                // or overloaded runtime answers DisablePerfMap late or never.
+                let pid = process.pid;
+                match std::thread::Builder::new()
+                    .name(format!("clrbpf-detach-{pid}"))
+                    .spawn(move || handle.finish(keep_files))
+                {
+                    Ok(job) => detaching.push((pid, job)),
+                    Err(e) => self.summary.warnings.push(format!(
+                        "pid {pid}: cannot start a thread to turn perf maps off again: {e}"
+                    )),
+                }
+            }
+        }
+        let until = std::time::Instant::now() + DETACH_DEADLINE;
+        crate::stop::wait_until(until, || detaching.iter().all(|(_, job)| job.is_finished()));
+        for (pid, job) in detaching {
+            if !job.is_finished() {
+                self.summary.warnings.push(format!(
+                    "pid {pid}: its runtime did not answer DisablePerfMap in time (stopped or overloaded?): it may keep writing perf maps, and their files stay"
+                ));
+                continue;
+            }
+            let Ok(cleanup) = job.join() else {
+                continue;
+            };
+            // A process that exited has nothing left to turn off.
+            if let Err(e) = cleanup.disable
+                && self.procfs.is_running(pid)
+            {
+                self.summary
+                    .warnings
+                    .push(format!("pid {pid}: turning perf maps off again: {e}"));
+            }
+            self.summary
+                .warnings
+                .extend(perf_file_warnings(pid, &cleanup.files));
+        }
+    }
+}
+
+/// Removes the perf files of a process the launched command started. The
+/// process may be gone, and /proc/PID/root with it: it shared our mount
+/// namespace, so our root is its root. Its files were all written after it
+/// started. Returns the warnings.
+fn remove_launched_perf_files(location: &TargetLocation) -> Vec<String> {
+    let pid = location.pid;
+    let (Some(owner), Some(started_at)) = (&location.owner, location.started_at) else {
+        return vec![format!(
+            "pid {pid}: its perf files were left in place: its user or start time could not be read"
+        )];
+    };
+    let root = match TargetRoot::at_host_path(Path::new("/")) {
+        Ok(root) => root,
+        Err(e) => return vec![format!("pid {pid}: removing its perf files: {e}")],
+    };
+    let dirs = [
+        location.perf_dir.as_path(),
+        location.legacy_perf_map_dir.as_path(),
+    ];
+    match remove_perf_files(&root, &dirs, location.ns_pid, owner, started_at) {
+        Ok(cleanup) => perf_file_warnings(pid, &cleanup),
+        Err(e) => vec![format!("pid {pid}: removing its perf files: {e}")],
+    }
+}
+
+/// The summary's warnings about one process's perf files: those that could
+/// not be removed, and one line for those left alone.
+fn perf_file_warnings(pid: u32, cleanup: &PerfFileCleanup) -> Vec<String> {
+    let mut warnings: Vec<String> = cleanup
+        .failed
+        .iter()
+        .map(|(path, e)| format!("pid {pid}: removing {}: {e}", path.display()))
+        .collect();
+    warnings.extend(cleanup.left_alone_warning(pid));
+    warnings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake kernel: samples handed out in the order given, a few per
+    /// drain, as ticks would.
+    struct FakeSource(VecDeque<RawSample>);
+
+    impl SampleSource for FakeSource {
+        fn drain(&mut self, out: &mut Vec<RawSample>) -> u64 {
+            let n = self.0.len().min(3);
+            out.extend(self.0.drain(..n));
+            0
+        }
+    }
+
+    /// A CPU sample of a process that does not exist: its frames stay
+    /// unknown, which is all a window needs.
+    fn cpu_sample(time_ns: u64, tid: u32, user_stack: Vec<u64>) -> RawSample {
+        RawSample {
+            time_ns,
+            pid: u32::MAX - 1,
+            tid,
+            cpu: 0,
+            kind: clrbpf_common::SampleKind::OnCpu,
+            value: 1000,
+            thread_name: "worker".into(),
+            kernel_stack: Vec::new(),
+            user_stack,
+            kernel_stack_truncated: false,
+            user_stack_truncated: false,
+            off_cpu: None,
+        }
+    }
+
+    fn totals(profile: &Profile) -> (i64, i64) {
+        profile
+            .samples
+            .iter()
+            .fold((0, 0), |(n, cpu), s| (n + s.values[0], cpu + s.values[1]))
+    }
+
+    #[test]
+    fn consecutive_windows_add_up_to_the_whole() {
+        let samples: Vec<RawSample> = (0..20u64)
+            .map(|i| cpu_sample(i * 100, 1 + (i % 3) as u32, vec![0x1000 + i % 4, 0x2000]))
+            .collect();
+        let layout = ValueLayout::new(false, false, false);
+        let mut windowed = Pipeline::new(false, ClrEventKinds::NONE, layout.clone());
+        let mut source = FakeSource(samples.iter().cloned().collect());
+        let mut scratch = Vec::new();
+        // 12 samples pulled: two of them are past the first window's end.
+        for _ in 0..4 {
+            windowed.pull(&mut source, &mut scratch);
+        }
+        let first = windowed.take_window(
+            WindowSpan {
+                start_ns: 0,
+                end_ns: 1000,
+                start_unix_ns: 5_000,
+            },
+            1000,
+        );
+        for _ in 0..10 {
+            windowed.pull(&mut source, &mut scratch);
+        }
+        let second = windowed.take_window(
+            WindowSpan {
+                start_ns: 1000,
+                end_ns: 2000,
+                start_unix_ns: 6_000,
+            },
+            1000,
+        );
+        assert_eq!(totals(&first), (10, 10_000), "samples at 0..900 ns");
+        assert_eq!(totals(&second), (10, 10_000), "samples at 1000..1900 ns");
+        assert_eq!((first.start_unix_ns, first.duration_ns), (5_000, 1000));
+        assert_eq!((second.start_unix_ns, second.duration_ns), (6_000, 1000));
+
+        let mut whole = Pipeline::new(false, ClrEventKinds::NONE, layout);
+        let mut samples = samples;
+        whole.accept(&mut samples);
+        let all = whole.take_window(
+            WindowSpan {
+                start_ns: 0,
+                end_ns: 2000,
+                start_unix_ns: 5_000,
+            },
+            1000,
+        );
+        assert_eq!(totals(&all), (20, 20_000));
+        // Per stack and thread, the two windows hold what the whole holds.
+        let by_key = |profiles: &[&Profile]| {
+            let mut sums: HashMap<(Vec<String>, String), i64> = HashMap::new();
+            for p in profiles {
+                for s in &p.samples {
+                    let names = s
+                        .stack
+                        .iter()
+                        .map(|&f| p.frames[f as usize].name.to_string())
+                        .collect();
+                    let tid = format!(
+                        "{:?}",
+                        s.labels.iter().find(|l| &*l.key == label_keys::THREAD_ID)
+                    );
+                    *sums.entry((names, tid)).or_default() += s.values[0];
+                }
+            }
+            sums
+        };
+        assert_eq!(by_key(&[&first, &second]), by_key(&[&all]));
+    }
+
+    #[test]
+    fn a_window_leaves_later_samples_for_the_next() {
+        let mut pipeline = Pipeline::new(
+            false,
+            ClrEventKinds::NONE,
+            ValueLayout::new(false, false, false),
+        );
+        pipeline.accept(&mut vec![
+            cpu_sample(50, 1, vec![1]),
+            cpu_sample(150, 1, vec![1]),
+        ]);
+        let span = |start_ns, end_ns| WindowSpan {
+            start_ns,
+            end_ns,
+            start_unix_ns: 0,
+        };
+        assert_eq!(totals(&pipeline.take_window(span(0, 100), 1)), (1, 1000));
+        assert_eq!(totals(&pipeline.take_window(span(100, 200), 1)), (1, 1000));
+        assert_eq!(totals(&pipeline.take_window(span(200, 300), 1)), (0, 0));
+    }
+}

@@ -1,0 +1,379 @@
+//! The .NET side of one profiled process, as the pipeline tracks it: its
+//! mappings (for native frames), whether it runs a CoreCLR and which, its
+//! managed symbols (perf map and jitdump, or MethodLoad events), the perf
+//! maps clrbpf turned on in it and its EventPipe session. A process is
+//! learnt once, when its first sample arrives, and restored at the end.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    clr::{
+        collector::ClrCollector,
+        ipc::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
+        session::ClrEventKinds,
+    },
+    process::{
+        ProcFs,
+        dotnet::DotnetRuntime,
+        maps::{Mapping, MappingTable},
+    },
+    profile::Module,
+    symbolize::{
+        managed::ManagedSymbols,
+        native::{FileKey, MappedFile, NativeSymbolizer},
+    },
+};
+
+/// A perf map attach running on its own thread.
+pub(super) type AttachJob =
+    std::thread::JoinHandle<Result<PerfMapAttachOutcome, crate::clr::ipc::IpcError>>;
+
+/// How often a process's perf map / jitdump are re-read at most.
+const MANAGED_REFRESH_EVERY: Duration = Duration::from_millis(200);
+/// How often a process's mappings are re-read at most when an address is
+/// not covered by the ones we have.
+const MAPS_REFRESH_EVERY: Duration = Duration::from_millis(200);
+
+/// What we know of one profiled process.
+pub(super) struct TrackedProcess {
+    pub(super) pid: u32,
+    pub(super) exe_name: Arc<str>,
+    pub(super) container_id: Option<Arc<str>>,
+    /// Pod and container names (k8s/), looked up once.
+    pub(super) pod: Option<Arc<crate::k8s::PodLabels>>,
+    pub(super) mappings: MappingTable,
+    pub(super) maps_read_at: Option<Instant>,
+    pub(super) managed: Option<ManagedSymbols>,
+    pub(super) managed_read_at: Option<Instant>,
+    pub(super) perf_map: Option<PerfMapAttach>,
+    /// The perf map attach under way on its own thread, with the runtime
+    /// version seen in the mappings.
+    pub(super) attach_job: Option<(AttachJob, Option<String>)>,
+    /// Started by the command clrbpf launched, in clrbpf's own mount and
+    /// PID namespaces: its perf files are ours to remove.
+    pub(super) launched_here: bool,
+    /// Whether to ask the runtime for perf maps once it is seen.
+    pub(super) attach: bool,
+    pub(super) warnings: Vec<String>,
+    pub(super) jit_module: Arc<Module>,
+    pub(super) clr: Option<ClrCollector>,
+    pub(super) clr_events: ClrEventKinds,
+    /// CLR events arrived since the perf map was last read.
+    pub(super) clr_symbols_stale: bool,
+    /// Name methods from the session's MethodLoad events (no perf map).
+    pub(super) methods_from_events: bool,
+}
+
+impl TrackedProcess {
+    pub(super) fn discover(
+        procfs: &ProcFs,
+        pid: u32,
+        native: &mut NativeSymbolizer,
+        attach: bool,
+        clr_events: ClrEventKinds,
+    ) -> Self {
+        let info = procfs.process_info(pid).ok();
+        let launched_here = info.as_ref().is_some_and(|i| i.ns_pid == pid)
+            && is_descendant_of_self(procfs, pid)
+            && same_mount_namespace(pid);
+        let exe_name: Arc<str> = info
+            .as_ref()
+            .map_or_else(|| format!("pid-{pid}"), |i| i.exe_name.clone())
+            .into();
+        let container_id = info
+            .as_ref()
+            .and_then(|i| i.container_id.clone())
+            .map(Arc::from);
+        let pod = info.as_ref().and_then(|i| {
+            crate::k8s::PodMetadata::global()
+                .labels_for(i.container_id.as_deref(), i.pod_uid.as_deref())
+        });
+        let mut process = Self {
+            pid,
+            exe_name,
+            container_id,
+            pod,
+            mappings: MappingTable::default(),
+            maps_read_at: None,
+            managed: None,
+            managed_read_at: None,
+            perf_map: None,
+            attach_job: None,
+            launched_here,
+            attach,
+            warnings: Vec::new(),
+            jit_module: Arc::new(Module {
+                path: "[jit]".into(),
+                build_id: None,
+                memory_start: 0,
+                memory_limit: 0,
+                file_offset: 0,
+                has_functions: true,
+            }),
+            clr: None,
+            clr_events,
+            clr_symbols_stale: false,
+            methods_from_events: false,
+        };
+        process.refresh_maps(procfs, native);
+        process
+    }
+
+    pub(super) fn refresh_maps(&mut self, procfs: &ProcFs, native: &mut NativeSymbolizer) {
+        if self
+            .maps_read_at
+            .is_some_and(|t| t.elapsed() < MAPS_REFRESH_EVERY)
+        {
+            return;
+        }
+        self.maps_read_at = Some(Instant::now());
+        let Ok(mappings) = procfs.maps(self.pid) else {
+            return;
+        };
+        self.mappings = mappings;
+        // A process is often first seen before it maps libcoreclr.so (the
+        // `dotnet` host loads it late), so the runtime is looked for at
+        // every refresh until found.
+        if self.managed.is_none() {
+            self.detect_runtime(procfs);
+        }
+        // Open every executable file now, while the process is alive.
+        for m in self.mappings.iter() {
+            if let Some(mapped) = mapped_file(self.pid, m) {
+                native.prepare(&mapped);
+            }
+        }
+    }
+
+    fn detect_runtime(&mut self, procfs: &ProcFs) {
+        let Some(runtime) = DotnetRuntime::detect(&self.mappings) else {
+            return;
+        };
+        let pid = self.pid;
+        tracing::debug!(pid, version = ?runtime.version, "found a .NET runtime");
+        self.managed = Some(ManagedSymbols::new(pid));
+        // Runtimes before .NET 8 cannot be asked for perf maps: a process we
+        // did not start gets its JIT frames named from method rundown and
+        // MethodLoad events.
+        self.methods_from_events =
+            self.attach && !self.launched_here && runtime.major().is_some_and(|m| m < 8);
+        if self.clr_events.any() {
+            self.clr = Some(ClrCollector::new(
+                pid,
+                self.clr_events,
+                runtime.major(),
+                self.methods_from_events,
+            ));
+        }
+        if !self.attach {
+            return;
+        }
+        // The runtime may be slow, stopped or hostile (a process that maps
+        // a file named libcoreclr.so and never answers): ask from a thread
+        // of its own, bounded by the client's deadline, and take the answer
+        // on a later tick ([`Self::poll_attach`]).
+        let procfs = procfs.clone();
+        let job = std::thread::Builder::new()
+            .name(format!("clrbpf-attach-{pid}"))
+            .spawn(move || {
+                crate::process::priority::enter_background_thread();
+                PerfMapAttach::attach(&procfs, pid)
+            });
+        match job {
+            Ok(job) => self.attach_job = Some((job, runtime.version)),
+            Err(e) => self.warnings.push(format!(
+                "pid {pid}: could not start the perf map attach: {e}"
+            )),
+        }
+    }
+
+    /// Takes the outcome of the perf map attach once it is there.
+    pub(super) fn poll_attach(&mut self) {
+        if !self
+            .attach_job
+            .as_ref()
+            .is_some_and(|(job, _)| job.is_finished())
+        {
+            return;
+        }
+        let Some((job, version)) = self.attach_job.take() else {
+            return;
+        };
+        let pid = self.pid;
+        let Ok(outcome) = job.join() else {
+            self.warnings
+                .push(format!("pid {pid}: the perf map attach thread failed"));
+            return;
+        };
+        match outcome {
+            Ok(PerfMapAttachOutcome::Enabled(handle)) => self.perf_map = Some(*handle),
+            Ok(PerfMapAttachOutcome::AlreadyEnabled { .. }) => {}
+            Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { .. }))
+                if self.methods_from_events && self.clr.is_some() =>
+            {
+                tracing::debug!(
+                    pid,
+                    "no EnablePerfMap before .NET 8: naming methods by rundown"
+                );
+            }
+            Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { .. })) => {
+                let version = version.as_deref().unwrap_or("before 8");
+                self.warnings.push(format!(
+                    "pid {pid} runs .NET {version}, which cannot turn perf maps on at run time: its JIT frames are named only if it was started with DOTNET_PerfMapEnabled=1 (COMPlus_PerfMapEnabled=1 before .NET 5)"
+                ));
+            }
+            Ok(PerfMapAttachOutcome::Unsupported(other)) => {
+                self.warnings.push(format!("pid {pid}: {other}"))
+            }
+            Err(e) => self
+                .warnings
+                .push(format!("pid {pid}: could not turn on perf maps: {e}")),
+        }
+    }
+
+    /// At the end: an attach still under way is left to finish on its own
+    /// (the client's deadline bounds it; if it turned perf maps on, dropping
+    /// the handle turns them off again) and reported.
+    pub(super) fn abandon_attach(&mut self) {
+        self.poll_attach();
+        if self.attach_job.take().is_some() {
+            self.warnings.push(format!(
+                "pid {}: its runtime had not answered EnablePerfMap when the recording ended: its JIT frames may be unnamed",
+                self.pid
+            ));
+        }
+    }
+
+    pub(super) fn refresh_managed(&mut self, force: bool) {
+        let Some(managed) = self.managed.as_mut() else {
+            return;
+        };
+        if !force
+            && self
+                .managed_read_at
+                .is_some_and(|t| t.elapsed() < MANAGED_REFRESH_EVERY)
+        {
+            return;
+        }
+        self.managed_read_at = Some(Instant::now());
+        let stats = managed.refresh(crate::profile::monotonic_ns());
+        tracing::debug!(
+            pid = self.pid,
+            ?stats,
+            symbols = managed.len(),
+            "read perf map and jitdump"
+        );
+    }
+
+    /// Starts or drains this process's EventPipe session.
+    pub(super) fn poll_clr(&mut self, procfs: &ProcFs) {
+        let Some(clr) = self.clr.as_mut() else {
+            return;
+        };
+        let mut managed = self.managed.as_mut().filter(|_| self.methods_from_events);
+        let taken = clr.poll(procfs, &mut |method, time_ns| {
+            if let Some(managed) = managed.as_deref_mut() {
+                add_event_method(managed, method, time_ns);
+            }
+        });
+        // Event stacks are symbolized later, maybe after the process
+        // exited: read its perf map while it is there, once more after the
+        // last events (the rate limit may have skipped the read they need).
+        self.clr_symbols_stale |= taken > 0;
+        if self.clr_symbols_stale
+            && self
+                .managed_read_at
+                .is_none_or(|t| t.elapsed() >= MANAGED_REFRESH_EVERY)
+        {
+            self.clr_symbols_stale = false;
+            self.refresh_managed(true);
+        }
+    }
+
+    /// Stops this process's EventPipe session, if any, waiting for its
+    /// last events until `until` at most.
+    pub(super) fn stop_clr(&mut self, until: Instant) {
+        let Some(clr) = self.clr.as_mut() else {
+            return;
+        };
+        let mut managed = self.managed.as_mut().filter(|_| self.methods_from_events);
+        clr.stop(until, &mut |method, time_ns| {
+            if let Some(managed) = managed.as_deref_mut() {
+                add_event_method(managed, method, time_ns);
+            }
+        });
+    }
+
+    pub(super) fn mapping_for(&self, addr: u64) -> Option<&Mapping> {
+        self.mappings.find(addr)
+    }
+}
+
+/// Names a method from a MethodLoad or rundown event, as a perf map line
+/// would (so frames look the same whichever source named them).
+fn add_event_method(
+    managed: &mut ManagedSymbols,
+    method: &crate::clr::events::MethodLoad,
+    time_ns: u64,
+) {
+    use crate::clr::events::MethodEventKind;
+    let valid_from = match method.kind {
+        MethodEventKind::Load => time_ns,
+        // Rundown describes code that existed before the session.
+        MethodEventKind::RundownStart | MethodEventKind::RundownEnd => 0,
+        MethodEventKind::Unload => return,
+    };
+    let raw = format!(
+        "{}[{}]",
+        method.display_name(),
+        method.tier().perf_map_name()
+    );
+    managed.insert_method(method.start, u64::from(method.size), &raw, valid_from);
+}
+
+pub(super) fn mapped_file(pid: u32, m: &Mapping) -> Option<MappedFile<'_>> {
+    if !m.is_executable() || m.is_anonymous() || m.inode == 0 {
+        return None;
+    }
+    let path = m.file_path()?;
+    Some(MappedFile {
+        pid,
+        start: m.start,
+        end: m.end,
+        offset: m.offset,
+        key: FileKey {
+            dev_major: m.dev_major,
+            dev_minor: m.dev_minor,
+            inode: m.inode,
+        },
+        path,
+    })
+}
+
+/// Whether `pid` descends from this process (the launched command's tree).
+fn is_descendant_of_self(procfs: &ProcFs, pid: u32) -> bool {
+    let me = std::process::id();
+    let mut current = pid;
+    // Bounded: a process tree deeper than this is not ours to clean up.
+    for _ in 0..64 {
+        match procfs.process_info(current) {
+            Ok(info) if info.ppid == me => return true,
+            Ok(info) if info.ppid > 1 => current = info.ppid,
+            _ => return false,
+        }
+    }
+    false
+}
+
+fn same_mount_namespace(pid: u32) -> bool {
+    let ns = |p: &str| {
+        std::fs::metadata(p)
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .ok()
+    };
+    let theirs = ns(&format!("/proc/{pid}/ns/mnt"));
+    theirs.is_some() && theirs == ns("/proc/self/ns/mnt")
+}

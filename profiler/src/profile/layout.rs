@@ -1,0 +1,102 @@
+//! Which value of a profile sample is which: the sample types a recording
+//! has (CPU always; off-CPU, wakeups, wall and CLR events when asked) and
+//! their positions, shared by the stage that builds samples
+//! ([`crate::pipeline`]) and the one that splits profiles by kind
+//! ([`crate::export::split`]).
+
+use super::ValueType;
+
+/// Sample types added after `samples/count` and `cpu/nanoseconds` when CLR
+/// events are collected.
+pub const CLR_SAMPLE_TYPES: [(&str, &str); 3] = [
+    ("contentions", "count"),
+    ("delay", "nanoseconds"),
+    ("exceptions", "count"),
+];
+
+/// Which value of a profile sample is which: positions in the sample types.
+#[derive(Clone, Debug)]
+pub struct ValueLayout {
+    pub types: Vec<ValueType>,
+    pub samples: usize,
+    pub cpu: usize,
+    pub off_cpu: Option<usize>,
+    pub wakeup: Option<usize>,
+    pub wall: Option<usize>,
+    /// First of [`CLR_SAMPLE_TYPES`] (contentions, delay, exceptions).
+    pub clr: Option<usize>,
+}
+
+impl ValueLayout {
+    pub fn new(off_cpu: bool, wall: bool, clr: bool) -> Self {
+        let mut types = vec![
+            ValueType::new("samples", "count"),
+            ValueType::new("cpu", "nanoseconds"),
+        ];
+        let mut push = |on: bool, t: &[(&str, &str)]| {
+            on.then(|| {
+                let at = types.len();
+                types.extend(t.iter().map(|(t, u)| ValueType::new(t, u)));
+                at
+            })
+        };
+        let off_cpu_at = push(off_cpu, &[("off_cpu", "nanoseconds")]);
+        let wakeup = push(off_cpu, &[("wakeup", "nanoseconds")]);
+        let wall = push(wall, &[("wall", "nanoseconds")]);
+        let clr = push(clr, &CLR_SAMPLE_TYPES);
+        Self {
+            types,
+            samples: 0,
+            cpu: 1,
+            off_cpu: off_cpu_at,
+            wakeup,
+            wall,
+            clr,
+        }
+    }
+
+    pub fn zeros(&self) -> Vec<i64> {
+        vec![0; self.types.len()]
+    }
+
+    /// The sample type a viewer opens on: wall when there is one, else CPU.
+    pub fn default_index(&self) -> usize {
+        self.wall.unwrap_or(self.cpu)
+    }
+
+    /// The one value folded stacks and flame graphs show: wall time, else
+    /// off-CPU time, else (as perf's) CPU sample counts.
+    pub fn folded_index(&self) -> usize {
+        self.wall.or(self.off_cpu).unwrap_or(self.samples)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_layout_places_each_kind_once() {
+        let layout = ValueLayout::new(true, true, true);
+        let names: Vec<&str> = layout.types.iter().map(|t| &*t.r#type).collect();
+        assert_eq!(
+            names,
+            [
+                "samples",
+                "cpu",
+                "off_cpu",
+                "wakeup",
+                "wall",
+                "contentions",
+                "delay",
+                "exceptions"
+            ]
+        );
+        assert_eq!(layout.default_index(), 4);
+        assert_eq!(layout.folded_index(), 4);
+        let cpu_only = ValueLayout::new(false, false, false);
+        assert_eq!(cpu_only.types.len(), 2);
+        assert_eq!(cpu_only.default_index(), 1);
+        assert_eq!(cpu_only.folded_index(), 0);
+    }
+}

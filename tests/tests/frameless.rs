@@ -1,0 +1,162 @@
+//! Managed frames under ReadyToRun methods without a frame pointer (issue
+//! 13): `ManualResetEventSlim.Wait(int)`, `SemaphoreSlim.Wait(int)` and
+//! `Task.Wait(int)` are precompiled without an rbp frame, so a
+//! frame-pointer walk of a thread blocked in them skips the user method that
+//! called them; so does `Task.Wait()` for a thread that runs the task it
+//! waits for inline (CPU samples). With the ReadyToRun unwind tables the
+//! kernel walker keeps the user method. Real `sched_switch` programs and real .NET processes; run by
+//! `cargo xtask test` (root, one test at a time).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use clrbpf_integration_tests::{
+    Env, Runtime, SampleView, TempDir, assert_success, read_profile, run_clrbpf, samples,
+    value_index,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+/// The kernel walker uses frame pointers for a process until its tables are
+/// built (about 1.5 s, more on a loaded machine): the threads start after
+/// this delay.
+const START_DELAY_S: &str = "6";
+
+/// The thread ids the workload printed (`TID name tid`): .NET Core 3.1
+/// does not name native threads, so the `thread.name` label cannot tell
+/// them apart.
+fn thread_ids(stdout: &[u8]) -> HashMap<String, i64> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.strip_prefix("TID ")?.split_whitespace();
+            Some((fields.next()?.to_owned(), fields.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Records the Frameless workload on `runtime` and checks that each waiting
+/// thread's off-CPU time, and the spinning thread's CPU time, is on its
+/// user method.
+fn user_method_holds_the_waits(runtime: Runtime, label: &str) {
+    let env = Env::privileged();
+    let dir = TempDir::new(label);
+    let output_path = dir.join("frameless.pb.gz");
+    let mut command: Vec<String> = ["record", "--off-cpu", "--dwarf-unwind", "--no-clr-events"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    command.push("-o".to_owned());
+    command.push(output_path.to_string_lossy().into_owned());
+    command.push("--".to_owned());
+    command.extend(env.workload_command(runtime, "Frameless", &[START_DELAY_S, "4", "300"]));
+    let output = run_clrbpf(&env, &command, dir.path(), TIMEOUT);
+    assert_success(&output);
+
+    let profile = read_profile(&output_path);
+    let off_cpu = value_index(&profile, "off_cpu/nanoseconds");
+    let all = samples(&profile);
+    let tids = thread_ids(&output.stdout);
+    assert_eq!(
+        tids.len(),
+        4,
+        "the workload printed {tids:?}; stdout:\n{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    for (thread, method) in [
+        ("mres", "Frameless::WaitMres"),
+        ("semaphore", "Frameless::WaitSemaphore"),
+        ("task", "Frameless::WaitTask"),
+    ] {
+        // The thread's off-CPU time in the framework's code (not the page
+        // faults of its start; a walk before the process's tables were
+        // built stops in glibc and is not counted either).
+        let waits: Vec<&SampleView> = all
+            .iter()
+            .filter(|s| {
+                s.values[off_cpu] > 0
+                    && s.label_num("thread.id") == tids.get(thread).copied()
+                    && s.stack_contains(&["System.Private.CoreLib"])
+            })
+            .collect();
+        let total: i64 = waits.iter().map(|s| s.values[off_cpu]).sum();
+        let on_method: i64 = waits
+            .iter()
+            .filter(|s| s.stack_contains(&[method]))
+            .map(|s| s.values[off_cpu])
+            .sum();
+        let share = on_method as f64 / total.max(1) as f64;
+        let heaviest = {
+            let mut heavy = waits.clone();
+            heavy.sort_by_key(|s| std::cmp::Reverse(s.values[off_cpu]));
+            heavy
+                .iter()
+                .take(3)
+                .map(|s| format!("  {} {}", s.values[off_cpu], s.frames.join(" <- ")))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        eprintln!(
+            "{label} {thread}: {:.1}% of {:.1} ms off-CPU on {method}",
+            share * 100.0,
+            total as f64 / 1e6
+        );
+        assert!(
+            total > 1_000_000_000,
+            "{thread}: only {:.1} ms off-CPU in its waits; heaviest:\n{heaviest}",
+            total as f64 / 1e6
+        );
+        assert!(
+            share >= 0.95,
+            "{thread}: {method} is on {:.1}% of its {:.1} ms of waits; heaviest:\n{heaviest}",
+            share * 100.0,
+            total as f64 / 1e6
+        );
+    }
+
+    // The CPU-bound thread: its task runs inline under Task.Wait(), a
+    // frameless wrapper; the user method that waits is on its samples.
+    let cpu = value_index(&profile, "cpu/nanoseconds");
+    let spinning: Vec<&SampleView> = all
+        .iter()
+        .filter(|s| s.values[cpu] > 0 && s.stack_contains(&["Frameless::Spin"]))
+        .collect();
+    let total: i64 = spinning.iter().map(|s| s.values[cpu]).sum();
+    let on_method: i64 = spinning
+        .iter()
+        .filter(|s| s.stack_contains(&["Frameless::Spin", "Frameless::BurnUnderTaskWait"]))
+        .map(|s| s.values[cpu])
+        .sum();
+    let share = on_method as f64 / total.max(1) as f64;
+    eprintln!(
+        "{label} burn: {:.1}% of {:.1} ms of CPU on Frameless::BurnUnderTaskWait",
+        share * 100.0,
+        total as f64 / 1e6
+    );
+    let heaviest = spinning
+        .iter()
+        .filter(|s| !s.stack_contains(&["Frameless::BurnUnderTaskWait"]))
+        .take(3)
+        .map(|s| format!("  {} {}", s.values[cpu], s.frames.join(" <- ")))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        total > 500_000_000,
+        "only {:.1} ms of CPU in Frameless::Spin",
+        total as f64 / 1e6
+    );
+    assert!(
+        share >= 0.95,
+        "Frameless::BurnUnderTaskWait is on {:.1}% of the CPU under Task.Wait(); without it:\n{heaviest}",
+        share * 100.0
+    );
+}
+
+#[test]
+fn net8_user_method_stays_on_stacks_blocked_in_frameless_framework_waits() {
+    user_method_holds_the_waits(Runtime::Net8, "frameless-net8");
+}
+
+#[test]
+fn netcore31_user_method_stays_on_stacks_blocked_in_frameless_framework_waits() {
+    user_method_holds_the_waits(Runtime::NetCore31, "frameless-netcore31");
+}
