@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clrbpf_integration_tests::{
     ContainerTarget, Env, LabelValue, Runtime, TempDir, assert_success, chart_capabilities,
-    read_profile, run_clrbpf_with_capabilities, samples,
+    read_profile, run_clrbpf_with_capabilities, samples, value_index,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -50,6 +50,10 @@ fn chart_capabilities_profile_a_non_root_container() {
     assert!(
         !stderr.contains("missing CAP_"),
         "the chart's capability set should lack nothing clrbpf names:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("could not raise clrbpf's scheduling priority"),
+        "CAP_SYS_NICE is in the chart's set:\n{stderr}"
     );
     let profile = read_profile(&profile_path);
     let all = samples(&profile);
@@ -99,12 +103,31 @@ fn chart_capabilities_profile_a_non_root_container() {
         frames.len()
     );
 
-    // Not asserted here yet: they need clrbpf to connect to the app's 0600
-    // diagnostic socket and to remove its perf files as the app's user
-    // (setfsuid/setfsgid under CAP_SETUID/SETGID): managed frames named, CLR
-    // contention events, perf files removed from the container's /tmp, and
-    // few `[unknown]` user frames. Measured without that (this test's
-    // profile): 15.5% of user frames unknown, all of them JIT code left
-    // unnamed because the perf map could not be turned on; native files are
-    // reached through map_files and /proc/PID/root under this set.
+    // The app's 0600 diagnostic socket is reached and its perf files are
+    // removed as the app's user (setfsuid/setfsgid under CAP_SETUID/SETGID):
+    // managed frames named, CLR contention events, perf files gone from the
+    // container's private /tmp, and few `[unknown]` user frames (without the
+    // socket: 15.5%, all JIT code left unnamed without a perf map).
+    assert!(
+        of_target
+            .iter()
+            .any(|s| s.stack_contains(&["Contention::WaitForGate"])),
+        "no named managed frame (Contention::WaitForGate) in the target's stacks"
+    );
+    let contentions = value_index(&profile, "contentions/count");
+    let counted: i64 = of_target.iter().map(|s| s.values[contentions]).sum();
+    assert!(counted > 0, "no CLR contention event collected");
+    let unknown = frames.iter().filter(|f| f.as_str() == "[unknown]").count();
+    assert!(
+        unknown * 20 <= frames.len(),
+        "{unknown} of {} frames are [unknown]",
+        frames.len()
+    );
+    for file in ["perf-1.map", "jit-1.dump"] {
+        let path = format!("/proc/{}/root/tmp/{file}", target.pid());
+        assert!(
+            !std::path::Path::new(&path).exists(),
+            "{path} is left behind after recording"
+        );
+    }
 }

@@ -37,7 +37,7 @@ pub struct Capability {
 /// Exactly the capabilities the Helm chart adds
 /// (deploy/helm/clrbpf/values.yaml `securityContext.capabilities.add`, in
 /// that order; a unit test keeps the two equal).
-pub const CHART_CAPABILITIES: [Capability; 10] = [
+pub const CHART_CAPABILITIES: [Capability; 11] = [
     Capability {
         name: "BPF",
         bit: CAP_BPF,
@@ -106,6 +106,13 @@ pub const CHART_CAPABILITIES: [Capability; 10] = [
         bit: 6,
         required: false,
         without: "no setfsgid: as SETUID, for the app's group",
+        needed_before: None,
+    },
+    Capability {
+        name: "SYS_NICE",
+        bit: 23,
+        required: false,
+        without: "clrbpf cannot raise its own priority: on a saturated node its ring readers may fall behind and lose samples",
         needed_before: None,
     },
 ];
