@@ -6,13 +6,15 @@
 //! (aggregation, sampling, upscaling) -> [`export`] (pprof, folded stacks,
 //! flame graphs). [`clr`] talks to .NET runtimes over their diagnostic socket;
 //! [`unwind`] prepares native unwind tables for the kernel side. [`agent`]
-//! ships profiles continuously to Pyroscope, OTLP or a directory.
+//! ships profiles continuously to Pyroscope, OTLP or a directory; [`k8s`]
+//! names the pod and container of a process from its container id.
 
 pub mod agent;
 pub mod bpf;
 pub mod cli;
 pub mod clr;
 pub mod export;
+pub mod k8s;
 pub mod pipeline;
 pub mod process;
 pub mod profile;

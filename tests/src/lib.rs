@@ -524,7 +524,48 @@ pub fn parse_value_in<T: std::str::FromStr>(text: &str, key: &str) -> Option<T> 
 /// (SIGINT, then SIGKILL) and panics with what it printed when it runs
 /// longer than `timeout`. Both streams are echoed so a failing test shows them.
 pub fn run_clrbpf<S: AsRef<OsStr>>(env: &Env, args: &[S], cwd: &Path, timeout: Duration) -> Output {
-    let mut command = Command::new(&env.clrbpf);
+    run_clrbpf_under(env, &[], args, cwd, timeout)
+}
+
+/// [`run_clrbpf`] as a root process whose capability bounding set is
+/// exactly `capabilities` (Kubernetes spelling, `SYS_PTRACE`): what a
+/// container that drops ALL and adds those gets (`setpriv --bounding-set`).
+pub fn run_clrbpf_with_capabilities<S: AsRef<OsStr>>(
+    env: &Env,
+    capabilities: &[String],
+    args: &[S],
+    cwd: &Path,
+    timeout: Duration,
+) -> Output {
+    let mut set = "-all".to_owned();
+    for capability in capabilities {
+        set.push_str(",+");
+        set.push_str(&capability.to_ascii_lowercase());
+    }
+    let prefix = [
+        "setpriv".to_owned(),
+        "--bounding-set".to_owned(),
+        set,
+        "--".to_owned(),
+    ];
+    run_clrbpf_under(env, &prefix, args, cwd, timeout)
+}
+
+fn run_clrbpf_under<S: AsRef<OsStr>>(
+    env: &Env,
+    prefix: &[String],
+    args: &[S],
+    cwd: &Path,
+    timeout: Duration,
+) -> Output {
+    let mut command = match prefix.split_first() {
+        Some((program, rest)) => {
+            let mut command = Command::new(program);
+            command.args(rest).arg(&env.clrbpf);
+            command
+        }
+        None => Command::new(&env.clrbpf),
+    };
     command
         .args(args)
         .current_dir(cwd)
@@ -532,7 +573,8 @@ pub fn run_clrbpf<S: AsRef<OsStr>>(env: &Env, args: &[S], cwd: &Path, timeout: D
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let shown = format!(
-        "{} {}",
+        "{}{} {}",
+        prefix.iter().map(|p| format!("{p} ")).collect::<String>(),
         env.clrbpf.display(),
         args.iter()
             .map(|a| lossy(a.as_ref()))
@@ -903,6 +945,203 @@ pub fn parse_folded(text: &str) -> Vec<(Vec<String>, u64)> {
             (frames, count)
         })
         .collect()
+}
+
+/// The capability list of the Helm chart (`securityContext.capabilities.add`
+/// in deploy/helm/clrbpf/values.yaml), Kubernetes spelling.
+pub fn chart_capabilities() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/clrbpf/values.yaml");
+    let values =
+        fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let listed: Vec<String> = values
+        .lines()
+        .skip_while(|l| l.trim() != "add:")
+        .skip(1)
+        .map_while(|l| l.trim().strip_prefix("- "))
+        .map(|item| item.split('#').next().unwrap_or("").trim().to_owned())
+        .collect();
+    assert!(
+        listed.len() >= 3,
+        "no capability list under `add:` in {}",
+        path.display()
+    );
+    listed
+}
+
+/// A .NET workload started the way a container runtime starts a container
+/// of a Kubernetes pod: its own PID and mount namespaces with a private
+/// /tmp (tmpfs), running as a non-root user, in a cgroup named as
+/// containerd names it under the kubelet's systemd driver
+/// (`kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope`,
+/// on the cgroup2 hierarchy: `/sys/fs/cgroup/unified` on hybrid hosts).
+/// Killed, and its cgroups removed, when dropped.
+pub struct ContainerTarget {
+    child: Child,
+    host_pid: u32,
+    scope: PathBuf,
+    lines: Arc<Mutex<Vec<String>>>,
+    /// The 64-hex container id in the cgroup path.
+    pub container_id: String,
+    /// The pod uid in the cgroup path (dashes).
+    pub pod_uid: String,
+}
+
+impl ContainerTarget {
+    /// Starts workload `name` with `args` as `uid`:`uid` and waits for its
+    /// `READY` line. Without `DOTNET_PerfMapEnabled`: only an attaching
+    /// profiler can name its JIT frames.
+    pub fn start(env: &Env, runtime: Runtime, name: &str, args: &[&str], uid: u32) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let seed = format!("{:08x}{:08x}", std::process::id(), n);
+        let container_id = format!("{seed}{}", "c0ffee".repeat(8))
+            .chars()
+            .take(64)
+            .collect::<String>();
+        let pod_uid = format!("{}-4b2a-4e8d-9c1b-{}", &seed[..8], &seed[4..16]);
+        let root = cgroup2_root();
+        let pod_slice = format!("kubepods-burstable-pod{}.slice", pod_uid.replace('-', "_"));
+        let scope = root
+            .join("kubepods.slice/kubepods-burstable.slice")
+            .join(pod_slice)
+            .join(format!("cri-containerd-{container_id}.scope"));
+        fs::create_dir_all(&scope)
+            .unwrap_or_else(|e| panic!("create cgroup {}: {e}", scope.display()));
+        let dotnet = env.dotnet(runtime);
+        let dll = env.workload(runtime, name);
+        // As root in the new namespaces: join the cgroup (0 = this process),
+        // mount a private /tmp, then drop to the app's user and exec.
+        let script = format!(
+            "echo 0 > '{}/cgroup.procs' && mount -t tmpfs -o mode=1777 tmpfs /tmp && exec setpriv --reuid {uid} --regid {uid} --clear-groups -- env -u {ENV_PERF_MAP} HOME=/tmp \"$@\"",
+            scope.display()
+        );
+        let mut command = Command::new("unshare");
+        command
+            .args([
+                "--pid",
+                "--fork",
+                "--mount",
+                "--mount-proc",
+                "--propagation",
+                "private",
+            ])
+            .args(["sh", "-c", &script, "sh"])
+            .arg(dotnet)
+            .arg(&dll)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name} in its own namespaces (unshare): {e}"));
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        {
+            let lines = Arc::clone(&lines);
+            thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if line == "READY" {
+                        let _ = ready_tx.send(());
+                    }
+                    lines.lock().expect("reader never panics").push(line);
+                }
+            });
+        }
+        let mut target = Self {
+            child,
+            host_pid: 0,
+            scope,
+            lines,
+            container_id,
+            pod_uid,
+        };
+        if ready_rx.recv_timeout(READY_TIMEOUT).is_err() {
+            panic!(
+                "workload {name} in its container did not print READY within {READY_TIMEOUT:?}; stdout so far: {:?}",
+                target.lines.lock().expect("reader never panics")
+            );
+        }
+        let procs = fs::read_to_string(target.scope.join("cgroup.procs")).unwrap_or_default();
+        let pids: Vec<u32> = procs
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        assert_eq!(
+            pids.len(),
+            1,
+            "the container cgroup should hold the workload alone: {pids:?}"
+        );
+        target.host_pid = pids[0];
+        let status =
+            fs::read_to_string(format!("/proc/{}/status", target.host_pid)).unwrap_or_default();
+        assert!(
+            status
+                .lines()
+                .any(|l| l.starts_with("Uid:")
+                    && l.split_whitespace().nth(2) == Some(&uid.to_string())),
+            "the workload should run as uid {uid}:\n{status}"
+        );
+        assert!(
+            status
+                .lines()
+                .any(|l| l.starts_with("NSpid:") && l.split_whitespace().count() == 3),
+            "the workload should run in its own PID namespace:\n{status}"
+        );
+        target
+    }
+
+    /// The workload's pid on the host.
+    pub fn pid(&self) -> u32 {
+        self.host_pid
+    }
+}
+
+impl Drop for ContainerTarget {
+    fn drop(&mut self) {
+        if self.host_pid != 0 {
+            // SAFETY: kill has no memory preconditions. The workload is the
+            // init of its PID namespace: killing it ends the namespace.
+            unsafe { libc::kill(self.host_pid as libc::pid_t, libc::SIGKILL) };
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The scope, then its now-empty parents up to kubepods.slice (another
+        // test's pod may still be there: rmdir fails on non-empty dirs).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while fs::remove_dir(&self.scope).is_err() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        let mut dir = self.scope.parent();
+        for _ in 0..3 {
+            let Some(d) = dir else { break };
+            if fs::remove_dir(d).is_err() {
+                break;
+            }
+            dir = d.parent();
+        }
+    }
+}
+
+/// Where the cgroup2 hierarchy is mounted: `/sys/fs/cgroup/unified` on a
+/// hybrid host, `/sys/fs/cgroup` on a cgroup2-only one.
+fn cgroup2_root() -> PathBuf {
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let cgroup2: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, at, kind) = (f.next(), f.next()?, f.next()?);
+            (kind == "cgroup2").then_some(at)
+        })
+        .collect();
+    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .find(|p| cgroup2.contains(p))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("no cgroup2 hierarchy mounted (mounts: {cgroup2:?})"))
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 mod bench;
 mod bench_offcpu;
 mod bench_saturated;
+mod chart;
 mod cmd;
 mod setup;
 mod workloads;
@@ -49,6 +50,13 @@ enum Task {
     },
     /// Build target/release/clrbpf (with its eBPF object).
     Build,
+    /// Test the Helm chart (deploy/helm/clrbpf): helm lint --strict, golden
+    /// renders, Kubernetes 1.28-1.34 schemas, security invariants.
+    ChartTest {
+        /// Rewrite the golden renders in deploy/helm/golden/ (review the diff)
+        #[arg(long)]
+        update: bool,
+    },
     /// Compile tests/workloads/*.cs into tests/workloads/bin/{net8,netcore31}/.
     Workloads,
     /// Run every check CI runs: fmt, clippy, unit tests, privileged
@@ -116,9 +124,11 @@ fn main() -> ExitCode {
                     .with_context(|| format!("resolve {}", dir.display()))?,
                 None => repo.runtimes_dir(),
             };
-            setup::run(&dir)
+            setup::run(&dir)?;
+            chart::tools(&repo).map(drop)
         }
         Task::Build => build(&repo),
+        Task::ChartTest { update } => chart::test(&repo, update),
         Task::Workloads => workloads(&repo),
         Task::Test => test(&repo),
         Task::Demo => demo(&repo),
@@ -160,6 +170,8 @@ fn test(repo: &Repo) -> anyhow::Result<()> {
     setup::run(&repo.runtimes_dir())?;
     // Cheapest check first.
     step("format", repo.cargo().args(["fmt", "--all", "--check"]))?;
+    println!("test: step chart");
+    chart::test(repo, false)?;
     build_release(repo)?;
     workloads::build(&repo.workloads_src())?;
     // Linting it needs nightly and build-std:

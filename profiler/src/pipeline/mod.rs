@@ -583,6 +583,7 @@ impl Pipeline {
         if let Some(id) = &process.container_id {
             labels.push(Label::str(label_keys::CONTAINER_ID, id.clone()));
         }
+        labels.extend(process.pod.iter().flat_map(|pod| pod.sample_labels()));
         let value = i64::try_from(sample.value).unwrap_or(i64::MAX);
         let mut values = layout.zeros();
         let Some(off_cpu) = &sample.off_cpu else {

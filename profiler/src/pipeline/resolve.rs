@@ -93,6 +93,7 @@ pub(super) fn add_clr_samples(
         if let Some(id) = &process.container_id {
             labels.push(Label::str(label_keys::CONTAINER_ID, id.clone()));
         }
+        labels.extend(process.pod.iter().flat_map(|pod| pod.sample_labels()));
         labels.extend(item.labels);
         let count = i64::try_from(count).unwrap_or(i64::MAX);
         let delay = i64::try_from(delay_ns).unwrap_or(i64::MAX);

@@ -42,6 +42,8 @@ pub(super) struct TrackedProcess {
     pub(super) pid: u32,
     pub(super) exe_name: Arc<str>,
     pub(super) container_id: Option<Arc<str>>,
+    /// Pod and container names (k8s/), looked up once.
+    pub(super) pod: Option<Arc<crate::k8s::PodLabels>>,
     pub(super) mappings: MappingTable,
     pub(super) maps_read_at: Option<Instant>,
     pub(super) managed: Option<ManagedSymbols>,
@@ -88,10 +90,15 @@ impl TrackedProcess {
             .as_ref()
             .and_then(|i| i.container_id.clone())
             .map(Arc::from);
+        let pod = info.as_ref().and_then(|i| {
+            crate::k8s::PodMetadata::global()
+                .labels_for(i.container_id.as_deref(), i.pod_uid.as_deref())
+        });
         let mut process = Self {
             pid,
             exe_name,
             container_id,
+            pod,
             mappings: MappingTable::default(),
             maps_read_at: None,
             managed: None,

@@ -159,9 +159,15 @@ impl ProcFs {
             Err(ProcError::NoSuchProcess { pid }) => return Err(ProcError::NoSuchProcess { pid }),
             Err(_) => Vec::new(),
         };
-        let container_id = match self.read_pid_file(pid, "cgroup", CGROUP_MAX_BYTES) {
-            Ok((bytes, _)) => container_id_from_cgroup(&String::from_utf8_lossy(&bytes)),
-            Err(_) => None,
+        let (container_id, pod_uid) = match self.read_pid_file(pid, "cgroup", CGROUP_MAX_BYTES) {
+            Ok((bytes, _)) => {
+                let cgroup = String::from_utf8_lossy(&bytes);
+                (
+                    container_id_from_cgroup(&cgroup),
+                    pod_uid_from_cgroup(&cgroup),
+                )
+            }
+            Err(_) => (None, None),
         };
         let comm = status.name.unwrap_or(stat.comm);
         let exe_name = std::fs::read_link(self.pid_path(pid, "exe"))
@@ -178,6 +184,7 @@ impl ProcFs {
             cmdline,
             start_time_ticks: stat.start_time_ticks,
             container_id,
+            pod_uid,
         })
     }
 
@@ -287,6 +294,9 @@ pub struct ProcessInfo {
     /// 64-hex container id from the cgroup path; `None` on the host or
     /// when the container's cgroup namespace hides it.
     pub container_id: Option<String>,
+    /// Kubernetes pod uid from the same path (`pod<uid>` cgroup); the
+    /// pod's cgroup is visible even where the API server is not.
+    pub pod_uid: Option<String>,
 }
 
 impl ProcessInfo {
@@ -462,6 +472,32 @@ pub fn container_id_from_cgroup(cgroup: &str) -> Option<String> {
     })
 }
 
+/// Finds the Kubernetes pod uid in a `/proc/PID/cgroup` file: the kubelet
+/// names the pod's cgroup `pod<uid>` under the cgroupfs driver
+/// (`/kubepods/burstable/pod1f2e3d4c-...`) and `kubepods-<qos>-pod<uid>.slice`
+/// with the uid's dashes turned into underscores under the systemd driver.
+/// `None` outside Kubernetes or when the cgroup namespace hides the path.
+pub fn pod_uid_from_cgroup(cgroup: &str) -> Option<String> {
+    cgroup.lines().find_map(|line| {
+        let path = line.splitn(3, ':').nth(2)?;
+        path.split(['/', ':']).find_map(pod_uid_in_component)
+    })
+}
+
+fn pod_uid_in_component(component: &str) -> Option<String> {
+    let component = component.strip_suffix(".slice").unwrap_or(component);
+    let uid = match component.strip_prefix("pod") {
+        Some(uid) => uid,
+        None if component.starts_with("kubepods-") => component.rsplit_once("-pod")?.1,
+        None => return None,
+    };
+    let uid = uid.replace('_', "-").to_ascii_lowercase();
+    let groups: Vec<usize> = uid.split('-').map(str::len).collect();
+    let is_uuid =
+        groups == [8, 4, 4, 4, 12] && uid.bytes().all(|b| b == b'-' || b.is_ascii_hexdigit());
+    is_uuid.then_some(uid)
+}
+
 fn container_id_in_component(component: &str) -> Option<String> {
     if component.starts_with("crio-conmon-") {
         return None;
@@ -510,7 +546,7 @@ pub(crate) mod tests {
                 ("cmdline", b"/usr/bin/dotnet\0App.dll\0--port\0\x80x\0"),
                 (
                     "cgroup",
-                    b"0::/system.slice/docker-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n",
+                    b"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1f2e3d4c_5b6a_4789_8abc_def012345678.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n",
                 ),
             ],
         );
@@ -539,6 +575,7 @@ pub(crate) mod tests {
                 container_id: Some(
                     "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef".into()
                 ),
+                pod_uid: Some("1f2e3d4c-5b6a-4789-8abc-def012345678".into()),
             }
         );
         assert_eq!(
@@ -759,6 +796,133 @@ pub(crate) mod tests {
         ];
         for case in none {
             assert_eq!(container_id_from_cgroup(&case), None, "{case}");
+        }
+    }
+
+    /// `/proc/PID/cgroup` of a container process as each runtime and
+    /// cgroup driver writes it, on cgroup v1 (one line per hierarchy, the
+    /// unified `0::` line last on hybrid hosts) and v2 (one `0::` line).
+    #[test]
+    fn cgroup_lines_of_each_runtime_and_driver() {
+        let id = "3f9a1b2c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
+        let uid = "7c6e5b1a-4f3d-4b2a-9e8d-1c2b3a4d5e6f";
+        let uid_ = uid.replace('-', "_");
+        let pod = Some(uid);
+        let cases: Vec<(&str, String, Option<&str>)> = vec![
+            (
+                "containerd, systemd driver, cgroup v2",
+                format!(
+                    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/cri-containerd-{id}.scope\n"
+                ),
+                pod,
+            ),
+            (
+                "containerd, systemd driver, cgroup v1 (hybrid)",
+                format!(
+                    "12:pids:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/cri-containerd-{id}.scope\n\
+                     4:memory:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/cri-containerd-{id}.scope\n\
+                     1:name=systemd:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/cri-containerd-{id}.scope\n\
+                     0::/\n"
+                ),
+                pod,
+            ),
+            (
+                "containerd, systemd driver, cgroup v1 name=systemd in slice:prefix:name form",
+                format!(
+                    "1:name=systemd:/system.slice/containerd.service/kubepods-besteffort-pod{uid_}.slice:cri-containerd:{id}\n"
+                ),
+                pod,
+            ),
+            (
+                "containerd, cgroupfs driver, cgroup v1",
+                format!(
+                    "11:cpu,cpuacct:/kubepods/burstable/pod{uid}/{id}\n\
+                     10:memory:/kubepods/burstable/pod{uid}/{id}\n\
+                     1:name=systemd:/kubepods/burstable/pod{uid}/{id}\n"
+                ),
+                pod,
+            ),
+            (
+                "containerd, cgroupfs driver, cgroup v2, guaranteed QoS",
+                format!("0::/kubepods/pod{uid}/{id}\n"),
+                pod,
+            ),
+            (
+                "CRI-O, systemd driver, cgroup v2",
+                format!("0::/kubepods.slice/kubepods-pod{uid_}.slice/crio-{id}.scope\n"),
+                pod,
+            ),
+            (
+                "CRI-O, systemd driver, cgroup v2, crun's container sub-cgroup",
+                format!(
+                    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/crio-{id}.scope/container\n"
+                ),
+                pod,
+            ),
+            (
+                "CRI-O, cgroupfs driver, cgroup v1",
+                format!("7:memory:/kubepods/burstable/pod{uid}/crio-{id}\n"),
+                pod,
+            ),
+            (
+                "Docker (cri-dockerd), systemd driver, cgroup v1",
+                format!(
+                    "5:cpuset:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/docker-{id}.scope\n"
+                ),
+                pod,
+            ),
+            (
+                "Docker (cri-dockerd), cgroupfs driver, cgroup v1",
+                format!("9:devices:/kubepods/besteffort/pod{uid}/{id}\n"),
+                pod,
+            ),
+            (
+                "Docker, cgroupfs driver, cgroup v1",
+                format!("13:pids:/docker/{id}\n12:memory:/docker/{id}\n0::/\n"),
+                None,
+            ),
+            (
+                "Docker, systemd driver, cgroup v2",
+                format!("0::/system.slice/docker-{id}.scope\n"),
+                None,
+            ),
+            (
+                "containerd without Kubernetes (nerdctl), cgroupfs driver",
+                format!("0::/default/{id}\n"),
+                None,
+            ),
+            (
+                "Podman, systemd driver, cgroup v2",
+                format!("0::/machine.slice/libpod-{id}.scope/container\n"),
+                None,
+            ),
+        ];
+        for (what, cgroup, pod_uid) in cases {
+            assert_eq!(
+                container_id_from_cgroup(&cgroup).as_deref(),
+                Some(id),
+                "container id, {what}"
+            );
+            assert_eq!(
+                pod_uid_from_cgroup(&cgroup).as_deref(),
+                pod_uid,
+                "pod uid, {what}"
+            );
+        }
+        // The pause container and a pod-level process share the pod cgroup but
+        // hold no container id there.
+        let pod_only = format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice\n"
+        );
+        assert_eq!(container_id_from_cgroup(&pod_only), None);
+        assert_eq!(pod_uid_from_cgroup(&pod_only).as_deref(), Some(uid));
+        for not_a_pod in [
+            "0::/kubepods.slice/kubepods-burstable.slice\n",
+            "0::/kubepods/burstable/podnot-a-uid\n",
+            "0::/user.slice/user-1000.slice/pod7c6e5b1a-4f3d-4b2a-9e8d-1c2b3a4d5e6.scope\n",
+            "0::/\n",
+        ] {
+            assert_eq!(pod_uid_from_cgroup(not_a_pod), None, "{not_a_pod}");
         }
     }
 

@@ -173,6 +173,12 @@ pub mod label_keys {
     pub const THREAD_ID: &str = "thread.id";
     pub const THREAD_NAME: &str = "thread.name";
     pub const CONTAINER_ID: &str = "container.id";
+    pub const K8S_POD_NAME: &str = "k8s.pod.name";
+    pub const K8S_POD_UID: &str = "k8s.pod.uid";
+    pub const K8S_NAMESPACE_NAME: &str = "k8s.namespace.name";
+    pub const K8S_CONTAINER_NAME: &str = "k8s.container.name";
+    pub const K8S_NODE_NAME: &str = "k8s.node.name";
+    pub const SERVICE_NAME: &str = "service.name";
     /// Why an off-CPU sample's thread waited: `futex`, `sleep`, `io`,
     /// `page_fault`, `other`.
     pub const WAIT_KIND: &str = "wait.kind";

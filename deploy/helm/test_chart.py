@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Tests of the clrbpf Helm chart, run by `cargo xtask test` (and `cargo xtask
+chart-test [--update]`) in a venv holding the pinned PyPI packages
+helm-python-sdk (Helm's own v4 engine, offline) and kubernetes-validate
+(the Kubernetes OpenAPI schemas, offline).
+
+For the default values and each ci/*-values.yaml:
+  1. `helm lint --strict` finds nothing;
+  2. the render equals the committed golden render in golden/<name>.yaml
+     (`--update` rewrites them; review the diff);
+  3. every object validates strictly against each Kubernetes version the
+     render targets (1.28-1.34; renders for 1.30+ only from 1.30, since the
+     AppArmor securityContext field appeared there); ServiceMonitor and
+     PodMonitor are Prometheus Operator CRDs without bundled schemas and are
+     checked by shape only;
+  4. the security invariants hold: hostPID, no privileged container unless
+     the values ask for it, capabilities drop ALL and add exactly
+     values.yaml's list, allowPrivilegeEscalation false, read-only root
+     filesystem, read-only host mounts, NODE_NAME from spec.nodeName.
+"""
+
+import sys
+from pathlib import Path
+
+import helm_python as helm
+import kubernetes_validate
+import yaml
+
+HERE = Path(__file__).resolve().parent
+CHART = HERE / "clrbpf"
+GOLDEN = HERE / "golden"
+RELEASE = "clrbpf"
+NAMESPACE = "clrbpf"
+KUBE_VERSIONS = [f"1.{minor}.0" for minor in range(28, 35)]
+CRD_KINDS = {"ServiceMonitor", "PodMonitor"}
+
+
+def cases():
+    """(name, values) for the defaults and each ci/*-values.yaml."""
+    yield "default", {}
+    for path in sorted((CHART / "ci").glob("*-values.yaml")):
+        yield path.name.removesuffix("-values.yaml"), yaml.safe_load(path.read_text()) or {}
+
+
+def render(values):
+    chart = helm.Chart.load(str(CHART))
+    manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    text = ""
+    notes = ""
+    for path in sorted(manifests):
+        body = manifests[path].strip()
+        if path.endswith("NOTES.txt"):
+            notes = body + "\n"
+        elif body:
+            text += f"---\n# Source: {path}\n{body}\n"
+    return text, notes
+
+
+def objects(text):
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    return [d for d in docs if isinstance(d, dict) and "kind" in d]
+
+
+def lint(name, values):
+    kube = values.get("kubeVersionOverride") or None
+    report = helm.lint(
+        str(CHART), values, strict=True, namespace=NAMESPACE, kube_version=kube and f"v{kube}"
+    )
+    problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
+    problems += report.get("errors") or []
+    assert not problems, f"{name}: helm lint --strict: {problems}"
+
+
+def validate(name, values, objs):
+    override = values.get("kubeVersionOverride")
+    floor = tuple(int(p) for p in (override or "1.30.0").split(".")[:2])
+    versions = [v for v in KUBE_VERSIONS if tuple(int(p) for p in v.split(".")[:2]) >= floor]
+    if override:
+        # Written for an old cluster: validate against the versions before 1.30.
+        versions = [v for v in versions if tuple(int(p) for p in v.split(".")[:2]) < (1, 30)]
+    assert versions, f"{name}: no Kubernetes version to validate against"
+    for obj in objs:
+        if obj["kind"] in CRD_KINDS:
+            assert obj["apiVersion"] == "monitoring.coreos.com/v1", obj
+            assert obj["spec"]["selector"]["matchLabels"], obj
+            continue
+        for version in versions:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                raise AssertionError(
+                    f"{name}: {obj['kind']} {obj['metadata']['name']} is invalid for Kubernetes {version}: {e.message} at {list(e.path)}"
+                ) from e
+    return versions
+
+
+def check_security(name, values, objs, capabilities):
+    daemonsets = [o for o in objs if o["kind"] == "DaemonSet"]
+    assert len(daemonsets) == 1, f"{name}: one DaemonSet"
+    pod = daemonsets[0]["spec"]["template"]["spec"]
+    assert pod.get("hostPID") is True, f"{name}: hostPID"
+    assert not pod.get("hostNetwork"), f"{name}: no hostNetwork"
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True, f"{name}: readOnlyRootFilesystem"
+    if values.get("privileged"):
+        assert sc["privileged"] is True, f"{name}: privileged opt-in"
+    else:
+        assert sc["privileged"] is False, f"{name}: not privileged"
+        assert sc["allowPrivilegeEscalation"] is False, f"{name}: allowPrivilegeEscalation"
+        assert sc["capabilities"]["drop"] == ["ALL"], f"{name}: drop ALL"
+        assert sc["capabilities"]["add"] == capabilities, f"{name}: add list is values.yaml's"
+        assert sc["seccompProfile"]["type"] in ("Unconfined", "Localhost"), f"{name}: seccomp"
+    for o in objs:
+        if o is not daemonsets[0] and o["kind"] in ("Pod", "Deployment", "StatefulSet", "DaemonSet"):
+            raise AssertionError(f"{name}: unexpected workload {o['kind']}")
+    host_volumes = {v["name"] for v in pod["volumes"] if "hostPath" in v}
+    for mount in container["volumeMounts"]:
+        if mount["name"] in host_volumes and mount["mountPath"] != "/var/lib/clrbpf/profiles":
+            assert mount.get("readOnly") is True, f"{name}: host mount {mount['mountPath']} read-only"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", name
+    for e in env.values():
+        assert "value" not in e or "PASSWORD" not in e["name"], f"{name}: credentials come from a Secret"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", name
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", name
+    assert {"operator": "Exists"} in pod["tolerations"], f"{name}: tolerates every taint"
+    role = [o for o in objs if o["kind"] == "ClusterRole"]
+    assert role and role[0]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ], f"{name}: ClusterRole pods get/list/watch only"
+
+
+def main():
+    update = "--update" in sys.argv[1:]
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    capabilities = defaults["securityContext"]["capabilities"]["add"]
+    GOLDEN.mkdir(exist_ok=True)
+    failures = []
+    for name, values in cases():
+        try:
+            lint(name, values)
+            text, notes = render(values)
+            for golden, rendered in ((GOLDEN / f"{name}.yaml", text), (GOLDEN / f"{name}.NOTES.txt", notes)):
+                if update:
+                    golden.write_text(rendered)
+                    continue
+                assert golden.exists(), f"{name}: no golden render {golden} (run `cargo xtask chart-test --update`)"
+                assert rendered == golden.read_text(), (
+                    f"{name}: render differs from {golden}; run `cargo xtask chart-test --update` and review the diff"
+                )
+            assert "kubectl" in notes, f"{name}: NOTES.txt says how to check the install"
+            objs = objects(text)
+            versions = validate(name, values, objs)
+            check_security(name, values, objs, capabilities)
+            print(f"chart {name}: lint ok, golden ok, {len(objs)} objects valid for Kubernetes {versions[0]}..{versions[-1]}, security invariants ok")
+        except AssertionError as e:
+            failures.append(str(e))
+            print(f"chart {name}: FAILED: {e}", file=sys.stderr)
+    if failures:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
