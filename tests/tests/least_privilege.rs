@@ -111,8 +111,8 @@ fn chart_capabilities_profile_a_non_root_container() {
     assert!(
         of_target
             .iter()
-            .any(|s| s.stack_contains(&["Contention::WaitForGate"])),
-        "no named managed frame (Contention::WaitForGate) in the target's stacks"
+            .any(|s| s.stack_contains(&["Contention.WaitForGate"])),
+        "no named managed frame (Contention.WaitForGate) in the target's stacks"
     );
     let contentions = value_index(&profile, "contentions/count");
     let counted: i64 = of_target.iter().map(|s| s.values[contentions]).sum();

@@ -404,17 +404,8 @@ impl Pipeline {
         }
         process.stop_clr(std::time::Instant::now() + CLR_STOP_DEADLINE);
         self.close_clr(&mut process);
-        process.abandon_attach();
-        self.summary.warnings.append(&mut process.warnings);
-        if !self.keep_perf_files
-            && process.launched_here
-            && let Some(managed) = process.managed.as_ref()
+        if let Some(handle) = release_process(&mut self.summary, &mut process, self.keep_perf_files)
         {
-            let cleanup = remove_launched_perf_files(managed.location());
-            self.summary.warnings.extend(cleanup);
-        }
-        if let Some(handle) = process.perf_map.take() {
-            self.summary.perf_maps_enabled += 1;
             // The process is gone: DisablePerfMap fails at once, and only
             // the files are left to remove.
             let cleanup = handle.finish(self.keep_perf_files);
@@ -682,23 +673,7 @@ impl Pipeline {
     pub fn restore_processes(&mut self, keep_files: bool) {
         let mut detaching = Vec::new();
         for process in self.processes.values_mut() {
-            process.abandon_attach();
-            self.summary.warnings.append(&mut process.warnings);
-            if let Some(problems) = process.managed.as_ref().and_then(|m| m.errors().problems()) {
-                self.summary.warnings.push(format!(
-                    "pid {}: some managed frames may be unnamed: {problems}",
-                    process.pid
-                ));
-            }
-            if !keep_files
-                && process.launched_here
-                && let Some(managed) = process.managed.as_ref()
-            {
-                let cleanup = remove_launched_perf_files(managed.location());
-                self.summary.warnings.extend(cleanup);
-            }
-            if let Some(handle) = process.perf_map.take() {
-                self.summary.perf_maps_enabled += 1;
+            if let Some(handle) = release_process(&mut self.summary, process, keep_files) {
                 // Every process at once, on threads of their own: a stopped
                 // or overloaded runtime answers DisablePerfMap late or never.
                 let pid = process.pid;
@@ -738,6 +713,37 @@ impl Pipeline {
                 .extend(perf_file_warnings(pid, &cleanup.files));
         }
     }
+}
+
+/// What ends with a process, at its exit or at the end of the recording,
+/// besides its perf maps: an attach still under way is abandoned, its
+/// warnings and perf-file problems go to the summary, and the perf files of
+/// a process the command launched are removed unless kept. Returns the perf
+/// maps clrbpf turned on in it (counted), for the caller to turn off.
+fn release_process(
+    summary: &mut RecordSummary,
+    process: &mut TrackedProcess,
+    keep_files: bool,
+) -> Option<crate::clr::ipc::PerfMapAttach> {
+    process.abandon_attach();
+    summary.warnings.append(&mut process.warnings);
+    if let Some(problems) = process.managed.as_ref().and_then(|m| m.errors().problems()) {
+        summary.warnings.push(format!(
+            "pid {}: some managed frames may be unnamed: {problems}",
+            process.pid
+        ));
+    }
+    if !keep_files
+        && process.launched_here
+        && let Some(managed) = process.managed.as_ref()
+    {
+        summary
+            .warnings
+            .extend(remove_launched_perf_files(managed.location()));
+    }
+    let handle = process.perf_map.take();
+    summary.perf_maps_enabled += usize::from(handle.is_some());
+    handle
 }
 
 /// Removes the perf files of a process the launched command started. The
