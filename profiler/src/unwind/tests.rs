@@ -1188,21 +1188,37 @@ fn replay_frameless_app(dotnet: &Path, runtime_config: &str) {
         ("burn", "Frameless::BurnUnderTaskWait"),
     ] {
         let tid = tids[thread];
-        if thread == "burn" {
-            std::thread::sleep(Duration::from_millis(200));
-        } else {
-            wait_in_syscall(pid, tid, SYS_FUTEX);
-        }
-        let captured = capture_thread(pid as i32, tid as i32).expect("ptrace capture");
-        let (frames, err, tables) = replay(&captured);
-        let text = show(&frames);
-        let ranges = perf_map_ranges(pid, method);
-        assert!(!ranges.is_empty(), "{method} missing from the perf map");
+        // A thread that has just printed its TID line may still be blocked
+        // on the console's lock (another thread writing), a futex too but
+        // not yet the wait: capture again until it is in the wait, or fail
+        // with the last stack.
+        let mut attempt = 0;
+        let (captured, frames, err, tables, text, ranges, at) = loop {
+            attempt += 1;
+            if thread == "burn" {
+                std::thread::sleep(Duration::from_millis(200));
+            } else {
+                wait_in_syscall(pid, tid, SYS_FUTEX);
+            }
+            let captured = capture_thread(pid as i32, tid as i32).expect("ptrace capture");
+            let (frames, err, tables) = replay(&captured);
+            let text = show(&frames);
+            let ranges = perf_map_ranges(pid, method);
+            let at = frames
+                .iter()
+                .position(|f| ranges.iter().any(|(s, e)| *s < f.pc && f.pc <= *e));
+            match at {
+                Some(at) => break (captured, frames, err, tables, text, ranges, at),
+                None if attempt < 10 => std::thread::sleep(Duration::from_millis(300)),
+                None => {
+                    assert!(!ranges.is_empty(), "{method} missing from the perf map");
+                    panic!(
+                        "{thread}: no {method} frame in {attempt} captures (error {err:?}):{text}"
+                    );
+                }
+            }
+        };
         let within = |pc: u64| ranges.iter().any(|(s, e)| *s < pc && pc <= *e);
-        let at = frames
-            .iter()
-            .position(|f| within(f.pc))
-            .unwrap_or_else(|| panic!("{thread}: no {method} frame (error {err:?}):{text}"));
         // Right below it: framework code from a ReadyToRun image's table.
         let callee = tables
             .mapping_for(frames[at - 1].pc)
