@@ -267,7 +267,7 @@ pub mod names {
     pub const MAP_TARGET_PIDS: &str = "TARGET_PIDS";
     pub const MAP_COUNTERS: &str = "COUNTERS";
     /// `Array<UnwindRow>`, mmap-able: every loaded table's rows.
-    pub const MAP_UNWIND_ROWS: &str = "UNWIND_ROWS";
+    pub const MAP_UNWIND_ROW_CHUNKS: &str = "UNWIND_ROW_CHUNKS";
     /// `HashMap<u32 tgid, ProcessMappings>`.
     pub const MAP_PROCESS_MAPPINGS: &str = "PROCESS_MAPPINGS";
     /// `PerCpuArray<u64>` indexed by `UnwindError` number.

@@ -47,6 +47,12 @@ pub const MAX_TABLE_ROWS_LOG2: u32 = 24;
 /// See [`MAX_TABLE_ROWS_LOG2`].
 pub const MAX_TABLE_ROWS: usize = 1 << MAX_TABLE_ROWS_LOG2;
 
+/// The kernel's row array grows by chunks of this many rows (1.5 MiB of
+/// [`UnwindRow`]s), created as tables need them.
+pub const UNWIND_ROWS_PER_CHUNK_LOG2: u32 = 16;
+/// See [`UNWIND_ROWS_PER_CHUNK_LOG2`].
+pub const UNWIND_ROWS_PER_CHUNK: usize = 1 << UNWIND_ROWS_PER_CHUNK_LOG2;
+
 /// x86_64 facts the rules depend on.
 pub mod x86_64 {
     /// `call` pushes the return address just below the caller's sp (the CFA).

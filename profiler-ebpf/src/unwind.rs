@@ -18,7 +18,7 @@
 //!    walk. The row comes from a per-CPU cache of recent lookups
 //!    ([`ROW_CACHE`]), else from the table's coarse [`RowIndex`] (two
 //!    adjacent words naming a few rows) and a search among those rows in
-//!    the shared `UNWIND_ROWS` array: a binary search over a whole
+//!    the shared row array (`UNWIND_ROW_CHUNKS`): a binary search over a whole
 //!    multi-MiB table costs ~20 cache and TLB misses, the dominant cost of a
 //!    walk before the index. A mapping without rows (JIT code, files without
 //!    tables) gives "no row": the frame-pointer rule.
@@ -38,6 +38,7 @@ use core::{ffi::c_void, ptr::addr_of};
 
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, pt_regs},
+    btf_maps::{Array, ArrayOfMaps},
     helpers::{
         bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{
@@ -45,8 +46,8 @@ use aya_ebpf::{
             bpf_task_pt_regs,
         },
     },
-    macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    macros::{btf_map, map},
+    maps::{HashMap, PerCpuArray},
     programs::PerfEventContext,
 };
 use clrbpf_common::{
@@ -54,14 +55,31 @@ use clrbpf_common::{
     unwind::{
         CfaRule, MAX_PROCESS_MAPPINGS, MAX_PROCESS_MAPPINGS_LOG2, MAX_TABLE_ROWS_LOG2,
         MappingEntry, MemoryReader, ProcessMappings, ROW_INDEX_WORDS_PER_ROW, SortedSearch,
-        UnwindError, UnwindRegs, UnwindRow, next_frame, row_index_word,
+        UNWIND_ROWS_PER_CHUNK, UNWIND_ROWS_PER_CHUNK_LOG2, UnwindError, UnwindRegs, UnwindRow,
+        next_frame, row_index_word,
     },
 };
 
-/// Every loaded table's rows; userspace sizes it from the memory cap and
-/// writes it through `mmap`.
-#[map]
-pub static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+/// One chunk of the row array: [`UNWIND_ROWS_PER_CHUNK`] rows, written by
+/// userspace through `mmap`.
+type RowChunk = Array<UnwindRow, UNWIND_ROWS_PER_CHUNK, { BPF_F_MMAPABLE as usize }>;
+
+/// Every loaded table's rows, as one array of row indexes cut in chunks:
+/// row `i` is entry `i % UNWIND_ROWS_PER_CHUNK` of chunk
+/// `i / UNWIND_ROWS_PER_CHUNK`. Userspace creates chunks as tables need
+/// them, up to the memory cap (it sets this map's size from the cap), so
+/// the kernel memory follows the tables loaded instead of the cap.
+#[btf_map]
+pub static UNWIND_ROW_CHUNKS: ArrayOfMaps<RowChunk, 1> = ArrayOfMaps::new();
+
+/// Row `i` of the row array, `None` past the chunks created.
+#[inline(always)]
+fn unwind_row(i: u32) -> Option<&'static UnwindRow> {
+    UNWIND_ROW_CHUNKS.get_value(
+        i >> UNWIND_ROWS_PER_CHUNK_LOG2,
+        &(i & (UNWIND_ROWS_PER_CHUNK as u32 - 1)),
+    )
+}
 
 /// tgid -> the process's executable mappings.
 #[map]
@@ -420,8 +438,7 @@ fn search_table(entry: &MappingEntry, vaddr: u64) -> Result<UnwindRow, UnwindErr
         .rows_for(
             entry.row_count,
             |w| {
-                UNWIND_ROWS
-                    .get(words.wrapping_add(w / ROW_INDEX_WORDS_PER_ROW))
+                unwind_row(words.wrapping_add(w / ROW_INDEX_WORDS_PER_ROW))
                     .map(|slot| row_index_word(slot, w))
             },
             vaddr,
@@ -429,13 +446,11 @@ fn search_table(entry: &MappingEntry, vaddr: u64) -> Result<UnwindRow, UnwindErr
         .ok_or(UnwindError::NoTableRow)?;
     let at = search::<MAX_TABLE_ROWS_LOG2>(
         rows,
-        |i| UNWIND_ROWS.get(first.wrapping_add(i)).map(|r| r.pc),
+        |i| unwind_row(first.wrapping_add(i)).map(|r| r.pc),
         vaddr,
     )
     .ok_or(UnwindError::NoTableRow)?;
-    let row = UNWIND_ROWS
-        .get(first.wrapping_add(at))
-        .ok_or(UnwindError::NoTableRow)?;
+    let row = unwind_row(first.wrapping_add(at)).ok_or(UnwindError::NoTableRow)?;
     if row.cfa_rule == CfaRule::NoInfo as u8 {
         return Err(UnwindError::NoTableRow);
     }

@@ -106,7 +106,8 @@ pub struct AgentArgs {
     #[arg(long)]
     pub frame_pointers_only: bool,
 
-    /// Kernel memory reserved for unwind tables.
+    /// Kernel memory unwind tables may take at most (allocated in 1.5 MiB
+    /// chunks as tables are loaded).
     #[arg(long, value_name = "MB", default_value_t = 64,
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_memory_mb: u64,
@@ -397,10 +398,10 @@ pub struct RecordArgs {
     #[arg(long, hide = true, conflicts_with = "frame_pointers_only")]
     pub dwarf_unwind: bool,
 
-    /// Kernel memory reserved for unwind tables (unless
-    /// --frame-pointers-only),
-    /// allocated in full when recording starts (24 bytes per table row;
-    /// the least-recently-used tables are evicted when it is full).
+    /// Kernel memory unwind tables may take at most (unless
+    /// --frame-pointers-only): allocated in 1.5 MiB chunks as tables are
+    /// loaded (24 bytes per table row); at the cap the least-recently-used
+    /// tables are evicted.
     #[arg(long, value_name = "MB", default_value_t = 64,
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_memory_mb: u64,

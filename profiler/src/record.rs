@@ -291,6 +291,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     pipeline.process_all();
     pipeline.restore_processes(keep_perf_maps);
 
+    pipeline.count_evictions();
     let mut summary = std::mem::take(&mut pipeline.summary);
     summary.off_cpu_threads = off_cpu_threads(
         off_cpu_totals,

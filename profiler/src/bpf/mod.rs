@@ -28,7 +28,7 @@ use clrbpf_common::{
     names,
     offcpu::{OffCpuThreadTotals, upscale_by_stack_p},
     sample_flags,
-    unwind::{UnwindError, UnwindRow},
+    unwind::{UNWIND_ROWS_PER_CHUNK, UnwindError, UnwindRow},
 };
 
 use crate::profile::{OffCpuDetail, RawSample, Waker};
@@ -274,8 +274,12 @@ impl Sampler {
                 / 1_000_000_000)
                 .max(1)
         });
-        let unwind_rows = u32::try_from(
-            (config.unwind_table_memory_bytes / size_of::<UnwindRow>() as u64).max(1),
+        let chunk_bytes = (UNWIND_ROWS_PER_CHUNK * size_of::<UnwindRow>()) as u64;
+        let unwind_chunks = u32::try_from(
+            config
+                .unwind_table_memory_bytes
+                .div_ceil(chunk_bytes)
+                .max(1),
         )
         .unwrap_or(u32::MAX);
         let mut ebpf = EbpfLoader::new()
@@ -297,8 +301,8 @@ impl Sampler {
             )
             .map_max_entries(names::MAP_SAMPLES, config.ring_buffer_bytes)
             .map_max_entries(
-                names::MAP_UNWIND_ROWS,
-                if config.user_unwind { unwind_rows } else { 1 },
+                names::MAP_UNWIND_ROW_CHUNKS,
+                if config.user_unwind { unwind_chunks } else { 1 },
             )
             .load(EBPF_OBJECT)
             .map_err(|source| BpfError::Load { source })?;
@@ -313,19 +317,12 @@ impl Sampler {
         let samples: RingBuf<MapData> = take_map(&mut ebpf, names::MAP_SAMPLES)?;
         let counters: PerCpuArray<MapData, u64> = take_map(&mut ebpf, names::MAP_COUNTERS)?;
         let unwind_maps = if config.user_unwind {
-            let rows_map: MapData = match ebpf.take_map(names::MAP_UNWIND_ROWS) {
-                Some(aya::maps::Map::Array(data)) => data,
-                _ => {
-                    return Err(BpfError::Missing {
-                        name: names::MAP_UNWIND_ROWS,
-                    });
-                }
-            };
+            let row_chunks = take_map(&mut ebpf, names::MAP_UNWIND_ROW_CHUNKS)?;
             let process_mappings = take_map(&mut ebpf, names::MAP_PROCESS_MAPPINGS)?;
             let errors = take_map(&mut ebpf, names::MAP_UNWIND_ERRORS)?;
             Some(UnwindMaps::new(
-                rows_map,
-                unwind_rows,
+                row_chunks,
+                unwind_chunks,
                 process_mappings,
                 errors,
             )?)

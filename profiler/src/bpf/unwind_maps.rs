@@ -7,10 +7,11 @@
 //!    inode, size, mtime), then by [`FileIdentity`] (build id): a file mapped
 //!    by many processes gets one table.
 //! 2. A file's table ([`UnwindTableCache`]) is copied once into the shared
-//!    `UNWIND_ROWS` array (mmap-ed: a copy, no syscall per row) at a range
-//!    the [`RowArena`] gives; the process's index ([`ProcessMappings`]) is
-//!    written with one map update.
-//! 3. Under the memory cap (the array's size), the least recently used
+//!    row array (mmap-ed: a copy, no syscall per row) at a range the
+//!    [`RowArena`] gives; the process's index ([`ProcessMappings`]) is
+//!    written with one map update. The array grows by chunks of 1.5 MiB
+//!    (`UNWIND_ROW_CHUNKS`, an array of maps) as tables need them.
+//! 3. At the memory cap (`--unwind-table-memory-mb`), the least recently used
 //!    tables are evicted whole, unused ones first; processes still using an
 //!    evicted table are rewritten to the frame-pointer rule for it first, so
 //!    the kernel never reads rows that are being replaced.
@@ -41,10 +42,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
+use aya::maps::{ArrayOfMaps, HashMap as BpfHashMap, MapData, PerCpuArray};
 use clrbpf_common::{
     UNWIND_ERROR_SLOTS,
-    unwind::{MappingEntry, ProcessMappings, RowIndex, UnwindError, UnwindRow},
+    unwind::{
+        MappingEntry, ProcessMappings, RowIndex, UNWIND_ROWS_PER_CHUNK, UnwindError, UnwindRow,
+    },
 };
 
 use super::BpfError;
@@ -74,67 +77,121 @@ const BUILD_CACHE_BYTES: usize = 32 << 20;
 /// process's double-mapped code heap is a memfd of its own).
 const MAX_KNOWN_FILES: usize = 16_384;
 
-/// The `UNWIND_ROWS` array, mapped into this process.
-struct RowsMmap {
-    base: NonNull<UnwindRow>,
-    rows: usize,
-    bytes: usize,
+/// The row array: chunks of [`UNWIND_ROWS_PER_CHUNK`] rows, each an
+/// mmap-able BPF array mapped into this process, created as tables need
+/// them and hung in the kernel's `UNWIND_ROW_CHUNKS` array of maps.
+struct RowChunks {
+    outer: ArrayOfMaps<MapData, MapData>,
+    chunks: Vec<RowChunk>,
+    max_chunks: u32,
 }
 
-// SAFETY: the mapping is owned by this value and only written through
-// `&mut self`.
-unsafe impl Send for RowsMmap {}
+/// One chunk: its map and where it is mapped here.
+struct RowChunk {
+    _map: MapData,
+    base: NonNull<UnwindRow>,
+}
 
-impl RowsMmap {
-    fn new(map: &MapData, rows: u32) -> Result<Self, BpfError> {
-        let page = 4096usize;
-        let bytes = (rows as usize * size_of::<UnwindRow>()).div_ceil(page) * page;
+// SAFETY: the mappings are owned by this value and only written through
+// `&mut self`.
+unsafe impl Send for RowChunks {}
+
+const CHUNK_ROWS: u32 = UNWIND_ROWS_PER_CHUNK as u32;
+const CHUNK_BYTES: usize = UNWIND_ROWS_PER_CHUNK * size_of::<UnwindRow>();
+
+impl RowChunks {
+    fn new(outer: ArrayOfMaps<MapData, MapData>, max_chunks: u32) -> Self {
+        Self {
+            outer,
+            chunks: Vec::new(),
+            max_chunks,
+        }
+    }
+
+    /// Rows the chunks created so far hold.
+    fn rows(&self) -> u32 {
+        self.chunks.len() as u32 * CHUNK_ROWS
+    }
+
+    /// Rows the array may grow to.
+    fn max_rows(&self) -> u32 {
+        self.max_chunks.saturating_mul(CHUNK_ROWS)
+    }
+
+    /// Creates the next chunk, maps it here and hands it to the kernel.
+    /// Returns false at the cap or when the kernel refuses the memory.
+    fn grow(&mut self) -> Result<bool, BpfError> {
+        let index = self.chunks.len() as u32;
+        if index >= self.max_chunks {
+            return Ok(false);
+        }
+        let name = clrbpf_common::names::MAP_UNWIND_ROW_CHUNKS;
+        let definition = aya_obj::Map::new_from_params(
+            aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY as u32,
+            size_of::<u32>() as u32,
+            size_of::<UnwindRow>() as u32,
+            CHUNK_ROWS,
+            aya_obj::generated::BPF_F_MMAPABLE,
+        );
+        let map = MapData::create(definition, "unwind_rows", None)
+            .map_err(|source| BpfError::Map { map: name, source })?;
         // SAFETY: a fresh shared mapping of an mmap-able BPF array's fd; the
         // kernel checks the length against the array.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                bytes,
+                CHUNK_BYTES,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 map.fd().as_fd().as_raw_fd(),
                 0,
             )
         };
-        if base == libc::MAP_FAILED {
+        let Some(base) =
+            NonNull::new(base.cast::<UnwindRow>()).filter(|_| base != libc::MAP_FAILED)
+        else {
             return Err(BpfError::Mmap {
-                map: clrbpf_common::names::MAP_UNWIND_ROWS,
+                map: name,
                 source: std::io::Error::last_os_error(),
             });
-        }
-        Ok(Self {
-            base: NonNull::new(base.cast()).expect("mmap succeeded"),
-            rows: rows as usize,
-            bytes,
-        })
+        };
+        let chunk = RowChunk { _map: map, base };
+        self.outer
+            .set(index, &chunk._map, 0)
+            .map_err(|source| BpfError::Map { map: name, source })?;
+        self.chunks.push(chunk);
+        Ok(true)
     }
 
     fn write(&mut self, offset: u32, rows: &[UnwindRow]) {
-        let offset = offset as usize;
         assert!(
-            offset + rows.len() <= self.rows,
-            "the arena hands out ranges inside the array"
+            offset as usize + rows.len() <= self.rows() as usize,
+            "the arena hands out ranges inside the chunks"
         );
-        // SAFETY: in bounds (checked above); the array is ours to write.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                rows.as_ptr(),
-                self.base.as_ptr().add(offset),
-                rows.len(),
-            );
+        let mut at = offset as usize;
+        let mut rows = rows;
+        while !rows.is_empty() {
+            let (chunk, within) = (at / UNWIND_ROWS_PER_CHUNK, at % UNWIND_ROWS_PER_CHUNK);
+            let n = rows.len().min(UNWIND_ROWS_PER_CHUNK - within);
+            // SAFETY: in bounds of a chunk's mapping (checked above); the
+            // array is ours to write.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    rows.as_ptr(),
+                    self.chunks[chunk].base.as_ptr().add(within),
+                    n,
+                );
+            }
+            rows = &rows[n..];
+            at += n;
         }
     }
 }
 
-impl Drop for RowsMmap {
+impl Drop for RowChunk {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.bytes) };
+        // SAFETY: the mapping made in `RowChunks::grow`.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), CHUNK_BYTES) };
     }
 }
 
@@ -195,6 +252,9 @@ pub struct UnwindMapsStats {
     /// Executable mappings beyond the per-process bound.
     pub mappings_dropped: u64,
     pub map_update_errors: u64,
+    /// The kernel refused a new chunk of the row array (memory): the cap
+    /// became what was there.
+    pub chunk_refused: bool,
 }
 
 /// Memory the unwind tables take in the kernel.
@@ -203,8 +263,11 @@ pub struct UnwindMemory {
     /// Rows of loaded tables, in bytes.
     pub table_bytes: u64,
     pub tables: usize,
-    /// The row array (allocated at load time: the cap).
+    /// The cap of the row array.
     pub capacity_bytes: u64,
+    /// The row array's chunks created so far (kernel memory, and mapped
+    /// into clrbpf).
+    pub allocated_bytes: u64,
     /// Per-process indexes, in bytes.
     pub index_bytes: u64,
     pub processes: usize,
@@ -213,10 +276,7 @@ pub struct UnwindMemory {
 /// The unwind maps of the loaded kernel side. Built by
 /// [`super::Sampler::take_unwind_maps`].
 pub struct UnwindMaps {
-    rows: RowsMmap,
-    /// Keeps the row array's fd open: the program's instructions name it
-    /// until the program is loaded.
-    _rows_map: MapData,
+    rows: RowChunks,
     process_mappings: BpfHashMap<MapData, u32, ProcessMappings>,
     errors: PerCpuArray<MapData, u64>,
     arena: RowArena,
@@ -232,18 +292,19 @@ pub struct UnwindMaps {
 }
 
 impl UnwindMaps {
+    /// `max_chunks` chunks of rows at most (the memory cap); none is
+    /// created before a table needs it.
     pub(super) fn new(
-        rows_map: MapData,
-        rows: u32,
+        row_chunks: ArrayOfMaps<MapData, MapData>,
+        max_chunks: u32,
         process_mappings: BpfHashMap<MapData, u32, ProcessMappings>,
         errors: PerCpuArray<MapData, u64>,
     ) -> Result<Self, BpfError> {
         Ok(Self {
-            rows: RowsMmap::new(&rows_map, rows)?,
-            _rows_map: rows_map,
+            rows: RowChunks::new(row_chunks, max_chunks),
             process_mappings,
             errors,
-            arena: RowArena::new(rows),
+            arena: RowArena::new(0),
             tables: HashMap::new(),
             files: HashMap::new(),
             processes: HashMap::new(),
@@ -339,7 +400,8 @@ impl UnwindMaps {
         UnwindMemory {
             table_bytes: self.arena.used() * size_of::<UnwindRow>() as u64,
             tables: self.tables.len(),
-            capacity_bytes: u64::from(self.arena.capacity()) * size_of::<UnwindRow>() as u64,
+            capacity_bytes: u64::from(self.rows.max_rows()) * size_of::<UnwindRow>() as u64,
+            allocated_bytes: (self.rows.chunks.len() * CHUNK_BYTES) as u64,
             index_bytes: (self.processes.len() * size_of::<ProcessMappings>()) as u64,
             processes: self.processes.len(),
         }
@@ -559,15 +621,32 @@ impl UnwindMaps {
         self.table_serial
     }
 
-    /// A free range of `len` rows, evicting least recently used tables
-    /// (unused ones first, never one used in the current scan) until it fits.
+    /// A free range of `len` rows: the row array grows by chunks up to the
+    /// cap, then least recently used tables are evicted (unused ones first,
+    /// never one used in the current scan) until it fits.
     fn allocate_rows(&mut self, len: u32) -> Option<u32> {
-        if len > self.arena.capacity() {
+        if len > self.rows.max_rows() {
             return None;
         }
         loop {
             if let Some(offset) = self.arena.allocate(len) {
                 return Some(offset);
+            }
+            match self.rows.grow() {
+                Ok(true) => {
+                    self.arena.grow(CHUNK_ROWS);
+                    continue;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    // The kernel refused the memory: work within what is
+                    // there, as at the cap.
+                    if !self.stats.chunk_refused {
+                        tracing::warn!("unwind tables cannot grow: {e}");
+                    }
+                    self.stats.chunk_refused = true;
+                    self.rows.max_chunks = self.rows.chunks.len() as u32;
+                }
             }
             let victim = self
                 .tables

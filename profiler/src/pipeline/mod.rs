@@ -188,6 +188,18 @@ impl Pipeline {
         }
     }
 
+    /// Copies the bounded caches' eviction counts into the summary.
+    pub fn count_evictions(&mut self) {
+        let managed = self.managed_budget.stats();
+        let native = self.native.stats;
+        self.summary.evictions = summary::Evictions {
+            managed_tables: managed.evictions,
+            managed_bytes: managed.evicted_bytes,
+            native_files: native.files_evicted,
+            native_frames: native.frames_evicted,
+        };
+    }
+
     /// The end of the recording: stops every session, then adds the kept
     /// CLR events, symbolized like CPU samples' user stacks at their own
     /// time and weighted so the totals are exact.

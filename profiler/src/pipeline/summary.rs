@@ -28,6 +28,8 @@ pub struct RecordSummary {
     /// Processes whose exit the kernel reported during the recording; what
     /// they held was released then.
     pub processes_exited: usize,
+    /// What the bounded caches let go of to stay within their caps.
+    pub evictions: Evictions,
     pub kernel_frames: u64,
     pub managed_frames: u64,
     pub native_frames: u64,
@@ -53,6 +55,20 @@ pub struct RecordSummary {
     pub off_cpu_threads: Vec<OffCpuThread>,
     /// BPF stats of the `sched_switch` program (every switch on the host).
     pub off_cpu_bpf_stats: ProgramStats,
+}
+
+/// What the bounded caches evicted during a recording (the unwind tables'
+/// own evictions are in [`UnwindReport`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Evictions {
+    /// Times a process's managed symbols were dropped to stay within the
+    /// global budget, and the bytes freed.
+    pub managed_tables: u64,
+    pub managed_bytes: u64,
+    /// Native symbol files closed by the open-file bound while still mapped.
+    pub native_files: u64,
+    /// Cached native frames dropped by the frame-cache bounds.
+    pub native_frames: u64,
 }
 
 /// One process's exact CLR event totals, for the summary.
@@ -240,6 +256,21 @@ pub fn print_summary(
             summary.processes_exited
         )?;
     }
+    let unwind_evicted = summary
+        .unwind
+        .as_ref()
+        .map_or(0, |u| u.stats.tables_evicted);
+    let e = summary.evictions;
+    if unwind_evicted + e.managed_tables + e.native_files + e.native_frames > 0 {
+        writeln!(
+            w,
+            "clrbpf: caches stayed within their caps by evicting {unwind_evicted} unwind tables, {} processes' managed symbols ({:.1} MiB), {} native symbol files, {} cached native frames",
+            e.managed_tables,
+            e.managed_bytes as f64 / 1048576.0,
+            e.native_files,
+            e.native_frames
+        )?;
+    }
     if summary.truncated_stacks > 0 || summary.malformed_records > 0 {
         writeln!(
             w,
@@ -320,10 +351,11 @@ pub fn print_summary(
         let memory = &unwind.memory;
         writeln!(
             w,
-            "clrbpf: unwind tables {:.1} MiB in {} files, {} processes indexed (cap {:.0} MiB); {} user stacks walked with them, {} by frame pointers (process not indexed yet); walks ended early: {}",
+            "clrbpf: unwind tables {:.1} MiB in {} files, {} processes indexed ({:.1} MiB allocated, cap {:.0} MiB); {} user stacks walked with them, {} by frame pointers (process not indexed yet); walks ended early: {}",
             memory.table_bytes as f64 / 1048576.0,
             memory.tables,
             unwind.stats.processes_indexed,
+            memory.allocated_bytes as f64 / 1048576.0,
             memory.capacity_bytes as f64 / 1048576.0,
             summary.kernel.user_stacks_unwound,
             summary.kernel.unwind_process_unknown,

@@ -1,6 +1,6 @@
 //! Where each loaded table's rows live in the kernel's shared row array
-//! (`UNWIND_ROWS`): a first-fit allocator of row ranges, and the builder of a
-//! process's mapping index. Pure bookkeeping, so it is unit-tested here; the
+//! (`UNWIND_ROW_CHUNKS`): a first-fit allocator of row ranges over an array
+//! that grows by chunks, and the builder of a process's mapping index. Pure bookkeeping, so it is unit-tested here; the
 //! map I/O is in `crate::bpf::unwind_maps`.
 
 use clrbpf_common::unwind::{MAX_PROCESS_MAPPINGS, MappingEntry, ProcessMappings};
@@ -89,6 +89,21 @@ impl RowArena {
         }
     }
 
+    /// Adds `rows` free rows at the end (the array grew by a chunk).
+    pub fn grow(&mut self, rows: u32) {
+        let Some(capacity) = self.capacity.checked_add(rows) else {
+            return;
+        };
+        if rows == 0 {
+            return;
+        }
+        match self.free.last_mut() {
+            Some((offset, len)) if *offset + *len == self.capacity => *len += rows,
+            _ => self.free.push((self.capacity, rows)),
+        }
+        self.capacity = capacity;
+    }
+
     /// The longest free range: the largest table that fits without eviction.
     pub fn largest_free(&self) -> u32 {
         self.free.iter().map(|&(_, l)| l).max().unwrap_or(0)
@@ -159,6 +174,25 @@ mod tests {
         assert_eq!(a.used(), 0);
         assert_eq!(a.largest_free(), 100);
         assert_eq!(RowArena::new(0).allocate(1), None);
+    }
+
+    #[test]
+    fn growth_adds_free_rows_at_the_end() {
+        let mut a = RowArena::new(0);
+        assert_eq!(a.allocate(10), None);
+        a.grow(16);
+        assert_eq!(a.allocate(10), Some(0));
+        assert_eq!(a.allocate(10), None, "6 left");
+        a.grow(16);
+        assert_eq!(a.largest_free(), 22, "merged with the tail");
+        assert_eq!(a.allocate(22), Some(10));
+        a.grow(16);
+        a.free(0, 10);
+        assert_eq!(a.capacity(), 48);
+        assert_eq!(a.allocate(16), Some(32));
+        assert_eq!(a.used(), 38);
+        a.grow(u32::MAX); // overflows: ignored
+        assert_eq!(a.capacity(), 48);
     }
 
     fn entry(start: u64, end: u64, row_count: u32) -> MappingEntry {
