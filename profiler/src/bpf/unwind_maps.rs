@@ -67,6 +67,9 @@ const RESCAN_EVERY: Duration = Duration::from_millis(500);
 const YOUNG_FOR: Duration = Duration::from_secs(10);
 /// See [`YOUNG_FOR`].
 const YOUNG_RESCAN_EVERY: Duration = Duration::from_secs(1);
+/// The heap is trimmed at most this often (see
+/// [`UnwindMaps::trim_heap_after_loads`]).
+const TRIM_EVERY: Duration = Duration::from_secs(2);
 /// Exited processes are looked for at most this often.
 const EXIT_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// Bytes of built tables kept in userspace to avoid re-parsing a file whose
@@ -289,6 +292,9 @@ pub struct UnwindMaps {
     table_serial: u16,
     exits_checked_at: Instant,
     stats: UnwindMapsStats,
+    /// [`UnwindMapsStats::tables_loaded`] at the last heap trim, and when.
+    loads_at_trim: u64,
+    trimmed_at: Instant,
 }
 
 impl UnwindMaps {
@@ -313,6 +319,8 @@ impl UnwindMaps {
             table_serial: 0,
             exits_checked_at: Instant::now(),
             stats: UnwindMapsStats::default(),
+            loads_at_trim: 0,
+            trimmed_at: Instant::now(),
         })
     }
 
@@ -615,6 +623,21 @@ impl UnwindMaps {
         FileState::Table(key)
     }
 
+    /// Hands the heap memory that building tables freed back to the kernel
+    /// (at most every [`TRIM_EVERY`], and only after a table was loaded):
+    /// file buffers and table builds free tens of MiB in pieces that
+    /// otherwise stay resident between smaller live allocations.
+    fn trim_heap_after_loads(&mut self) {
+        if self.stats.tables_loaded == self.loads_at_trim || self.trimmed_at.elapsed() < TRIM_EVERY
+        {
+            return;
+        }
+        self.loads_at_trim = self.stats.tables_loaded;
+        self.trimmed_at = Instant::now();
+        // SAFETY: malloc_trim only returns free memory to the kernel.
+        unsafe { libc::malloc_trim(0) };
+    }
+
     /// The next [`MappingEntry::table_serial`], never 0.
     fn next_serial(&mut self) -> u16 {
         self.table_serial = self.table_serial.wrapping_add(1).max(1);
@@ -752,6 +775,7 @@ impl UnwindWorker {
                     }
                     maps.forget_exited();
                     maps.rescan_young();
+                    maps.trim_heap_after_loads();
                 }
                 UnwindReport {
                     errors: maps.error_counts(),

@@ -349,7 +349,9 @@ pub fn read_elf_file(file: &File) -> Result<Vec<u8>, UnwindTableError> {
             limit: MAX_ELF_FILE_BYTES,
         });
     }
-    let mut data = Vec::new();
+    // Sized once: growing by doubling would copy the file several times and
+    // leave freed buffers of every size in the heap.
+    let mut data = Vec::with_capacity(size as usize);
     file.take(MAX_ELF_FILE_BYTES + 1)
         .read_to_end(&mut data)
         .map_err(|source| UnwindTableError::Read { source })?;
