@@ -318,6 +318,12 @@ fn a_failed_final_rename_keeps_the_profile_and_names_it() {
     let env = Env::privileged();
     let dir = TempDir::new("late-plant");
     let target = dir.join("x.pb.gz");
+    // Something to sample: an idle host can give a 4 s whole-host
+    // recording no sample at all.
+    let mut busy = std::process::Command::new("timeout")
+        .args(["8", "sh", "-c", "while :; do :; done"])
+        .spawn()
+        .expect("start a busy shell");
     let planter = {
         let target = target.clone();
         std::thread::spawn(move || {
@@ -333,6 +339,8 @@ fn a_failed_final_rename_keeps_the_profile_and_names_it() {
         Duration::from_secs(120),
     );
     planter.join().expect("planter");
+    let _ = busy.kill();
+    let _ = busy.wait();
     let stderr = stderr(&output);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     let kept = fs::read_dir(dir.path())
