@@ -91,7 +91,7 @@ struct RowChunks {
 
 /// One chunk: its map and where it is mapped here.
 struct RowChunk {
-    _map: MapData,
+    map: MapData,
     base: NonNull<UnwindRow>,
 }
 
@@ -158,9 +158,9 @@ impl RowChunks {
                 source: std::io::Error::last_os_error(),
             });
         };
-        let chunk = RowChunk { _map: map, base };
+        let chunk = RowChunk { map, base };
         self.outer
-            .set(index, &chunk._map, 0)
+            .set(index, &chunk.map, 0)
             .map_err(|source| BpfError::Map { map: name, source })?;
         self.chunks.push(chunk);
         Ok(true)
