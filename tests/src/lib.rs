@@ -640,6 +640,35 @@ pub fn assert_success(output: &Output) {
     );
 }
 
+/// A shell spinning on a CPU, killed when dropped: something for a
+/// whole-host recording to sample, since an idle host can give a few
+/// seconds of `record -a` no sample at all.
+pub struct BusyShell {
+    child: Child,
+}
+
+impl BusyShell {
+    pub fn start() -> Self {
+        let child = Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start a busy shell");
+        Self { child }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for BusyShell {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A scratch directory, removed when dropped, unless the test is failing:
 /// then it is kept and its path printed, so the files can be inspected.
 pub struct TempDir {

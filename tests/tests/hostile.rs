@@ -11,8 +11,8 @@ use std::{
 };
 
 use clrbpf_integration_tests::{
-    Env, Runtime, TempDir, TestProcess, assert_some_stack_contains, read_profile, samples,
-    value_index,
+    BusyShell, Env, Runtime, TempDir, TestProcess, assert_some_stack_contains, pids, read_profile,
+    samples, value_index,
 };
 
 const USER: u32 = 1000;
@@ -83,6 +83,7 @@ fn hostile_diagnostic_sockets_delay_nothing() {
 fn ctrl_c_is_honoured_whatever_the_targets_do() {
     let env = Env::privileged();
     let fakes = hostile_targets();
+    let busy = BusyShell::start();
     let dir = TempDir::new("hostile-int");
     let out = dir.join("out.pb.gz");
     let mut command = Command::new(&env.clrbpf);
@@ -117,7 +118,11 @@ fn ctrl_c_is_honoured_whatever_the_targets_do() {
     );
     assert!(stderr.contains("(Ctrl-C)"), "{stderr}");
     let profile = read_profile(&out);
-    assert!(!profile.sample.is_empty());
+    assert!(
+        pids(&profile).contains(&busy.pid()),
+        "the busy shell {} is not in the profile:\n{stderr}",
+        busy.pid()
+    );
     drop(fakes);
 }
 

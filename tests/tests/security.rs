@@ -10,7 +10,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use clrbpf_integration_tests::{Env, Launch, Runtime, TempDir, TestProcess, record_pid};
+use clrbpf_integration_tests::{BusyShell, Env, Launch, Runtime, TempDir, TestProcess, record_pid};
 
 /// The unprivileged user the hostile targets run as.
 const USER: u32 = 1000;
@@ -318,12 +318,7 @@ fn a_failed_final_rename_keeps_the_profile_and_names_it() {
     let env = Env::privileged();
     let dir = TempDir::new("late-plant");
     let target = dir.join("x.pb.gz");
-    // Something to sample: an idle host can give a 4 s whole-host
-    // recording no sample at all.
-    let mut busy = std::process::Command::new("timeout")
-        .args(["8", "sh", "-c", "while :; do :; done"])
-        .spawn()
-        .expect("start a busy shell");
+    let busy = BusyShell::start();
     let planter = {
         let target = target.clone();
         std::thread::spawn(move || {
@@ -339,8 +334,7 @@ fn a_failed_final_rename_keeps_the_profile_and_names_it() {
         Duration::from_secs(120),
     );
     planter.join().expect("planter");
-    let _ = busy.kill();
-    let _ = busy.wait();
+    drop(busy);
     let stderr = stderr(&output);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     let kept = fs::read_dir(dir.path())
