@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A process that looks like .NET to a profiler but does not behave like it.
 
-It maps a file named libcoreclr.so (what profilers look for in
-/proc/PID/maps) and listens on a diagnostic socket named as CoreCLR names
+It maps files named libcoreclr.so and System.Private.CoreLib.dll (what
+profilers look for in /proc/PID/maps) and listens on a diagnostic socket named as CoreCLR names
 it, then misbehaves in one of these ways (argv[1]):
 
   silent  never accepts a connection (its backlog fills up);
@@ -44,11 +44,15 @@ def answer(conn, mode):
 def main():
     mode, seconds = sys.argv[1], float(sys.argv[2])
     workdir = tempfile.mkdtemp(prefix="fake-dotnet-")
-    lib = os.path.join(workdir, "libcoreclr.so")
-    with open(lib, "wb") as f:
-        f.write(b"\0" * 4096)
-    fd = os.open(lib, os.O_RDONLY)
-    mapping = mmap.mmap(fd, 4096, prot=mmap.PROT_READ)
+    # libcoreclr.so says .NET; System.Private.CoreLib.dll says its runtime
+    # has started (profilers wait for it before they talk to the runtime).
+    mappings = []
+    for name in ("libcoreclr.so", "System.Private.CoreLib.dll"):
+        lib = os.path.join(workdir, name)
+        with open(lib, "wb") as f:
+            f.write(b"\0" * 4096)
+        fd = os.open(lib, os.O_RDONLY)
+        mappings.append(mmap.mmap(fd, 4096, prot=mmap.PROT_READ))
     stat = open("/proc/self/stat").read()
     start_ticks = stat.rsplit(")", 1)[1].split()[19]
     path = f"/tmp/dotnet-diagnostic-{os.getpid()}-{start_ticks}-socket"
@@ -64,7 +68,8 @@ def main():
         time.sleep(seconds)
     finally:
         os.unlink(path)
-        mapping.close()
+        for mapping in mappings:
+            mapping.close()
 
 
 if __name__ == "__main__":

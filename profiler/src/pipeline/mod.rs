@@ -180,11 +180,21 @@ impl Pipeline {
         }
     }
 
-    /// Starts, drains (and notices the end of) every EventPipe session.
+    /// Looks again at runtimes still starting, then starts, drains (and
+    /// notices the end of) every EventPipe session.
     pub fn poll_clr(&mut self) {
-        for process in self.processes.values_mut() {
+        let Self {
+            processes,
+            procfs,
+            native,
+            ..
+        } = self;
+        for process in processes.values_mut() {
+            if process.runtime_starting_since.is_some() {
+                process.refresh_maps(procfs, native);
+            }
             process.poll_attach();
-            process.poll_clr(&self.procfs);
+            process.poll_clr(procfs);
         }
     }
 

@@ -67,7 +67,16 @@ pub(super) struct TrackedProcess {
     pub(super) clr_symbols_stale: bool,
     /// Name methods from the session's MethodLoad events (no perf map).
     pub(super) methods_from_events: bool,
+    /// When `libcoreclr.so` was first seen mapped, while the runtime has
+    /// not started yet ([`DotnetRuntime::started`]): it is looked at again
+    /// on every tick until it has.
+    pub(super) runtime_starting_since: Option<Instant>,
 }
+
+/// How long a runtime that maps no `System.Private.CoreLib.dll` (a
+/// single-file app keeps it in its bundle) is given to start before it is
+/// talked to anyway.
+const RUNTIME_START_GRACE: Duration = Duration::from_secs(2);
 
 impl TrackedProcess {
     pub(super) fn discover(
@@ -121,6 +130,7 @@ impl TrackedProcess {
             clr_events,
             clr_symbols_stale: false,
             methods_from_events: false,
+            runtime_starting_since: None,
         };
         process.refresh_maps(procfs, native);
         process
@@ -157,6 +167,14 @@ impl TrackedProcess {
             return;
         };
         let pid = self.pid;
+        // A runtime asked for perf maps (or a session) before its startup
+        // has set them up can crash: wait until it has started.
+        let since = *self.runtime_starting_since.get_or_insert_with(Instant::now);
+        if !runtime.started && since.elapsed() < RUNTIME_START_GRACE {
+            tracing::debug!(pid, "the .NET runtime is still starting");
+            return;
+        }
+        self.runtime_starting_since = None;
         tracing::debug!(pid, version = ?runtime.version, "found a .NET runtime");
         self.managed = Some(ManagedSymbols::with_budget(pid, &self.managed_budget));
         // Runtimes before .NET 8 cannot be asked for perf maps: a process we

@@ -17,6 +17,8 @@ use super::{Environ, MappingTable, ProcError, ProcFs};
 /// Directory of the shared framework, followed by the version directory.
 const SHARED_FRAMEWORK_DIR: &str = "Microsoft.NETCore.App/";
 const LIBCORECLR: &str = "libcoreclr.so";
+/// The runtime's core library, mapped late in its startup.
+const CORELIB: &str = "System.Private.CoreLib.dll";
 /// The runtime reads its settings with either prefix; `DOTNET_` wins.
 const ENV_PREFIXES: [&str; 2] = ["DOTNET_", "COMPlus_"];
 /// `DOTNET_PerfMapEnabled`: 0 off, 1 perf map + jitdump, 2 jitdump, 3 perf map.
@@ -38,6 +40,11 @@ pub struct DotnetRuntime {
     /// (reach it through `/proc/PID/root`); `None` when only a framework
     /// file was mapped.
     pub libcoreclr_path: Option<String>,
+    /// Whether `System.Private.CoreLib.dll` is mapped: the runtime maps it
+    /// once its startup has created the app domain and initialized the
+    /// perf map, so it may be talked to. An `EnablePerfMap` that arrives
+    /// earlier crashes .NET 8 and 9 (dotnet/runtime#122472, #123438).
+    pub started: bool,
 }
 
 impl DotnetRuntime {
@@ -50,8 +57,11 @@ impl DotnetRuntime {
     /// [`DotnetRuntime::detect`] over mapped file paths.
     pub fn detect_from_paths<'a>(paths: impl IntoIterator<Item = &'a str>) -> Option<Self> {
         let mut found: Option<Self> = None;
+        let mut started = false;
         for path in paths {
-            let is_coreclr = path.rsplit('/').next() == Some(LIBCORECLR);
+            let file_name = path.rsplit('/').next();
+            started |= file_name == Some(CORELIB);
+            let is_coreclr = file_name == Some(LIBCORECLR);
             let version = shared_framework_version(path);
             if !is_coreclr && version.is_none() {
                 continue;
@@ -59,6 +69,7 @@ impl DotnetRuntime {
             let runtime = found.get_or_insert(Self {
                 version: None,
                 libcoreclr_path: None,
+                started: false,
             });
             if is_coreclr && runtime.libcoreclr_path.is_none() {
                 runtime.libcoreclr_path = Some(path.to_string());
@@ -71,6 +82,9 @@ impl DotnetRuntime {
             if runtime.version.is_none() {
                 runtime.version = version;
             }
+        }
+        if let Some(runtime) = found.as_mut() {
+            runtime.started = started;
         }
         found
     }
@@ -205,6 +219,7 @@ mod tests {
         .expect("parse");
         let runtime = DotnetRuntime::detect(&maps).expect("dotnet");
         assert_eq!(runtime.version.as_deref(), Some("8.0.4"));
+        assert!(runtime.started, "CoreLib is mapped");
         assert_eq!(
             runtime.libcoreclr_path.as_deref(),
             Some("/usr/share/dotnet/shared/Microsoft.NETCore.App/8.0.4/libcoreclr.so")
@@ -216,6 +231,16 @@ mod tests {
     fn detects_self_contained_and_framework_only() {
         let runtime = DotnetRuntime::detect_from_paths(["/app/libcoreclr.so"]).expect("dotnet");
         assert_eq!(runtime.version, None);
+        assert!(
+            !runtime.started,
+            "libcoreclr.so without CoreLib: still starting"
+        );
+        let runtime = DotnetRuntime::detect_from_paths([
+            "/app/System.Private.CoreLib.dll",
+            "/app/libcoreclr.so",
+        ])
+        .expect("dotnet");
+        assert!(runtime.started);
         assert_eq!(runtime.major(), None);
         assert_eq!(
             runtime.libcoreclr_path.as_deref(),
