@@ -122,6 +122,26 @@ const _: () = assert!(size_of::<OffCpuThreadTotals>() == 32);
 // SAFETY: `#[repr(C)]`, only integers, explicit padding.
 unsafe impl aya::Pod for OffCpuThreadTotals {}
 
+/// A thread's [`OffCpuThreadTotals`] handed to userspace through the
+/// `SAMPLES` ring buffer when the thread exits, after which its entry
+/// leaves `OFF_CPU_TOTALS`: a host that starts threads for weeks would fill
+/// the map otherwise. Told apart from the other ring records by its size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitedThreadTotals {
+    pub totals: OffCpuThreadTotals,
+    pub tid: u32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(size_of::<ExitedThreadTotals>() == 40);
+const _: () = assert!(size_of::<ExitedThreadTotals>() != size_of::<crate::ProcessEventRecord>());
+const _: () = assert!(size_of::<ExitedThreadTotals>() != size_of::<crate::RawSampleEvent>());
+
+#[cfg(feature = "user")]
+// SAFETY: `#[repr(C)]`, only integers, explicit padding.
+unsafe impl aya::Pod for ExitedThreadTotals {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

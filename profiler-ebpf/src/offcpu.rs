@@ -27,7 +27,8 @@
 //! and, for `prev`, the profiled-set test; stacks are taken only for
 //! blocking switches of profiled threads. The parked records live in a map
 //! allocated on demand, so memory follows the number of threads blocked
-//! now; a thread that exits while parked is removed by the exit tracepoint.
+//! now; a thread that exits while parked is removed by the exit tracepoint,
+//! which also sends the thread's totals to userspace and removes them.
 
 use aya_ebpf::{
     Global,
@@ -45,8 +46,8 @@ use aya_ebpf::{
 use clrbpf_common::{
     Counter, RawSampleEvent, SampleKind, TASK_COMM_LEN,
     offcpu::{
-        OffCpuThreadTotals, STACK_P_ALWAYS, STACK_RATE_WINDOW_NS, StackRate, keep_interval,
-        stack_probability, take_stack, wake_flags,
+        ExitedThreadTotals, OffCpuThreadTotals, STACK_P_ALWAYS, STACK_RATE_WINDOW_NS, StackRate,
+        keep_interval, stack_probability, take_stack, wake_flags,
     },
     sample_flags,
     unwind::UnwindRegs,
@@ -451,11 +452,30 @@ fn try_off_cpu_waking(ctx: &TracePointContext) -> Result<(), i64> {
     Ok(())
 }
 
-/// A thread that exits while parked never switches in again.
+/// A thread that exits while parked never switches in again. Its exact
+/// totals go to userspace in the ring, in order with its samples, and
+/// leave the map; if the ring is full they stay in the map, where
+/// userspace reads them at the end.
 #[inline(always)]
 pub fn forget_thread(tid: u32) {
-    if OFF_CPU.load() != 0 {
-        let _ = OFF_CPU_PENDING.remove(&tid);
-        let _ = WAKER_PENDING.remove(&tid);
+    if OFF_CPU.load() == 0 {
+        return;
+    }
+    let _ = OFF_CPU_PENDING.remove(&tid);
+    let _ = WAKER_PENDING.remove(&tid);
+    // SAFETY: a map value, copied at once.
+    let Some(totals) = (unsafe { OFF_CPU_TOTALS.get(&tid) }).copied() else {
+        return;
+    };
+    let record = ExitedThreadTotals {
+        totals,
+        tid,
+        _pad: 0,
+    };
+    if SAMPLES
+        .output::<ExitedThreadTotals>(&record, BPF_RB_NO_WAKEUP)
+        .is_ok()
+    {
+        let _ = OFF_CPU_TOTALS.remove(&tid);
     }
 }

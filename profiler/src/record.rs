@@ -271,7 +271,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     pipeline.pull(&mut sampler, &mut raw);
     let mut blocked_now = sampler.still_blocked(crate::profile::monotonic_ns());
     let mut off_cpu_totals = sampler.off_cpu_totals();
-    add_still_blocked(&mut off_cpu_totals, &blocked_now);
+    add_still_blocked(&mut off_cpu_totals.threads, &blocked_now);
     pipeline.accept(&mut blocked_now);
     pipeline.summary.kernel = sampler.counters();
     pipeline.summary.bpf_stats = sampler.on_cpu_program_stats();
@@ -293,8 +293,9 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
 
     pipeline.count_evictions();
     let mut summary = std::mem::take(&mut pipeline.summary);
+    summary.off_cpu_other_threads = (off_cpu_totals.other_threads, off_cpu_totals.others);
     summary.off_cpu_threads = off_cpu_threads(
-        off_cpu_totals,
+        off_cpu_totals.threads,
         &pipeline.thread_names,
         &pipeline.off_cpu_recorded,
     );

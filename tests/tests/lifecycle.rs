@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use clrbpf::bpf::{ProcessEvent, ProcessEventAt, Sampler, SamplerConfig};
+use clrbpf::bpf::{OffCpuConfig, ProcessEvent, ProcessEventAt, Sampler, SamplerConfig};
 use clrbpf_integration_tests::must_have_privileges;
 
 /// Drains `sampler` until `done` holds for the events read so far, or
@@ -216,4 +216,41 @@ fn clock_monotonic_ns() -> u64 {
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     assert_eq!(rc, 0, "clock_gettime");
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// A thread that exits hands its exact off-CPU totals to userspace through
+/// the ring and leaves the kernel's map, which would otherwise fill on a
+/// host that starts threads for weeks; the totals are not lost.
+#[test]
+fn an_exited_threads_off_cpu_totals_move_from_the_kernel_map_to_userspace() {
+    must_have_privileges();
+    let mut sampler = Sampler::start(&SamplerConfig {
+        off_cpu: Some(OffCpuConfig {
+            min_ns: 1_000_000,
+            max_stacks_per_cpu_second: 500,
+        }),
+        ..SamplerConfig::default()
+    })
+    .expect("start the sampler");
+    // sh blocks in wait4 for each sleep: two waits of about 100 ms.
+    let pid = run_to_end("sleep 0.1; sleep 0.1");
+    drain_until(&mut sampler, |events| exited(events, pid) > 0);
+    let in_kernel = sampler.off_cpu_threads_in_kernel();
+    assert!(
+        !in_kernel.contains(&pid),
+        "the exited thread {pid} is still in the kernel's totals map ({} threads there)",
+        in_kernel.len()
+    );
+    let totals = sampler.off_cpu_totals();
+    let (_, sh) = totals
+        .threads
+        .iter()
+        .find(|(tid, _)| *tid == pid)
+        .unwrap_or_else(|| panic!("no off-CPU totals for the exited thread {pid}"));
+    assert_eq!(sh.pid, pid);
+    assert!(sh.intervals >= 2, "{sh:?}");
+    assert!(
+        (180_000_000..2_000_000_000).contains(&sh.blocked_ns),
+        "sh waited about 200 ms for its two sleeps: {sh:?}"
+    );
 }

@@ -26,7 +26,7 @@ use aya::{
 use clrbpf_common::{
     COUNTER_SLOTS, Counter, ProcessEventKind, ProcessEventRecord, RawSampleEvent, SampleKind,
     names,
-    offcpu::{OffCpuThreadTotals, upscale_by_stack_p},
+    offcpu::{ExitedThreadTotals, OffCpuThreadTotals, upscale_by_stack_p},
     sample_flags,
     unwind::{UNWIND_ROWS_PER_CHUNK, UnwindError, UnwindRow},
 };
@@ -100,10 +100,8 @@ pub struct SamplerConfig {
     /// frame pointers only.
     pub user_unwind: bool,
     /// Kernel memory for unwind tables (the `--unwind-table-memory-mb`
-    /// cap). The row array is a BPF array map, allocated (and charged to
-    /// our memory cgroup) in full when the programs load, so this is what
-    /// unwinding costs in kernel memory whatever is profiled; with
-    /// [`Self::user_unwind`] off the array has one row.
+    /// cap). The rows live in chunks of BPF array maps created as tables
+    /// need them, up to this cap.
     pub unwind_table_memory_bytes: u64,
     /// Off-CPU intervals of the profiled threads (`None`: not recorded).
     pub off_cpu: Option<OffCpuConfig>,
@@ -251,6 +249,50 @@ struct OffCpuMaps {
     wakers: std::collections::HashMap<u32, (Waker, Vec<u64>)>,
     /// `--off-cpu-min`.
     min_ns: u64,
+    /// Totals of threads that exited, handed over by the kernel side.
+    exited: ExitedThreads,
+}
+
+/// The exact off-CPU totals of exited threads, by tid up to
+/// [`MAX_EXITED_THREADS`], summed beyond: a host that starts threads for
+/// weeks must not grow this without end.
+#[derive(Debug, Default)]
+struct ExitedThreads {
+    by_tid: std::collections::HashMap<u32, OffCpuThreadTotals>,
+    others: OffCpuThreadTotals,
+    other_threads: u64,
+}
+
+/// Exited threads whose off-CPU totals are kept one by one.
+const MAX_EXITED_THREADS: usize = 65_536;
+
+impl ExitedThreads {
+    fn add(&mut self, tid: u32, totals: OffCpuThreadTotals) {
+        let len = self.by_tid.len();
+        let into = match self.by_tid.get_mut(&tid) {
+            Some(kept) => kept,
+            None if len < MAX_EXITED_THREADS => self.by_tid.entry(tid).or_default(),
+            None => {
+                self.other_threads += 1;
+                &mut self.others
+            }
+        };
+        into.pid = totals.pid;
+        into.blocked_ns += totals.blocked_ns;
+        into.intervals += totals.intervals;
+        into.lost += totals.lost;
+    }
+}
+
+/// The exact off-CPU totals of a recording: per thread, and the sum of the
+/// exited threads beyond the per-thread bound.
+#[derive(Clone, Debug, Default)]
+pub struct OffCpuTotals {
+    /// Thread id and its totals; a tid appears once.
+    pub threads: Vec<(u32, OffCpuThreadTotals)>,
+    /// How many exited threads were summed into `others`.
+    pub other_threads: u64,
+    pub others: OffCpuThreadTotals,
 }
 
 /// Most waker records held for their off-CPU record (each is followed by it
@@ -348,6 +390,7 @@ impl Sampler {
                 totals: take_map(&mut ebpf, names::MAP_OFF_CPU_TOTALS)?,
                 wakers: Default::default(),
                 min_ns: off_cpu_min_ns,
+                exited: ExitedThreads::default(),
             };
             for (program, name) in [
                 (names::PROG_OFF_CPU_WAKING, "sched_waking"),
@@ -471,6 +514,14 @@ impl Sampler {
     ) -> u64 {
         let mut malformed = 0;
         while let Some(item) = self.samples.next() {
+            if item.len() == size_of::<ExitedThreadTotals>() {
+                match (decode_exited_thread(&item), self.off_cpu.as_mut()) {
+                    (Some(exited), Some(maps)) => maps.exited.add(exited.tid, exited.totals),
+                    (Some(_), None) => {}
+                    (None, _) => malformed += 1,
+                }
+                continue;
+            }
             if item.len() == size_of::<ProcessEventRecord>() {
                 match decode_process_event(&item) {
                     Some(event) => {
@@ -558,12 +609,34 @@ impl Sampler {
         }
     }
 
-    /// Exact off-CPU totals per thread (tid), empty without off-CPU.
-    pub fn off_cpu_totals(&self) -> Vec<(u32, OffCpuThreadTotals)> {
+    /// Exact off-CPU totals of the threads alive now (in the kernel's map)
+    /// and of those that exited (handed over as they exited; call after
+    /// the last [`Self::drain_with_events`]). Empty without off-CPU.
+    pub fn off_cpu_totals(&self) -> OffCpuTotals {
         let Some(maps) = self.off_cpu.as_ref() else {
-            return Vec::new();
+            return OffCpuTotals::default();
         };
-        maps.totals.iter().filter_map(Result::ok).collect()
+        let mut by_tid = maps.exited.by_tid.clone();
+        for (tid, live) in maps.totals.iter().filter_map(Result::ok) {
+            let into = by_tid.entry(tid).or_default();
+            into.pid = live.pid;
+            into.blocked_ns += live.blocked_ns;
+            into.intervals += live.intervals;
+            into.lost += live.lost;
+        }
+        OffCpuTotals {
+            threads: by_tid.into_iter().collect(),
+            other_threads: maps.exited.other_threads,
+            others: maps.exited.others,
+        }
+    }
+
+    /// The threads the kernel's off-CPU totals map holds now: those alive
+    /// (exited ones leave it when their totals reach userspace).
+    pub fn off_cpu_threads_in_kernel(&self) -> Vec<u32> {
+        self.off_cpu.as_ref().map_or_else(Vec::new, |maps| {
+            maps.totals.keys().filter_map(Result::ok).collect()
+        })
     }
 
     /// The threads still blocked now, as off-CPU samples ending now (their
@@ -737,6 +810,15 @@ fn decode_event(
     decode_record(&event, names)
 }
 
+/// Decodes an [`ExitedThreadTotals`]; `None` for a wrong length.
+fn decode_exited_thread(bytes: &[u8]) -> Option<ExitedThreadTotals> {
+    if bytes.len() != size_of::<ExitedThreadTotals>() {
+        return None;
+    }
+    // SAFETY: the length is checked above and the record is plain old data.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
+}
+
 /// Decodes a [`ProcessEventRecord`]; `None` for a wrong length or an
 /// unknown kind.
 fn decode_process_event(bytes: &[u8]) -> Option<ProcessEvent> {
@@ -826,6 +908,56 @@ fn intern_comm(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exited_threads_are_kept_by_tid_up_to_the_bound_then_summed() {
+        let totals = |pid, blocked_ns| OffCpuThreadTotals {
+            blocked_ns,
+            intervals: 1,
+            lost: 0,
+            pid,
+            _pad: 0,
+        };
+        let mut exited = ExitedThreads::default();
+        for tid in 0..MAX_EXITED_THREADS as u32 {
+            exited.add(tid, totals(7, 10));
+        }
+        // A reused tid adds to its row; new tids beyond the bound are summed.
+        exited.add(3, totals(8, 5));
+        exited.add(1_000_000, totals(9, 100));
+        exited.add(1_000_001, totals(9, 200));
+        assert_eq!(exited.by_tid.len(), MAX_EXITED_THREADS);
+        assert_eq!(exited.by_tid[&3].blocked_ns, 15);
+        assert_eq!(exited.by_tid[&3].intervals, 2);
+        assert_eq!(exited.by_tid[&3].pid, 8);
+        assert_eq!(exited.other_threads, 2);
+        assert_eq!(exited.others.blocked_ns, 300);
+        assert_eq!(exited.others.intervals, 2);
+    }
+
+    #[test]
+    fn an_exited_thread_record_is_decoded_by_its_size() {
+        let record = ExitedThreadTotals {
+            totals: OffCpuThreadTotals {
+                blocked_ns: 5,
+                intervals: 2,
+                lost: 1,
+                pid: 40,
+                _pad: 0,
+            },
+            tid: 41,
+            _pad: 0,
+        };
+        // SAFETY: a plain-old-data record viewed as its bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&raw const record).cast::<u8>(),
+                size_of::<ExitedThreadTotals>(),
+            )
+        };
+        assert_eq!(decode_exited_thread(bytes), Some(record));
+        assert_eq!(decode_exited_thread(&bytes[1..]), None);
+    }
 
     #[test]
     fn fdinfo_stats_are_parsed() {

@@ -129,6 +129,9 @@ pub struct Pipeline {
     pub(crate) off_cpu_recorded: HashMap<u32, (u64, u64)>,
 }
 
+/// Threads whose off-CPU time the summary reports one by one.
+const MAX_OFF_CPU_THREADS: usize = 131_072;
+
 impl Pipeline {
     /// How many processes have been seen.
     pub fn process_count(&self) -> usize {
@@ -609,7 +612,15 @@ impl Pipeline {
             return;
         };
         // The latest name: a new thread blocks before it names itself.
-        thread_names.insert(sample.tid, sample.thread_name.clone());
+        // Both per-thread tables are bounded: past the bound, new threads
+        // are counted under tid 0 and go unnamed in the summary.
+        let tid =
+            if thread_names.len() < MAX_OFF_CPU_THREADS || thread_names.contains_key(&sample.tid) {
+                thread_names.insert(sample.tid, sample.thread_name.clone());
+                sample.tid
+            } else {
+                0
+            };
         let waker_kernel: Vec<Arc<Frame>> = off_cpu
             .waker_kernel_stack
             .iter()
@@ -633,7 +644,7 @@ impl Pipeline {
                 aggregator.intern(&Frame::synthetic("[stack not taken: --off-cpu-max-stacks]")),
             );
         }
-        let recorded = off_cpu_recorded.entry(sample.tid).or_default();
+        let recorded = off_cpu_recorded.entry(tid).or_default();
         recorded.0 += sample.value;
         recorded.1 += 1;
         let Some(wakeup) = layout.wakeup else {

@@ -53,6 +53,8 @@ pub struct RecordSummary {
     pub outputs: Vec<PathBuf>,
     /// Exact off-CPU totals of every thread that blocked, most blocked first.
     pub off_cpu_threads: Vec<OffCpuThread>,
+    /// Exited threads beyond the per-thread bound, and their summed totals.
+    pub off_cpu_other_threads: (u64, OffCpuThreadTotals),
     /// BPF stats of the `sched_switch` program (every switch on the host).
     pub off_cpu_bpf_stats: ProgramStats,
 }
@@ -155,8 +157,9 @@ fn off_cpu_summary(summary: &RecordSummary) -> Option<String> {
     if k.off_cpu_blocked == 0 && summary.off_cpu_threads.is_empty() {
         return None;
     }
+    let (other_threads, others) = summary.off_cpu_other_threads;
     let sum = |f: fn(&OffCpuThread) -> u64| -> u64 { summary.off_cpu_threads.iter().map(f).sum() };
-    let blocked = sum(|t| t.totals.blocked_ns);
+    let blocked = sum(|t| t.totals.blocked_ns) + others.blocked_ns;
     let recorded = sum(|t| t.recorded_ns);
     let stats = &summary.off_cpu_bpf_stats;
     let per_switch = if stats.run_count > 0 {
@@ -171,8 +174,8 @@ fn off_cpu_summary(summary: &RecordSummary) -> Option<String> {
     Some(format!(
         "clrbpf: off-CPU: {:.1} ms blocked (exact) in {} waits of {} threads; the profile holds {:.1} ms ({:+.1}%) from {} kept waits; {} stacks skipped by the rate limit, {} lost to a full ring, {} not tracked (pending map full), {} wakers recorded{per_switch}",
         blocked as f64 / 1e6,
-        sum(|t| t.totals.intervals),
-        summary.off_cpu_threads.len(),
+        sum(|t| t.totals.intervals) + others.intervals,
+        summary.off_cpu_threads.len() as u64 + other_threads,
         recorded as f64 / 1e6,
         if blocked == 0 {
             0.0
@@ -181,7 +184,7 @@ fn off_cpu_summary(summary: &RecordSummary) -> Option<String> {
         },
         sum(|t| t.recorded),
         k.off_cpu_stacks_skipped,
-        sum(|t| t.totals.lost),
+        sum(|t| t.totals.lost) + others.lost,
         k.off_cpu_pending_full,
         k.off_cpu_wakers,
     ))
@@ -261,7 +264,8 @@ pub fn print_summary(
         .as_ref()
         .map_or(0, |u| u.stats.tables_evicted);
     let e = summary.evictions;
-    if unwind_evicted + e.managed_tables + e.native_files + e.native_frames > 0 {
+    let evicted = unwind_evicted + e.managed_tables + e.native_files + e.native_frames;
+    if evicted > 0 || summary.processes_exited > 0 {
         writeln!(
             w,
             "clrbpf: caches stayed within their caps by evicting {unwind_evicted} unwind tables, {} processes' managed symbols ({:.1} MiB), {} native symbol files, {} cached native frames",
