@@ -1,0 +1,249 @@
+//! A whole-host recording on a host that keeps starting processes: short
+//! native ones many times a second and a short .NET 8 app every few
+//! seconds, as a build server or a cron-heavy node does. What clrbpf holds
+//! for a process must leave with it: after warm-up its memory stays flat,
+//! its open files and BPF map entries come back to where they were, no perf
+//! file of an exited app stays behind, and the apps that exited are still
+//! named in the profile. Run by `cargo xtask test` (root).
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::Path,
+    process::{Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use clrbpf_integration_tests::{Env, Runtime, TempDir, TestProcess, read_profile, samples};
+
+/// The whole recording; the first [`WARM_UP`] of it fills the caches.
+const RECORDING: Duration = Duration::from_secs(70);
+const WARM_UP: Duration = Duration::from_secs(20);
+/// Short native processes started per second.
+const NATIVE_PER_SECOND: u32 = 40;
+/// A .NET app starts this often and runs for [`APP_SECONDS`].
+const APP_EVERY: Duration = Duration::from_secs(3);
+const APP_SECONDS: &str = "1.5";
+
+/// What the test reads of clrbpf from /proc and bpftool at one moment.
+#[derive(Debug)]
+struct Footprint {
+    rss_kib: u64,
+    fds: usize,
+    /// Entries of each of clrbpf's hash maps, by name.
+    map_entries: BTreeMap<String, u64>,
+}
+
+impl Footprint {
+    fn of(pid: u32) -> Self {
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("clrbpf's status");
+        let rss_kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/PID/status");
+        let mut fds = 0;
+        let mut map_entries = BTreeMap::new();
+        for entry in fs::read_dir(format!("/proc/{pid}/fd")).expect("clrbpf's fds") {
+            let Ok(entry) = entry else { continue };
+            fds += 1;
+            let Ok(info) = fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                entry.file_name().to_string_lossy()
+            )) else {
+                continue;
+            };
+            let field = |key: &str| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .map(|v| v.trim().to_owned())
+            };
+            // BPF_MAP_TYPE_HASH (1), PERCPU_HASH (5), LRU_HASH (9),
+            // LRU_PERCPU_HASH (10): the maps whose entries come and go.
+            let (Some(kind), Some(id)) = (field("map_type:"), field("map_id:")) else {
+                continue;
+            };
+            if !["1", "5", "9", "10"].contains(&kind.as_str()) {
+                continue;
+            }
+            let (name, entries) = hash_map_entries(&id);
+            map_entries.insert(name, entries);
+        }
+        Self {
+            rss_kib,
+            fds,
+            map_entries,
+        }
+    }
+}
+
+/// The name and number of entries of BPF map `id`, by bpftool.
+fn hash_map_entries(id: &str) -> (String, u64) {
+    let show = Command::new("bpftool")
+        .args(["map", "show", "id", id])
+        .output()
+        .expect("run bpftool (installed by `cargo xtask setup`)");
+    let show = String::from_utf8_lossy(&show.stdout);
+    let name = show
+        .split_whitespace()
+        .skip_while(|w| *w != "name")
+        .nth(1)
+        .unwrap_or(id)
+        .to_owned();
+    let dump = Command::new("bpftool")
+        .args(["map", "dump", "id", id])
+        .output()
+        .expect("run bpftool");
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    // bpftool ends a dump with "Found N elements".
+    let entries = dump
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("Found "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no element count in bpftool's dump of map {id}:\n{dump}"));
+    (name, entries)
+}
+
+/// Starts `sh -c :` [`NATIVE_PER_SECOND`] times a second until `stop`.
+fn churn_native(stop: Arc<AtomicBool>) -> thread::JoinHandle<u64> {
+    thread::spawn(move || {
+        let step = Duration::from_secs(1) / NATIVE_PER_SECOND;
+        let mut started = 0;
+        let mut next = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok(mut child) = Command::new("sh")
+                .args(["-c", ":"])
+                .stdin(Stdio::null())
+                .spawn()
+            {
+                let _ = child.wait();
+                started += 1;
+            }
+            next += step;
+            thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        started
+    })
+}
+
+#[test]
+fn a_whole_host_recording_under_process_churn_stays_bounded() {
+    let env = Env::privileged();
+    let dir = TempDir::new("churn");
+    let out = dir.join("churn.pb.gz");
+    let log = dir.join("stderr.txt");
+    let mut clrbpf = Command::new(&env.clrbpf)
+        // Unwind tables of the host's files take more than 16 MiB: the
+        // LRU eviction runs, and must be counted.
+        .args([
+            "record",
+            "-a",
+            "--off-cpu",
+            "--unwind-table-memory-mb",
+            "16",
+            "-d",
+        ])
+        .arg(RECORDING.as_secs().to_string())
+        .arg("-o")
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).expect("create the log"))
+        .spawn()
+        .expect("start clrbpf");
+    let started = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let native = churn_native(stop.clone());
+    let mut apps: Vec<u32> = Vec::new();
+    let mut warm: Option<Footprint> = None;
+    let last_app_at = RECORDING - Duration::from_secs(8);
+    let mut next_app = Duration::from_secs(2);
+    while started.elapsed() < last_app_at {
+        if started.elapsed() >= next_app {
+            next_app += APP_EVERY;
+            let app = TestProcess::start(&env, Runtime::Net8, "Hot", &[APP_SECONDS], false);
+            apps.push(app.pid());
+            // Dropped after its end: the app exits by itself.
+            let (status, _) = app.wait(Duration::from_secs(30));
+            assert!(status.success(), "Hot exited with {status}");
+        }
+        if warm.is_none() && started.elapsed() >= WARM_UP {
+            warm = Some(Footprint::of(clrbpf.id()));
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let natives = native.join().expect("the churn thread");
+    // Every app has exited and been let go of; nothing new starts now.
+    thread::sleep(Duration::from_secs(3));
+    let end = Footprint::of(clrbpf.id());
+    let warm = warm.expect("a footprint after warm-up");
+    let status = clrbpf.wait().expect("wait for clrbpf");
+    let stderr = fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "clrbpf failed:\n{stderr}");
+    eprintln!(
+        "{natives} native processes and {} .NET apps started",
+        apps.len()
+    );
+    eprintln!("after warm-up: {warm:?}\nat the end:    {end:?}");
+
+    assert!(
+        end.rss_kib as f64 <= warm.rss_kib as f64 * 1.10,
+        "RSS grew by more than 10% after warm-up: {} -> {} KiB\n{stderr}",
+        warm.rss_kib,
+        end.rss_kib
+    );
+    assert!(
+        end.fds <= warm.fds,
+        "open files grew after warm-up: {} -> {}",
+        warm.fds,
+        end.fds
+    );
+    for (name, &entries) in &end.map_entries {
+        let before = warm.map_entries.get(name).copied().unwrap_or(0);
+        // A few processes and threads are alive at either moment.
+        assert!(
+            entries <= before + 16,
+            "BPF map {name} grew after warm-up: {before} -> {entries} entries"
+        );
+    }
+    for pid in &apps {
+        for file in [format!("perf-{pid}.map"), format!("jit-{pid}.dump")] {
+            assert!(
+                !Path::new("/tmp").join(&file).exists(),
+                "/tmp/{file} of an exited app was left behind"
+            );
+        }
+    }
+    let profile = read_profile(&out);
+    let views = samples(&profile);
+    let named = apps
+        .iter()
+        .filter(|&&pid| {
+            views
+                .iter()
+                .any(|s| s.pid() == Some(pid) && s.stack_contains(&["Hot.Spin"]))
+        })
+        .count();
+    assert!(
+        named * 4 >= apps.len() * 3,
+        "only {named} of the {} exited apps have samples in Hot.Spin",
+        apps.len()
+    );
+    assert!(
+        stderr.contains("processes exited during the recording"),
+        "the summary does not count exited processes:\n{stderr}"
+    );
+    // Whatever was evicted, even nothing, is said: the caps held.
+    assert!(
+        stderr.contains("caches stayed within their caps by evicting"),
+        "the summary does not count evictions:\n{stderr}"
+    );
+}
