@@ -225,6 +225,9 @@ fn run_profiled(
             });
             unwind = UnwindSummary::parse(&stderr);
         }
+        if mode == Mode::Perf {
+            samples = perf_samples(&inputs.scratch.join("perf.data"));
+        }
     }
     Ok(ProfilerRun {
         ops: ops?,
@@ -233,6 +236,23 @@ fn run_profiled(
         bpf_us_per_sample,
         samples,
         unwind,
+    })
+}
+
+/// Samples in a perf.data file: one line each from `perf script -F pid`.
+fn perf_samples(data: &Path) -> Option<u64> {
+    let output = Command::new("perf")
+        .args(["script", "-F", "pid", "-i"])
+        .arg(data)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    output.status.success().then(|| {
+        output
+            .stdout
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .count() as u64
     })
 }
 
@@ -338,7 +358,22 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
             "| {} own CPU (user+sys, % of one core) | {cpu_share:.2}% | |",
             mode.name()
         );
-        println!("| {} peak RSS | {rss:.1} MiB | |", mode.name());
+        let rss_budget = if mode == Mode::Clrbpf {
+            "<= 100 MiB"
+        } else {
+            ""
+        };
+        println!("| {} peak RSS | {rss:.1} MiB | {rss_budget} |", mode.name());
+        let mut per_sample: Vec<f64> = of(mode)
+            .filter_map(|r| Some(1e6 * r.usage.cpu.as_secs_f64() / r.samples?.max(1) as f64))
+            .collect();
+        if !per_sample.is_empty() {
+            println!(
+                "| {} own CPU per sample (median) | {:.1} us | |",
+                mode.name(),
+                median(&mut per_sample)
+            );
+        }
     }
     // The direct cost, which the machine's noise does not blur: clrbpf's
     // own CPU plus the kernel time of its BPF program, as a share of all
@@ -378,6 +413,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     clr_benches(inputs)?;
     crate::bench_offcpu::run(inputs, have_perf)?;
     crate::bench_saturated::run(inputs, have_perf)?;
+    crate::bench_churn::run(inputs)?;
     if !have_perf {
         println!("\nbench: perf is not installed (apt-get install linux-perf): no comparison row");
     }

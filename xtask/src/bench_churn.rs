@@ -1,0 +1,157 @@
+//! `cargo xtask bench`, churn soak (issue 10): what runs for weeks on a
+//! node must not grow with the processes the node starts. `record -a` for
+//! ten minutes (`CLRBPF_BENCH_SOAK_SECONDS` shortens it) while `sh -c :`
+//! starts 40 times a second and a short .NET 8 app every 3 s: clrbpf's RSS
+//! and open files at 2 minutes and at the end, and what its bounded caches
+//! evicted. perf would grow here too (perf.data holds every sample), so no
+//! comparison row.
+
+use std::{
+    fs,
+    process::{Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+
+use crate::bench::BenchInputs;
+
+const NATIVE_PER_SECOND: u32 = 40;
+const APP_EVERY: Duration = Duration::from_secs(3);
+const EARLY_MARK: Duration = Duration::from_secs(120);
+
+/// RSS (KiB) and open files of a process.
+fn footprint(pid: u32) -> Option<(u64, usize)> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    let fds = fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count();
+    Some((rss, fds))
+}
+
+fn soak_seconds() -> u64 {
+    std::env::var("CLRBPF_BENCH_SOAK_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&s: &u64| s >= 30)
+        .unwrap_or(600)
+}
+
+pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
+    let seconds = soak_seconds();
+    println!(
+        "\nbench: churn soak: record -a for {seconds} s while sh -c : starts {NATIVE_PER_SECOND}/s and a .NET 8 app (Hot, 1.5 s) every {} s",
+        APP_EVERY.as_secs()
+    );
+    let stderr_path = inputs.scratch.join("churn.stderr");
+    let mut clrbpf = Command::new(inputs.clrbpf)
+        .args(["record", "-a", "-d", &seconds.to_string(), "-o"])
+        .arg(inputs.scratch.join("churn.pb.gz"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&stderr_path).context("create the churn log")?)
+        .spawn()
+        .context("start clrbpf")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let natives = Arc::new(AtomicU64::new(0));
+    let churn = {
+        let (stop, natives) = (stop.clone(), natives.clone());
+        thread::spawn(move || {
+            let step = Duration::from_secs(1) / NATIVE_PER_SECOND;
+            let mut next = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(mut child) = Command::new("sh").args(["-c", ":"]).spawn() {
+                    let _ = child.wait();
+                    natives.fetch_add(1, Ordering::Relaxed);
+                }
+                next += step;
+                thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+        })
+    };
+    let app = [
+        inputs.dotnet8.as_os_str().to_owned(),
+        inputs.workloads.join("net8/Hot.dll").into_os_string(),
+        "1.5".into(),
+    ];
+    let started = Instant::now();
+    let total = Duration::from_secs(seconds);
+    let mut early = None;
+    let mut late = None;
+    let mut apps = 0u64;
+    let mut failed_apps = 0u64;
+    let mut next_app = Duration::ZERO;
+    while started.elapsed() < total.saturating_sub(Duration::from_secs(5)) {
+        if started.elapsed() >= next_app {
+            next_app += APP_EVERY;
+            let status = Command::new(&app[0])
+                .args(&app[1..])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            apps += 1;
+            if !status.is_ok_and(|s| s.success()) {
+                failed_apps += 1;
+            }
+        }
+        if early.is_none() && started.elapsed() >= EARLY_MARK {
+            early = footprint(clrbpf.id());
+        }
+        late = footprint(clrbpf.id()).or(late);
+        thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = churn.join();
+    let status = clrbpf.wait().context("wait for clrbpf")?;
+    let stderr = fs::read_to_string(&stderr_path).unwrap_or_default();
+    if !status.success() {
+        anyhow::bail!("clrbpf record under churn exited with {status}:\n{stderr}");
+    }
+    let evictions = stderr
+        .lines()
+        .find_map(|l| l.split("caches stayed within their caps by ").nth(1))
+        .unwrap_or("(no line)");
+    let exited = stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("clrbpf: ")?
+                .split(" processes exited")
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or(0);
+    let show = |f: Option<(u64, usize)>| {
+        f.map_or("?".to_owned(), |(rss, fds)| {
+            format!("{:.1} MiB, {fds} fds", rss as f64 / 1024.0)
+        })
+    };
+    println!("| churn soak | value |");
+    println!("| --- | --- |");
+    println!(
+        "| processes started | {} native, {apps} .NET ({failed_apps} failed) |",
+        natives.load(Ordering::Relaxed)
+    );
+    println!("| processes exited, seen by clrbpf | {exited} |");
+    println!("| clrbpf at 2 min | {} |", show(early));
+    println!("| clrbpf at the end ({seconds} s) | {} |", show(late));
+    if let (Some((a, _)), Some((b, _))) = (early, late) {
+        println!(
+            "| RSS growth after 2 min | {:+.1}% (budget <= 10%) |",
+            100.0 * (b as f64 - a as f64) / a as f64
+        );
+    }
+    println!("| evicted | {evictions} |");
+    Ok(())
+}
