@@ -20,27 +20,40 @@ use clrbpf_integration_tests::{
 
 /// `GET path` on the agent's endpoint: (status, body).
 fn http_get(port: u16, path: &str) -> (u16, String) {
+    let (status, body) = http_get_bytes(port, path);
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// [`http_get`] with the body as bytes (a pprof file).
+fn http_get_bytes(port: u16, path: &str) -> (u16, Vec<u8>) {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the agent");
     stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        .set_read_timeout(Some(Duration::from_secs(60)))
         .expect("timeout");
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
     )
     .expect("send");
-    let mut reply = String::new();
-    let _ = stream.read_to_string(&mut reply);
-    let status = reply
+    let mut reply = Vec::new();
+    let _ = stream.read_to_end(&mut reply);
+    let split = reply
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(reply.len());
+    let head = String::from_utf8_lossy(&reply[..split]).into_owned();
+    let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = reply
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    assert!(
+        !head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "the test client reads whole bodies only: {head}"
+    );
+    (status, reply.get(split + 4..).unwrap_or_default().to_vec())
 }
 
 /// Windows arrive at the interval with consecutive time ranges, named by
@@ -125,4 +138,169 @@ fn agent_ships_windows_per_service_and_flushes_on_sigterm() {
     assert_eq!(full.duration_nanos, 5_000_000_000);
     assert_eq!(full.time_nanos % 5_000_000_000, 0);
     assert_some_stack_contains(full, Some(app.pid()), &["Hot.Spin"]);
+}
+
+/// A sample as the script prints it: name, labels, value.
+type Row = (String, Vec<(String, String)>, f64);
+
+/// One sample of `/metrics`.
+struct Sample {
+    name: String,
+    labels: Vec<(String, String)>,
+    value: f64,
+}
+
+/// The agent's `/metrics` as the reference Prometheus client library parses
+/// it (OpenMetrics text).
+fn parse_metrics(text: &str) -> Vec<Sample> {
+    let python = std::env::var_os("CLRBPF_TEST_PYTHON").expect(
+        "CLRBPF_TEST_PYTHON is not set: run the integration tests through `cargo xtask test`, which installs prometheus-client",
+    );
+    let script = r#"
+import json, sys
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+rows = []
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        rows.append([s.name, sorted(s.labels.items()), s.value])
+print(json.dumps(rows))
+"#;
+    let mut child = Command::new(python)
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the test python");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("send the metrics");
+    let output = child.wait_with_output().expect("python");
+    assert!(
+        output.status.success(),
+        "prometheus-client rejects /metrics: {}\n{text}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let rows: Vec<Row> = serde_json::from_slice(&output.stdout).expect("the script's JSON");
+    rows.into_iter()
+        .map(|(name, labels, value)| Sample {
+            name,
+            labels,
+            value,
+        })
+        .collect()
+}
+
+/// `dotnet_*` runtime metrics of a .NET process, read by the agent from
+/// outside it, agree with the process's own GC.CollectionCount; the agent's
+/// own series are there; `/debug/pprof/profile?seconds=N` answers with a
+/// fresh whole-host profile of N seconds while the windows go on.
+#[test]
+fn agent_serves_runtime_metrics_and_profiles_on_demand() {
+    let env = Env::privileged();
+    let dir = TempDir::new("agent-metrics");
+    let port = 18000 + (std::process::id() % 1000) as u16;
+    let mut agent = Command::new(&env.clrbpf)
+        .args(["agent", "--upload-interval", "5s", "--output-dir"])
+        .arg(dir.join("windows"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start clrbpf agent");
+    thread::sleep(Duration::from_secs(3));
+    let hot = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
+    // Idle 10 s (the agent's session starts and the counters take their
+    // baseline), 30 collections, then idle while they are reported.
+    let gc = TestProcess::start(&env, Runtime::Net8, "GcCounts", &["10", "30", "40"], false);
+
+    let (pull_status, pulled) = http_get_bytes(port, "/debug/pprof/profile?seconds=3");
+    assert_eq!(pull_status, 200, "{}", String::from_utf8_lossy(&pulled));
+    let pulled_path = dir.join("pulled.pb.gz");
+    fs::write(&pulled_path, &pulled).expect("write the pulled profile");
+    let pulled = read_profile(&pulled_path);
+    assert_eq!(pulled.duration_nanos, 3_000_000_000);
+    assert_some_stack_contains(&pulled, Some(hot.pid()), &["Hot.Spin"]);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let counts = |tag: &str| -> Option<[f64; 3]> {
+        let line = gc.lines().into_iter().find(|l| l.starts_with(tag))?;
+        let n: Vec<f64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        Some([n[0], n[1], n[2]])
+    };
+    let (before, after) = loop {
+        if let (Some(b), Some(a)) = (counts("GC_BEFORE"), counts("GC_AFTER")) {
+            break (b, a);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "GcCounts printed {:?}",
+            gc.lines()
+        );
+        thread::sleep(Duration::from_millis(200));
+    };
+    // Two counter intervals, so the collections are reported.
+    thread::sleep(Duration::from_secs(11));
+    let (status, text) = http_get(port, "/metrics");
+    assert_eq!(status, 200);
+    let rows = parse_metrics(&text);
+    let value = |name: &str, want: &[(&str, &str)]| -> Option<f64> {
+        rows.iter()
+            .find(|s| {
+                s.name == name
+                    && want
+                        .iter()
+                        .all(|(k, v)| s.labels.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|s| s.value)
+    };
+    let pid = gc.pid().to_string();
+    let delta = |g: usize| after[g] - before[g];
+    let expected = [delta(0) - delta(1), delta(1) - delta(2), delta(2)];
+    for (g, generation) in ["gen0", "gen1", "gen2"].into_iter().enumerate() {
+        let served = value(
+            "dotnet_gc_collections_total",
+            &[("pid", &pid), ("dotnet_gc_heap_generation", generation)],
+        )
+        .unwrap_or_else(|| {
+            panic!("no dotnet_gc_collections_total for pid {pid} {generation}:\n{text}")
+        });
+        assert_eq!(
+            served, expected[g],
+            "{generation} collections of pid {pid}: /metrics says {served}, GC.CollectionCount {before:?} -> {after:?}"
+        );
+    }
+    for name in [
+        "dotnet_gc_heap_size_bytes",
+        "dotnet_process_cpu_time_seconds_total",
+    ] {
+        assert!(
+            value(name, &[("pid", &pid)]).is_some(),
+            "no {name} for pid {pid}:\n{text}"
+        );
+    }
+    let own = |name: &str| value(name, &[]).unwrap_or_else(|| panic!("no {name}:\n{text}"));
+    assert!(own("clrbpf_agent_processes_tracked") >= 2.0);
+    assert!(own("clrbpf_agent_dotnet_processes_tracked") >= 2.0);
+    assert!(own("clrbpf_agent_bpf_run_seconds_total") > 0.0);
+    assert!(own("clrbpf_agent_resident_memory_bytes") > 0.0);
+
+    // SAFETY: kill has no memory preconditions; the pid is our child.
+    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
+    let status = agent.wait().expect("wait for the agent");
+    let mut stderr = String::new();
+    if let Some(mut pipe) = agent.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    assert!(status.success(), "agent exit {status}:\n{stderr}");
+    drop(hot);
+    drop(gc);
 }

@@ -15,10 +15,13 @@ use crate::{Repo, cmd};
 
 /// helm-python-sdk bundles the Helm v4 SDK (`libhelm_c.so`); kubernetes-validate
 /// bundles the Kubernetes OpenAPI schemas (1.25-1.37); PyYAML reads renders.
-const REQUIREMENTS: [&str; 3] = [
+/// prometheus-client's text parser reads the agent's `/metrics` in the
+/// integration tests (the reference parser, independent of ours).
+const REQUIREMENTS: [&str; 4] = [
     "helm-python-sdk==0.2.2",
     "kubernetes-validate==1.37.0",
     "PyYAML==6.0.3",
+    "prometheus-client==0.21.1",
 ];
 
 /// The venv's python, with the requirements installed (idempotent: a stamp

@@ -27,6 +27,8 @@ const ENV_BIN: &str = "CLRBPF_BIN";
 const ENV_DOTNET8: &str = "CLRBPF_DOTNET8";
 const ENV_DOTNET31: &str = "CLRBPF_DOTNET31";
 const ENV_WORKLOADS: &str = "CLRBPF_WORKLOADS";
+/// A python with the test tools' packages (prometheus-client).
+const ENV_TEST_PYTHON: &str = "CLRBPF_TEST_PYTHON";
 
 /// Skips the eBPF object in builds that do not run it (clippy, unit tests):
 /// the release build the integration tests use builds it once.
@@ -205,12 +207,14 @@ fn test(repo: &Repo) -> anyhow::Result<()> {
             .env(ENV_DOTNET8, &dotnet8)
             .env(ENV_DOTNET31, &dotnet31),
     )?;
+    let python = chart::tools(repo)?;
     step(
         "integration tests",
         repo.cargo()
             .args(["test", "--package", "clrbpf-integration-tests", "--release"])
             .args(["--", "--test-threads=1"])
             .env_remove(ENV_AYA_BUILD_SKIP)
+            .env(ENV_TEST_PYTHON, python)
             .env(ENV_BIN, repo.clrbpf_bin())
             .env(ENV_DOTNET8, dotnet8)
             .env(ENV_DOTNET31, dotnet31)

@@ -28,7 +28,8 @@ use prometheus_client::{
 };
 
 use super::queue::DropReason;
-use crate::clr::counters::{CounterSample, ProcessUsage, RuntimeCounters, RuntimeSnapshot};
+pub use crate::clr::counters::ProcessRuntimeMetrics;
+use crate::clr::counters::{CounterSample, ProcessUsage, RuntimeCounters};
 
 /// Labels of a per-sink series.
 type SinkLabels = Vec<(&'static str, &'static str)>;
@@ -281,14 +282,6 @@ fn self_rss_bytes() -> Option<u64> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     Some(pages * u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096))
-}
-
-/// A .NET process's runtime metrics as last read, with its labels.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ProcessRuntimeMetrics {
-    pub pid: u32,
-    pub executable: String,
-    pub snapshot: RuntimeSnapshot,
 }
 
 /// The `dotnet_*` series: one entry per .NET process, replaced as its

@@ -25,6 +25,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod cuts;
 pub mod directory;
 pub mod http;
 pub mod metrics;

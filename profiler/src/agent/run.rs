@@ -7,9 +7,11 @@
 //!    CLR sessions and symbolizes, as in `record`.
 //! 3. Every `--upload-interval`, aligned to the wall clock, once the
 //!    samples of the window are all in ([`SYMBOLIZE_DELAY`] after its end),
-//!    [`Pipeline::take_window`] hands out the window's profile; it is split
-//!    per service and profile type ([`window_batch`]) and submitted to the
-//!    sinks, which never block the loop.
+//!    [`Pipeline::take_window`] hands out the window's profile ([`Cuts`]
+//!    also cuts at the ends of on-demand `/debug/pprof/profile` spans and
+//!    merges the parts); it is split per service and profile type
+//!    ([`window_batch`]) and submitted to the sinks, which never block the
+//!    loop.
 //! 4. On SIGTERM or SIGINT: the current window is closed and submitted,
 //!    the .NET processes are restored, the sinks get `--grace-period` to
 //!    deliver, and the agent exits 0. SIGHUP reloads nothing and is
@@ -18,7 +20,7 @@
 use std::{
     collections::HashMap,
     sync::Arc,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::Context as _;
@@ -27,7 +29,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use super::{
     ProfileSink as _,
     batch::{ServiceKey, window_batch},
-    config::{AgentConfig, build_sinks, service_name, window_start},
+    config::{AgentConfig, build_sinks, service_name},
+    cuts::{Cuts, LoopPuller, Window},
     http::{AgentHealth, HttpState},
     metrics::AgentMetrics,
     queue::RetryPolicy,
@@ -37,7 +40,7 @@ use crate::{
     bpf::{OffCpuConfig, Sampler, SamplerConfig, UnwindWorker, system},
     pipeline::{Pipeline, SYMBOLIZE_DELAY, WindowSpan},
     process::ProcFs,
-    profile::{LabelValue, ProfileSample, label_keys, layout::ValueLayout},
+    profile::{LabelValue, Profile, ProfileSample, label_keys, layout::ValueLayout},
 };
 
 /// How often the loop runs, as in `record`.
@@ -60,12 +63,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("--listen {}: cannot listen there", config.listen))?;
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let (puller, mut pulls) = LoopPuller::new();
     let http = tokio::spawn(super::http::serve(
         listener,
         HttpState::new(
             metrics.clone(),
             Arc::clone(&health),
-            None,
+            Some(Arc::new(puller) as Arc<dyn super::http::PullProfiler>),
             config.max_pull_seconds,
         ),
         async {
@@ -88,22 +92,38 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         ..SamplerConfig::default()
     })?;
     health.set_bpf_attached(true);
+    // The run time of the BPF programs (`clrbpf_agent_bpf_run_seconds`) is
+    // counted by the kernel only while stats are on: on while this fd is
+    // open, whatever the `kernel.bpf_stats_enabled` sysctl says.
+    let _bpf_stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+        Ok(fd) => Some(fd),
+        Err(error) => {
+            tracing::warn!(%error, "no BPF run-time stats: clrbpf_agent_bpf_run_seconds stays 0");
+            None
+        }
+    };
     let layout = ValueLayout::new(off_cpu.is_some(), config.wall, config.clr_events.any());
     let mut pipeline = Pipeline::new(true, config.clr_events, layout);
+    // The runtime's EventCounters come once per window: `dotnet_*` series
+    // as fresh as the profiles.
+    pipeline.runtime_metrics_interval = Some(
+        u32::try_from(config.upload_interval.as_secs())
+            .unwrap_or(u32::MAX)
+            .max(1),
+    );
     pipeline.unwind = match sampler.take_unwind_maps() {
         Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
         None => None,
     };
     let clock = Clock::now();
-    let mut window_from = SystemTime::now();
-    let mut next_cut = window_start(window_from, config.upload_interval) + config.upload_interval;
+    let mut cuts = Cuts::new(SystemTime::now(), config.upload_interval);
     let mut shipper = Shipper {
         config: &config,
         sinks: &sinks,
         metrics: &metrics,
         services: ServiceNames::default(),
         period_ns: sampler.period_ns,
-        samples_shipped: 0,
+        samples_cut: 0,
     };
 
     let mut sigint = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
@@ -112,29 +132,28 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut raw = Vec::with_capacity(4096);
+    let mut last_metrics = Instant::now();
+    let mut bpf_seen_ns = 0u64;
     let stopped_by = loop {
         tokio::select! {
             _ = tick.tick() => {}
+            Some(request) = pulls.recv() => cuts.add_pull(SystemTime::now(), request),
             _ = sigint.recv() => break "SIGINT",
             _ = sigterm.recv() => break "SIGTERM",
             _ = sighup.recv() => tracing::info!("SIGHUP ignored: the agent reloads nothing"),
         }
         pipeline.tick(&mut sampler, &mut raw);
         health.beat();
-        if SystemTime::now() >= next_cut + SYMBOLIZE_DELAY {
-            let span = clock.span(window_from, next_cut);
-            shipper.ship(&mut pipeline, span);
-            window_from = next_cut;
-            next_cut += config.upload_interval;
+        let closed = cuts.cut_due(SystemTime::now(), SYMBOLIZE_DELAY, &mut |from, to| {
+            shipper.take(&mut pipeline, clock.span(from, to))
+        });
+        for window in closed {
+            shipper.ship(window);
         }
-        let counters = sampler.counters();
-        metrics
-            .samples_lost
-            .inner()
-            .store(counters.samples_lost, std::sync::atomic::Ordering::Relaxed);
-        metrics
-            .processes_tracked
-            .set(i64::try_from(pipeline.process_count()).unwrap_or(i64::MAX));
+        if last_metrics.elapsed() >= METRICS_EVERY {
+            last_metrics = Instant::now();
+            update_metrics(&metrics, &mut pipeline, &sampler, &mut bpf_seen_ns);
+        }
     };
     tracing::info!("{stopped_by}: closing the last window");
     crate::stop::arm_second_request().ok();
@@ -146,8 +165,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     drop(sampler);
     pipeline.finish_clr();
     pipeline.process_all();
-    let span = clock.span(window_from, end);
-    shipper.ship(&mut pipeline, span);
+    let last = cuts.finish(end, &mut |from, to| {
+        shipper.take(&mut pipeline, clock.span(from, to))
+    });
+    shipper.ship(last);
     pipeline.restore_processes(false);
     let report = sinks.flush(config.grace_period).await;
     if report.abandoned > 0 {
@@ -161,6 +182,53 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How often the agent's own gauges and the `dotnet_*` series are updated.
+const METRICS_EVERY: Duration = Duration::from_secs(1);
+
+/// Copies the sampler's and the pipeline's state into the agent's own
+/// series, and publishes each .NET process's runtime metrics (a process
+/// that exited leaves the `dotnet_*` series).
+fn update_metrics(
+    metrics: &AgentMetrics,
+    pipeline: &mut Pipeline,
+    sampler: &Sampler,
+    bpf_seen_ns: &mut u64,
+) {
+    let counters = sampler.counters();
+    metrics
+        .samples_lost
+        .inner()
+        .store(counters.samples_lost, std::sync::atomic::Ordering::Relaxed);
+    let bpf_ns =
+        sampler.on_cpu_program_stats().run_time_ns + sampler.off_cpu_program_stats().run_time_ns;
+    metrics
+        .bpf_run_seconds
+        .inc_by(bpf_ns.saturating_sub(*bpf_seen_ns) as f64 / 1e9);
+    *bpf_seen_ns = bpf_ns.max(*bpf_seen_ns);
+    let (live, dotnet) = pipeline.live_processes();
+    metrics
+        .processes_tracked
+        .set(i64::try_from(live).unwrap_or(i64::MAX));
+    metrics
+        .dotnet_processes_tracked
+        .set(i64::try_from(dotnet).unwrap_or(i64::MAX));
+    if let Some(unwind) = pipeline.unwind.as_ref() {
+        metrics
+            .unwind_table_bytes
+            .set(i64::try_from(unwind.kernel_memory_bytes()).unwrap_or(i64::MAX));
+    }
+    let runtime = metrics.runtime();
+    let fresh = pipeline.runtime_metrics();
+    for pid in runtime.pids() {
+        if !fresh.iter().any(|m| m.pid == pid) {
+            runtime.remove(pid);
+        }
+    }
+    for process in fresh {
+        runtime.update(process);
+    }
+}
+
 /// What closing a window needs besides the pipeline.
 struct Shipper<'a> {
     config: &'a AgentConfig,
@@ -168,25 +236,32 @@ struct Shipper<'a> {
     metrics: &'a AgentMetrics,
     services: ServiceNames,
     period_ns: u64,
-    /// The pipeline's sample count at the last window.
-    samples_shipped: u64,
+    /// The pipeline's sample count at the last cut.
+    samples_cut: u64,
 }
 
 impl Shipper<'_> {
-    /// Closes the window `span` and submits its profiles, one per service
-    /// and profile type.
-    fn ship(&mut self, pipeline: &mut Pipeline, span: (WindowSpan, SystemTime, Duration)) {
-        let (window, start, duration) = span;
-        let profile = pipeline.take_window(window, self.period_ns);
-        let taken = pipeline
-            .summary
-            .samples
-            .saturating_sub(self.samples_shipped);
-        self.samples_shipped = pipeline.summary.samples;
+    /// The pipeline's profile of `span` (a part of a window), counting its
+    /// samples.
+    fn take(&mut self, pipeline: &mut Pipeline, span: WindowSpan) -> Profile {
+        let profile = pipeline.take_window(span, self.period_ns);
+        let taken = pipeline.summary.samples.saturating_sub(self.samples_cut);
+        self.samples_cut = pipeline.summary.samples;
         self.metrics
             .samples
             .get_or_create(&vec![("kind", "all")])
             .inc_by(taken);
+        profile
+    }
+
+    /// Submits a closed window's profiles, one per service and profile
+    /// type.
+    fn ship(&mut self, window: Window) {
+        let Window {
+            profile,
+            start,
+            duration,
+        } = window;
         let (services, selection) = (&mut self.services, &self.config.selection);
         let batch = window_batch(start, duration, &profile, |sample| {
             services.key_of(sample, selection)
@@ -237,19 +312,15 @@ impl Clock {
     }
 
     /// The window `[from, to)`, in both clocks.
-    fn span(&self, from: SystemTime, to: SystemTime) -> (WindowSpan, SystemTime, Duration) {
+    fn span(&self, from: SystemTime, to: SystemTime) -> WindowSpan {
         let start_unix_ns = from
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
-        (
-            WindowSpan {
-                start_ns: self.mono_of(from),
-                end_ns: self.mono_of(to),
-                start_unix_ns,
-            },
-            from,
-            to.duration_since(from).unwrap_or_default(),
-        )
+        WindowSpan {
+            start_ns: self.mono_of(from),
+            end_ns: self.mono_of(to),
+            start_unix_ns,
+        }
     }
 }
 
@@ -361,14 +432,12 @@ mod tests {
             wall: UNIX_EPOCH + Duration::from_secs(100),
             mono_ns: 5_000_000_000,
         };
-        let (span, start, duration) = clock.span(
+        let span = clock.span(
             UNIX_EPOCH + Duration::from_secs(99),
             UNIX_EPOCH + Duration::from_secs(115),
         );
         assert_eq!(span.start_ns, 4_000_000_000);
         assert_eq!(span.end_ns, 20_000_000_000);
         assert_eq!(span.start_unix_ns, 99_000_000_000);
-        assert_eq!(start, UNIX_EPOCH + Duration::from_secs(99));
-        assert_eq!(duration, Duration::from_secs(16));
     }
 }

@@ -37,7 +37,7 @@ use std::{
     ptr::NonNull,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -745,6 +745,8 @@ pub struct UnwindWorker {
     /// end of a recording must not wait for).
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<UnwindReport>>,
+    /// Kernel memory of the row chunks and indexes, as the thread last saw.
+    kernel_bytes: Arc<AtomicU64>,
 }
 
 impl UnwindWorker {
@@ -753,6 +755,8 @@ impl UnwindWorker {
         let (tx, rx) = std::sync::mpsc::channel::<UnwindRequest>();
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = Arc::clone(&stop);
+        let kernel_bytes = Arc::new(AtomicU64::new(0));
+        let kernel_bytes_seen = Arc::clone(&kernel_bytes);
         let thread = std::thread::Builder::new()
             .name("clrbpf-unwind".into())
             .spawn(move || {
@@ -776,6 +780,11 @@ impl UnwindWorker {
                     maps.forget_exited();
                     maps.rescan_young();
                     maps.trim_heap_after_loads();
+                    let memory = maps.memory();
+                    kernel_bytes_seen.store(
+                        memory.allocated_bytes + memory.index_bytes,
+                        Ordering::Relaxed,
+                    );
                 }
                 UnwindReport {
                     errors: maps.error_counts(),
@@ -787,7 +796,14 @@ impl UnwindWorker {
             requests: Some(tx),
             stop,
             thread: Some(thread),
+            kernel_bytes,
         })
+    }
+
+    /// Kernel memory held for unwinding now: the row chunks created and
+    /// the process indexes.
+    pub fn kernel_memory_bytes(&self) -> u64 {
+        self.kernel_bytes.load(Ordering::Relaxed)
     }
 
     fn send(&self, request: UnwindRequest) {

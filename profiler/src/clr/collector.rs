@@ -5,11 +5,14 @@
 //! every tick into the [`ClrIntake`], and stops it at the end. Failures
 //! (no socket: `DOTNET_EnableDiagnostics=0`; a process exiting
 //! mid-session; a refused command) become one warning each; CPU profiling
-//! of the process goes on regardless.
+//! of the process goes on regardless. Asked for runtime metrics (the
+//! agent), the same session also carries the `System.Runtime`
+//! EventCounters, added up in a [`RuntimeCounters`].
 
 use std::time::{Duration, Instant};
 
 use super::{
+    counters::RuntimeCounters,
     events::{ClrEvent, MethodLoad},
     intake::{ClrCounters, ClrIntake, ClrSample},
     ipc::IpcError,
@@ -68,6 +71,10 @@ pub struct ClrCollector {
     /// The rundown runs on its own thread: it can take seconds in a big
     /// application, and the recording loop must keep draining samples.
     rundown_job: Option<std::thread::JoinHandle<RundownResult>>,
+    /// The `System.Runtime` EventCounters interval (seconds) when runtime
+    /// metrics are asked for, and what they added up to.
+    counters_interval_sec: Option<u32>,
+    runtime: RuntimeCounters,
 }
 
 type RundownResult = Result<(Vec<MethodLoad>, Option<String>), IpcError>;
@@ -98,7 +105,24 @@ impl ClrCollector {
             rundown,
             rundown_methods: 0,
             rundown_job: None,
+            counters_interval_sec: None,
+            runtime: RuntimeCounters::new(),
         }
+    }
+
+    /// Also asks the session for the `System.Runtime` EventCounters every
+    /// `interval_sec` seconds ([`Self::runtime_counters`]).
+    pub fn with_runtime_metrics(mut self, interval_sec: Option<u32>) -> Self {
+        self.counters_interval_sec = interval_sec;
+        self
+    }
+
+    /// The runtime counters received so far (since the session began);
+    /// `None` unless runtime metrics were asked for and a session runs or
+    /// ran.
+    pub fn runtime_counters(&mut self) -> Option<&mut RuntimeCounters> {
+        (self.counters_interval_sec.is_some() && self.sessions_started > 0)
+            .then_some(&mut self.runtime)
     }
 
     /// Starts the session if due, then takes what it delivered. Method
@@ -111,13 +135,18 @@ impl ClrCollector {
             }
             *last_try = Some(Instant::now());
             let since = *since;
-            let (procfs, pid, kinds, major) =
-                (procfs.clone(), self.pid, self.kinds, self.runtime_major);
+            let (procfs, pid, kinds, major, interval) = (
+                procfs.clone(),
+                self.pid,
+                self.kinds,
+                self.runtime_major,
+                self.counters_interval_sec,
+            );
             match std::thread::Builder::new()
                 .name(format!("clrbpf-session-{pid}"))
                 .spawn(move || {
                     crate::process::priority::enter_background_thread();
-                    ClrSession::start(&procfs, pid, kinds, major)
+                    ClrSession::start_with_counters(&procfs, pid, kinds, major, interval)
                 }) {
                 Ok(job) => self.state = CollectorState::Starting { since, job },
                 Err(e) => {
@@ -169,11 +198,18 @@ impl ClrCollector {
         }
         self.collect_rundown(None, on_method);
         let Self {
-            state, intake, end, ..
+            state,
+            intake,
+            end,
+            runtime,
+            ..
         } = self;
         let mut taken = 0;
         if let CollectorState::Running(session) = state {
             taken = session.drain(&mut |event| route(intake, on_method, event));
+            for sample in session.take_counters() {
+                runtime.observe(&sample);
+            }
             if session.has_ended() {
                 // The process exited (or the runtime closed the session).
                 let CollectorState::Running(session) =

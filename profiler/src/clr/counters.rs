@@ -305,6 +305,14 @@ pub struct RuntimeSnapshot {
     pub usage: Option<ProcessUsage>,
 }
 
+/// A .NET process's runtime metrics as last read, with its labels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessRuntimeMetrics {
+    pub pid: u32,
+    pub executable: String,
+    pub snapshot: RuntimeSnapshot,
+}
+
 /// The counters of one process; see the module documentation.
 #[derive(Clone, Debug, Default)]
 pub struct RuntimeCounters {

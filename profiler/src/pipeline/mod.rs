@@ -33,7 +33,11 @@ use self::{
 };
 use crate::{
     bpf::UnwindWorker,
-    clr::{collector::ClrCollector, session::ClrEventKinds},
+    clr::{
+        collector::ClrCollector,
+        counters::{ProcessRuntimeMetrics, ProcessUsage},
+        session::ClrEventKinds,
+    },
     process::{ProcFs, root::TargetRoot},
     profile::{
         Aggregator, Frame, FrameKind, Label, Profile, RawSample, ValueType, label_keys,
@@ -127,6 +131,10 @@ pub struct Pipeline {
     pub(crate) thread_names: HashMap<u32, Arc<str>>,
     /// Off-CPU nanoseconds (upscaled) and waits the profile holds, per tid.
     pub(crate) off_cpu_recorded: HashMap<u32, (u64, u64)>,
+    /// Ask each .NET process's session for its `System.Runtime`
+    /// EventCounters every this many seconds (the agent's `dotnet_*`
+    /// series; [`Self::runtime_metrics`]).
+    pub(crate) runtime_metrics_interval: Option<u32>,
 }
 
 /// Threads whose off-CPU time the summary reports one by one.
@@ -136,6 +144,17 @@ impl Pipeline {
     /// How many processes have been seen.
     pub fn process_count(&self) -> usize {
         self.summary.processes
+    }
+
+    /// Processes tracked now (exited ones are let go of), and how many of
+    /// them run .NET.
+    pub fn live_processes(&self) -> (usize, usize) {
+        let dotnet = self
+            .processes
+            .values()
+            .filter(|p| p.managed.is_some())
+            .count();
+        (self.processes.len(), dotnet)
     }
 
     pub fn new(attach_perf_maps: bool, clr_events: ClrEventKinds, layout: ValueLayout) -> Self {
@@ -162,7 +181,28 @@ impl Pipeline {
             kernel_names: Vec::with_capacity(128),
             thread_names: HashMap::new(),
             off_cpu_recorded: HashMap::new(),
+            runtime_metrics_interval: None,
         }
+    }
+
+    /// The runtime metrics of every .NET process whose session carries
+    /// EventCounters (see [`Self::runtime_metrics_interval`]), with its CPU
+    /// time and memory read from `/proc` now.
+    pub fn runtime_metrics(&mut self) -> Vec<ProcessRuntimeMetrics> {
+        let procfs = &self.procfs;
+        self.processes
+            .values_mut()
+            .filter_map(|process| {
+                let pid = process.pid;
+                let counters = process.clr.as_mut()?.runtime_counters()?;
+                counters.set_usage(ProcessUsage::read(procfs, pid));
+                Some(ProcessRuntimeMetrics {
+                    pid,
+                    executable: process.exe_name.to_string(),
+                    snapshot: counters.snapshot().clone(),
+                })
+            })
+            .collect()
     }
 
     pub fn track(&mut self, pid: u32) {
@@ -173,6 +213,7 @@ impl Pipeline {
                 &mut self.native,
                 self.attach_perf_maps,
                 self.clr_events,
+                self.runtime_metrics_interval,
                 self.managed_budget.clone(),
             );
             self.processes.insert(pid, process);

@@ -71,6 +71,9 @@ pub(super) struct TrackedProcess {
     /// not started yet ([`DotnetRuntime::started`]): it is looked at again
     /// on every tick until it has.
     pub(super) runtime_starting_since: Option<Instant>,
+    /// The EventCounters interval (seconds) when runtime metrics are
+    /// collected (the agent's `dotnet_*` series).
+    pub(super) runtime_metrics: Option<u32>,
 }
 
 /// How long a runtime that maps no `System.Private.CoreLib.dll` (a
@@ -85,6 +88,7 @@ impl TrackedProcess {
         native: &mut NativeSymbolizer,
         attach: bool,
         clr_events: ClrEventKinds,
+        runtime_metrics: Option<u32>,
         managed_budget: ManagedSymbolBudget,
     ) -> Self {
         let info = procfs.process_info(pid).ok();
@@ -131,6 +135,7 @@ impl TrackedProcess {
             clr_symbols_stale: false,
             methods_from_events: false,
             runtime_starting_since: None,
+            runtime_metrics,
         };
         process.refresh_maps(procfs, native);
         process
@@ -183,12 +188,15 @@ impl TrackedProcess {
         self.methods_from_events =
             self.attach && !self.launched_here && runtime.major().is_some_and(|m| m < 8);
         if self.clr_events.any() {
-            self.clr = Some(ClrCollector::new(
-                pid,
-                self.clr_events,
-                runtime.major(),
-                self.methods_from_events,
-            ));
+            self.clr = Some(
+                ClrCollector::new(
+                    pid,
+                    self.clr_events,
+                    runtime.major(),
+                    self.methods_from_events,
+                )
+                .with_runtime_metrics(self.runtime_metrics),
+            );
         }
         if !self.attach {
             return;

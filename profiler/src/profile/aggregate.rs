@@ -121,6 +121,39 @@ impl Aggregator {
         }
     }
 
+    /// One profile of consecutive windows' profiles (of the same sample
+    /// types): frames interned once, samples with the same stack and
+    /// labels summed, the period fields of the first, and the caller's
+    /// start and duration. `None` for no profile.
+    pub fn merge(parts: &[Profile], start_unix_ns: i64, duration_ns: i64) -> Option<Profile> {
+        let first = parts.first()?;
+        let mut merged = Self::new(first.sample_types.clone());
+        let mut stack = Vec::new();
+        for part in parts {
+            let indexes: Vec<FrameIndex> = part.frames.iter().map(|f| merged.intern(f)).collect();
+            for sample in &part.samples {
+                stack.clear();
+                stack.extend(
+                    sample
+                        .stack
+                        .iter()
+                        .filter_map(|&i| indexes.get(i as usize).copied()),
+                );
+                merged.add(&stack, sample.labels.clone(), &sample.values);
+            }
+        }
+        let mut profile = merged.take(
+            first.period_type.clone(),
+            first.period,
+            start_unix_ns,
+            duration_ns,
+        );
+        profile.default_sample_type = first.default_sample_type;
+        profile.comments = first.comments.clone();
+        profile.main_module = first.main_module.clone();
+        Some(profile)
+    }
+
     /// The profile of the one window there is.
     pub fn finish(
         mut self,
@@ -142,6 +175,34 @@ mod tests {
             ValueType::new("samples", "count"),
             ValueType::new("cpu", "nanoseconds"),
         ]
+    }
+
+    #[test]
+    fn merged_windows_add_up_to_the_whole() {
+        let mut whole = Aggregator::new(types());
+        let mut parts = Vec::new();
+        let mut a = Aggregator::new(types());
+        for (window, name, values) in [
+            (0, "main", [1, 10]),
+            (0, "work", [2, 20]),
+            (1, "work", [3, 30]),
+            (1, "idle", [4, 40]),
+        ] {
+            if parts.len() < window {
+                parts.push(a.take(None, 10, 100, 5));
+            }
+            for agg in [&mut a, &mut whole] {
+                let root = agg.intern(&Frame::synthetic("root"));
+                let leaf = agg.intern(&Frame::synthetic(name));
+                agg.add(&[leaf, root], vec![Label::num("k", 1)], &values);
+            }
+        }
+        parts.push(a.take(None, 10, 105, 5));
+        let merged = Aggregator::merge(&parts, 100, 10).expect("parts");
+        let whole = whole.finish(None, 10, 100, 10);
+        assert_eq!(merged, whole);
+        assert_eq!(merged.samples.len(), 3, "work's two windows are one sample");
+        assert!(Aggregator::merge(&[], 0, 0).is_none());
     }
 
     #[test]
