@@ -73,34 +73,76 @@ const TRIM_EVERY: Duration = Duration::from_secs(2);
 /// Exited processes are looked for at most this often.
 const EXIT_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// Bytes of built tables kept in userspace to avoid re-parsing a file whose
-/// rows were evicted from the kernel and are needed again.
-const BUILD_CACHE_BYTES: usize = 32 << 20;
+/// rows were evicted from the kernel and are needed again (only after an
+/// eviction: a table loaded once is shared by every process mapping the
+/// file). Small, as it counts against the agent's memory budget.
+const BUILD_CACHE_BYTES: usize = 8 << 20;
 /// Files remembered by identity at most: past it, those without a table
 /// are forgotten (a churning host maps many one-off files: each .NET
 /// process's double-mapped code heap is a memfd of its own).
 const MAX_KNOWN_FILES: usize = 16_384;
 
 /// The row array: chunks of [`UNWIND_ROWS_PER_CHUNK`] rows, each an
-/// mmap-able BPF array mapped into this process, created as tables need
-/// them and hung in the kernel's `UNWIND_ROW_CHUNKS` array of maps.
+/// mmap-able BPF array, created as tables need them and hung in the
+/// kernel's `UNWIND_ROW_CHUNKS` array of maps. A chunk is mapped into this
+/// process only while rows are copied into it: the rows are kernel memory
+/// (reported as such), not clrbpf's, and a mapping kept would count them
+/// in its RSS as well.
 struct RowChunks {
     outer: ArrayOfMaps<MapData, MapData>,
-    chunks: Vec<RowChunk>,
+    chunks: Vec<MapData>,
     max_chunks: u32,
 }
 
-/// One chunk: its map and where it is mapped here.
-struct RowChunk {
-    map: MapData,
+const CHUNK_ROWS: u32 = UNWIND_ROWS_PER_CHUNK as u32;
+const CHUNK_BYTES: usize = UNWIND_ROWS_PER_CHUNK * size_of::<UnwindRow>();
+
+/// A chunk mapped here for writing, unmapped when dropped.
+struct ChunkWriter {
     base: NonNull<UnwindRow>,
 }
 
-// SAFETY: the mappings are owned by this value and only written through
-// `&mut self`.
-unsafe impl Send for RowChunks {}
+impl ChunkWriter {
+    fn map(chunk: &MapData) -> std::io::Result<Self> {
+        // SAFETY: a fresh shared mapping of an mmap-able BPF array's fd; the
+        // kernel checks the length against the array.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                CHUNK_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                chunk.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        NonNull::new(base.cast::<UnwindRow>())
+            .filter(|_| base != libc::MAP_FAILED)
+            .map(|base| Self { base })
+            .ok_or_else(std::io::Error::last_os_error)
+    }
 
-const CHUNK_ROWS: u32 = UNWIND_ROWS_PER_CHUNK as u32;
-const CHUNK_BYTES: usize = UNWIND_ROWS_PER_CHUNK * size_of::<UnwindRow>();
+    /// Copies `rows` to row `within` of the chunk.
+    fn write(&mut self, within: usize, rows: &[UnwindRow]) {
+        assert!(within + rows.len() <= UNWIND_ROWS_PER_CHUNK);
+        // SAFETY: in bounds of the mapping (checked above); the array is
+        // ours to write.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                rows.as_ptr(),
+                self.base.as_ptr().add(within),
+                rows.len(),
+            );
+        }
+    }
+}
+
+impl Drop for ChunkWriter {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `ChunkWriter::map`.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), CHUNK_BYTES) };
+    }
+}
 
 impl RowChunks {
     fn new(outer: ArrayOfMaps<MapData, MapData>, max_chunks: u32) -> Self {
@@ -121,8 +163,8 @@ impl RowChunks {
         self.max_chunks.saturating_mul(CHUNK_ROWS)
     }
 
-    /// Creates the next chunk, maps it here and hands it to the kernel.
-    /// Returns false at the cap or when the kernel refuses the memory.
+    /// Creates the next chunk and hands it to the kernel. Returns false at
+    /// the cap or when the kernel refuses the memory.
     fn grow(&mut self) -> Result<bool, BpfError> {
         let index = self.chunks.len() as u32;
         if index >= self.max_chunks {
@@ -138,35 +180,18 @@ impl RowChunks {
         );
         let map = MapData::create(definition, "unwind_rows", None)
             .map_err(|source| BpfError::Map { map: name, source })?;
-        // SAFETY: a fresh shared mapping of an mmap-able BPF array's fd; the
-        // kernel checks the length against the array.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                CHUNK_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                map.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        let Some(base) =
-            NonNull::new(base.cast::<UnwindRow>()).filter(|_| base != libc::MAP_FAILED)
-        else {
-            return Err(BpfError::Mmap {
-                map: name,
-                source: std::io::Error::last_os_error(),
-            });
-        };
-        let chunk = RowChunk { map, base };
+        // Mappable now, or the chunk is of no use.
+        drop(ChunkWriter::map(&map).map_err(|source| BpfError::Mmap { map: name, source })?);
         self.outer
-            .set(index, &chunk.map, 0)
+            .set(index, &map, 0)
             .map_err(|source| BpfError::Map { map: name, source })?;
-        self.chunks.push(chunk);
+        self.chunks.push(map);
         Ok(true)
     }
 
-    fn write(&mut self, offset: u32, rows: &[UnwindRow]) {
+    /// Copies `rows` to row `offset` of the array, mapping each chunk it
+    /// touches for the copy.
+    fn write(&mut self, offset: u32, rows: &[UnwindRow]) -> std::io::Result<()> {
         assert!(
             offset as usize + rows.len() <= self.rows() as usize,
             "the arena hands out ranges inside the chunks"
@@ -176,25 +201,11 @@ impl RowChunks {
         while !rows.is_empty() {
             let (chunk, within) = (at / UNWIND_ROWS_PER_CHUNK, at % UNWIND_ROWS_PER_CHUNK);
             let n = rows.len().min(UNWIND_ROWS_PER_CHUNK - within);
-            // SAFETY: in bounds of a chunk's mapping (checked above); the
-            // array is ours to write.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    rows.as_ptr(),
-                    self.chunks[chunk].base.as_ptr().add(within),
-                    n,
-                );
-            }
+            ChunkWriter::map(&self.chunks[chunk])?.write(within, &rows[..n]);
             rows = &rows[n..];
             at += n;
         }
-    }
-}
-
-impl Drop for RowChunk {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `RowChunks::grow`.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), CHUNK_BYTES) };
+        Ok(())
     }
 }
 
@@ -603,8 +614,16 @@ impl UnwindMaps {
             self.stats.tables_too_large += 1;
             return FileState::NoTable;
         };
-        self.rows.write(offset, rows);
-        self.rows.write(offset + row_count, table.index_slots());
+        let written = self
+            .rows
+            .write(offset, rows)
+            .and_then(|()| self.rows.write(offset + row_count, table.index_slots()));
+        if let Err(error) = written {
+            tracing::debug!(%error, "could not map an unwind row chunk to write a table");
+            self.arena.free(offset, len);
+            self.stats.files_without_table += 1;
+            return FileState::NoTable;
+        }
         let serial = self.next_serial();
         self.tables.insert(
             key,
