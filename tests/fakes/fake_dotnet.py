@@ -52,7 +52,8 @@ def main():
         with open(lib, "wb") as f:
             f.write(b"\0" * 4096)
         fd = os.open(lib, os.O_RDONLY)
-        mappings.append(mmap.mmap(fd, 4096, prot=mmap.PROT_READ))
+        # Executable, as a runtime maps its code.
+        mappings.append(mmap.mmap(fd, 4096, prot=mmap.PROT_READ | mmap.PROT_EXEC))
     stat = open("/proc/self/stat").read()
     start_ticks = stat.rsplit(")", 1)[1].split()[19]
     path = f"/tmp/dotnet-diagnostic-{os.getpid()}-{start_ticks}-socket"

@@ -48,10 +48,21 @@ pub struct DotnetRuntime {
 }
 
 impl DotnetRuntime {
-    /// Looks for CoreCLR in the mappings: a file named `libcoreclr.so`, or
-    /// any file under `Microsoft.NETCore.App/<version>/`.
+    /// Looks for CoreCLR in the executable mappings: a file named
+    /// `libcoreclr.so`, or any file under `Microsoft.NETCore.App/<version>/`.
+    /// Only code the process runs counts: a profiler or a backup tool that
+    /// maps `libcoreclr.so` to read it is not .NET.
     pub fn detect(maps: &MappingTable) -> Option<Self> {
-        Self::detect_from_paths(maps.iter().filter_map(|m| m.file_path()))
+        let mut runtime = Self::detect_from_paths(
+            maps.iter()
+                .filter(|m| m.is_executable())
+                .filter_map(|m| m.file_path()),
+        )?;
+        runtime.started = maps
+            .iter()
+            .filter_map(|m| m.file_path())
+            .any(|path| path.rsplit('/').next() == Some(CORELIB));
+        Some(runtime)
     }
 
     /// [`DotnetRuntime::detect`] over mapped file paths.
@@ -225,6 +236,19 @@ mod tests {
             Some("/usr/share/dotnet/shared/Microsoft.NETCore.App/8.0.4/libcoreclr.so")
         );
         assert_eq!(runtime.major(), Some(8));
+    }
+
+    #[test]
+    fn a_process_that_only_reads_libcoreclr_is_not_dotnet() {
+        let maps = MappingTable::parse(
+            "\
+1000-2000 r-xp 0 fe:00 1 /usr/bin/clrbpf
+3000-4000 r--p 0 fe:00 3 /usr/share/dotnet/shared/Microsoft.NETCore.App/8.0.4/libcoreclr.so
+"
+            .as_bytes(),
+        )
+        .expect("parse");
+        assert_eq!(DotnetRuntime::detect(&maps), None);
     }
 
     #[test]
