@@ -7,16 +7,29 @@
 use std::{
     fs,
     io::{Read as _, Write as _},
-    net::TcpStream,
+    net::{TcpListener, TcpStream},
     path::PathBuf,
     process::{Command, Stdio},
+    sync::{Arc, Mutex},
     thread,
     time::{Duration, Instant},
 };
 
 use clrbpf_integration_tests::{
-    Env, Launch, Runtime, TempDir, TestProcess, assert_some_stack_contains, read_profile,
+    Env, Launch, Runtime, TempDir, TestProcess, assert_some_stack_contains, read_profile, samples,
+    value_index,
 };
+use prost::Message as _;
+
+/// The agent, killed if a failing test leaves it running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
 
 /// `GET path` on the agent's endpoint: (status, body).
 fn http_get(port: u16, path: &str) -> (u16, String) {
@@ -75,7 +88,7 @@ fn agent_ships_windows_per_service_and_flushes_on_sigterm() {
     let dir = TempDir::new("agent");
     let out = dir.join("windows");
     let port = 17000 + (std::process::id() % 1000) as u16;
-    let mut agent = Command::new(&env.clrbpf)
+    let agent = Command::new(&env.clrbpf)
         .args(["agent", "--upload-interval", "5s", "--output-dir"])
         .arg(&out)
         .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -84,15 +97,16 @@ fn agent_ships_windows_per_service_and_flushes_on_sigterm() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start clrbpf agent");
+    let mut agent = KillOnDrop(agent);
     thread::sleep(Duration::from_secs(13));
     let (health, _) = http_get(port, "/healthz");
     let (ready, _) = http_get(port, "/readyz");
     let (metrics_status, metrics) = http_get(port, "/metrics");
     // SAFETY: kill has no memory preconditions; the pid is our child.
-    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
+    unsafe { libc::kill(agent.0.id() as libc::pid_t, libc::SIGTERM) };
     let stopped = Instant::now();
     let status = loop {
-        if let Some(status) = agent.try_wait().expect("wait") {
+        if let Some(status) = agent.0.try_wait().expect("wait") {
             break status;
         }
         assert!(
@@ -102,7 +116,7 @@ fn agent_ships_windows_per_service_and_flushes_on_sigterm() {
         thread::sleep(Duration::from_millis(50));
     };
     let mut stderr = String::new();
-    if let Some(mut pipe) = agent.stderr.take() {
+    if let Some(mut pipe) = agent.0.stderr.take() {
         let _ = pipe.read_to_string(&mut stderr);
     }
     assert!(status.success(), "agent exit {status}:\n{stderr}");
@@ -203,7 +217,7 @@ fn agent_serves_runtime_metrics_and_profiles_on_demand() {
     let env = Env::privileged();
     let dir = TempDir::new("agent-metrics");
     let port = 18000 + (std::process::id() % 1000) as u16;
-    let mut agent = Command::new(&env.clrbpf)
+    let agent = Command::new(&env.clrbpf)
         .args(["agent", "--upload-interval", "5s", "--output-dir"])
         .arg(dir.join("windows"))
         .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -212,6 +226,7 @@ fn agent_serves_runtime_metrics_and_profiles_on_demand() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start clrbpf agent");
+    let mut agent = KillOnDrop(agent);
     thread::sleep(Duration::from_secs(3));
     let hot = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
     // Idle 10 s (the agent's session starts and the counters take their
@@ -294,13 +309,292 @@ fn agent_serves_runtime_metrics_and_profiles_on_demand() {
     assert!(own("clrbpf_agent_resident_memory_bytes") > 0.0);
 
     // SAFETY: kill has no memory preconditions; the pid is our child.
-    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
-    let status = agent.wait().expect("wait for the agent");
+    unsafe { libc::kill(agent.0.id() as libc::pid_t, libc::SIGTERM) };
+    let status = agent.0.wait().expect("wait for the agent");
     let mut stderr = String::new();
-    if let Some(mut pipe) = agent.stderr.take() {
+    if let Some(mut pipe) = agent.0.stderr.take() {
         let _ = pipe.read_to_string(&mut stderr);
     }
     assert!(status.success(), "agent exit {status}:\n{stderr}");
     drop(hot);
     drop(gc);
+}
+
+/// A request the loopback receiver got.
+struct Received {
+    path: String,
+    body: Vec<u8>,
+    gzip: bool,
+    answered: u16,
+}
+
+/// A loopback HTTP server standing in for Pyroscope and an OpenTelemetry
+/// collector (neither can be installed here): it keeps every request for
+/// the test to decode with the published message types, and answers 500
+/// until `fail_until`, 200 after.
+struct Receiver {
+    port: u16,
+    received: Arc<Mutex<Vec<Received>>>,
+}
+
+impl Receiver {
+    fn start(fail_until: Instant) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the receiver");
+        let port = listener.local_addr().expect("its address").port();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let keep = Arc::clone(&received);
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let keep = Arc::clone(&keep);
+                thread::spawn(move || serve_one(stream, fail_until, &keep));
+            }
+        });
+        Self { port, received }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn take(&self) -> Vec<Received> {
+        std::mem::take(&mut *self.received.lock().expect("receiver lock"))
+    }
+}
+
+/// Reads one HTTP/1.1 request (a body with Content-Length), answers and
+/// closes the connection.
+fn serve_one(mut stream: TcpStream, fail_until: Instant, keep: &Mutex<Vec<Received>>) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut data = Vec::new();
+    let mut buf = [0u8; 65536];
+    let head_end = loop {
+        if let Some(at) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => data.extend_from_slice(&buf[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&data[..head_end]).to_ascii_lowercase();
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+    };
+    let length: usize = header("content-length:")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    while data.len() < head_end + length {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => data.extend_from_slice(&buf[..n]),
+        }
+    }
+    let path = head
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    let status = if Instant::now() < fail_until {
+        500
+    } else {
+        200
+    };
+    let reason = if status == 200 {
+        "OK"
+    } else {
+        "Internal Server Error"
+    };
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/proto\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    keep.lock().expect("receiver lock").push(Received {
+        path,
+        body: data[head_end..head_end + length].to_vec(),
+        gzip: header("content-encoding:").is_some_and(|v| v == "gzip"),
+        answered: status,
+    });
+}
+
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(bytes)
+        .read_to_end(&mut out)
+        .expect("gunzip");
+    out
+}
+
+/// CPU nanoseconds of `pid` in a pprof profile.
+fn cpu_of(profile: &clrbpf::pprof_proto::Profile, pid: u32) -> i64 {
+    let cpu = value_index(profile, "cpu/nanoseconds");
+    samples(profile)
+        .iter()
+        .filter(|s| s.pid() == Some(pid))
+        .map(|s| s.values[cpu])
+        .sum()
+}
+
+/// The agent ships to Pyroscope and to an OpenTelemetry collector at once
+/// (a loopback receiver decodes both with the published message types).
+/// The receiver fails for the first 30 s: the windows wait in the queues
+/// and all arrive after it recovers, consecutive, named by service, with
+/// the hot method named. The agent's CPU totals of a busy thread agree with
+/// `record`'s over the same time within 5%.
+#[test]
+fn agent_ships_to_pyroscope_and_otlp_through_a_receiver_outage() {
+    let env = Env::privileged();
+    let app = TestProcess::launch(
+        &env,
+        Runtime::Net8,
+        "Hot",
+        &["120"],
+        &Launch {
+            env: &[("OTEL_SERVICE_NAME", "hot-service")],
+            ..Launch::default()
+        },
+    );
+    let outage = Duration::from_secs(30);
+    let receiver = Receiver::start(Instant::now() + outage);
+    let dir = TempDir::new("agent-sinks");
+    let port = 19000 + (std::process::id() % 1000) as u16;
+    let agent = Command::new(&env.clrbpf)
+        .args(["agent", "--upload-interval", "5s"])
+        .args(["--pyroscope-url", &receiver.url()])
+        .args(["--otlp-url", &receiver.url()])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start clrbpf agent");
+    let mut agent = KillOnDrop(agent);
+    // `record` of the same process for 10 s while the agent runs.
+    thread::sleep(Duration::from_secs(8));
+    let recorded = dir.join("record.pb.gz");
+    let output = Command::new(&env.clrbpf)
+        .args([
+            "record",
+            "-F",
+            "19",
+            "-p",
+            &app.pid().to_string(),
+            "-d",
+            "10",
+            "-o",
+        ])
+        .arg(&recorded)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run clrbpf record");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Past the outage, and long enough for the retries to get through.
+    thread::sleep(outage + Duration::from_secs(12));
+    let (_, metrics) = http_get(port, "/metrics");
+    // SAFETY: kill has no memory preconditions; the pid is our child.
+    unsafe { libc::kill(agent.0.id() as libc::pid_t, libc::SIGTERM) };
+    let status = agent.0.wait().expect("wait for the agent");
+    let mut stderr = String::new();
+    if let Some(mut pipe) = agent.0.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    assert!(status.success(), "agent exit {status}:\n{stderr}");
+    let requests = receiver.take();
+    assert!(
+        requests.iter().any(|r| r.answered == 500),
+        "the outage refused nothing"
+    );
+    assert!(
+        metrics.contains("clrbpf_agent_window_upload_failures_total{sink=\"pyroscope\"}"),
+        "{metrics}"
+    );
+
+    // Pyroscope: one series per service and profile type, the pprof gzip.
+    let mut windows = Vec::new();
+    for request in requests
+        .iter()
+        .filter(|r| r.answered == 200 && r.path == "/push.v1.pusherservice/push")
+    {
+        let push = clrbpf::pyroscope_proto::push::v1::PushRequest::decode(request.body.as_slice())
+            .expect("a PushRequest");
+        for series in push.series {
+            let label = |name: &str| {
+                series
+                    .labels
+                    .iter()
+                    .find(|l| l.name == name)
+                    .map(|l| l.value.clone())
+            };
+            if label("service_name").as_deref() != Some("hot-service")
+                || label("__name__").as_deref() != Some("process_cpu")
+            {
+                continue;
+            }
+            for sample in &series.samples {
+                let profile =
+                    clrbpf::pprof_proto::Profile::decode(gunzip(&sample.raw_profile).as_slice())
+                        .expect("a pprof profile");
+                windows.push(profile);
+            }
+        }
+    }
+    windows.sort_by_key(|p| p.time_nanos);
+    assert!(
+        windows.len() >= 8,
+        "expected the windows of ~50 s of hot-service, got {}",
+        windows.len()
+    );
+    for pair in windows.windows(2) {
+        assert_eq!(
+            pair[0].time_nanos + pair[0].duration_nanos,
+            pair[1].time_nanos,
+            "a window is missing (dropped during the outage?)"
+        );
+    }
+    let full: Vec<_> = windows[1..windows.len() - 1].to_vec();
+    for window in &full {
+        assert_eq!(window.duration_nanos, 5_000_000_000);
+    }
+    assert_some_stack_contains(&full[0], Some(app.pid()), &["Hot.Spin"]);
+    let agent_rate = full.iter().map(|w| cpu_of(w, app.pid())).sum::<i64>() as f64
+        / full.iter().map(|w| w.duration_nanos).sum::<i64>() as f64;
+    let record = read_profile(&recorded);
+    let record_rate = cpu_of(&record, app.pid()) as f64 / record.duration_nanos as f64;
+    assert!(
+        (agent_rate / record_rate - 1.0).abs() <= 0.05,
+        "CPU of the busy thread per second: agent {agent_rate:.3}, record {record_rate:.3}"
+    );
+
+    // OTLP: the same windows, with the service as a resource attribute.
+    let otlp: Vec<_> = requests
+        .iter()
+        .filter(|r| r.answered == 200 && r.path == "/v1development/profiles")
+        .map(|r| {
+            let body = if r.gzip { gunzip(&r.body) } else { r.body.clone() };
+            opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest::decode(body.as_slice())
+                .expect("an ExportProfilesServiceRequest")
+        })
+        .collect();
+    assert!(otlp.len() >= 8, "{} OTLP requests", otlp.len());
+    let hot = otlp.iter().any(|request| {
+        let names_hot = request
+            .dictionary
+            .as_ref()
+            .is_some_and(|d| d.string_table.iter().any(|s| s.contains("Hot.Spin")));
+        let service = request.resource_profiles.iter().any(|rp| {
+            rp.resource.as_ref().is_some_and(|r| {
+                r.attributes.iter().any(|kv| {
+                    kv.key == "service.name" && format!("{:?}", kv.value).contains("hot-service")
+                })
+            })
+        });
+        names_hot && service
+    });
+    assert!(hot, "no OTLP request names hot-service and Hot.Spin");
 }
