@@ -62,8 +62,27 @@ static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(65_536, 0);
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
 
 const CLONE_THREAD: u64 = 0x0001_0000;
-/// `BPF_RB_NO_WAKEUP` from include/uapi/linux/bpf.h.
+/// `BPF_RB_NO_WAKEUP`, `BPF_RB_FORCE_WAKEUP`, `BPF_RB_AVAIL_DATA` and
+/// `BPF_RB_RING_SIZE` from include/uapi/linux/bpf.h.
 const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
+const BPF_RB_RING_SIZE: u64 = 1;
+
+/// The flags for a record written to `SAMPLES`: no wakeup while the ring is
+/// under a quarter full (userspace drains it on its timer, and a wakeup is
+/// an irq_work per record, the most expensive part of a sample in a VM);
+/// past that, wake userspace, so a burst is drained before the ring fills.
+#[inline(always)]
+fn ring_flags() -> u64 {
+    let queued = SAMPLES.query(BPF_RB_AVAIL_DATA);
+    let size = SAMPLES.query(BPF_RB_RING_SIZE);
+    if queued > size / 4 {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
 
 #[inline(always)]
 fn count(counter: Counter) {
@@ -108,10 +127,8 @@ fn try_on_cpu_sample(ctx: &PerfEventContext) -> Result<(), i64> {
     unsafe {
         stacks::take_stacks(ctx, event, SampleKind::OnCpu, tgid, tid, user);
         (*event).value = ON_CPU_PERIOD_NS.load();
-        // Userspace drains the ring on a timer, so no wakeup per record: the
-        // wakeup is an irq_work per sample, the most expensive part in a VM.
         if SAMPLES
-            .output::<RawSampleEvent>(&*event, BPF_RB_NO_WAKEUP)
+            .output::<RawSampleEvent>(&*event, ring_flags())
             .is_err()
         {
             count(Counter::SamplesLost);
@@ -210,7 +227,7 @@ fn send_process_event(kind: ProcessEventKind, pid: u32) {
         kind: kind as u32,
     };
     if SAMPLES
-        .output::<ProcessEventRecord>(&record, BPF_RB_NO_WAKEUP)
+        .output::<ProcessEventRecord>(&record, ring_flags())
         .is_err()
     {
         count(Counter::ProcessEventsLost);

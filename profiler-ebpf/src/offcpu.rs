@@ -53,7 +53,7 @@ use clrbpf_common::{
     unwind::UnwindRegs,
 };
 
-use crate::{BPF_RB_NO_WAKEUP, SAMPLES, SELF_TGID, count, is_profiled, stacks, unwind};
+use crate::{SAMPLES, SELF_TGID, count, is_profiled, ring_flags, stacks, unwind};
 
 /// 1: the off-CPU programs record; 0: they return at once.
 #[unsafe(no_mangle)]
@@ -324,7 +324,7 @@ fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
             // them by the woken thread's id.
             // SAFETY: a map value, complete since the wakeup.
             if SAMPLES
-                .output::<RawSampleEvent>(unsafe { &*waker }, BPF_RB_NO_WAKEUP)
+                .output::<RawSampleEvent>(unsafe { &*waker }, ring_flags())
                 .is_err()
             {
                 count(Counter::SamplesLost);
@@ -338,7 +338,7 @@ fn switch_in(ctx: &TracePointContext) -> Result<(), i64> {
                 (*parked).stack_p = STACK_P_ALWAYS;
             }
             if SAMPLES
-                .output::<RawSampleEvent>(&*parked, BPF_RB_NO_WAKEUP)
+                .output::<RawSampleEvent>(&*parked, ring_flags())
                 .is_err()
             {
                 count(Counter::SamplesLost);
@@ -473,7 +473,7 @@ pub fn forget_thread(tid: u32) {
         _pad: 0,
     };
     if SAMPLES
-        .output::<ExitedThreadTotals>(&record, BPF_RB_NO_WAKEUP)
+        .output::<ExitedThreadTotals>(&record, ring_flags())
         .is_ok()
     {
         let _ = OFF_CPU_TOTALS.remove(&tid);

@@ -218,9 +218,14 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     let mut raw = Vec::with_capacity(4096);
     let mut command_exited_at: Option<Instant> = None;
 
+    let ring = sampler.ring_wakeups();
+    if let Err(error) = &ring {
+        tracing::debug!(%error, "the sample ring cannot be polled: drained on the timer only");
+    }
     let stopped_by = loop {
         tokio::select! {
             _ = tick.tick() => {}
+            () = async { ring.as_ref().expect("guarded").woken().await }, if ring.is_ok() => {}
             _ = sigint.recv() => break "Ctrl-C",
             _ = sigterm.recv() => {
                 if let Some(child) = child.as_mut() {
@@ -285,6 +290,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         }
     }
     let period_ns = sampler.period_ns;
+    drop(ring);
     drop(sampler);
     tracing::debug!("finishing CLR sessions and symbolizing");
     pipeline.finish_clr();

@@ -9,7 +9,7 @@ use std::{
 };
 
 use clrbpf::bpf::{OffCpuConfig, ProcessEvent, ProcessEventAt, Sampler, SamplerConfig};
-use clrbpf_integration_tests::must_have_privileges;
+use clrbpf_integration_tests::{BusyShell, must_have_privileges};
 
 /// Drains `sampler` until `done` holds for the events read so far, or
 /// panics after a generous deadline.
@@ -252,5 +252,51 @@ fn an_exited_threads_off_cpu_totals_move_from_the_kernel_map_to_userspace() {
     assert!(
         (180_000_000..2_000_000_000).contains(&sh.blocked_ns),
         "sh waited about 200 ms for its two sleeps: {sh:?}"
+    );
+}
+
+/// Records wait in the ring for userspace's timer while it is under a
+/// quarter full (no wakeup per record); past that, the kernel side wakes
+/// userspace, so a burst is drained before the ring fills.
+#[test]
+fn a_ring_filling_past_a_quarter_wakes_userspace() {
+    must_have_privileges();
+    let mut sampler = Sampler::start(&SamplerConfig {
+        frequency_hz: 999,
+        // About 30 records: a quarter fills in a few ticks of one CPU.
+        ring_buffer_bytes: 64 * 1024,
+        target_pids: Some(Vec::new()),
+        ..SamplerConfig::default()
+    })
+    .expect("start the sampler");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .expect("a tokio runtime");
+    let busy = BusyShell::start();
+    runtime.block_on(async {
+        let ring = sampler.ring_wakeups().expect("poll the sample ring");
+        // Nothing is profiled yet: the ring stays empty, nothing wakes.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), ring.woken())
+                .await
+                .is_err(),
+            "woken with nothing profiled"
+        );
+        sampler
+            .add_target(busy.pid())
+            .expect("profile the busy shell");
+        tokio::time::timeout(Duration::from_secs(5), ring.woken())
+            .await
+            .expect("the kernel side never woke userspace while a busy thread filled the ring");
+    });
+    let mut samples = Vec::new();
+    let mut events = Vec::new();
+    sampler.drain_with_events(&mut samples, &mut events);
+    assert!(
+        samples.iter().filter(|s| s.pid == busy.pid()).count() >= 7,
+        "the wakeup came before a quarter of the ring was used: {} samples",
+        samples.len()
     );
 }

@@ -134,9 +134,14 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut raw = Vec::with_capacity(4096);
     let mut last_metrics = Instant::now();
     let mut bpf_seen_ns = 0u64;
+    let ring = sampler.ring_wakeups();
+    if let Err(error) = &ring {
+        tracing::warn!(%error, "the sample ring cannot be polled: drained on the timer only");
+    }
     let stopped_by = loop {
         tokio::select! {
             _ = tick.tick() => {}
+            () = async { ring.as_ref().expect("guarded").woken().await }, if ring.is_ok() => {}
             Some(request) = pulls.recv() => cuts.add_pull(SystemTime::now(), request),
             _ = sigint.recv() => break "SIGINT",
             _ = sigterm.recv() => break "SIGTERM",
@@ -162,6 +167,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     if let Some(unwind) = pipeline.unwind.take() {
         let _ = unwind.finish();
     }
+    drop(ring);
     drop(sampler);
     pipeline.finish_clr();
     pipeline.process_all();

@@ -240,6 +240,23 @@ pub struct Sampler {
     process_event_counts: ProcessEventCounts,
 }
 
+/// The sample ring's wakeups, for a `tokio::select!` loop
+/// ([`Sampler::ring_wakeups`]).
+pub struct RingWakeups {
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+}
+
+impl RingWakeups {
+    /// Resolves when the kernel side has woken userspace since the last
+    /// call (never, if the ring cannot be polled).
+    pub async fn woken(&self) {
+        match self.fd.readable().await {
+            Ok(mut guard) => guard.clear_ready(),
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
 /// The off-CPU maps userspace reads, and the waker records waiting for the
 /// off-CPU record they belong to (the kernel side writes the waker first).
 struct OffCpuMaps {
@@ -452,6 +469,22 @@ impl Sampler {
 
     /// Processes that had samples with a pc in no indexed mapping since the
     /// last call: rescan them with [`UnwindMaps::refresh_process`].
+    /// What wakes the loop early: the kernel side wakes userspace once the
+    /// sample ring is over a quarter full (below that, records are drained
+    /// on the loop's timer). Needs a tokio runtime; drop it before the
+    /// sampler.
+    pub fn ring_wakeups(&self) -> io::Result<RingWakeups> {
+        // A descriptor of its own on the ring, open as long as it is.
+        let fd = self.samples.as_fd().try_clone_to_owned()?;
+        // SAFETY: `fd` is owned by the AsyncFd, so it stays open and names
+        // the same ring until the AsyncFd is dropped.
+        let fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        }
+        .map_err(io::Error::from)?;
+        Ok(RingWakeups { fd })
+    }
+
     pub fn take_pids_to_rescan(&mut self) -> Vec<u32> {
         self.rescan.drain().collect()
     }
