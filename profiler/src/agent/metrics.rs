@@ -316,6 +316,7 @@ impl RuntimeMetricsStore {
         self.update(ProcessRuntimeMetrics {
             pid,
             executable: executable.to_owned(),
+            k8s: Vec::new(),
             snapshot: counters.snapshot().clone(),
         });
     }
@@ -349,6 +350,12 @@ impl Collector for RuntimeMetricsStore {
                         ("pid".to_owned(), process.pid.to_string()),
                         ("executable".to_owned(), process.executable.clone()),
                     ];
+                    labels.extend(
+                        process
+                            .k8s
+                            .iter()
+                            .map(|(key, value)| ((*key).to_owned(), value.clone())),
+                    );
                     if let Some((key, value)) = attribute {
                         labels.push((key.to_owned(), value.to_owned()));
                     }
@@ -483,5 +490,29 @@ mod tests {
         );
         metrics.runtime().remove(4242);
         assert!(!metrics.render().contains("# TYPE dotnet_"));
+    }
+
+    #[test]
+    fn dotnet_series_of_a_pod_carry_its_labels() {
+        let metrics = AgentMetrics::new();
+        let mut counters = RuntimeCounters::new();
+        counters.set_usage(Some(ProcessUsage {
+            user_seconds: 1.0,
+            system_seconds: 0.0,
+            resident_bytes: 4096,
+        }));
+        metrics.runtime().update(ProcessRuntimeMetrics {
+            pid: 7,
+            executable: "dotnet".into(),
+            k8s: vec![
+                ("namespace", "shop".into()),
+                ("pod", "api-7d9f".into()),
+                ("container", "api".into()),
+            ],
+            snapshot: counters.snapshot().clone(),
+        });
+        let text = metrics.render();
+        let line = r#"dotnet_process_memory_working_set_bytes{pid="7",executable="dotnet",namespace="shop",pod="api-7d9f",container="api"} 4096.0"#;
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
 }

@@ -188,6 +188,15 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The Kubernetes labels a sample carries that name its series too.
+const K8S_SERIES_KEYS: [&str; 5] = [
+    series_keys::K8S_NAMESPACE_NAME,
+    series_keys::K8S_POD_NAME,
+    series_keys::K8S_POD_UID,
+    series_keys::K8S_CONTAINER_NAME,
+    series_keys::K8S_NODE_NAME,
+];
+
 /// How often the agent's own gauges and the `dotnet_*` series are updated.
 const METRICS_EVERY: Duration = Duration::from_secs(1);
 
@@ -349,6 +358,10 @@ impl ServiceNames {
         let mut pid = None;
         let mut executable = None;
         let mut container = None;
+        let mut pod_service = None;
+        // The pod's labels, as the pipeline put them on the sample (k8s/):
+        // the same OpenTelemetry keys name the series.
+        let mut k8s: Vec<(&'static str, Arc<str>)> = Vec::new();
         for label in &sample.labels {
             match (&*label.key, &label.value) {
                 (label_keys::PROCESS_PID, LabelValue::Num { value, .. }) => {
@@ -358,6 +371,12 @@ impl ServiceNames {
                     executable = Some(s.clone())
                 }
                 (label_keys::CONTAINER_ID, LabelValue::Str(s)) => container = Some(s.clone()),
+                (label_keys::SERVICE_NAME, LabelValue::Str(s)) => pod_service = Some(s.clone()),
+                (key, LabelValue::Str(s)) => {
+                    if let Some(series_key) = K8S_SERIES_KEYS.iter().find(|k| **k == key) {
+                        k8s.push((series_key, s.clone()));
+                    }
+                }
                 _ => {}
             }
         }
@@ -368,7 +387,11 @@ impl ServiceNames {
             .entry(pid)
             .or_insert_with(|| {
                 let executable = executable.as_deref().unwrap_or("unknown");
-                if !selection.selects(executable, container.as_deref(), None) {
+                let namespace = k8s
+                    .iter()
+                    .find(|(k, _)| *k == series_keys::K8S_NAMESPACE_NAME)
+                    .map(|(_, v)| &**v);
+                if !selection.selects(executable, container.as_deref(), namespace) {
                     return None;
                 }
                 let environ = procfs.environ(pid).unwrap_or_default();
@@ -388,8 +411,9 @@ impl ServiceNames {
                 if let Some(id) = &container {
                     labels.push((series_keys::CONTAINER_ID.to_owned(), id.to_string()));
                 }
+                labels.extend(k8s.iter().map(|(k, v)| ((*k).to_owned(), v.to_string())));
                 Some(ServiceKey {
-                    service_name: service_name(&environ, None, program),
+                    service_name: service_name(&environ, pod_service.as_deref(), program),
                     labels,
                 })
             })
@@ -430,6 +454,52 @@ mod tests {
             Some("App".to_owned())
         );
         assert_eq!(entry_assembly(&args(&["dotnet", "run"])), None);
+    }
+
+    #[test]
+    fn a_pods_samples_name_their_series_and_are_selected_by_namespace() {
+        use crate::profile::Label;
+        let sample = |namespace: &str| ProfileSample {
+            stack: Vec::new(),
+            values: vec![1],
+            labels: vec![
+                // A pid that does not exist: its environment reads empty.
+                Label::num(label_keys::PROCESS_PID, i64::from(u32::MAX - 1)),
+                Label::str(label_keys::PROCESS_EXECUTABLE_NAME, "dotnet"),
+                Label::str(label_keys::K8S_NAMESPACE_NAME, namespace),
+                Label::str(label_keys::K8S_POD_NAME, "api-7d9f"),
+                Label::str(label_keys::SERVICE_NAME, "shop-api"),
+                Label::str(label_keys::THREAD_NAME, "worker"),
+            ],
+        };
+        let everything = super::super::config::ProcessSelection::default();
+        let mut names = ServiceNames::default();
+        let key = names.key_of(&sample("shop"), &everything).expect("kept");
+        assert_eq!(key.service_name, "shop-api", "the pod's service name");
+        assert!(key.labels.contains(&(
+            series_keys::K8S_NAMESPACE_NAME.to_owned(),
+            "shop".to_owned()
+        )));
+        assert!(
+            key.labels
+                .contains(&(series_keys::K8S_POD_NAME.to_owned(), "api-7d9f".to_owned()))
+        );
+        assert!(!key.labels.iter().any(|(k, _)| k == "thread.name"));
+
+        let only_shop = super::super::config::ProcessSelection {
+            k8s_namespaces: vec!["shop".into()],
+            ..Default::default()
+        };
+        assert!(
+            ServiceNames::default()
+                .key_of(&sample("shop"), &only_shop)
+                .is_some()
+        );
+        assert!(
+            ServiceNames::default()
+                .key_of(&sample("billing"), &only_shop)
+                .is_none()
+        );
     }
 
     #[test]

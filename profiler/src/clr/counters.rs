@@ -310,6 +310,9 @@ pub struct RuntimeSnapshot {
 pub struct ProcessRuntimeMetrics {
     pub pid: u32,
     pub executable: String,
+    /// Its pod's labels, Prometheus-named (`namespace`, `pod`,
+    /// `container`), in Kubernetes.
+    pub k8s: Vec<(&'static str, String)>,
     pub snapshot: RuntimeSnapshot,
 }
 

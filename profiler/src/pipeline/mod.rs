@@ -199,6 +199,20 @@ impl Pipeline {
                 Some(ProcessRuntimeMetrics {
                     pid,
                     executable: process.exe_name.to_string(),
+                    k8s: process
+                        .pod
+                        .iter()
+                        .flat_map(|pod| pod.pairs())
+                        .filter_map(|(key, value)| {
+                            let name = match key {
+                                label_keys::K8S_NAMESPACE_NAME => "namespace",
+                                label_keys::K8S_POD_NAME => "pod",
+                                label_keys::K8S_CONTAINER_NAME => "container",
+                                _ => return None,
+                            };
+                            Some((name, value.to_string()))
+                        })
+                        .collect(),
                     snapshot: counters.snapshot().clone(),
                 })
             })
