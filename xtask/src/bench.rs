@@ -297,6 +297,17 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
+    // `CLRBPF_BENCH_ONLY=steady,churn` runs only those parts.
+    if let Ok(only) = std::env::var("CLRBPF_BENCH_ONLY") {
+        for part in only.split(',') {
+            match part.trim() {
+                "steady" => crate::bench_steady::run(inputs, have_perf)?,
+                "churn" => crate::bench_churn::run(inputs)?,
+                other => bail!("CLRBPF_BENCH_ONLY: no bench part {other:?} (steady, churn)"),
+            }
+        }
+        return Ok(());
+    }
     let modes: Vec<Mode> = [
         Mode::Baseline,
         Mode::Clrbpf,
@@ -398,6 +409,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     }
     bpf_time_rows(&runs);
     unwind_memory_rows(inputs, &runs)?;
+    crate::bench_steady::run(inputs, have_perf)?;
 
     let perf_map = Command::new(inputs.clrbpf)
         .args(["bench-perf-map", "--entries", "100000"])

@@ -7,6 +7,7 @@ mod bench;
 mod bench_churn;
 mod bench_offcpu;
 mod bench_saturated;
+mod bench_steady;
 mod chart;
 mod cmd;
 mod setup;

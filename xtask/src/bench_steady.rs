@@ -1,0 +1,116 @@
+//! `cargo xtask bench`, steady state: what a profiler that stays on costs
+//! once it has started. The rounds of the main table are 6 s long, so they
+//! pay in full for what happens once (loading the BPF programs, building
+//! the unwind tables of the workload's files); a recording of hours or the
+//! agent pays it once. Here a warm CPU-bound .NET app runs while each
+//! profiler records the whole host for 40 s, and its CPU is read from
+//! /proc/PID/stat between 10 s and 40 s, after its start.
+
+use std::{
+    fs,
+    process::{Child, Command, Stdio},
+    thread,
+    time::Duration,
+};
+
+use anyhow::Context as _;
+
+use crate::bench::BenchInputs;
+
+const SETTLE: Duration = Duration::from_secs(10);
+const MEASURE: Duration = Duration::from_secs(30);
+
+/// user + system CPU seconds of `pid` so far.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_comm.split_whitespace().skip(11);
+    let utime: f64 = fields.next()?.parse().ok()?;
+    let stime: f64 = fields.next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some((utime + stime) / ticks)
+}
+
+fn rss_mib(pid: u32) -> Option<f64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Runs `profiler` for SETTLE + MEASURE and returns its CPU share of one
+/// core over MEASURE and its RSS at the end.
+fn measure(mut profiler: Child) -> anyhow::Result<(f64, f64)> {
+    let pid = profiler.id();
+    thread::sleep(SETTLE);
+    let before = cpu_seconds(pid).context("the profiler exited early")?;
+    thread::sleep(MEASURE);
+    let after = cpu_seconds(pid).context("the profiler exited early")?;
+    let rss = rss_mib(pid).unwrap_or(f64::NAN);
+    // SAFETY: kill has no memory preconditions; the pid is our child.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    let _ = profiler.wait();
+    Ok((100.0 * (after - before) / MEASURE.as_secs_f64(), rss))
+}
+
+pub fn run(inputs: &BenchInputs<'_>, have_perf: bool) -> anyhow::Result<()> {
+    println!(
+        "\nbench: steady state: record -a -F 99 on a warm CPU-bound .NET app, CPU from {} s to {} s after the profiler started",
+        SETTLE.as_secs(),
+        (SETTLE + MEASURE).as_secs()
+    );
+    let mut app = Command::new(inputs.dotnet8)
+        .arg(inputs.workloads.join("net8").join("CpuBound.dll"))
+        .args(["600", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .context("start CpuBound.dll")?;
+    thread::sleep(Duration::from_secs(3));
+    println!("| steady state: profiler | own CPU, % of one core | RSS |");
+    println!("| --- | --- | --- |");
+    let out = inputs.scratch.join("steady.pb.gz");
+    let mut rows = Vec::new();
+    for (name, extra) in [
+        ("clrbpf record -a -F 99", &[][..]),
+        (
+            "clrbpf record -a -F 99 --frame-pointers-only",
+            &["--frame-pointers-only"][..],
+        ),
+    ] {
+        let child = Command::new(inputs.clrbpf)
+            .args(["record", "-a", "-F", "99", "-o"])
+            .arg(&out)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start clrbpf")?;
+        rows.push((name, measure(child)?));
+    }
+    if have_perf {
+        let child = Command::new("perf")
+            .args(["record", "-F", "99", "-g", "-a", "-q", "-o"])
+            .arg(inputs.scratch.join("steady.perf.data"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start perf")?;
+        rows.push(("perf record -F 99 -g -a", measure(child)?));
+    }
+    let _ = app.kill();
+    let _ = app.wait();
+    for (name, (cpu, rss)) in rows {
+        println!("| {name} | {cpu:.2}% | {rss:.1} MiB |");
+    }
+    Ok(())
+}
