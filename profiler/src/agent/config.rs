@@ -369,6 +369,39 @@ mod tests {
         AgentConfig::from_args(*args, Some("node-1".into()))
     }
 
+    /// The container args of each committed render of the Helm chart
+    /// (`deploy/helm/golden/*.yaml`, checked against the chart by `cargo
+    /// xtask test`) are a valid agent command line: a chart that passes a
+    /// flag the agent does not know would crash-loop on every node.
+    #[test]
+    fn the_charts_args_are_an_agent_command_line() {
+        let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/golden");
+        let mut renders = 0;
+        for entry in std::fs::read_dir(&golden).expect("the chart's golden renders") {
+            let path = entry.expect("an entry").path();
+            if path.extension().is_none_or(|e| e != "yaml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("a render");
+            let mut lines = text.lines().skip_while(|l| l.trim() != "args:").skip(1);
+            let args: Vec<String> = lines
+                .by_ref()
+                .map_while(|l| l.trim().strip_prefix("- "))
+                .map(|a| a.trim_matches('"').to_owned())
+                .collect();
+            assert_eq!(args.first().map(String::as_str), Some("agent"), "{path:?}");
+            let cli = Cli::try_parse_from(std::iter::once("clrbpf".to_owned()).chain(args.clone()))
+                .unwrap_or_else(|e| panic!("{path:?}: {args:?} does not parse: {e}"));
+            let Command::Agent(agent) = cli.command else {
+                panic!("{path:?}: not the agent")
+            };
+            AgentConfig::from_args(*agent, Some("node-1".into()))
+                .unwrap_or_else(|e| panic!("{path:?}: {args:?} is refused: {e}"));
+            renders += 1;
+        }
+        assert!(renders >= 4, "only {renders} renders in {golden:?}");
+    }
+
     #[test]
     fn the_directory_is_the_default_sink() {
         let config = config(&[]).unwrap();
