@@ -3,9 +3,15 @@
 //! that list, as in a container that drops ALL and adds them. The target
 //! runs the way a Kubernetes pod's container does: .NET 8 as uid 1000, in
 //! its own PID and mount namespaces with a private /tmp, in a cgroup named
-//! as containerd names it under the systemd driver.
+//! as containerd names it under the systemd driver. `clrbpf agent`, as the
+//! chart runs it, is tested the same way.
 
-use std::time::Duration;
+use std::{
+    fs,
+    process::{Command, Stdio},
+    thread,
+    time::Duration,
+};
 
 use clrbpf_integration_tests::{
     ContainerTarget, Env, LabelValue, Runtime, TempDir, assert_success, chart_capabilities,
@@ -128,6 +134,107 @@ fn chart_capabilities_profile_a_non_root_container() {
         assert!(
             !std::path::Path::new(&path).exists(),
             "{path} is left behind after recording"
+        );
+    }
+}
+
+/// `clrbpf agent` as the chart runs it: the same capability set, the same
+/// non-root container. Its windows name the app's managed frames, hold its
+/// CLR contention events and kernel frames, carry the container id, and the
+/// perf files are gone from the container's /tmp after SIGTERM.
+#[test]
+fn chart_capabilities_run_the_agent_on_a_non_root_container() {
+    let env = Env::privileged();
+    let mut set = "-all".to_owned();
+    for capability in chart_capabilities() {
+        set.push_str(",+");
+        set.push_str(&capability.to_ascii_lowercase());
+    }
+    let target = ContainerTarget::start(
+        &env,
+        Runtime::Net8,
+        "Contention",
+        &["0", "4", "1", "20000"],
+        1000,
+    );
+    let dir = TempDir::new("least-privilege-agent");
+    let windows = dir.join("windows");
+    let port = 20000 + (std::process::id() % 1000) as u16;
+    let mut agent = Command::new("setpriv")
+        .args(["--bounding-set", &set, "--"])
+        .arg(&env.clrbpf)
+        .args(["agent", "--upload-interval", "5s", "--output-dir"])
+        .arg(&windows)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the agent under the chart's capabilities");
+    thread::sleep(Duration::from_secs(12));
+    // SAFETY: kill has no memory preconditions; setpriv exec'd clrbpf in
+    // our child's pid.
+    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
+    let status = agent.wait().expect("wait for the agent");
+    let mut stderr = String::new();
+    if let Some(mut pipe) = agent.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+    }
+    assert!(status.success(), "agent exit {status}:\n{stderr}");
+    assert!(
+        !stderr.contains("missing CAP_"),
+        "the chart's capability set should lack nothing clrbpf names:\n{stderr}"
+    );
+
+    let mut of_target = Vec::new();
+    let mut contentions = 0;
+    for entry in fs::read_dir(&windows).expect("the agent's windows") {
+        let path = entry.expect("an entry").path();
+        let profile = read_profile(&path);
+        let lock = profile
+            .sample_type
+            .iter()
+            .position(|t| clrbpf_integration_tests::string(&profile, t.r#type) == "contentions");
+        for sample in samples(&profile) {
+            if sample.pid() != Some(target.pid()) {
+                continue;
+            }
+            assert_eq!(
+                sample.label("container.id"),
+                Some(&LabelValue::Str(target.container_id.clone())),
+                "{path:?}: a sample without the container id: {:?}",
+                sample.labels
+            );
+            if let Some(at) = lock {
+                contentions += sample.values[at];
+            }
+            of_target.push(sample);
+        }
+    }
+    assert!(
+        of_target.len() >= 5,
+        "too few samples of the target in the windows: {}",
+        of_target.len()
+    );
+    assert!(
+        of_target
+            .iter()
+            .any(|s| s.stack_contains(&["Contention.WaitForGate"])),
+        "no named managed frame (Contention.WaitForGate)"
+    );
+    assert!(
+        of_target
+            .iter()
+            .flat_map(|s| s.frames.iter())
+            .any(|f| f.starts_with("do_syscall_64") || f.starts_with("entry_SYSCALL_64")),
+        "no named kernel frame"
+    );
+    assert!(contentions > 0, "no CLR contention event in the windows");
+    for file in ["perf-1.map", "jit-1.dump"] {
+        let path = format!("/proc/{}/root/tmp/{file}", target.pid());
+        assert!(
+            !std::path::Path::new(&path).exists(),
+            "{path} is left behind after the agent stopped"
         );
     }
 }
