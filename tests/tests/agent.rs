@@ -5,6 +5,7 @@
 //! endpoint, and SIGTERM.
 
 use std::{
+    ffi::OsStr,
     fs,
     io::{Read as _, Write as _},
     net::{TcpListener, TcpStream},
@@ -21,13 +22,59 @@ use clrbpf_integration_tests::{
 };
 use prost::Message as _;
 
-/// The agent, killed if a failing test leaves it running.
-struct KillOnDrop(std::process::Child);
+/// A running `clrbpf agent` on a loopback port of its own, killed if a
+/// failing test leaves it running.
+struct Agent {
+    child: std::process::Child,
+    port: u16,
+}
 
-impl Drop for KillOnDrop {
+impl Agent {
+    /// `clrbpf agent --listen 127.0.0.1:PORT ARGS...`, PORT chosen from
+    /// `base` and this test process's pid.
+    fn start(env: &Env, base: u16, args: &[&OsStr]) -> Self {
+        let port = base + (std::process::id() % 1000) as u16;
+        let child = Command::new(&env.clrbpf)
+            .arg("agent")
+            .args(args)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start clrbpf agent");
+        Self { child, port }
+    }
+
+    /// SIGTERM, then its exit within 30 s, which must be 0; returns its
+    /// log.
+    fn stop(mut self) -> String {
+        // SAFETY: kill has no memory preconditions; the pid is our child.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let stopped = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(
+                stopped.elapsed() < Duration::from_secs(30),
+                "the agent still runs 30 s after SIGTERM"
+            );
+            thread::sleep(Duration::from_millis(50));
+        };
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.child.stderr.take() {
+            let _ = pipe.read_to_string(&mut stderr);
+        }
+        assert!(status.success(), "agent exit {status}:\n{stderr}");
+        stderr
+    }
+}
+
+impl Drop for Agent {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -87,39 +134,22 @@ fn agent_ships_windows_per_service_and_flushes_on_sigterm() {
     );
     let dir = TempDir::new("agent");
     let out = dir.join("windows");
-    let port = 17000 + (std::process::id() % 1000) as u16;
-    let agent = Command::new(&env.clrbpf)
-        .args(["agent", "--upload-interval", "5s", "--output-dir"])
-        .arg(&out)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start clrbpf agent");
-    let mut agent = KillOnDrop(agent);
+    let agent = Agent::start(
+        &env,
+        17000,
+        &[
+            "--upload-interval".as_ref(),
+            "5s".as_ref(),
+            "--output-dir".as_ref(),
+            out.as_os_str(),
+        ],
+    );
+    let port = agent.port;
     thread::sleep(Duration::from_secs(13));
     let (health, _) = http_get(port, "/healthz");
     let (ready, _) = http_get(port, "/readyz");
     let (metrics_status, metrics) = http_get(port, "/metrics");
-    // SAFETY: kill has no memory preconditions; the pid is our child.
-    unsafe { libc::kill(agent.0.id() as libc::pid_t, libc::SIGTERM) };
-    let stopped = Instant::now();
-    let status = loop {
-        if let Some(status) = agent.0.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(
-            stopped.elapsed() < Duration::from_secs(30),
-            "the agent still runs 30 s after SIGTERM"
-        );
-        thread::sleep(Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    if let Some(mut pipe) = agent.0.stderr.take() {
-        let _ = pipe.read_to_string(&mut stderr);
-    }
-    assert!(status.success(), "agent exit {status}:\n{stderr}");
+    agent.stop();
     assert_eq!((health, ready, metrics_status), (200, 200, 200));
     assert!(
         metrics.contains("clrbpf_agent_windows_shipped_total{sink=\"directory\"}"),
@@ -216,17 +246,18 @@ print(json.dumps(rows))
 fn agent_serves_runtime_metrics_and_profiles_on_demand() {
     let env = Env::privileged();
     let dir = TempDir::new("agent-metrics");
-    let port = 18000 + (std::process::id() % 1000) as u16;
-    let agent = Command::new(&env.clrbpf)
-        .args(["agent", "--upload-interval", "5s", "--output-dir"])
-        .arg(dir.join("windows"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start clrbpf agent");
-    let mut agent = KillOnDrop(agent);
+    let windows = dir.join("windows");
+    let agent = Agent::start(
+        &env,
+        18000,
+        &[
+            "--upload-interval".as_ref(),
+            "5s".as_ref(),
+            "--output-dir".as_ref(),
+            windows.as_os_str(),
+        ],
+    );
+    let port = agent.port;
     thread::sleep(Duration::from_secs(3));
     let hot = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
     // Idle 10 s (the agent's session starts and the counters take their
@@ -308,14 +339,7 @@ fn agent_serves_runtime_metrics_and_profiles_on_demand() {
     assert!(own("clrbpf_agent_bpf_run_seconds_total") > 0.0);
     assert!(own("clrbpf_agent_resident_memory_bytes") > 0.0);
 
-    // SAFETY: kill has no memory preconditions; the pid is our child.
-    unsafe { libc::kill(agent.0.id() as libc::pid_t, libc::SIGTERM) };
-    let status = agent.0.wait().expect("wait for the agent");
-    let mut stderr = String::new();
-    if let Some(mut pipe) = agent.0.stderr.take() {
-        let _ = pipe.read_to_string(&mut stderr);
-    }
-    assert!(status.success(), "agent exit {status}:\n{stderr}");
+    agent.stop();
     drop(hot);
     drop(gc);
 }
@@ -459,18 +483,20 @@ fn agent_ships_to_pyroscope_and_otlp_through_a_receiver_outage() {
     let outage = Duration::from_secs(30);
     let receiver = Receiver::start(Instant::now() + outage);
     let dir = TempDir::new("agent-sinks");
-    let port = 19000 + (std::process::id() % 1000) as u16;
-    let agent = Command::new(&env.clrbpf)
-        .args(["agent", "--upload-interval", "5s"])
-        .args(["--pyroscope-url", &receiver.url()])
-        .args(["--otlp-url", &receiver.url()])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start clrbpf agent");
-    let mut agent = KillOnDrop(agent);
+    let url = receiver.url();
+    let agent = Agent::start(
+        &env,
+        19000,
+        &[
+            "--upload-interval".as_ref(),
+            "5s".as_ref(),
+            "--pyroscope-url".as_ref(),
+            url.as_ref(),
+            "--otlp-url".as_ref(),
+            url.as_ref(),
+        ],
+    );
+    let port = agent.port;
     // `record` of the same process for 10 s while the agent runs.
     thread::sleep(Duration::from_secs(8));
     let recorded = dir.join("record.pb.gz");
@@ -497,14 +523,7 @@ fn agent_ships_to_pyroscope_and_otlp_through_a_receiver_outage() {
     // Past the outage, and long enough for the retries to get through.
     thread::sleep(outage + Duration::from_secs(12));
     let (_, metrics) = http_get(port, "/metrics");
-    // SAFETY: kill has no memory preconditions; the pid is our child.
-    unsafe { libc::kill(agent.0.id() as libc::pid_t, libc::SIGTERM) };
-    let status = agent.0.wait().expect("wait for the agent");
-    let mut stderr = String::new();
-    if let Some(mut pipe) = agent.0.stderr.take() {
-        let _ = pipe.read_to_string(&mut stderr);
-    }
-    assert!(status.success(), "agent exit {status}:\n{stderr}");
+    agent.stop();
     let requests = receiver.take();
     assert!(
         requests.iter().any(|r| r.answered == 500),

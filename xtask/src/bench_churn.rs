@@ -27,15 +27,7 @@ const EARLY_MARK: Duration = Duration::from_secs(120);
 
 /// RSS (KiB) and open files of a process.
 fn footprint(pid: u32) -> Option<(u64, usize)> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
+    let rss = crate::bench_steady::rss_kib(pid)?;
     let fds = fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count();
     Some((rss, fds))
 }

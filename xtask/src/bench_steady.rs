@@ -32,17 +32,21 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / ticks)
 }
 
-fn rss_mib(pid: u32) -> Option<f64> {
+/// VmRSS of `pid`, in KiB.
+pub fn rss_kib(pid: u32) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: f64 = status
+    status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))?
         .trim()
         .trim_end_matches("kB")
         .trim()
         .parse()
-        .ok()?;
-    Some(kib / 1024.0)
+        .ok()
+}
+
+fn rss_mib(pid: u32) -> Option<f64> {
+    rss_kib(pid).map(|kib| kib as f64 / 1024.0)
 }
 
 /// Runs `profiler` for SETTLE + MEASURE and returns its CPU share of one
