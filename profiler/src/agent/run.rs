@@ -133,6 +133,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut raw = Vec::with_capacity(4096);
     let mut last_metrics = Instant::now();
+    // At once, then every DISCOVER_EVERY.
+    let mut last_discovery = Instant::now()
+        .checked_sub(DISCOVER_EVERY)
+        .unwrap_or_else(Instant::now);
     let mut bpf_seen_ns = 0u64;
     let ring = sampler.ring_wakeups();
     if let Err(error) = &ring {
@@ -154,6 +158,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         });
         for window in closed {
             shipper.ship(window);
+        }
+        if last_discovery.elapsed() >= DISCOVER_EVERY {
+            last_discovery = Instant::now();
+            pipeline.track_dotnet_processes();
         }
         if last_metrics.elapsed() >= METRICS_EVERY {
             last_metrics = Instant::now();
@@ -196,6 +204,10 @@ const K8S_SERIES_KEYS: [&str; 5] = [
     series_keys::K8S_CONTAINER_NAME,
     series_keys::K8S_NODE_NAME,
 ];
+
+/// How often the agent looks for .NET processes that no sample brought in
+/// (idle services still get their `dotnet_*` series).
+const DISCOVER_EVERY: Duration = Duration::from_secs(5);
 
 /// How often the agent's own gauges and the `dotnet_*` series are updated.
 const METRICS_EVERY: Duration = Duration::from_secs(1);

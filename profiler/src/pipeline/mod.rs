@@ -38,7 +38,7 @@ use crate::{
         counters::{ProcessRuntimeMetrics, ProcessUsage},
         session::ClrEventKinds,
     },
-    process::{ProcFs, root::TargetRoot},
+    process::{ProcFs, dotnet::DotnetRuntime, list_pids, root::TargetRoot},
     profile::{
         Aggregator, Frame, FrameKind, Label, Profile, RawSample, ValueType, label_keys,
         layout::ValueLayout, wait_kind,
@@ -135,7 +135,14 @@ pub struct Pipeline {
     /// EventCounters every this many seconds (the agent's `dotnet_*`
     /// series; [`Self::runtime_metrics`]).
     pub(crate) runtime_metrics_interval: Option<u32>,
+    /// Pids [`Self::track_dotnet_processes`] looked at without finding a
+    /// runtime, and how many times.
+    dotnet_scanned: HashMap<u32, u8>,
 }
+
+/// How many scans a process that shows no .NET runtime gets (a `dotnet`
+/// host maps `libcoreclr.so` a moment after it starts).
+const DOTNET_SCANS: u8 = 3;
 
 /// Threads whose off-CPU time the summary reports one by one.
 const MAX_OFF_CPU_THREADS: usize = 131_072;
@@ -182,7 +189,39 @@ impl Pipeline {
             thread_names: HashMap::new(),
             off_cpu_recorded: HashMap::new(),
             runtime_metrics_interval: None,
+            dotnet_scanned: HashMap::new(),
         }
+    }
+
+    /// Tracks the host's .NET processes that no sample has brought in yet
+    /// (an idle service), so that the agent's runtime metrics cover every
+    /// .NET process, busy or not. Reads the mappings of processes not
+    /// tracked yet, each a few times at most; returns how many were added.
+    pub fn track_dotnet_processes(&mut self) -> usize {
+        let live: HashSet<u32> = list_pids(&self.procfs).into_iter().collect();
+        self.dotnet_scanned.retain(|pid, _| live.contains(pid));
+        let me = std::process::id();
+        let mut added = 0;
+        for pid in live {
+            if pid == me || self.processes.contains_key(&pid) {
+                continue;
+            }
+            let scans = self.dotnet_scanned.entry(pid).or_insert(0);
+            if *scans >= DOTNET_SCANS {
+                continue;
+            }
+            *scans += 1;
+            let is_dotnet = self
+                .procfs
+                .maps(pid)
+                .is_ok_and(|maps| DotnetRuntime::detect(&maps).is_some());
+            if is_dotnet {
+                self.dotnet_scanned.remove(&pid);
+                self.track(pid);
+                added += 1;
+            }
+        }
+        added
     }
 
     /// The runtime metrics of every .NET process whose session carries
