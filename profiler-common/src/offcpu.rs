@@ -118,6 +118,18 @@ pub struct OffCpuThreadTotals {
 
 const _: () = assert!(size_of::<OffCpuThreadTotals>() == 32);
 
+impl OffCpuThreadTotals {
+    /// Adds `other`'s counts (the same tid at another time: an exited
+    /// thread's handed-over totals and what the map holds now, or a reused
+    /// tid); the process is `other`'s.
+    pub fn add(&mut self, other: &Self) {
+        self.pid = other.pid;
+        self.blocked_ns += other.blocked_ns;
+        self.intervals += other.intervals;
+        self.lost += other.lost;
+    }
+}
+
 #[cfg(feature = "user")]
 // SAFETY: `#[repr(C)]`, only integers, explicit padding.
 unsafe impl aya::Pod for OffCpuThreadTotals {}

@@ -294,10 +294,7 @@ impl ExitedThreads {
                 &mut self.others
             }
         };
-        into.pid = totals.pid;
-        into.blocked_ns += totals.blocked_ns;
-        into.intervals += totals.intervals;
-        into.lost += totals.lost;
+        into.add(&totals);
     }
 }
 
@@ -467,8 +464,6 @@ impl Sampler {
         self.unwind_maps.take()
     }
 
-    /// Processes that had samples with a pc in no indexed mapping since the
-    /// last call: rescan them with [`UnwindMaps::refresh_process`].
     /// What wakes the loop early: the kernel side wakes userspace once the
     /// sample ring is over a quarter full (below that, records are drained
     /// on the loop's timer). Needs a tokio runtime; drop it before the
@@ -485,6 +480,8 @@ impl Sampler {
         Ok(RingWakeups { fd })
     }
 
+    /// Processes that had samples with a pc in no indexed mapping since the
+    /// last call: rescan them with [`UnwindMaps::refresh_process`].
     pub fn take_pids_to_rescan(&mut self) -> Vec<u32> {
         self.rescan.drain().collect()
     }
@@ -651,11 +648,7 @@ impl Sampler {
         };
         let mut by_tid = maps.exited.by_tid.clone();
         for (tid, live) in maps.totals.iter().filter_map(Result::ok) {
-            let into = by_tid.entry(tid).or_default();
-            into.pid = live.pid;
-            into.blocked_ns += live.blocked_ns;
-            into.intervals += live.intervals;
-            into.lost += live.lost;
+            by_tid.entry(tid).or_default().add(&live);
         }
         OffCpuTotals {
             threads: by_tid.into_iter().collect(),
