@@ -537,18 +537,24 @@ pub fn run_clrbpf_with_capabilities<S: AsRef<OsStr>>(
     cwd: &Path,
     timeout: Duration,
 ) -> Output {
+    let prefix = [
+        "setpriv".to_owned(),
+        "--bounding-set".to_owned(),
+        bounding_set(capabilities),
+        "--".to_owned(),
+    ];
+    run_clrbpf_under(env, &prefix, args, cwd, timeout)
+}
+
+/// `setpriv --bounding-set`'s argument for exactly `capabilities`
+/// (Kubernetes spelling): `-all,+bpf,+perfmon,...`.
+pub fn bounding_set(capabilities: &[String]) -> String {
     let mut set = "-all".to_owned();
     for capability in capabilities {
         set.push_str(",+");
         set.push_str(&capability.to_ascii_lowercase());
     }
-    let prefix = [
-        "setpriv".to_owned(),
-        "--bounding-set".to_owned(),
-        set,
-        "--".to_owned(),
-    ];
-    run_clrbpf_under(env, &prefix, args, cwd, timeout)
+    set
 }
 
 fn run_clrbpf_under<S: AsRef<OsStr>>(

@@ -14,8 +14,8 @@ use std::{
 };
 
 use clrbpf_integration_tests::{
-    ContainerTarget, Env, LabelValue, Runtime, TempDir, assert_success, chart_capabilities,
-    read_profile, run_clrbpf_with_capabilities, samples, value_index,
+    ContainerTarget, Env, LabelValue, Runtime, TempDir, assert_success, bounding_set,
+    chart_capabilities, read_profile, run_clrbpf_with_capabilities, samples, value_index,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -145,11 +145,7 @@ fn chart_capabilities_profile_a_non_root_container() {
 #[test]
 fn chart_capabilities_run_the_agent_on_a_non_root_container() {
     let env = Env::privileged();
-    let mut set = "-all".to_owned();
-    for capability in chart_capabilities() {
-        set.push_str(",+");
-        set.push_str(&capability.to_ascii_lowercase());
-    }
+    let set = bounding_set(&chart_capabilities());
     let target = ContainerTarget::start(
         &env,
         Runtime::Net8,
