@@ -29,7 +29,6 @@ use prometheus_client::{
 
 use super::queue::DropReason;
 pub use crate::clr::counters::ProcessRuntimeMetrics;
-use crate::clr::counters::{CounterSample, ProcessUsage, RuntimeCounters};
 
 /// Labels of a per-sink series.
 type SinkLabels = Vec<(&'static str, &'static str)>;
@@ -296,31 +295,6 @@ impl RuntimeMetricsStore {
         self.lock().insert(metrics.pid, metrics);
     }
 
-    /// Adds the counter values a process's session delivered
-    /// ([`crate::clr::session::ClrSession::take_counters`]) and its
-    /// `/proc` usage to what `counters` holds, and publishes the result.
-    /// `counters` lives with the session, so a new session (a restarted
-    /// process) starts from zero.
-    pub fn observe(
-        &self,
-        pid: u32,
-        executable: &str,
-        counters: &mut RuntimeCounters,
-        samples: impl IntoIterator<Item = CounterSample>,
-        usage: Option<ProcessUsage>,
-    ) {
-        for sample in samples {
-            counters.observe(&sample);
-        }
-        counters.set_usage(usage);
-        self.update(ProcessRuntimeMetrics {
-            pid,
-            executable: executable.to_owned(),
-            k8s: Vec::new(),
-            snapshot: counters.snapshot().clone(),
-        });
-    }
-
     pub fn remove(&self, pid: u32) {
         self.lock().remove(&pid);
     }
@@ -410,6 +384,7 @@ impl fmt::Display for ErrorChain<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clr::counters::{CounterSample, ProcessUsage, RuntimeCounters};
 
     #[test]
     fn sink_series_exist_before_the_first_window() {
@@ -453,24 +428,27 @@ mod tests {
             display_units: String::new(),
         };
         let mut counters = RuntimeCounters::new();
-        metrics.runtime().observe(
-            4242,
-            "Shop.Api",
-            &mut counters,
-            [
-                sample("gen-0-gc-count", CounterKind::Sum, 4.0),
-                sample("gen-1-gc-count", CounterKind::Sum, 1.0),
-                sample("gen-2-gc-count", CounterKind::Sum, 1.0),
-                sample("exception-count", CounterKind::Sum, 9.0),
-                sample("gc-heap-size", CounterKind::Mean, 12.0),
-                sample("threadpool-queue-length", CounterKind::Mean, 3.0),
-            ],
-            Some(ProcessUsage {
-                user_seconds: 1.5,
-                system_seconds: 0.5,
-                resident_bytes: 1 << 20,
-            }),
-        );
+        for counter in [
+            sample("gen-0-gc-count", CounterKind::Sum, 4.0),
+            sample("gen-1-gc-count", CounterKind::Sum, 1.0),
+            sample("gen-2-gc-count", CounterKind::Sum, 1.0),
+            sample("exception-count", CounterKind::Sum, 9.0),
+            sample("gc-heap-size", CounterKind::Mean, 12.0),
+            sample("threadpool-queue-length", CounterKind::Mean, 3.0),
+        ] {
+            counters.observe(&counter);
+        }
+        counters.set_usage(Some(ProcessUsage {
+            user_seconds: 1.5,
+            system_seconds: 0.5,
+            resident_bytes: 1 << 20,
+        }));
+        metrics.runtime().update(ProcessRuntimeMetrics {
+            pid: 4242,
+            executable: "Shop.Api".into(),
+            k8s: Vec::new(),
+            snapshot: counters.snapshot().clone(),
+        });
         let text = metrics.render();
         for line in [
             "# TYPE dotnet_gc_collections counter",

@@ -405,9 +405,13 @@ public static class GcApp {
         };
         let metrics = AgentMetrics::new();
         let mut counters = counters.clone();
-        metrics
-            .runtime()
-            .observe(pid, "dotnet", &mut counters, Vec::new(), None);
+        counters.set_usage(None);
+        metrics.runtime().update(ProcessRuntimeMetrics {
+            pid,
+            executable: "dotnet".into(),
+            k8s: Vec::new(),
+            snapshot: counters.snapshot().clone(),
+        });
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
