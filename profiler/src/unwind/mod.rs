@@ -15,6 +15,7 @@
 
 pub mod arena;
 pub mod eh_frame;
+pub mod jit_code;
 pub mod ready_to_run;
 pub mod replay;
 pub mod table;

@@ -56,6 +56,7 @@ use object::read::pe::{ImageNtHeaders, PeFile64, SectionTable};
 
 use super::UnwindTableError;
 use super::eh_frame::UnwindRowStats;
+use super::table::push_merged;
 
 /// `READYTORUN_SIGNATURE`: "RTR" little-endian.
 const READY_TO_RUN_SIGNATURE: u32 = 0x0052_5452;
@@ -551,14 +552,6 @@ pub fn build_rows(
         .count();
     debug_assert!(rows.iter().all(|r| r.ra_rule == RaRule::AtCfaOffset as u8));
     Ok((rows, stats))
-}
-
-fn push_merged(rows: &mut Vec<UnwindRow>, row: UnwindRow) {
-    match rows.last_mut() {
-        Some(last) if last.same_rule(&row) => {}
-        Some(last) if last.pc == row.pc => *last = row,
-        _ => rows.push(row),
-    }
 }
 
 #[cfg(test)]

@@ -315,6 +315,16 @@ pub fn build_row_index(rows: &[UnwindRow]) -> (RowIndex, Vec<u32>) {
     (index, words)
 }
 
+/// Appends `row` to sorted rows, merged into the last one when it unwinds
+/// the same way (or replacing it when it starts at the same pc).
+pub(crate) fn push_merged(rows: &mut Vec<UnwindRow>, row: UnwindRow) {
+    match rows.last_mut() {
+        Some(last) if last.same_rule(&row) => {}
+        Some(last) if last.pc == row.pc => *last = row,
+        _ => rows.push(row),
+    }
+}
+
 /// Row-index words packed [`ROW_INDEX_WORDS_PER_ROW`] to a row slot, the
 /// last slot padded with zeros.
 pub fn pack_index_words(words: &[u32]) -> Box<[UnwindRow]> {
