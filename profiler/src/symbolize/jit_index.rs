@@ -33,6 +33,9 @@ use super::managed::{ManagedSymbol, arc_str_bytes};
 pub const MAX_CODE_RANGE: u64 = 64 * 1024 * 1024;
 /// Ranges a lookup examines at most.
 const MAX_LOOKUP_STEPS: usize = 4096;
+/// New ranges kept for [`JitCodeIndex::take_new_code`] between two calls;
+/// more are dropped (their methods are unwound by frame pointer).
+const MAX_NEW_CODE: usize = 1 << 16;
 
 /// A symbol's range with the time it became valid, `symbol` indexing
 /// [`JitCodeIndex::symbols`] (so also the insertion order, the tiebreak).
@@ -64,6 +67,11 @@ pub struct JitCodeIndex {
     string_bytes: u64,
     rejected_ranges: u64,
     lookup_step_limit_hits: AtomicU64,
+    /// `(start, end)` of the methods (not stubs) inserted since the last
+    /// [`Self::take_new_code`]: the code whose unwind rows are still to be
+    /// made.
+    new_code: Vec<(u64, u64)>,
+    new_code_dropped: u64,
 }
 
 impl JitCodeIndex {
@@ -90,6 +98,15 @@ impl JitCodeIndex {
             valid_from_ns,
             symbol: id,
         });
+        // Stub blocks (`stub<N> ...`) hold many stubs of one kind, some
+        // of which push (resolve stubs): one prologue does not describe
+        // them, so they keep the frame-pointer rule.
+        if symbol.is_stub {
+        } else if self.new_code.len() < MAX_NEW_CODE {
+            self.new_code.push((symbol.start, end));
+        } else {
+            self.new_code_dropped += 1;
+        }
         self.string_bytes += arc_str_bytes(symbol.name.len());
         if !Arc::ptr_eq(&symbol.raw_name, &symbol.name) {
             self.string_bytes += arc_str_bytes(symbol.raw_name.len());
@@ -180,8 +197,18 @@ impl JitCodeIndex {
     pub fn memory_bytes(&self) -> u64 {
         let vectors = self.symbols.capacity() * size_of::<ManagedSymbol>()
             + (self.ranges.capacity() + self.pending.capacity()) * size_of::<CodeRange>()
-            + self.reach.capacity() * size_of::<u64>();
+            + self.reach.capacity() * size_of::<u64>()
+            + self.new_code.capacity() * size_of::<(u64, u64)>();
         vectors as u64 + self.string_bytes
+    }
+
+    /// The `(start, end)` ranges inserted since the last call, in insertion
+    /// order, and how many were dropped past [`MAX_NEW_CODE`].
+    pub fn take_new_code(&mut self) -> (Vec<(u64, u64)>, u64) {
+        (
+            std::mem::take(&mut self.new_code),
+            std::mem::take(&mut self.new_code_dropped),
+        )
     }
 
     /// Ranges held (committed and pending).
@@ -279,6 +306,24 @@ mod tests {
         assert_eq!(name(&index, 0x102f, 5).as_deref(), Some("b"));
         assert_eq!(name(&index, 0x1030, 5), None);
         assert_eq!(index.len(), 2);
+    }
+
+    #[test]
+    fn new_code_is_handed_out_once() {
+        let mut index = JitCodeIndex::new();
+        index.insert(symbol("a", 0x1000, 0x10), 0);
+        assert!(!index.insert(symbol("empty", 0x2000, 0), 0));
+        index.insert(symbol("b", 0x1010, 0x20), 0);
+        let stub = ManagedSymbol {
+            is_stub: true,
+            ..symbol("stub<1> AllocateTemporaryEntryPoints", 0x3000, 0x40)
+        };
+        assert!(index.insert(stub, 0));
+        assert_eq!(
+            index.take_new_code(),
+            (vec![(0x1000, 0x1010), (0x1010, 0x1030)], 0)
+        );
+        assert_eq!(index.take_new_code(), (vec![], 0));
     }
 
     #[test]
