@@ -22,7 +22,16 @@
 //!    second for its first ten ([`UnwindMaps::rescan_young`]), while a
 //!    runtime maps its code; exited processes are dropped by
 //!    [`UnwindMaps::forget_process`] or [`UnwindMaps::forget_exited`].
-//! 5. All of it runs on its own thread ([`UnwindWorker`]): indexing a .NET
+//! 5. JIT-compiled code has no file to read rows from: the pipeline sends
+//!    the code ranges of new methods (perf map, jitdump, MethodLoad
+//!    events) with [`UnwindWorker::add_jit_code`]; each method's prologue
+//!    is read through `/proc/PID/mem` and decoded
+//!    ([`crate::unwind::jit_code`]), and the frameless ones make one table
+//!    per process, rebuilt at most every [`JIT_REBUILD_EVERY`], which the
+//!    process's mappings without a file table (anonymous memory, .NET 8's
+//!    `/memfd:doublemapper`) use from its first method on. Methods with an
+//!    rbp frame need no rows: the table's gaps keep the frame-pointer rule.
+//! 6. All of it runs on its own thread ([`UnwindWorker`]): indexing a .NET
 //!    process reads and parses ~20 files (seconds on a loaded machine), and
 //!    the record loop must keep draining samples and reading the maps of
 //!    short-lived processes meanwhile.
@@ -52,8 +61,10 @@ use clrbpf_common::{
 
 use super::BpfError;
 use crate::unwind::{
-    FileIdentity, LoadSegment, RowArena, UnwindTableCache, build_process_mappings, load_bias,
-    parse_proc_maps, table::read_elf_file,
+    FileIdentity, LoadSegment, RowArena, UnwindTableCache, build_process_mappings,
+    jit_code::{self, JitCodeRows, MethodFrame, PROLOGUE_BYTES},
+    load_bias, parse_proc_maps,
+    table::{build_row_index, pack_index_words, read_elf_file},
 };
 
 /// A process is rescanned at most this often.
@@ -77,6 +88,9 @@ const EXIT_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// eviction: a table loaded once is shared by every process mapping the
 /// file). Small, as it counts against the agent's memory budget.
 const BUILD_CACHE_BYTES: usize = 8 << 20;
+/// A process's JIT table is rebuilt at most this often while its methods
+/// change (tiering compiles in bursts).
+const JIT_REBUILD_EVERY: Duration = Duration::from_millis(250);
 /// Files remembered by identity at most: past it, those without a table
 /// are forgotten (a churning host maps many one-off files: each .NET
 /// process's double-mapped code heap is a memfd of its own).
@@ -209,6 +223,10 @@ impl RowChunks {
     }
 }
 
+/// The high bit of a JIT table's key (with a generation and the pid below
+/// it), apart from the file tables' hashes.
+const JIT_TABLE_KEY: u64 = 1 << 63;
+
 /// What identifies a mapped file cheaply, before reading it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct FileStatKey {
@@ -241,6 +259,18 @@ struct LoadedTable {
     last_used: u64,
 }
 
+/// The JIT-compiled methods of one process that need rows, and the table
+/// made of them.
+struct ProcessJitCode {
+    /// `/proc/PID/mem`, opened at the first methods; `None` when it could
+    /// not be.
+    mem: Option<File>,
+    methods: JitCodeRows,
+    built_at: Instant,
+    /// The loaded table's key and its first pc (where the rows begin).
+    table: Option<(u64, u64)>,
+}
+
 struct ProcessIndex {
     /// Table keys used by the process's index.
     tables: HashSet<u64>,
@@ -266,6 +296,17 @@ pub struct UnwindMapsStats {
     /// Executable mappings beyond the per-process bound.
     pub mappings_dropped: u64,
     pub map_update_errors: u64,
+    /// JIT-compiled methods whose prologue was decoded.
+    pub jit_methods: u64,
+    /// Of those, the ones without an rbp frame, which got rows.
+    pub jit_frameless: u64,
+    /// Prologues the decoder did not recognise: walked by frame pointer.
+    pub jit_unrecognised: u64,
+    /// Methods not decoded (code unreadable, or past a bound): walked by
+    /// frame pointer.
+    pub jit_not_decoded: u64,
+    /// Per-process JIT tables loaded (each rebuild is one).
+    pub jit_tables_loaded: u64,
     /// The kernel refused a new chunk of the row array (memory): the cap
     /// became what was there.
     pub chunk_refused: bool,
@@ -297,6 +338,9 @@ pub struct UnwindMaps {
     tables: HashMap<u64, LoadedTable>,
     files: HashMap<FileStatKey, FileState>,
     processes: HashMap<u32, ProcessIndex>,
+    jit: HashMap<u32, ProcessJitCode>,
+    /// Makes each JIT table's key unique.
+    jit_generation: u32,
     builder: UnwindTableCache,
     clock: u64,
     /// The last [`MappingEntry::table_serial`] given.
@@ -325,6 +369,8 @@ impl UnwindMaps {
             tables: HashMap::new(),
             files: HashMap::new(),
             processes: HashMap::new(),
+            jit: HashMap::new(),
+            jit_generation: 0,
             builder: UnwindTableCache::new(BUILD_CACHE_BYTES),
             clock: 0,
             table_serial: 0,
@@ -381,6 +427,9 @@ impl UnwindMaps {
     pub fn forget_process(&mut self, pid: u32) {
         // Absent is fine: it may never have been indexed.
         let _ = self.process_mappings.remove(&pid);
+        if let Some((key, _)) = self.jit.remove(&pid).and_then(|j| j.table) {
+            self.free_table(key);
+        }
         if let Some(index) = self.processes.remove(&pid) {
             self.stats.processes_forgotten += 1;
             for key in index.tables {
@@ -415,6 +464,105 @@ impl UnwindMaps {
         }
     }
 
+    /// Decodes the prologues of methods compiled in `pid` at the
+    /// `(start, end)` ranges; the process's JIT table is rebuilt by
+    /// [`Self::rebuild_jit_tables`].
+    pub fn add_jit_code(&mut self, pid: u32, ranges: &[(u64, u64)]) {
+        let jit = self.jit.entry(pid).or_insert_with(|| ProcessJitCode {
+            mem: File::open(format!("/proc/{pid}/mem")).ok(),
+            methods: JitCodeRows::default(),
+            built_at: Instant::now(),
+            table: None,
+        });
+        let mut code = [0u8; PROLOGUE_BYTES];
+        for &(start, end) in ranges {
+            let want = usize::try_from(end.saturating_sub(start))
+                .unwrap_or(usize::MAX)
+                .min(PROLOGUE_BYTES);
+            let read = jit.mem.as_ref().map(|mem| {
+                use std::os::unix::fs::FileExt as _;
+                mem.read_at(&mut code[..want], start)
+            });
+            let frame = match read {
+                Some(Ok(n)) if n > 0 => jit_code::method_frame(&code[..n], start),
+                _ => {
+                    self.stats.jit_not_decoded += 1;
+                    // Whatever was there before is gone or unreadable.
+                    MethodFrame::FramePointer
+                }
+            };
+            match &frame {
+                MethodFrame::Rows(_) => self.stats.jit_frameless += 1,
+                MethodFrame::Unrecognised => self.stats.jit_unrecognised += 1,
+                MethodFrame::FramePointer => {}
+            }
+            self.stats.jit_methods += 1;
+            if !jit.methods.insert(start, end, &frame) {
+                self.stats.jit_not_decoded += 1;
+            }
+        }
+    }
+
+    /// Loads a new table for each process whose JIT methods changed and
+    /// whose table is older than [`JIT_REBUILD_EVERY`].
+    pub fn rebuild_jit_tables(&mut self) {
+        let due: Vec<u32> = self
+            .jit
+            .iter_mut()
+            .filter(|(_, j)| j.built_at.elapsed() >= JIT_REBUILD_EVERY)
+            .filter_map(|(pid, j)| j.methods.take_changed().then_some(*pid))
+            .collect();
+        for pid in due {
+            self.load_jit_table(pid);
+        }
+    }
+
+    /// Replaces `pid`'s JIT table by one of its current methods: the new
+    /// rows are written and the process's index pointed at them before the
+    /// old rows are freed.
+    fn load_jit_table(&mut self, pid: u32) {
+        let Some(jit) = self.jit.get_mut(&pid) else {
+            return;
+        };
+        jit.built_at = Instant::now();
+        let rows = jit.methods.rows();
+        let old = jit.table;
+        let new = match rows.first() {
+            None => None,
+            Some(first) => {
+                self.jit_generation = self.jit_generation.wrapping_add(1);
+                let key = JIT_TABLE_KEY | u64::from(self.jit_generation) << 32 | u64::from(pid);
+                let (index, words) = build_row_index(&rows);
+                let first_pc = first.pc;
+                self.load_rows(key, &rows, index, &pack_index_words(&words), &[])
+                    .then_some((key, first_pc))
+            }
+        };
+        if new.is_some() {
+            self.stats.jit_tables_loaded += 1;
+        }
+        let Some(jit) = self.jit.get_mut(&pid) else {
+            return;
+        };
+        jit.table = new;
+        if let Some(index) = self.processes.remove(&pid) {
+            self.write_index(pid, &index);
+            self.processes.insert(pid, index);
+        }
+        // (Loading may have evicted the old table already: then this
+        // finds nothing.)
+        if let Some((key, _)) = old {
+            self.free_table(key);
+        }
+    }
+
+    /// Frees a table no process index points at any more.
+    fn free_table(&mut self, key: u64) {
+        if let Some(table) = self.tables.remove(&key) {
+            self.arena.free(table.offset, table.len);
+        }
+    }
+
     pub fn memory(&self) -> UnwindMemory {
         UnwindMemory {
             table_bytes: self.arena.used() * size_of::<UnwindRow>() as u64,
@@ -436,9 +584,11 @@ impl UnwindMaps {
     /// other processes count in full).
     pub fn process_memory_bytes(&self, pid: u32) -> Option<u64> {
         let index = self.processes.get(&pid)?;
+        let jit = self.jit.get(&pid).and_then(|j| j.table).map(|(k, _)| k);
         let rows: u64 = index
             .tables
             .iter()
+            .chain(jit.as_ref())
             .filter_map(|k| self.tables.get(k))
             .map(|t| u64::from(t.len))
             .sum();
@@ -544,9 +694,42 @@ impl UnwindMaps {
         true
     }
 
+    /// Writes `pid`'s index to the kernel: its mappings, those without a
+    /// file table given the process's JIT table from its first pc on.
     fn write_index(&mut self, pid: u32, index: &ProcessIndex) {
-        let (value, dropped) =
-            build_process_mappings(index.entries.iter().map(|(e, _)| *e).collect());
+        let jit = self
+            .jit
+            .get(&pid)
+            .and_then(|j| j.table)
+            .and_then(|(key, first_pc)| Some((self.tables.get(&key)?, first_pc)));
+        let mut entries = Vec::with_capacity(index.entries.len() + 1);
+        for &(entry, source) in &index.entries {
+            match jit {
+                Some((t, first_pc))
+                    if source.is_none() && entry.row_count == 0 && entry.end > first_pc =>
+                {
+                    let with_jit = |start| {
+                        MappingEntry {
+                            start,
+                            bias: 0,
+                            ..entry
+                        }
+                        .with_table(t.offset, t.rows, t.index, t.serial)
+                    };
+                    if entry.start < first_pc {
+                        entries.push(MappingEntry {
+                            end: first_pc,
+                            ..entry
+                        });
+                        entries.push(with_jit(first_pc));
+                    } else {
+                        entries.push(with_jit(entry.start));
+                    }
+                }
+                _ => entries.push(entry),
+            }
+        }
+        let (value, dropped) = build_process_mappings(entries);
         self.stats.mappings_dropped += dropped as u64;
         if self.process_mappings.insert(pid, *value, 0).is_err() {
             self.stats.map_update_errors += 1;
@@ -598,31 +781,52 @@ impl UnwindMaps {
             self.stats.files_without_table += 1;
             return FileState::NoTable;
         };
-        let rows = table.rows();
-        if rows.is_empty() {
+        if table.rows().is_empty()
+            || !self.load_rows(
+                key,
+                table.rows(),
+                table.row_index(),
+                table.index_slots(),
+                table.segments(),
+            )
+        {
             self.stats.files_without_table += 1;
             return FileState::NoTable;
         }
+        self.stats.tables_loaded += 1;
+        FileState::Table(key)
+    }
+
+    /// Copies a table's rows and index slots into the row array and
+    /// records it under `key`. False when it does not fit (counted) or the
+    /// array cannot be written.
+    fn load_rows(
+        &mut self,
+        key: u64,
+        rows: &[UnwindRow],
+        index: RowIndex,
+        index_slots: &[UnwindRow],
+        segments: &[LoadSegment],
+    ) -> bool {
         let (Ok(len), Ok(row_count)) = (
-            u32::try_from(table.kernel_slots()),
+            u32::try_from(rows.len() + index_slots.len()),
             u32::try_from(rows.len()),
         ) else {
             self.stats.tables_too_large += 1;
-            return FileState::NoTable;
+            return false;
         };
         let Some(offset) = self.allocate_rows(len) else {
             self.stats.tables_too_large += 1;
-            return FileState::NoTable;
+            return false;
         };
         let written = self
             .rows
             .write(offset, rows)
-            .and_then(|()| self.rows.write(offset + row_count, table.index_slots()));
+            .and_then(|()| self.rows.write(offset + row_count, index_slots));
         if let Err(error) = written {
             tracing::debug!(%error, "could not map an unwind row chunk to write a table");
             self.arena.free(offset, len);
-            self.stats.files_without_table += 1;
-            return FileState::NoTable;
+            return false;
         }
         let serial = self.next_serial();
         self.tables.insert(
@@ -631,15 +835,14 @@ impl UnwindMaps {
                 offset,
                 len,
                 rows: row_count,
-                index: table.row_index(),
+                index,
                 serial,
-                segments: table.segments().into(),
+                segments: segments.into(),
                 users: 0,
                 last_used: self.clock,
             },
         );
-        self.stats.tables_loaded += 1;
-        FileState::Table(key)
+        true
     }
 
     /// Hands the heap memory that building tables freed back to the kernel
@@ -706,12 +909,19 @@ impl UnwindMaps {
         };
         // First point every process that uses it at the frame-pointer rule,
         // then free the rows for reuse.
-        let users: Vec<u32> = self
+        let mut users: Vec<u32> = self
             .processes
             .iter()
             .filter(|(_, p)| p.tables.contains(&key))
             .map(|(pid, _)| *pid)
             .collect();
+        for (pid, jit) in &mut self.jit {
+            if jit.table.is_some_and(|(k, _)| k == key) {
+                jit.table = None;
+                // Rebuilt at its next change.
+                users.push(*pid);
+            }
+        }
         for pid in users {
             let Some(mut index) = self.processes.remove(&pid) else {
                 continue;
@@ -738,6 +948,9 @@ enum UnwindRequest {
     Track(u32),
     Refresh(u32),
     Forget(u32),
+    /// New JIT-compiled code: `(start, end)` ranges, and how many more
+    /// ranges were dropped before they were sent.
+    JitCode(u32, Vec<(u64, u64)>, u64),
 }
 
 /// What the worker knows when it stops: for the end summary.
@@ -785,7 +998,7 @@ impl UnwindWorker {
                     if stop_flag.load(Ordering::Relaxed) {
                         break;
                     }
-                    match rx.recv_timeout(YOUNG_RESCAN_EVERY.min(EXIT_CHECK_EVERY)) {
+                    match rx.recv_timeout(JIT_REBUILD_EVERY) {
                         Ok(UnwindRequest::Track(pid)) => {
                             maps.track_process(pid);
                         }
@@ -793,11 +1006,16 @@ impl UnwindWorker {
                             maps.refresh_process(pid);
                         }
                         Ok(UnwindRequest::Forget(pid)) => maps.forget_process(pid),
+                        Ok(UnwindRequest::JitCode(pid, ranges, dropped)) => {
+                            maps.add_jit_code(pid, &ranges);
+                            maps.stats.jit_not_decoded += dropped;
+                        }
                         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
                     maps.forget_exited();
                     maps.rescan_young();
+                    maps.rebuild_jit_tables();
                     maps.trim_heap_after_loads();
                     let memory = maps.memory();
                     kernel_bytes_seen.store(
@@ -845,6 +1063,15 @@ impl UnwindWorker {
 
     pub fn forget_process(&self, pid: u32) {
         self.send(UnwindRequest::Forget(pid));
+    }
+
+    /// Give rows to the JIT-compiled code at the `(start, end)` ranges of
+    /// `pid` (methods just seen in its perf map, jitdump or events);
+    /// `dropped` more were not kept to be sent.
+    pub fn add_jit_code(&self, pid: u32, ranges: Vec<(u64, u64)>, dropped: u64) {
+        if !ranges.is_empty() || dropped > 0 {
+            self.send(UnwindRequest::JitCode(pid, ranges, dropped));
+        }
     }
 
     /// Stops the thread once the request under way is done (the queued

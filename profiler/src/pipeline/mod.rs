@@ -401,6 +401,27 @@ impl Pipeline {
         self.flush_clr_windows();
         let delay = u64::try_from(SYMBOLIZE_DELAY.as_nanos()).unwrap_or(u64::MAX);
         self.process_pending(crate::profile::monotonic_ns().saturating_sub(delay));
+        self.send_new_jit_code();
+    }
+
+    /// Hands the code of the methods compiled since the last call (as the
+    /// perf maps, jitdumps and MethodLoad events name them) to the unwind
+    /// worker, which gives the frameless ones rows.
+    /// Without the worker (frame pointers only), the ranges are dropped.
+    fn send_new_jit_code(&mut self) {
+        for (pid, process) in &mut self.processes {
+            match self.unwind.as_ref() {
+                Some(unwind) => {
+                    let (ranges, dropped) = process.take_new_jit_code();
+                    unwind.add_jit_code(*pid, ranges, dropped);
+                }
+                None => {
+                    if let Some(managed) = process.managed.as_mut() {
+                        managed.take_new_code();
+                    }
+                }
+            }
+        }
     }
 
     /// Drains `source` into the pending samples (see [`Self::accept`]).

@@ -369,6 +369,14 @@ pub fn print_summary(
                 errors.join(", ")
             }
         )?;
+        let s = &unwind.stats;
+        if s.jit_methods > 0 {
+            writeln!(
+                w,
+                "clrbpf: JIT-compiled methods: {} prologues decoded, {} without an rbp frame given rows, {} unrecognised and {} unread (walked by frame pointer)",
+                s.jit_methods, s.jit_frameless, s.jit_unrecognised, s.jit_not_decoded
+            )?;
+        }
     }
     for warning in &summary.warnings {
         writeln!(w, "clrbpf: warning: {warning}")?;

@@ -33,6 +33,10 @@ pub(super) type AttachJob =
 
 /// How often a process's perf map / jitdump are re-read at most.
 const MANAGED_REFRESH_EVERY: Duration = Duration::from_millis(200);
+/// How often a process's perf map / jitdump are read for new JIT code even
+/// when none of its samples is due: a method compiled while the process is
+/// idle needs its unwind rows before the samples that run it.
+const JIT_CODE_REFRESH_EVERY: Duration = Duration::from_secs(1);
 /// How often a process's mappings are re-read at most when an address is
 /// not covered by the ones we have.
 const MAPS_REFRESH_EVERY: Duration = Duration::from_millis(200);
@@ -296,6 +300,27 @@ impl TrackedProcess {
             symbols = managed.len(),
             "read perf map and jitdump"
         );
+    }
+
+    /// The code ranges of the methods compiled since the last call, and how
+    /// many more were dropped (see [`ManagedSymbols::take_new_code`]). The
+    /// perf map and jitdump are read first if they were not for
+    /// [`JIT_CODE_REFRESH_EVERY`] (unless the symbol budget dropped the
+    /// process's tables: reading them again is for its samples to ask).
+    pub(super) fn take_new_jit_code(&mut self) -> (Vec<(u64, u64)>, u64) {
+        let Some(managed) = self.managed.as_ref() else {
+            return (Vec::new(), 0);
+        };
+        if !managed.is_evicted()
+            && self
+                .managed_read_at
+                .is_none_or(|t| t.elapsed() >= JIT_CODE_REFRESH_EVERY)
+        {
+            self.refresh_managed(true);
+        }
+        self.managed
+            .as_mut()
+            .map_or((Vec::new(), 0), ManagedSymbols::take_new_code)
     }
 
     /// Starts or drains this process's EventPipe session.

@@ -111,7 +111,7 @@ impl RowArena {
 }
 
 /// A process's mapping index from its executable mappings (any order):
-/// sorted, overlaps dropped, contiguous mappings without rows merged (JIT
+/// sorted, overlaps dropped, contiguous mappings unwound alike merged (JIT
 /// code often comes in many adjacent pieces), at most
 /// [`MAX_PROCESS_MAPPINGS`] kept. Returns the index and how many mappings
 /// did not fit.
@@ -122,7 +122,10 @@ pub fn build_process_mappings(mut entries: Vec<MappingEntry>) -> (Box<ProcessMap
     for e in entries {
         match merged.last_mut() {
             Some(last) if e.start < last.end => {} // overlap: keep the first
-            Some(last) if last.row_count == 0 && e.row_count == 0 && last.end == e.start => {
+            // Contiguous and unwound alike: no rows, or the same table at
+            // the same bias (a process's JIT table over adjacent pieces of
+            // its code heap).
+            Some(last) if last.end == e.start && same_rows(last, &e) => {
                 last.end = e.end;
             }
             _ => merged.push(e),
@@ -135,6 +138,16 @@ pub fn build_process_mappings(mut entries: Vec<MappingEntry>) -> (Box<ProcessMap
     }
     index.len = merged.len().min(MAX_PROCESS_MAPPINGS) as u32;
     (index, dropped)
+}
+
+fn same_rows(a: &MappingEntry, b: &MappingEntry) -> bool {
+    if a.row_count == 0 || b.row_count == 0 {
+        return a.row_count == b.row_count;
+    }
+    a.row_offset == b.row_offset
+        && a.row_count == b.row_count
+        && a.bias == b.bias
+        && a.table_serial == b.table_serial
 }
 
 #[cfg(test)]
