@@ -7,6 +7,12 @@
 // - Frameless.WaitTask in Task.Wait(int),
 //   each a timed wait of WAIT_MS that never completes early, called too
 //   rarely for the framework's code to be re-jitted;
+// - Frameless.WaitMresOften blocks in ManualResetEventSlim.Wait(), a
+//   wrapper of Wait(int, CancellationToken), a few hundred times a second
+//   (a setter thread sets the event every 2 ms). The main thread calls
+//   Wait() on a set event for a while first, so the runtime re-jits it at
+//   tier 1 before the threads start: JIT-compiled code without a frame
+//   (`push rax; ...; call; add rsp, 8; ret`), not ReadyToRun code;
 // - Frameless.BurnUnderTaskWait waits with Task.Wait() (a wrapper of
 //   Wait(int, CancellationToken)) for a task its scheduler never queues, so
 //   the wait runs it inline: Frameless.Spin burns CPU until the end under
@@ -32,6 +38,8 @@ static class Frameless
     static readonly ManualResetEventSlim Never = new ManualResetEventSlim(false);
     static readonly SemaphoreSlim Empty = new SemaphoreSlim(0);
     static readonly TaskCompletionSource<int> Pending = new TaskCompletionSource<int>();
+    static readonly ManualResetEventSlim Often = new ManualResetEventSlim(false);
+    static volatile bool oftenDone;
 
     [DllImport("libc")]
     static extern int gettid();
@@ -76,6 +84,41 @@ static class Frameless
         }
     }
 
+    /// Not optimized, so never replaced on the stack (OSR) while it loops.
+    [MethodImpl(MethodImplOptions.NoInlining | MethodImplOptions.NoOptimization)]
+    static void WaitMresOften()
+    {
+        while (!stop)
+        {
+            Often.Wait();
+            Often.Reset();
+        }
+        oftenDone = true;
+    }
+
+    static void SetOften()
+    {
+        while (!oftenDone)
+        {
+            Thread.Sleep(2);
+            Often.Set();
+        }
+    }
+
+    /// Calls Often.Wait() on a set event for `seconds`: past the runtime's
+    /// tiering delay, 30 calls get it re-jitted at tier 1.
+    static void WarmUpWait(double seconds)
+    {
+        Often.Set();
+        var clock = Stopwatch.StartNew();
+        while (clock.Elapsed.TotalSeconds < seconds)
+        {
+            Often.Wait();
+            Thread.Sleep(1);
+        }
+        Often.Reset();
+    }
+
     [MethodImpl(MethodImplOptions.NoInlining)]
     static void BurnUnderTaskWait()
     {
@@ -118,9 +161,13 @@ static class Frameless
         Console.WriteLine("PID " + Process.GetCurrentProcess().Id);
         Console.WriteLine("READY");
         Console.Out.Flush();
-        Thread.Sleep((int)(delay * 1000));
+        var warmUp = Stopwatch.StartNew();
+        WarmUpWait(Math.Min(1.5, delay / 2));
+        Thread.Sleep(Math.Max(0, (int)(delay * 1000 - warmUp.ElapsedMilliseconds)));
         var threads = new[]
         {
+            new Thread(() => { Announce("often"); WaitMresOften(); }) { Name = "often" },
+            new Thread(SetOften) { Name = "setter" },
             new Thread(() => { Announce("mres"); WaitMres(waitMs); }) { Name = "mres" },
             new Thread(() => { Announce("semaphore"); WaitSemaphore(waitMs); }) { Name = "semaphore" },
             new Thread(() => { Announce("task"); WaitTask(waitMs); }) { Name = "task" },
