@@ -109,6 +109,7 @@ impl Frame {
 /// most [`PROLOGUE_BYTES`] matter), loaded at `start`.
 pub fn method_frame(code: &[u8], start: u64) -> MethodFrame {
     let code = &code[..code.len().min(PROLOGUE_BYTES)];
+    let end = start.saturating_add(code.len() as u64);
     let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     let mut frame = Frame::ENTRY;
@@ -195,8 +196,12 @@ pub fn method_frame(code: &[u8], start: u64) -> MethodFrame {
         if frame.sp_to_cfa > MAX_FRAME_BYTES {
             return MethodFrame::Unrecognised;
         }
+        let pc = instruction.next_ip();
+        if pc >= end {
+            // The code read ends here: nothing after it is this method's.
+            break;
+        }
         if frame != before {
-            let pc = instruction.next_ip();
             match rows.last_mut() {
                 Some(last) if last.0 == pc => last.1 = frame,
                 _ => rows.push((pc, frame)),
