@@ -37,11 +37,11 @@ static class OffCpu
         while (!stop)
         {
             long t0 = Stopwatch.GetTimestamp();
-            // The two-argument overload: the no-argument one is a small
-            // wrapper that, once called often, the JIT re-compiles at tier 1
-            // without a frame pointer, which hides its caller (JIT code is
-            // still unwound by frame pointer; ReadyToRun code has tables).
-            Signal.Wait(Timeout.Infinite, CancellationToken.None);
+            // The no-argument overload, a small wrapper that, called this
+            // often, the JIT re-compiles at tier 1 without a frame pointer:
+            // its caller stays on the stacks through the rows clrbpf makes
+            // from its prologue.
+            Signal.Wait();
             waitedTicks += Stopwatch.GetTimestamp() - t0;
             Signal.Reset();
         }
