@@ -1173,7 +1173,8 @@ fn replay_frameless_app(dotnet: &Path, runtime_config: &str) {
     let pid = child.0.id();
     let rx = lines_of(&mut child.0);
     let mut tids = HashMap::new();
-    for _ in 0..4 {
+    // Five threads announce themselves (the fifth, "often", is not replayed).
+    for _ in 0..5 {
         let line = wait_line(&rx, "TID ");
         let mut fields = line.split_whitespace().skip(1);
         let (Some(name), Some(tid)) = (fields.next(), fields.next()) else {
