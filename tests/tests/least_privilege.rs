@@ -141,7 +141,9 @@ fn chart_capabilities_profile_a_non_root_container() {
 /// `clrbpf agent` as the chart runs it: the same capability set, the same
 /// non-root container. Its windows name the app's managed frames, hold its
 /// CLR contention events and kernel frames, carry the container id, and the
-/// perf files are gone from the container's /tmp after SIGTERM.
+/// perf files are gone from the container's /tmp after SIGTERM. Off-CPU is on
+/// so that kernel frames are certain: the target's CPU time is small, and at
+/// 19 Hz its few CPU samples fell in user code in one CI run.
 #[test]
 fn chart_capabilities_run_the_agent_on_a_non_root_container() {
     let env = Env::privileged();
@@ -159,7 +161,13 @@ fn chart_capabilities_run_the_agent_on_a_non_root_container() {
     let mut agent = Command::new("setpriv")
         .args(["--bounding-set", &set, "--"])
         .arg(&env.clrbpf)
-        .args(["agent", "--upload-interval", "5s", "--output-dir"])
+        .args([
+            "agent",
+            "--off-cpu",
+            "--upload-interval",
+            "5s",
+            "--output-dir",
+        ])
         .arg(&windows)
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .stdin(Stdio::null())
