@@ -93,6 +93,14 @@ pub struct AgentArgs {
     #[arg(long)]
     pub no_clr_events: bool,
 
+    /// Exception events taken with their stacks per second and process at
+    /// most. The runtime walks a stack for each one it sends; above this
+    /// rate it is told to stop sending them for a back-off (10s, doubling
+    /// up to 5m while the storm lasts), and its exception counter keeps
+    /// the totals exact. 0: no limit.
+    #[arg(long, value_name = "N", default_value_t = crate::clr::budget::DEFAULT_EXCEPTIONS_PER_SECOND)]
+    pub exceptions_per_second: u32,
+
     /// Also profile off-CPU time (where threads block).
     #[arg(long)]
     pub off_cpu: bool,
@@ -422,6 +430,13 @@ pub struct RecordArgs {
     /// No EventPipe session: CPU samples only.
     #[arg(long)]
     pub no_clr_events: bool,
+
+    /// Exception events taken with their stacks per second and process at
+    /// most (default: every one). Above it the runtime stops sending them
+    /// for a back-off and its exception counter gives the totals, as the
+    /// agent does by default.
+    #[arg(long, value_name = "N")]
+    pub exceptions_per_second: Option<u32>,
 
     /// Write one file per kind: <stem>.cpu.pb.gz, <stem>.contention.pb.gz,
     /// <stem>.exceptions.pb.gz.

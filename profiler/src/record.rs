@@ -67,6 +67,9 @@ pub struct RecordConfig {
     pub verbose: bool,
     /// CLR events collected from .NET processes (none: no EventPipe session).
     pub clr_events: ClrEventKinds,
+    /// Exception events with stacks per second and process at most
+    /// ([`crate::clr::budget`]); `None`: every one.
+    pub exceptions_per_second: Option<u32>,
     /// One output file per kind (`<stem>.cpu.pb.gz`, ...) instead of one.
     pub split: bool,
     /// Off-CPU intervals of the profiled threads, with their wakers.
@@ -134,6 +137,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         command,
         verbose,
         clr_events,
+        exceptions_per_second,
         split,
         off_cpu,
         wall,
@@ -177,6 +181,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     })?;
     let mut pipeline = Pipeline::new(perf_map_attach, clr_events, layout.clone());
     pipeline.keep_perf_files = keep_perf_maps;
+    pipeline.exceptions_per_second = exceptions_per_second;
     pipeline.unwind = match sampler.take_unwind_maps() {
         Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
         None => None,

@@ -146,6 +146,89 @@ fn net8_exception_counts_are_upscaled_per_type() {
     );
 }
 
+/// An exception storm under `--exceptions-per-second`: the exception
+/// events go off over the budget, and the runtime's counter keeps the
+/// totals exact (to the exception) while the events taken before give the
+/// stacks and types.
+fn assert_storm_under_a_budget(runtime: Runtime) {
+    let env = Env::privileged();
+    let dir = TempDir::new(&format!("exception-budget-{runtime:?}"));
+    let workload = TestProcess::start(
+        &env,
+        runtime,
+        "Exceptions",
+        &[START_DELAY_S, "200000", "300", "1"],
+        false,
+    );
+    let (output, path) = record_pid(
+        &env,
+        &dir,
+        workload.pid(),
+        &["--exceptions-per-second", "100"],
+        "storm.pb.gz",
+    );
+    let (status, lines) = workload.wait(TIMEOUT);
+    assert!(status.success(), "workload failed: {lines:?}");
+    let thrown: i64 = [
+        "System.InvalidOperationException",
+        "System.ArgumentException",
+        "System.TimeoutException",
+    ]
+    .iter()
+    .map(|ty| {
+        parse_value::<i64>(&lines, &format!("THROWN_{ty}"))
+            .unwrap_or_else(|| panic!("no THROWN_{ty} in {lines:?}"))
+    })
+    .sum();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("exceptions thrown"))
+        .unwrap_or_else(|| panic!("no exception totals in the summary:\n{stderr}"));
+    assert!(
+        line.contains(&format!(": {thrown} exceptions thrown (")),
+        "the workload threw {thrown}: {line}"
+    );
+    assert!(
+        line.contains("counted while their events were off over the budget"),
+        "the events were never turned off: {line}"
+    );
+
+    let profile = read_profile(&path);
+    let at = value_index(&profile, "exceptions/count");
+    let all = samples(&profile);
+    let total: i64 = all.iter().map(|s| s.values[at]).sum();
+    assert_eq!(
+        total, thrown,
+        "the profile's exceptions against the workload's"
+    );
+    let frequent: i64 = all
+        .iter()
+        .filter(|s| {
+            s.label("exception.type")
+                == Some(&LabelValue::Str(
+                    "System.InvalidOperationException".to_owned(),
+                ))
+                && s.stack_contains(&["Exceptions.ThrowFrequent"])
+        })
+        .map(|s| s.values[at])
+        .sum();
+    assert!(
+        frequent as f64 >= 0.95 * thrown as f64,
+        "InvalidOperationException from Exceptions.ThrowFrequent: {frequent} of {thrown}"
+    );
+}
+
+#[test]
+fn net8_exception_storm_under_a_budget_keeps_exact_totals() {
+    assert_storm_under_a_budget(Runtime::Net8);
+}
+
+#[test]
+fn netcore31_exception_storm_under_a_budget_keeps_exact_totals() {
+    assert_storm_under_a_budget(Runtime::NetCore31);
+}
+
 #[test]
 fn no_clr_events_gives_cpu_sample_types_only() {
     let env = Env::privileged();

@@ -426,6 +426,7 @@ mod tests {
             value,
             interval_sec: 15.0,
             display_units: String::new(),
+            time_ns: 0,
         };
         let mut counters = RuntimeCounters::new();
         for counter in [

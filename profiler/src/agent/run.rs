@@ -111,6 +111,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             .unwrap_or(u32::MAX)
             .max(1),
     );
+    pipeline.exceptions_per_second = config.exceptions_per_second;
     pipeline.unwind = match sampler.take_unwind_maps() {
         Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
         None => None,

@@ -8,11 +8,19 @@
 //! of the process goes on regardless. Asked for runtime metrics (the
 //! agent), the same session also carries the `System.Runtime`
 //! EventCounters, added up in a [`RuntimeCounters`].
+//!
+//! With an exception budget (the agent's default), exception events come on
+//! a second session of their own ([`ExceptionEvents`]), at level Error, that
+//! the [`ExceptionGate`] stops during a storm and starts again after the
+//! back-off. The main session then carries the counters every second, and
+//! the exceptions the `exception-count` counter saw without an event are
+//! added to the intake once the exception session is off and drained.
 
 use std::time::{Duration, Instant};
 
 use super::{
-    counters::RuntimeCounters,
+    budget::ExceptionGate,
+    counters::{CounterKind, CounterSample, RuntimeCounters},
     events::{ClrEvent, MethodLoad},
     intake::{ClrCounters, ClrIntake, ClrSample},
     ipc::IpcError,
@@ -32,6 +40,14 @@ const RETRY_EVERY: Duration = Duration::from_millis(200);
 const ENDED_STREAM_DEADLINE: Duration = Duration::from_secs(3);
 /// How long a method rundown may take.
 const RUNDOWN_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a stopped exception session may take to deliver its last
+/// events.
+const EXCEPTION_STOP_DEADLINE: Duration = Duration::from_secs(5);
+/// The `System.Runtime` counter of exceptions thrown.
+const EXCEPTION_COUNTER: &str = "exception-count";
+/// Exception events remembered until the counter's first value (about a
+/// second of a storm).
+const MAX_EARLY_EVENTS: usize = 1 << 20;
 
 #[derive(Debug)]
 enum CollectorState {
@@ -44,10 +60,22 @@ enum CollectorState {
     /// never answers, must not hold up the recording loop.
     Starting {
         since: Instant,
-        job: std::thread::JoinHandle<Result<ClrSession, IpcError>>,
+        job: std::thread::JoinHandle<Result<StartedSessions, IpcError>>,
     },
     Running(Box<ClrSession>),
     Ended,
+}
+
+/// What every .NET process's collector asks its runtime for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClrSettings {
+    pub kinds: ClrEventKinds,
+    /// The `System.Runtime` EventCounters interval (seconds), for runtime
+    /// metrics.
+    pub counters_interval_sec: Option<u32>,
+    /// Exception events with stacks per second and process at most
+    /// ([`super::budget`]); `None`: every one.
+    pub exceptions_per_second: Option<u32>,
 }
 
 /// Per-process CLR event collection; see the module documentation.
@@ -75,6 +103,125 @@ pub struct ClrCollector {
     /// metrics are asked for, and what they added up to.
     counters_interval_sec: Option<u32>,
     runtime: RuntimeCounters,
+    /// Exception events on a session of their own, under a budget.
+    exception_events: Option<ExceptionEvents>,
+}
+
+/// The state of the exception session.
+#[derive(Debug)]
+enum ExceptionSession {
+    /// Not started yet, or stopped over the budget until the gate opens.
+    Off,
+    Starting(std::thread::JoinHandle<Result<ClrSession, IpcError>>),
+    Running(Box<ClrSession>),
+    /// StopTracing sent: its last events are drained until its end.
+    Stopping(Box<ClrSession>, Instant),
+    /// It could not start, or the process exited.
+    Ended,
+}
+
+/// Exception events on a session of their own, stopped during a storm;
+/// see the module documentation.
+#[derive(Debug)]
+pub struct ExceptionEvents {
+    gate: ExceptionGate,
+    session: ExceptionSession,
+    /// When the first `exception-count` value was written. The counter's
+    /// baseline is taken some milliseconds after the main session starts,
+    /// so its first value is dropped: the exceptions up to then are the
+    /// events' (the exception session is on from before the main one, and
+    /// the gate holds it on until then), those after it the counter's.
+    first_count_ns: Option<u64>,
+    /// Times of the events taken before that first value was seen.
+    early: Vec<u64>,
+    /// Exceptions taken as events after the first counter value.
+    observed: u64,
+    /// Exceptions counted by the runtime's counter after its first value.
+    counted: f64,
+    /// Exceptions added to the intake without events so far.
+    added: u64,
+    /// Events the runtime dropped on the exception sessions.
+    lost_events: u64,
+    sessions: u64,
+}
+
+impl ExceptionEvents {
+    fn new(per_second: u32) -> Self {
+        Self {
+            gate: ExceptionGate::new(per_second),
+            session: ExceptionSession::Off,
+            first_count_ns: None,
+            early: Vec::new(),
+            observed: 0,
+            counted: 0.0,
+            added: 0,
+            lost_events: 0,
+            sessions: 0,
+        }
+    }
+
+    fn observe_counter(&mut self, sample: &CounterSample) {
+        if sample.name != EXCEPTION_COUNTER
+            || sample.kind != CounterKind::Sum
+            || !sample.value.is_finite()
+        {
+            return;
+        }
+        if self.first_count_ns.is_none() {
+            self.first_count_ns = Some(sample.time_ns);
+            let first = sample.time_ns;
+            self.observed += self.early.drain(..).filter(|&t| t > first).count() as u64;
+            self.early = Vec::new();
+            return;
+        }
+        self.counted += sample.value.max(0.0);
+    }
+
+    /// Tallies one exception event; returns whether it went over the
+    /// budget (never before the first counter value: see
+    /// [`Self::first_count_ns`]).
+    fn observe_event(&mut self, time_ns: u64, now_ns: u64, gated: bool) -> bool {
+        match self.first_count_ns {
+            None => {
+                if self.early.len() < MAX_EARLY_EVENTS {
+                    self.early.push(time_ns);
+                }
+                false
+            }
+            Some(first) => {
+                if time_ns > first {
+                    self.observed += 1;
+                }
+                gated && self.gate.observe(time_ns, now_ns)
+            }
+        }
+    }
+
+    /// Exceptions the counter saw that no event stood for, not added yet.
+    /// Only meaningful while no exception event is still on its way.
+    fn unobserved(&mut self) -> u64 {
+        if self.first_count_ns.is_none() {
+            return 0;
+        }
+        let counted = self.counted.round() as u64;
+        let missing = counted.saturating_sub(self.observed + self.added);
+        self.added += missing;
+        missing
+    }
+
+    /// How many times the events were turned off over the budget.
+    pub fn backoffs(&self) -> u64 {
+        self.gate.backoffs()
+    }
+}
+
+/// The main session and, with an exception budget, the exception session,
+/// started in that order's reverse: the exception events are on before
+/// the counters' baseline is taken (see [`ExceptionEvents`]).
+#[derive(Debug)]
+struct StartedSessions {
+    main: ClrSession,
+    exceptions: Option<ClrSession>,
 }
 
 type RundownResult = Result<(Vec<MethodLoad>, Option<String>), IpcError>;
@@ -107,7 +254,26 @@ impl ClrCollector {
             rundown_job: None,
             counters_interval_sec: None,
             runtime: RuntimeCounters::new(),
+            exception_events: None,
         }
+    }
+
+    /// Takes exception events with stacks at most `per_second` a second
+    /// (see [`super::budget`]); `None` takes every one on the main session.
+    /// The main session then carries the runtime's counters every second,
+    /// whose `exception-count` gives the totals.
+    pub fn with_exception_budget(mut self, per_second: Option<u32>) -> Self {
+        if let Some(per_second) = per_second
+            && self.kinds.exceptions
+        {
+            self.exception_events = Some(ExceptionEvents::new(per_second));
+        }
+        self
+    }
+
+    /// The exception events' budget state, when there is one.
+    pub fn exception_events(&self) -> Option<&ExceptionEvents> {
+        self.exception_events.as_ref()
     }
 
     /// Also asks the session for the `System.Runtime` EventCounters every
@@ -135,18 +301,25 @@ impl ClrCollector {
             }
             *last_try = Some(Instant::now());
             let since = *since;
-            let (procfs, pid, kinds, major, interval) = (
-                procfs.clone(),
-                self.pid,
-                self.kinds,
-                self.runtime_major,
-                self.counters_interval_sec,
-            );
+            let (mut kinds, mut interval) = (self.kinds, self.counters_interval_sec);
+            if self.exception_events.is_some() {
+                // Exceptions on their own session; their totals from the
+                // counter, read every second.
+                kinds.exceptions = false;
+                interval = Some(1);
+            }
+            let (procfs, pid, major) = (procfs.clone(), self.pid, self.runtime_major);
+            let exception_session = self.exception_events.is_some();
             match std::thread::Builder::new()
                 .name(format!("clrbpf-session-{pid}"))
                 .spawn(move || {
                     crate::process::priority::enter_background_thread();
-                    ClrSession::start_with_counters(&procfs, pid, kinds, major, interval)
+                    let exceptions = exception_session
+                        .then(|| ClrSession::start_exception_events(&procfs, pid))
+                        .transpose()?;
+                    let main =
+                        ClrSession::start_with_counters(&procfs, pid, kinds, major, interval)?;
+                    Ok(StartedSessions { main, exceptions })
                 }) {
                 Ok(job) => self.state = CollectorState::Starting { since, job },
                 Err(e) => {
@@ -171,9 +344,15 @@ impl ClrCollector {
                 })
             });
             match started {
-                Ok(session) => {
+                Ok(StartedSessions { main, exceptions }) => {
                     self.sessions_started += 1;
-                    self.state = CollectorState::Running(Box::new(session));
+                    self.state = CollectorState::Running(Box::new(main));
+                    if let (Some(events), Some(session)) =
+                        (self.exception_events.as_mut(), exceptions)
+                    {
+                        events.sessions += 1;
+                        events.session = ExceptionSession::Running(Box::new(session));
+                    }
                     if self.rundown {
                         let (procfs, pid) = (procfs.clone(), self.pid);
                         self.rundown_job = Some(std::thread::spawn(move || {
@@ -202,6 +381,7 @@ impl ClrCollector {
             intake,
             end,
             runtime,
+            exception_events,
             ..
         } = self;
         let mut taken = 0;
@@ -209,6 +389,9 @@ impl ClrCollector {
             taken = session.drain(&mut |event| route(intake, on_method, event));
             for sample in session.take_counters() {
                 runtime.observe(&sample);
+                if let Some(events) = exception_events.as_mut() {
+                    events.observe_counter(&sample);
+                }
             }
             if session.has_ended() {
                 // The process exited (or the runtime closed the session).
@@ -221,6 +404,12 @@ impl ClrCollector {
                     .stop(Instant::now() + ENDED_STREAM_DEADLINE, &mut |event| {
                         route(intake, on_method, event)
                     });
+                for sample in &session_end.counters {
+                    runtime.observe(sample);
+                    if let Some(events) = exception_events.as_mut() {
+                        events.observe_counter(sample);
+                    }
+                }
                 if let Some(error) = &session_end.error {
                     self.warnings.push(format!(
                         "pid {}: the CLR event stream broke before the end of the recording ({error}): its exception and contention totals are incomplete",
@@ -231,6 +420,134 @@ impl ClrCollector {
                 *end = Some(session_end);
             }
         }
+        taken + self.poll_exception_events(procfs)
+    }
+
+    /// Runs the exception session: starts it once the main one runs and
+    /// whenever the gate opens, drains it, stops it over the budget, and
+    /// adds the exceptions only the counter saw once it is off and drained.
+    fn poll_exception_events(&mut self, procfs: &ProcFs) -> usize {
+        let main_running = matches!(self.state, CollectorState::Running(_));
+        let main_ended = matches!(self.state, CollectorState::Ended);
+        let Self {
+            pid,
+            intake,
+            exception_events,
+            warnings,
+            ..
+        } = self;
+        let Some(events) = exception_events.as_mut() else {
+            return 0;
+        };
+        let now_ns = crate::profile::monotonic_ns();
+        let mut taken = 0;
+        let mut take = |events: &mut ExceptionEvents, session: &mut ClrSession, gated: bool| {
+            let mut over = false;
+            taken += session.drain(&mut |event| {
+                if matches!(event.event, ClrEvent::ExceptionThrown(_)) {
+                    over |= events.observe_event(event.time_ns, now_ns, gated);
+                }
+                intake.add(event);
+            });
+            over
+        };
+        let session = std::mem::replace(&mut events.session, ExceptionSession::Ended);
+        let next = match session {
+            ExceptionSession::Off if main_ended => ExceptionSession::Ended,
+            ExceptionSession::Off if main_running && events.gate.is_on(now_ns) => {
+                let (procfs, pid) = (procfs.clone(), *pid);
+                match std::thread::Builder::new()
+                    .name(format!("clrbpf-exceptions-{pid}"))
+                    .spawn(move || {
+                        crate::process::priority::enter_background_thread();
+                        ClrSession::start_exception_events(&procfs, pid)
+                    }) {
+                    Ok(job) => ExceptionSession::Starting(job),
+                    Err(e) => {
+                        warnings.push(format!(
+                            "pid {pid}: no exception events: cannot start a thread for their session: {e}"
+                        ));
+                        ExceptionSession::Ended
+                    }
+                }
+            }
+            ExceptionSession::Starting(job) if job.is_finished() => match job.join() {
+                Ok(Ok(session)) => {
+                    events.sessions += 1;
+                    ExceptionSession::Running(Box::new(session))
+                }
+                Ok(Err(e)) => {
+                    warnings.push(format!(
+                        "pid {pid}: no exception events (their totals still come from the runtime's counter): {e}"
+                    ));
+                    ExceptionSession::Ended
+                }
+                Err(_) => ExceptionSession::Ended,
+            },
+            ExceptionSession::Running(mut session) => {
+                let over = take(events, &mut session, true);
+                if over {
+                    tracing::debug!(
+                        pid = *pid,
+                        backoff = ?events.gate.backoff(),
+                        "exception events over the budget: off for the back-off"
+                    );
+                    session.begin_stop();
+                    ExceptionSession::Stopping(session, Instant::now() + EXCEPTION_STOP_DEADLINE)
+                } else if session.has_ended() {
+                    ExceptionSession::Stopping(session, Instant::now())
+                } else {
+                    ExceptionSession::Running(session)
+                }
+            }
+            ExceptionSession::Stopping(mut session, deadline) => {
+                take(events, &mut session, false);
+                if session.has_ended() || Instant::now() >= deadline || main_ended {
+                    let (end, _) = session.stop(Instant::now(), &mut |event| {
+                        if matches!(event.event, ClrEvent::ExceptionThrown(_)) {
+                            events.observe_event(event.time_ns, now_ns, false);
+                        }
+                        intake.add(event);
+                    });
+                    events.lost_events += end.stream.lost_events;
+                    tracing::debug!(pid = *pid, error = ?end.error, "exception session stopped");
+                    if main_ended {
+                        ExceptionSession::Ended
+                    } else {
+                        let (procfs, pid) = (procfs.clone(), *pid);
+                        let refresh = std::thread::Builder::new()
+                            .name(format!("clrbpf-refresh-{pid}"))
+                            .spawn(move || {
+                                crate::process::priority::enter_background_thread();
+                                if let Err(error) = ClrSession::refresh_runtime_keywords(&procfs, pid)
+                                {
+                                    tracing::debug!(pid, %error, "refreshing the runtime's keywords");
+                                }
+                            });
+                        if let Err(error) = refresh {
+                            tracing::debug!(pid, %error, "no thread to refresh the runtime's keywords");
+                        }
+                        ExceptionSession::Off
+                    }
+                } else {
+                    ExceptionSession::Stopping(session, deadline)
+                }
+            }
+            other => other,
+        };
+        events.session = next;
+        // No exception event is on its way: what the counter saw beyond the
+        // events was thrown while they were off.
+        if matches!(
+            events.session,
+            ExceptionSession::Off | ExceptionSession::Ended
+        ) {
+            let missing = events.unobserved();
+            if missing > 0 {
+                intake.add_unobserved_exceptions(now_ns, missing);
+            }
+        }
+        intake.close_due(now_ns);
         taken
     }
 
@@ -304,6 +621,12 @@ impl ClrCollector {
                 let intake = &mut self.intake;
                 let (session_end, stop_error) =
                     session.stop(until, &mut |event| route(intake, on_method, event));
+                for sample in &session_end.counters {
+                    self.runtime.observe(sample);
+                    if let Some(events) = self.exception_events.as_mut() {
+                        events.observe_counter(sample);
+                    }
+                }
                 if let Some(error) = &session_end.error {
                     self.warnings
                         .push(format!("pid {}: CLR event stream: {error}", self.pid));
@@ -326,6 +649,7 @@ impl ClrCollector {
             )),
             CollectorState::Waiting { .. } | CollectorState::Ended => {}
         }
+        self.stop_exception_events(until);
         if let Some(end) = &self.end
             && end.stream.lost_events > 0
         {
@@ -338,10 +662,46 @@ impl ClrCollector {
         }
     }
 
+    /// Stops the exception session (the end of the recording), takes its
+    /// last events and adds what only the counter saw.
+    fn stop_exception_events(&mut self, until: Instant) {
+        let Self {
+            intake,
+            exception_events,
+            ..
+        } = self;
+        let Some(events) = exception_events.as_mut() else {
+            return;
+        };
+        let session = std::mem::replace(&mut events.session, ExceptionSession::Ended);
+        if let ExceptionSession::Running(session) | ExceptionSession::Stopping(session, _) = session
+        {
+            let now_ns = crate::profile::monotonic_ns();
+            let (end, _) = session.stop(until, &mut |event| {
+                if matches!(event.event, ClrEvent::ExceptionThrown(_)) {
+                    events.observe_event(event.time_ns, now_ns, false);
+                }
+                intake.add(event);
+            });
+            events.lost_events += end.stream.lost_events;
+        }
+        let missing = events.unobserved();
+        if missing > 0 {
+            intake.add_unobserved_exceptions(crate::profile::monotonic_ns(), missing);
+        }
+    }
+
     /// Sends StopTracing to a running session without waiting, so that
     /// every process's session stops at once ([`Self::stop`] then drains).
     pub fn begin_stop(&mut self) {
         if let CollectorState::Running(session) = &mut self.state {
+            session.begin_stop();
+        }
+        if let Some(ExceptionEvents {
+            session: ExceptionSession::Running(session),
+            ..
+        }) = self.exception_events.as_mut()
+        {
             session.begin_stop();
         }
     }
@@ -362,7 +722,13 @@ impl ClrCollector {
     }
 
     pub fn counters(&self) -> ClrCounters {
-        self.intake.counters()
+        ClrCounters {
+            exception_backoffs: self
+                .exception_events
+                .as_ref()
+                .map_or(0, ExceptionEvents::backoffs),
+            ..self.intake.counters()
+        }
     }
 
     /// Whether a session ever ran.
@@ -389,4 +755,64 @@ fn route(
         on_method(method, event.time_ns);
     }
     intake.add(event);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(value: f64, time_ns: u64) -> CounterSample {
+        CounterSample {
+            name: EXCEPTION_COUNTER.to_owned(),
+            kind: CounterKind::Sum,
+            value,
+            interval_sec: 1.0,
+            display_units: String::new(),
+            time_ns,
+        }
+    }
+
+    #[test]
+    fn events_count_up_to_the_first_counter_value_and_the_counter_after() {
+        let mut events = ExceptionEvents::new(1_000);
+        // 50 events before the counter's first value at t=100; 10 of them
+        // arrive after it was seen but are older: still the events'.
+        for t in 0..40 {
+            assert!(!events.observe_event(t, 0, true));
+        }
+        assert_eq!(events.unobserved(), 0, "nothing before the first value");
+        events.observe_counter(&count(77.0, 100));
+        for t in 40..50 {
+            events.observe_event(t, 0, true);
+        }
+        // Then 30 events and a counter saying 1030 more: 1000 without one.
+        for t in 101..131 {
+            events.observe_event(t, 0, true);
+        }
+        events.observe_counter(&count(1030.0, 2_000));
+        assert_eq!(events.unobserved(), 1000);
+        assert_eq!(events.unobserved(), 0, "added once");
+        // The profile holds the 80 events and the 1000 added: the 50 early
+        // events plus the 1030 counted after the first value.
+        assert_eq!(events.observed, 30);
+        assert_eq!(80 + events.added, 50 + 1030);
+        // Other counters and a garbage value change nothing.
+        events.observe_counter(&CounterSample {
+            name: "gen-0-gc-count".to_owned(),
+            ..count(5.0, 3_000)
+        });
+        events.observe_counter(&count(f64::NAN, 3_000));
+        assert_eq!(events.unobserved(), 0);
+    }
+
+    #[test]
+    fn the_gate_waits_for_the_first_counter_value() {
+        let mut events = ExceptionEvents::new(10);
+        // A storm before the counter's baseline is known keeps the events
+        // on: the exceptions up to then have no other count.
+        assert!((0..1_000).all(|t| !events.observe_event(t, 0, true)));
+        events.observe_counter(&count(0.0, 1_000));
+        assert!((1_001..1_100).any(|t| events.observe_event(t, 0, true)));
+        assert_eq!(events.backoffs(), 1);
+    }
 }

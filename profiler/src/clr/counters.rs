@@ -77,6 +77,8 @@ pub struct CounterSample {
     pub interval_sec: f32,
     /// `MB`, `B`, `%`, `ms` or empty.
     pub display_units: String,
+    /// When the runtime wrote it (CLOCK_MONOTONIC ns; 0 if unknown).
+    pub time_ns: u64,
 }
 
 /// Why an `EventCounters` payload could not be read.
@@ -194,6 +196,7 @@ fn decode_counter_payload(
         value,
         interval_sec,
         display_units,
+        time_ns: 0,
     })
 }
 

@@ -27,6 +27,9 @@ pub mod clr_label_keys {
     pub const LOCK_OWNER_THREAD_ID: &str = "lock.owner.thread.id";
 }
 
+/// The `exception.type` of exceptions counted while their events were off
+/// and before any event showed their shape.
+pub const UNOBSERVED_EXCEPTION_TYPE: &str = "[not sampled: events off over the budget]";
 /// Window of the samplers' limits.
 pub const CLR_WINDOW_NS: u64 = 60 * 1_000_000_000;
 /// Threads with an open ContentionStart tracked at most.
@@ -62,6 +65,11 @@ pub struct ClrCounters {
     /// and without a runtime-measured duration: not counted.
     pub unpaired_contention_stops: u64,
     pub method_loads: u64,
+    /// Of [`Self::exceptions`], those the runtime's counter saw while
+    /// their events were off over the budget ([`crate::clr::budget`]).
+    pub exceptions_without_event: u64,
+    /// How many times the exception events were turned off.
+    pub exception_backoffs: u64,
 }
 
 #[derive(Debug)]
@@ -190,6 +198,32 @@ impl ClrIntake {
             ClrEvent::Method(_) => self.counters.method_loads += 1,
             _ => {}
         }
+    }
+
+    /// Adds `count` exceptions thrown by `time_ns` that the runtime
+    /// counted but sent no event for (their events were off over the
+    /// budget): they count in the totals and take the shape of the events
+    /// ([`ExceptionSampler::add_unobserved`]).
+    pub fn add_unobserved_exceptions(&mut self, time_ns: u64, count: u64) {
+        self.counters.exceptions += count;
+        self.counters.exceptions_without_event += count;
+        self.exceptions
+            .add_unobserved(time_ns, count, || ClrSample {
+                kind: ClrSampleKind::Exception,
+                time_ns,
+                thread_id: 0,
+                stack: Vec::new(),
+                labels: vec![Label::str(
+                    clr_label_keys::EXCEPTION_TYPE,
+                    UNOBSERVED_EXCEPTION_TYPE,
+                )],
+            });
+    }
+
+    /// Closes the exception window if it ended before `now_ns`
+    /// (CLOCK_MONOTONIC), so its samples come out without a later event.
+    pub fn close_due(&mut self, now_ns: u64) {
+        self.exceptions.close_due(now_ns);
     }
 
     /// Weighted samples of the windows closed so far.

@@ -2,6 +2,7 @@
 //! ProcessInfo, EventPipe sessions) and what is decoded from it: CLR events
 //! for profiles, `System.Runtime` EventCounters for runtime metrics.
 
+pub mod budget;
 pub mod collector;
 pub mod counters;
 pub mod events;

@@ -54,12 +54,16 @@ pub mod keywords {
 
 /// EventPipe levels.
 pub const LEVEL_VERBOSE: u32 = 5;
+pub const LEVEL_ERROR: u32 = 2;
 /// The runtime's session buffer; events beyond it are dropped (and counted).
 pub const SESSION_BUFFER_MB: u32 = 64;
 /// NetTrace format on the wire.
 const FORMAT_NETTRACE: u32 = 1;
 /// Events in flight between the reader thread and the recording loop.
 const CHANNEL_BOUND: usize = 1 << 16;
+/// How long the throwaway session of [`ClrSession::refresh_runtime_keywords`]
+/// may take to end.
+const REFRESH_DEADLINE: Duration = Duration::from_secs(5);
 /// Bytes per socket read.
 const READ_CHUNK: usize = 64 * 1024;
 /// The first .NET with WaitHandle events.
@@ -259,7 +263,6 @@ impl ClrSession {
         runtime_major: Option<u32>,
         counters_interval_sec: Option<u32>,
     ) -> Result<Self, IpcError> {
-        let client = DiagnosticClient::discover(procfs, pid)?;
         let provider = ProviderConfig {
             name: RUNTIME_PROVIDER.to_owned(),
             keywords: kinds.keywords(runtime_major),
@@ -270,7 +273,56 @@ impl ClrSession {
         if let Some(interval_sec) = counters_interval_sec {
             providers.push(counters_provider(interval_sec));
         }
-        let payload = collect_tracing2_payload(SESSION_BUFFER_MB, false, &providers);
+        Self::start_providers(procfs, pid, kinds, &providers)
+    }
+
+    /// A session of exception events alone, at level Error: the runtime
+    /// then writes ExceptionThrown (level Error) and none of the catch,
+    /// finally and filter events (Informational), so it walks one stack
+    /// per throw instead of several. The collector's budget turns it off
+    /// and on ([`super::budget`]).
+    pub fn start_exception_events(procfs: &ProcFs, pid: u32) -> Result<Self, IpcError> {
+        let provider = ProviderConfig {
+            name: RUNTIME_PROVIDER.to_owned(),
+            keywords: keywords::EXCEPTION,
+            level: LEVEL_ERROR,
+            filter: String::new(),
+        };
+        let kinds = ClrEventKinds {
+            exceptions: true,
+            ..ClrEventKinds::NONE
+        };
+        Self::start_providers(procfs, pid, kinds, &[provider])
+    }
+
+    /// Makes the runtime recompute which runtime keywords are on, after the
+    /// exception session stopped. EventPipe computes a provider's keywords
+    /// for all sessions before it takes a stopping session out of its list,
+    /// so the runtime still sees the Exception keyword on and prepares each
+    /// exception's event (type name, message) for nothing, at a sixth of a
+    /// storm's throughput (measured, .NET 8). Starting and stopping a
+    /// session with the runtime provider (Loader at level Error: no event)
+    /// makes it compute them again over the sessions left.
+    pub fn refresh_runtime_keywords(procfs: &ProcFs, pid: u32) -> Result<(), IpcError> {
+        let provider = ProviderConfig {
+            name: RUNTIME_PROVIDER.to_owned(),
+            keywords: keywords::LOADER,
+            level: LEVEL_ERROR,
+            filter: String::new(),
+        };
+        let session = Self::start_providers(procfs, pid, ClrEventKinds::NONE, &[provider])?;
+        let (_, stop_error) = session.stop(Instant::now() + REFRESH_DEADLINE, &mut |_| {});
+        stop_error.map_or(Ok(()), Err)
+    }
+
+    fn start_providers(
+        procfs: &ProcFs,
+        pid: u32,
+        kinds: ClrEventKinds,
+        providers: &[ProviderConfig],
+    ) -> Result<Self, IpcError> {
+        let client = DiagnosticClient::discover(procfs, pid)?;
+        let payload = collect_tracing2_payload(SESSION_BUFFER_MB, false, providers);
         let (stream, session_id) = client.collect_tracing(&payload)?;
         let (sender, receiver) = sync_channel(CHANNEL_BOUND);
         let reader = std::thread::Builder::new()
@@ -545,7 +597,10 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
             ParsedItem::Metadata(metadata) => counter_decoder.on_metadata(metadata),
             ParsedItem::Event(record) => {
                 match counter_decoder.decode(&record) {
-                    Some(Ok(sample)) => {
+                    Some(Ok(mut sample)) => {
+                        sample.time_ns = header
+                            .and_then(|h| h.ticks_to_ns(record.timestamp))
+                            .unwrap_or(0);
                         if sender.send(SessionMessage::Counter(sample)).is_err() {
                             undelivered += 1;
                         }

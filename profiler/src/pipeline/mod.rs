@@ -34,7 +34,7 @@ use self::{
 use crate::{
     bpf::UnwindWorker,
     clr::{
-        collector::ClrCollector,
+        collector::{ClrCollector, ClrSettings},
         counters::{ProcessRuntimeMetrics, ProcessUsage},
         session::ClrEventKinds,
     },
@@ -135,6 +135,9 @@ pub struct Pipeline {
     /// EventCounters every this many seconds (the agent's `dotnet_*`
     /// series; [`Self::runtime_metrics`]).
     pub(crate) runtime_metrics_interval: Option<u32>,
+    /// Exception events with stacks per second and .NET process at most
+    /// (the agent's budget, [`crate::clr::budget`]); `None`: all of them.
+    pub(crate) exceptions_per_second: Option<u32>,
     /// Pids [`Self::track_dotnet_processes`] looked at without finding a
     /// runtime, and how many times.
     dotnet_scanned: HashMap<u32, u8>,
@@ -189,6 +192,7 @@ impl Pipeline {
             thread_names: HashMap::new(),
             off_cpu_recorded: HashMap::new(),
             runtime_metrics_interval: None,
+            exceptions_per_second: None,
             dotnet_scanned: HashMap::new(),
         }
     }
@@ -265,8 +269,11 @@ impl Pipeline {
                 pid,
                 &mut self.native,
                 self.attach_perf_maps,
-                self.clr_events,
-                self.runtime_metrics_interval,
+                ClrSettings {
+                    kinds: self.clr_events,
+                    counters_interval_sec: self.runtime_metrics_interval,
+                    exceptions_per_second: self.exceptions_per_second,
+                },
                 self.managed_budget.clone(),
             );
             self.processes.insert(pid, process);

@@ -302,9 +302,17 @@ pub fn print_summary(
         let incomplete = incomplete
             .as_ref()
             .map_or(String::new(), |why| format!(" (incomplete: {why})"));
+        let budget = if counters.exception_backoffs > 0 {
+            format!(
+                " ({} of them counted while their events were off over the budget, {} times)",
+                counters.exceptions_without_event, counters.exception_backoffs
+            )
+        } else {
+            String::new()
+        };
         writeln!(
             w,
-            "clrbpf: pid {pid} ({exe_name}): {} exceptions thrown, {} contentions, {:.1} ms contention time{incomplete}",
+            "clrbpf: pid {pid} ({exe_name}): {} exceptions thrown{budget}, {} contentions, {:.1} ms contention time{incomplete}",
             counters.exceptions,
             counters.contentions,
             counters.contention_ns as f64 / 1e6

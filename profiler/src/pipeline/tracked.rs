@@ -11,9 +11,8 @@ use std::{
 
 use crate::{
     clr::{
-        collector::ClrCollector,
+        collector::{ClrCollector, ClrSettings},
         ipc::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
-        session::ClrEventKinds,
     },
     process::{
         ProcFs,
@@ -66,7 +65,7 @@ pub(super) struct TrackedProcess {
     pub(super) warnings: Vec<String>,
     pub(super) jit_module: Arc<Module>,
     pub(super) clr: Option<ClrCollector>,
-    pub(super) clr_events: ClrEventKinds,
+    pub(super) clr_settings: ClrSettings,
     /// CLR events arrived since the perf map was last read.
     pub(super) clr_symbols_stale: bool,
     /// Name methods from the session's MethodLoad events (no perf map).
@@ -75,9 +74,6 @@ pub(super) struct TrackedProcess {
     /// not started yet ([`DotnetRuntime::started`]): it is looked at again
     /// on every tick until it has.
     pub(super) runtime_starting_since: Option<Instant>,
-    /// The EventCounters interval (seconds) when runtime metrics are
-    /// collected (the agent's `dotnet_*` series).
-    pub(super) runtime_metrics: Option<u32>,
 }
 
 /// How long a runtime that maps no `System.Private.CoreLib.dll` (a
@@ -91,8 +87,7 @@ impl TrackedProcess {
         pid: u32,
         native: &mut NativeSymbolizer,
         attach: bool,
-        clr_events: ClrEventKinds,
-        runtime_metrics: Option<u32>,
+        clr_settings: ClrSettings,
         managed_budget: ManagedSymbolBudget,
     ) -> Self {
         let info = procfs.process_info(pid).ok();
@@ -135,11 +130,10 @@ impl TrackedProcess {
                 has_functions: true,
             }),
             clr: None,
-            clr_events,
+            clr_settings,
             clr_symbols_stale: false,
             methods_from_events: false,
             runtime_starting_since: None,
-            runtime_metrics,
         };
         process.refresh_maps(procfs, native);
         process
@@ -191,15 +185,17 @@ impl TrackedProcess {
         // MethodLoad events.
         self.methods_from_events =
             self.attach && !self.launched_here && runtime.major().is_some_and(|m| m < 8);
-        if self.clr_events.any() {
+        let settings = self.clr_settings;
+        if settings.kinds.any() {
             self.clr = Some(
                 ClrCollector::new(
                     pid,
-                    self.clr_events,
+                    settings.kinds,
                     runtime.major(),
                     self.methods_from_events,
                 )
-                .with_runtime_metrics(self.runtime_metrics),
+                .with_runtime_metrics(settings.counters_interval_sec)
+                .with_exception_budget(settings.exceptions_per_second),
             );
         }
         if !self.attach {

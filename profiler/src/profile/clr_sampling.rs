@@ -13,6 +13,11 @@
 //!   kept; the others with a probability a PID controller adjusts every tick
 //!   so that about `limit` are kept per window (a hard cap stops at the
 //!   limit). Each type's exact count is apportioned over its kept events.
+//!   Exceptions the runtime counted but sent no event for (the events were
+//!   off during a storm, [`crate::clr::budget`]) are added to the types in
+//!   proportion to the window's events, or to the kept events of the last
+//!   window that had some: the counter gives the total, the events the
+//!   shape.
 //!
 //! Apportioning uses the largest-remainder method, so the integer weights
 //! of a group add up exactly to its total. Windows are measured in event
@@ -307,6 +312,15 @@ struct ExceptionType<T> {
     kept: Vec<T>,
 }
 
+/// Exceptions the runtime counted but sent no event for (their events were
+/// off, see [`crate::clr::budget`]), in the current window.
+#[derive(Clone, Debug)]
+struct Unobserved<T> {
+    count: u64,
+    /// Stands for them when no event gives them a shape.
+    placeholder: T,
+}
+
 /// Exception sampler; see the module documentation.
 #[derive(Clone, Debug)]
 pub struct ExceptionSampler<T> {
@@ -320,11 +334,15 @@ pub struct ExceptionSampler<T> {
     window_kept: u64,
     controller: SamplingController,
     types: HashMap<Box<str>, ExceptionType<T>>,
+    unobserved: Option<Unobserved<T>>,
+    /// The kept events of the last window that had any, with their shares:
+    /// the shape given to a later window's unobserved exceptions.
+    last_shape: Vec<Weighted<T>>,
     completed: Vec<Weighted<T>>,
     rng: SplitMix64,
 }
 
-impl<T> ExceptionSampler<T> {
+impl<T: Clone> ExceptionSampler<T> {
     pub fn new(limit_per_window: usize, window_ns: u64, seed: u64) -> Self {
         let window_ns = window_ns.max(CONTROLLER_TICKS_PER_WINDOW);
         let limit = limit_per_window as u64;
@@ -342,6 +360,8 @@ impl<T> ExceptionSampler<T> {
                 PidGains::default(),
             ),
             types: HashMap::new(),
+            unobserved: None,
+            last_shape: Vec::new(),
             completed: Vec::new(),
             rng: SplitMix64::new(seed),
         }
@@ -383,6 +403,38 @@ impl<T> ExceptionSampler<T> {
         keep
     }
 
+    /// Adds `count` exceptions thrown by `time_ns` that came without events
+    /// (the runtime's counter saw them). They take the shape of the
+    /// window's events: each type's share of its thrown ones, or, in a
+    /// window without events, the kept events of the last window that had
+    /// some; without either, `placeholder` stands for them.
+    pub fn add_unobserved(&mut self, time_ns: u64, count: u64, placeholder: impl FnOnce() -> T) {
+        if count == 0 {
+            return;
+        }
+        self.advance(time_ns);
+        match &mut self.unobserved {
+            Some(unobserved) => unobserved.count += count,
+            None => {
+                self.unobserved = Some(Unobserved {
+                    count,
+                    placeholder: placeholder(),
+                });
+            }
+        }
+    }
+
+    /// Closes the current window if it ended before `now_ns`, so that its
+    /// samples come out even when no later event does.
+    pub fn close_due(&mut self, now_ns: u64) {
+        if let Some(start) = self.window_start_ns
+            && now_ns >= start.saturating_add(self.window_ns)
+        {
+            self.close_window();
+            self.window_start_ns = None;
+        }
+    }
+
     fn advance(&mut self, time_ns: u64) {
         let Some(window_start) = self.window_start_ns else {
             self.window_start_ns = Some(time_ns);
@@ -405,6 +457,16 @@ impl<T> ExceptionSampler<T> {
         let mut types: Vec<(Box<str>, ExceptionType<T>)> = self.types.drain().collect();
         // Deterministic output order.
         types.sort_by(|a, b| a.0.cmp(&b.0));
+        let unobserved = self.unobserved.take();
+        if let Some(Unobserved { count, .. }) = &unobserved
+            && !types.is_empty()
+        {
+            let weights: Vec<f64> = types.iter().map(|(_, t)| t.thrown as f64).collect();
+            for ((_, ty), extra) in types.iter_mut().zip(apportion(*count, &weights)) {
+                ty.thrown += extra;
+            }
+        }
+        let first = self.completed.len();
         for (_, ExceptionType { thrown, kept }) in types {
             let counts = apportion(thrown, &vec![1.0; kept.len()]);
             for (item, count) in kept.into_iter().zip(counts) {
@@ -413,6 +475,28 @@ impl<T> ExceptionSampler<T> {
                     count,
                     delay_ns: 0,
                 });
+            }
+        }
+        if self.completed.len() > first {
+            self.last_shape = self.completed[first..].to_vec();
+        } else if let Some(Unobserved { count, placeholder }) = unobserved {
+            if self.last_shape.is_empty() {
+                self.completed.push(Weighted {
+                    item: placeholder,
+                    count,
+                    delay_ns: 0,
+                });
+            } else {
+                let weights: Vec<f64> = self.last_shape.iter().map(|w| w.count as f64).collect();
+                for (shape, count) in self.last_shape.iter().zip(apportion(count, &weights)) {
+                    if count > 0 {
+                        self.completed.push(Weighted {
+                            item: shape.item.clone(),
+                            count,
+                            delay_ns: 0,
+                        });
+                    }
+                }
             }
         }
         self.window_kept = 0;
@@ -584,5 +668,56 @@ mod tests {
             sampler.finish().iter().map(|w| w.count).sum::<u64>(),
             1_000_000
         );
+    }
+
+    #[test]
+    fn unobserved_exceptions_take_the_shape_of_the_events() {
+        let mut sampler = ExceptionSampler::new(100, SECOND, 3);
+        // Window 1: events of two types (3:1), then 400 more counted
+        // without events: split 300/100.
+        for i in 0..300u64 {
+            sampler.offer(i, "A", || "A");
+        }
+        for i in 0..100u64 {
+            sampler.offer(300 + i, "B", || "B");
+        }
+        sampler.add_unobserved(500, 400, || "?");
+        // Window 2: no events at all, 1000 counted: the last shape.
+        sampler.add_unobserved(SECOND + 10, 1000, || "?");
+        sampler.close_due(2 * SECOND + 10);
+        let out = sampler.take_completed();
+        let sum = |from: &[Weighted<&str>], name: &str| -> u64 {
+            from.iter()
+                .filter(|w| w.item == name)
+                .map(|w| w.count)
+                .sum()
+        };
+        assert_eq!(sum(&out, "A"), 600 + 750);
+        assert_eq!(sum(&out, "B"), 200 + 250);
+        assert_eq!(sum(&out, "?"), 0);
+        assert_eq!(out.iter().map(|w| w.count).sum::<u64>(), 1800);
+
+        // Nothing ever seen: the placeholder stands for them.
+        let mut blind = ExceptionSampler::new(100, SECOND, 3);
+        blind.add_unobserved(5, 42, || "?");
+        assert_eq!(
+            blind.finish(),
+            vec![Weighted {
+                item: "?",
+                count: 42,
+                delay_ns: 0
+            }]
+        );
+    }
+
+    #[test]
+    fn a_window_closes_without_a_later_event() {
+        let mut sampler = ExceptionSampler::new(100, SECOND, 3);
+        sampler.offer(0, "A", || "A");
+        sampler.close_due(SECOND - 1);
+        assert!(sampler.take_completed().is_empty());
+        sampler.close_due(SECOND);
+        assert_eq!(sampler.take_completed().len(), 1);
+        assert!(sampler.finish().is_empty());
     }
 }

@@ -128,6 +128,7 @@ fn decodes_both_payload_kinds_by_their_metadata() {
             value: 12.0,
             interval_sec: 1.0,
             display_units: "MB".into(),
+            time_ns: 0,
         }
     );
     let incrementing = incrementing_payload("gen-0-gc-count", 3.0);
@@ -175,6 +176,7 @@ fn snapshots_map_to_the_semantic_convention_families() {
         value,
         interval_sec: 1.0,
         display_units: String::new(),
+        time_ns: 0,
     };
     let mean = |name: &str, value: f64| CounterSample {
         kind: CounterKind::Mean,

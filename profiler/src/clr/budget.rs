@@ -1,0 +1,190 @@
+//! What CLR exception events may cost a target: a rate budget per process,
+//! and the back-off that turns the events off when a storm exceeds it.
+//!
+//! The runtime walks the managed stack of every event it writes to a
+//! session, so an exception storm slows a target down by a third or more
+//! while its exception events are on. With a budget, the collector
+//! ([`super::collector`]) takes exception events on a session of their own
+//! and asks an [`ExceptionGate`] after each one whether that session
+//! should go on:
+//!
+//! 1. Events are counted per second of event time. More than the budget in
+//!    one second turns the session off for the back-off period.
+//! 2. The back-off starts at [`BACKOFF_MIN`] and doubles, up to
+//!    [`BACKOFF_MAX`], each time the events go over the budget again within
+//!    one back-off period of being turned back on; a quiet period that long
+//!    resets it.
+//! 3. While the events are off, the totals come from the runtime's
+//!    `exception-count` counter; the events taken give the shape (their
+//!    stacks and types), see [`crate::profile::clr_sampling`].
+//!
+//! Everything here is pure (times are passed in), so it is unit-tested.
+
+use std::time::Duration;
+
+/// First back-off period.
+pub const BACKOFF_MIN: Duration = Duration::from_secs(10);
+/// Longest back-off period: the events come back at least this often, so
+/// the shape of a long storm is refreshed.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Default exception events per second and process with stacks.
+pub const DEFAULT_EXCEPTIONS_PER_SECOND: u32 = 200;
+
+const SECOND_NS: u64 = 1_000_000_000;
+
+/// Whether the exception events of one process are on; see the module
+/// documentation.
+#[derive(Clone, Debug)]
+pub struct ExceptionGate {
+    per_second: u64,
+    /// Start of the current one-second bucket (event time).
+    bucket_start_ns: Option<u64>,
+    bucket_count: u64,
+    /// `Some(until)` (monotonic ns) while the events are off.
+    off_until_ns: Option<u64>,
+    /// When the events were last turned back on.
+    resumed_ns: Option<u64>,
+    backoff: Duration,
+    backoffs: u64,
+}
+
+impl ExceptionGate {
+    /// At most `per_second` events per second (at least 1).
+    pub fn new(per_second: u32) -> Self {
+        Self {
+            per_second: u64::from(per_second.max(1)),
+            bucket_start_ns: None,
+            bucket_count: 0,
+            off_until_ns: None,
+            resumed_ns: None,
+            backoff: BACKOFF_MIN,
+            backoffs: 0,
+        }
+    }
+
+    /// Counts one event at `time_ns`; returns `true` when it goes over the
+    /// budget, turning the events off from `now_ns` for the back-off
+    /// period.
+    pub fn observe(&mut self, time_ns: u64, now_ns: u64) -> bool {
+        if self.off_until_ns.is_some() {
+            return false;
+        }
+        match self.bucket_start_ns {
+            Some(start) if time_ns.saturating_sub(start) < SECOND_NS => self.bucket_count += 1,
+            _ => {
+                self.bucket_start_ns = Some(time_ns);
+                self.bucket_count = 1;
+            }
+        }
+        if self.bucket_count <= self.per_second {
+            return false;
+        }
+        let backoff_ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        // Over again soon after the last back-off: a storm that goes on.
+        self.backoff = match self.resumed_ns {
+            Some(resumed) if now_ns.saturating_sub(resumed) < backoff_ns(self.backoff) => {
+                (self.backoff * 2).min(BACKOFF_MAX)
+            }
+            _ => BACKOFF_MIN,
+        };
+        self.off_until_ns = Some(now_ns.saturating_add(backoff_ns(self.backoff)));
+        self.backoffs += 1;
+        self.bucket_start_ns = None;
+        self.bucket_count = 0;
+        true
+    }
+
+    /// Whether the events should be on at `now_ns`; turns them back on when
+    /// the back-off period is over.
+    pub fn is_on(&mut self, now_ns: u64) -> bool {
+        match self.off_until_ns {
+            Some(until) if now_ns < until => false,
+            Some(_) => {
+                self.off_until_ns = None;
+                self.resumed_ns = Some(now_ns);
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// The back-off period in force (or the last one).
+    pub fn backoff(&self) -> Duration {
+        self.backoff
+    }
+
+    /// How many times the events were turned off.
+    pub fn backoffs(&self) -> u64 {
+        self.backoffs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = SECOND_NS;
+
+    #[test]
+    fn events_within_the_budget_stay_on() {
+        let mut gate = ExceptionGate::new(100);
+        for i in 0..1_000u64 {
+            // 100 per second, for 10 s.
+            assert!(!gate.observe(i * S / 100, i * S / 100));
+        }
+        assert!(gate.is_on(10 * S));
+        assert_eq!(gate.backoffs(), 0);
+    }
+
+    #[test]
+    fn a_storm_turns_them_off_for_a_growing_backoff() {
+        let mut gate = ExceptionGate::new(100);
+        let over = (0..=100u64)
+            .map(|i| gate.observe(i * 1000, S))
+            .position(|x| x);
+        assert_eq!(over, Some(100), "the 101st event of the second");
+        assert!(!gate.is_on(S + 9 * S));
+        assert!(!gate.observe(S + 9 * S, S + 9 * S), "off: nothing counted");
+        // Back on after 10 s; over again at once: 20 s.
+        let back = S + 10 * S;
+        assert!(gate.is_on(back));
+        assert!((0..=100u64).any(|i| gate.observe(back + i, back)));
+        assert_eq!(gate.backoff(), Duration::from_secs(20));
+        assert!(!gate.is_on(back + 19 * S));
+        assert!(gate.is_on(back + 20 * S));
+        // And so on up to the cap.
+        let mut now = back + 20 * S;
+        for _ in 0..10 {
+            assert!((0..=100u64).any(|i| gate.observe(now + i, now)));
+            now += u64::try_from(gate.backoff().as_nanos()).expect("fits");
+            assert!(gate.is_on(now));
+        }
+        assert_eq!(gate.backoff(), BACKOFF_MAX);
+        assert_eq!(gate.backoffs(), 12);
+    }
+
+    #[test]
+    fn a_quiet_period_resets_the_backoff() {
+        let mut gate = ExceptionGate::new(10);
+        assert!((0..=10u64).any(|i| gate.observe(i, 0)));
+        assert!(gate.is_on(10 * S));
+        // Quiet for longer than the back-off, then a new storm: 10 s again.
+        let later = 10 * S + 11 * S;
+        assert!((0..=10u64).any(|i| gate.observe(later + i, later)));
+        assert_eq!(gate.backoff(), BACKOFF_MIN);
+    }
+
+    #[test]
+    fn events_spread_over_seconds_are_counted_per_second() {
+        let mut gate = ExceptionGate::new(10);
+        // 10 per second at the end of one second and 10 at the start of
+        // the next: within budget in each one-second bucket.
+        for i in 0..10u64 {
+            assert!(!gate.observe(S - 100 + i, 0));
+        }
+        for i in 0..10u64 {
+            assert!(!gate.observe(2 * S + i, 0));
+        }
+        assert!(gate.is_on(3 * S));
+    }
+}
