@@ -138,11 +138,10 @@ pub struct ExceptionEvents {
     observed: u64,
     /// Exceptions counted by the runtime's counter after its first value.
     counted: f64,
-    /// Exceptions added to the intake without events so far.
+    /// Exceptions added to the intake without events so far. Events the
+    /// runtime dropped (a full session buffer) are among them: the counter
+    /// saw those exceptions too.
     added: u64,
-    /// Events the runtime dropped on the exception sessions.
-    lost_events: u64,
-    sessions: u64,
 }
 
 impl ExceptionEvents {
@@ -155,8 +154,6 @@ impl ExceptionEvents {
             observed: 0,
             counted: 0.0,
             added: 0,
-            lost_events: 0,
-            sessions: 0,
         }
     }
 
@@ -271,11 +268,6 @@ impl ClrCollector {
         self
     }
 
-    /// The exception events' budget state, when there is one.
-    pub fn exception_events(&self) -> Option<&ExceptionEvents> {
-        self.exception_events.as_ref()
-    }
-
     /// Also asks the session for the `System.Runtime` EventCounters every
     /// `interval_sec` seconds ([`Self::runtime_counters`]).
     pub fn with_runtime_metrics(mut self, interval_sec: Option<u32>) -> Self {
@@ -350,7 +342,6 @@ impl ClrCollector {
                     if let (Some(events), Some(session)) =
                         (self.exception_events.as_mut(), exceptions)
                     {
-                        events.sessions += 1;
                         events.session = ExceptionSession::Running(Box::new(session));
                     }
                     if self.rundown {
@@ -472,10 +463,7 @@ impl ClrCollector {
                 }
             }
             ExceptionSession::Starting(job) if job.is_finished() => match job.join() {
-                Ok(Ok(session)) => {
-                    events.sessions += 1;
-                    ExceptionSession::Running(Box::new(session))
-                }
+                Ok(Ok(session)) => ExceptionSession::Running(Box::new(session)),
                 Ok(Err(e)) => {
                     warnings.push(format!(
                         "pid {pid}: no exception events (their totals still come from the runtime's counter): {e}"
@@ -509,8 +497,12 @@ impl ClrCollector {
                         }
                         intake.add(event);
                     });
-                    events.lost_events += end.stream.lost_events;
-                    tracing::debug!(pid = *pid, error = ?end.error, "exception session stopped");
+                    tracing::debug!(
+                        pid = *pid,
+                        error = ?end.error,
+                        lost_events = end.stream.lost_events,
+                        "exception session stopped"
+                    );
                     if main_ended {
                         ExceptionSession::Ended
                     } else {
@@ -677,13 +669,12 @@ impl ClrCollector {
         if let ExceptionSession::Running(session) | ExceptionSession::Stopping(session, _) = session
         {
             let now_ns = crate::profile::monotonic_ns();
-            let (end, _) = session.stop(until, &mut |event| {
+            session.stop(until, &mut |event| {
                 if matches!(event.event, ClrEvent::ExceptionThrown(_)) {
                     events.observe_event(event.time_ns, now_ns, false);
                 }
                 intake.add(event);
             });
-            events.lost_events += end.stream.lost_events;
         }
         let missing = events.unobserved();
         if missing > 0 {
