@@ -184,6 +184,86 @@ fn agent_ships_windows_per_service_and_flushes_on_sigterm() {
     assert_some_stack_contains(full, Some(app.pid()), &["Hot.Spin"]);
 }
 
+/// An exception storm under the agent's defaults: its exception events go
+/// off over the budget (200 a second), and the windows still hold exactly
+/// the exceptions the workload threw, most from its throwing method.
+fn assert_agent_bounds_an_exception_storm(runtime: Runtime) {
+    let env = Env::privileged();
+    let dir = TempDir::new(&format!("agent-storm-{runtime:?}"));
+    let out = dir.join("windows");
+    let agent = Agent::start(
+        &env,
+        21000,
+        &[
+            "--upload-interval".as_ref(),
+            "5s".as_ref(),
+            "--output-dir".as_ref(),
+            out.as_os_str(),
+        ],
+    );
+    thread::sleep(Duration::from_secs(2));
+    // The storm starts 8 s in: the agent looks for new .NET processes every
+    // 5 s (sooner when one is sampled), and exceptions thrown before it
+    // attached are in no profile.
+    let storm = TestProcess::start(
+        &env,
+        runtime,
+        "Exceptions",
+        &["8", "300000", "300", "1"],
+        false,
+    );
+    let pid = storm.pid();
+    let (status, lines) = storm.wait(Duration::from_secs(120));
+    assert!(status.success(), "the storm failed: {lines:?}");
+    // Let the agent see the exit and take the last counter value.
+    thread::sleep(Duration::from_secs(2));
+    let log = agent.stop();
+    let thrown: i64 = [
+        "System.InvalidOperationException",
+        "System.ArgumentException",
+        "System.TimeoutException",
+    ]
+    .iter()
+    .map(|ty| {
+        clrbpf_integration_tests::parse_value::<i64>(&lines, &format!("THROWN_{ty}"))
+            .unwrap_or_else(|| panic!("no THROWN_{ty} in {lines:?}"))
+    })
+    .sum();
+    let (mut total, mut frequent) = (0, 0);
+    for entry in fs::read_dir(&out).expect("the output directory") {
+        let path = entry.expect("an entry").path();
+        if !path.to_string_lossy().contains(".exception.") {
+            continue;
+        }
+        let profile = read_profile(&path);
+        let at = value_index(&profile, "exceptions/count");
+        for sample in samples(&profile).iter().filter(|s| s.pid() == Some(pid)) {
+            total += sample.values[at];
+            if sample.stack_contains(&["Exceptions.ThrowFrequent"]) {
+                frequent += sample.values[at];
+            }
+        }
+    }
+    assert_eq!(
+        total, thrown,
+        "the windows' exceptions against the workload's own count; agent log:\n{log}"
+    );
+    assert!(
+        frequent as f64 >= 0.95 * thrown as f64,
+        "Exceptions.ThrowFrequent holds {frequent} of {thrown}"
+    );
+}
+
+#[test]
+fn agent_bounds_an_exception_storm_net8() {
+    assert_agent_bounds_an_exception_storm(Runtime::Net8);
+}
+
+#[test]
+fn agent_bounds_an_exception_storm_netcore31() {
+    assert_agent_bounds_an_exception_storm(Runtime::NetCore31);
+}
+
 /// A sample as the script prints it: name, labels, value.
 type Row = (String, Vec<(String, String)>, f64);
 
@@ -529,9 +609,39 @@ fn agent_ships_to_pyroscope_and_otlp_through_a_receiver_outage() {
         requests.iter().any(|r| r.answered == 500),
         "the outage refused nothing"
     );
+    // The outage in the agent's own series: uploads failed, no window was
+    // dropped, and the windows shipped are those the receiver took (by the
+    // time /metrics was read).
+    let series = parse_metrics(&metrics);
+    let of_pyroscope = |name: &str| -> f64 {
+        series
+            .iter()
+            .filter(|s| {
+                s.name == name
+                    && s.labels
+                        .iter()
+                        .any(|(k, v)| k == "sink" && v == "pyroscope")
+            })
+            .map(|s| s.value)
+            .sum()
+    };
+    let accepted = requests
+        .iter()
+        .filter(|r| r.answered == 200 && r.path == "/push.v1.pusherservice/push")
+        .count() as f64;
     assert!(
-        metrics.contains("clrbpf_agent_window_upload_failures_total{sink=\"pyroscope\"}"),
-        "{metrics}"
+        of_pyroscope("clrbpf_agent_window_upload_failures_total") > 0.0,
+        "no failed upload counted:\n{metrics}"
+    );
+    assert_eq!(
+        of_pyroscope("clrbpf_agent_windows_dropped_total"),
+        0.0,
+        "windows dropped:\n{metrics}"
+    );
+    let shipped = of_pyroscope("clrbpf_agent_windows_shipped_total");
+    assert!(
+        shipped > 0.0 && shipped <= accepted,
+        "{shipped} windows shipped, {accepted} pushes accepted:\n{metrics}"
     );
 
     // Pyroscope: one series per service and profile type, the pprof gzip.
