@@ -66,7 +66,7 @@ fn measure(mut profiler: Child) -> anyhow::Result<(f64, f64)> {
 
 pub fn run(inputs: &BenchInputs<'_>, have_perf: bool) -> anyhow::Result<()> {
     println!(
-        "\nbench: steady state: record -a -F 99 on a warm CPU-bound .NET app, CPU from {} s to {} s after the profiler started",
+        "\nbench: steady state: record -a -F 99 and the agent on a warm CPU-bound .NET app, CPU from {} s to {} s after the profiler started",
         SETTLE.as_secs(),
         (SETTLE + MEASURE).as_secs()
     );
@@ -100,6 +100,24 @@ pub fn run(inputs: &BenchInputs<'_>, have_perf: bool) -> anyhow::Result<()> {
             .context("start clrbpf")?;
         rows.push((name, measure(child)?));
     }
+    // Always-on: the agent at its defaults (19 Hz, CLR events, windows to
+    // a directory), next to perf at the same rate.
+    let agent = Command::new(inputs.clrbpf)
+        .args(["agent", "--output-dir"])
+        .arg(inputs.scratch.join("steady-agent"))
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{}", 19000 + std::process::id() % 1000),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start clrbpf agent")?;
+    rows.push((
+        "clrbpf agent (defaults: 19 Hz, CLR events; budget <= 1% of one core, <= 100 MiB)",
+        measure(agent)?,
+    ));
     if have_perf {
         let child = Command::new("perf")
             .args(["record", "-F", "99", "-g", "-a", "-q", "-o"])
@@ -110,6 +128,15 @@ pub fn run(inputs: &BenchInputs<'_>, have_perf: bool) -> anyhow::Result<()> {
             .spawn()
             .context("start perf")?;
         rows.push(("perf record -F 99 -g -a", measure(child)?));
+        let child = Command::new("perf")
+            .args(["record", "-F", "19", "-g", "-a", "-q", "-o"])
+            .arg(inputs.scratch.join("steady.perf.data"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start perf")?;
+        rows.push(("perf record -F 19 -g -a", measure(child)?));
     }
     let _ = app.kill();
     let _ = app.wait();
