@@ -73,7 +73,8 @@ pub struct AgentArgs {
     pub frequency: u64,
 
     /// How often a window is cut and shipped, aligned to the wall clock
-    /// (5s to 5m). .NET runtime counters are read at the same interval.
+    /// (5s to 5m). .NET runtime counters are read every second, or at this
+    /// interval with --exceptions-per-second 0.
     #[arg(long, value_name = "DURATION", default_value = "15s",
           value_parser = parse_upload_interval)]
     pub upload_interval: std::time::Duration,

@@ -105,7 +105,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let layout = ValueLayout::new(off_cpu.is_some(), config.wall, config.clr_events.any());
     let mut pipeline = Pipeline::new(true, config.clr_events, layout);
     // The runtime's EventCounters come once per window: `dotnet_*` series
-    // as fresh as the profiles.
+    // as fresh as the profiles (every second with an exception budget,
+    // whose totals come from the exception counter).
     pipeline.runtime_metrics_interval = Some(
         u32::try_from(config.upload_interval.as_secs())
             .unwrap_or(u32::MAX)
