@@ -6,7 +6,8 @@
 //! waits for inline (CPU samples). With the ReadyToRun unwind tables the
 //! kernel walker keeps the user method. `ManualResetEventSlim.Wait()`,
 //! called often enough to be re-jitted at tier 1, is JIT-compiled code
-//! without a frame: the rows made from its prologue keep its caller. Real `sched_switch` programs and real .NET processes; run by
+//! without a frame: the rows made from its prologue keep its caller; so do
+//! those of an OSR method, made with its tier-0 code's. Real `sched_switch` programs and real .NET processes; run by
 //! `cargo xtask test` (root, one test at a time).
 
 use std::collections::HashMap;
@@ -169,4 +170,69 @@ fn net8_user_method_stays_on_stacks_blocked_in_frameless_framework_waits() {
 #[test]
 fn netcore31_user_method_stays_on_stacks_blocked_in_frameless_framework_waits() {
     user_method_holds_the_waits(Runtime::NetCore31, "frameless-netcore31");
+}
+
+/// An OSR method runs on the frame of its tier-0 code, which the frame
+/// pointer does not describe: the rows made from both prologues keep the
+/// method's caller. .NET 8 only (.NET Core 3.1 has no OSR).
+#[test]
+fn net8_osr_method_keeps_its_caller() {
+    let env = Env::privileged();
+    let dir = TempDir::new("osr-net8");
+    let output_path = dir.join("osr.pb.gz");
+    let mut command: Vec<String> = ["record", "--no-clr-events", "-o"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    command.push(output_path.to_string_lossy().into_owned());
+    command.push("--".to_owned());
+    command.extend(env.workload_command(Runtime::Net8, "Osr", &[START_DELAY_S, "4"]));
+    let output = run_clrbpf(&env, &command, dir.path(), TIMEOUT);
+    assert_success(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stderr.contains("(0 OSR methods"),
+        "no OSR method was given rows:\n{stderr}"
+    );
+
+    let tids = thread_ids(&output.stdout);
+    let osr = *tids
+        .get("osr")
+        .unwrap_or_else(|| panic!("no osr thread in {tids:?}"));
+    let profile = read_profile(&output_path);
+    let cpu = value_index(&profile, "cpu/nanoseconds");
+    let all = samples(&profile);
+    let in_loop: Vec<&SampleView> = all
+        .iter()
+        .filter(|s| s.label_num("thread.id") == Some(osr) && s.stack_contains(&["Osr.Loop"]))
+        .collect();
+    let total: i64 = in_loop.iter().map(|s| s.values[cpu]).sum();
+    let with_caller: i64 = in_loop
+        .iter()
+        .filter(|s| s.stack_contains(&["Osr.Loop", "Osr.Caller"]))
+        .map(|s| s.values[cpu])
+        .sum();
+    let share = with_caller as f64 / total.max(1) as f64;
+    let heaviest = in_loop
+        .iter()
+        .filter(|s| !s.stack_contains(&["Osr.Caller"]))
+        .take(3)
+        .map(|s| format!("  {} {}", s.values[cpu], s.frames.join(" <- ")))
+        .collect::<Vec<_>>()
+        .join("\n");
+    eprintln!(
+        "osr-net8: Osr.Caller on {:.1}% of {:.1} ms of CPU in Osr.Loop",
+        share * 100.0,
+        total as f64 / 1e6
+    );
+    assert!(
+        total > 2_000_000_000,
+        "only {:.1} ms of CPU in Osr.Loop",
+        total as f64 / 1e6
+    );
+    assert!(
+        share >= 0.95,
+        "Osr.Caller is on {:.1}% of the CPU in Osr.Loop; without it:\n{heaviest}",
+        share * 100.0
+    );
 }

@@ -62,7 +62,7 @@ use clrbpf_common::{
 use super::BpfError;
 use crate::unwind::{
     FileIdentity, LoadSegment, RowArena, UnwindTableCache, build_process_mappings,
-    jit_code::{self, JitCodeRows, MethodFrame, PROLOGUE_BYTES},
+    jit_code::{self, JitCodeRows, JitMethod, MethodFrame, PROLOGUE_BYTES},
     load_bias, parse_proc_maps,
     table::{build_row_index, pack_index_words, read_elf_file},
 };
@@ -300,6 +300,8 @@ pub struct UnwindMapsStats {
     pub jit_methods: u64,
     /// Of those, the ones without an rbp frame, which got rows.
     pub jit_frameless: u64,
+    /// Of those, OSR methods, unwound through their tier-0 frame.
+    pub jit_osr: u64,
     /// Prologues the decoder did not recognise: walked by frame pointer.
     pub jit_unrecognised: u64,
     /// Methods not decoded (code unreadable, or past a bound): walked by
@@ -464,10 +466,10 @@ impl UnwindMaps {
         }
     }
 
-    /// Decodes the prologues of methods compiled in `pid` at the
-    /// `(start, end)` ranges; the process's JIT table is rebuilt by
+    /// Decodes the prologues of methods compiled in `pid` (an OSR method's
+    /// with its tier-0 code's); the process's JIT table is rebuilt by
     /// [`Self::rebuild_jit_tables`].
-    pub fn add_jit_code(&mut self, pid: u32, ranges: &[(u64, u64)]) {
+    pub fn add_jit_code(&mut self, pid: u32, methods: &[JitMethod]) {
         let jit = self.jit.entry(pid).or_insert_with(|| ProcessJitCode {
             mem: File::open(format!("/proc/{pid}/mem")).ok(),
             methods: JitCodeRows::default(),
@@ -475,20 +477,35 @@ impl UnwindMaps {
             table: None,
         });
         let mut code = [0u8; PROLOGUE_BYTES];
-        for &(start, end) in ranges {
+        let mut base_code = [0u8; PROLOGUE_BYTES];
+        let read_at = |buf: &mut [u8], at: u64| -> usize {
+            use std::os::unix::fs::FileExt as _;
+            jit.mem
+                .as_ref()
+                .and_then(|mem| mem.read_at(buf, at).ok())
+                .unwrap_or(0)
+        };
+        for &JitMethod {
+            start,
+            end,
+            osr_base,
+        } in methods
+        {
             let want = usize::try_from(end.saturating_sub(start))
                 .unwrap_or(usize::MAX)
                 .min(PROLOGUE_BYTES);
-            let read = jit.mem.as_ref().map(|mem| {
-                use std::os::unix::fs::FileExt as _;
-                mem.read_at(&mut code[..want], start)
-            });
-            let frame = match read {
-                Some(Ok(n)) if n > 0 => jit_code::method_frame(&code[..n], start),
-                _ => {
+            let n = read_at(&mut code[..want], start);
+            let frame = match osr_base {
+                _ if n == 0 => {
                     self.stats.jit_not_decoded += 1;
                     // Whatever was there before is gone or unreadable.
                     MethodFrame::FramePointer
+                }
+                None => jit_code::method_frame(&code[..n], start),
+                Some(base) => {
+                    self.stats.jit_osr += 1;
+                    let base_n = read_at(&mut base_code, base);
+                    jit_code::osr_method_frame(&code[..n], start, &base_code[..base_n], base)
                 }
             };
             match &frame {
@@ -950,7 +967,7 @@ enum UnwindRequest {
     Forget(u32),
     /// New JIT-compiled code: `(start, end)` ranges, and how many more
     /// ranges were dropped before they were sent.
-    JitCode(u32, Vec<(u64, u64)>, u64),
+    JitCode(u32, Vec<JitMethod>, u64),
 }
 
 /// What the worker knows when it stops: for the end summary.
@@ -1068,7 +1085,7 @@ impl UnwindWorker {
     /// Give rows to the JIT-compiled code at the `(start, end)` ranges of
     /// `pid` (methods just seen in its perf map, jitdump or events);
     /// `dropped` more were not kept to be sent.
-    pub fn add_jit_code(&self, pid: u32, ranges: Vec<(u64, u64)>, dropped: u64) {
+    pub fn add_jit_code(&self, pid: u32, ranges: Vec<JitMethod>, dropped: u64) {
         if !ranges.is_empty() || dropped > 0 {
             self.send(UnwindRequest::JitCode(pid, ranges, dropped));
         }

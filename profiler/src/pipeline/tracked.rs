@@ -24,6 +24,7 @@ use crate::{
         managed::{ManagedSymbolBudget, ManagedSymbols},
         native::{FileKey, MappedFile, NativeSymbolizer},
     },
+    unwind::jit_code::JitMethod,
 };
 
 /// A perf map attach running on its own thread.
@@ -298,12 +299,12 @@ impl TrackedProcess {
         );
     }
 
-    /// The code ranges of the methods compiled since the last call, and how
-    /// many more were dropped (see [`ManagedSymbols::take_new_code`]). The
+    /// The methods compiled since the last call, and how many more were
+    /// dropped (see [`ManagedSymbols::take_new_code`]). The
     /// perf map and jitdump are read first if they were not for
     /// [`JIT_CODE_REFRESH_EVERY`] (unless the symbol budget dropped the
     /// process's tables: reading them again is for its samples to ask).
-    pub(super) fn take_new_jit_code(&mut self) -> (Vec<(u64, u64)>, u64) {
+    pub(super) fn take_new_jit_code(&mut self) -> (Vec<JitMethod>, u64) {
         let Some(managed) = self.managed.as_ref() else {
             return (Vec::new(), 0);
         };

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::managed::{ManagedSymbol, arc_str_bytes};
+use crate::unwind::jit_code::JitMethod;
 
 /// Largest code range accepted. Real methods and stub blocks are KiBs.
 pub const MAX_CODE_RANGE: u64 = 64 * 1024 * 1024;
@@ -36,6 +37,12 @@ const MAX_LOOKUP_STEPS: usize = 4096;
 /// New ranges kept for [`JitCodeIndex::take_new_code`] between two calls;
 /// more are dropped (their methods are unwound by frame pointer).
 const MAX_NEW_CODE: usize = 1 << 16;
+/// The tier of OSR methods, and the tiers whose code has the patchpoints
+/// they are entered from.
+const OSR_TIER: &str = "OptimizedTier1OSR";
+const PATCHPOINT_TIERS: [&str; 2] = ["QuickJitted", "InstrumentedTier"];
+/// Symbols looked back through for an OSR method's tier-0 code.
+const MAX_OSR_BASE_SEARCH: usize = 1 << 20;
 
 /// A symbol's range with the time it became valid, `symbol` indexing
 /// [`JitCodeIndex::symbols`] (so also the insertion order, the tiebreak).
@@ -67,10 +74,10 @@ pub struct JitCodeIndex {
     string_bytes: u64,
     rejected_ranges: u64,
     lookup_step_limit_hits: AtomicU64,
-    /// `(start, end)` of the methods (not stubs) inserted since the last
+    /// The methods (not stubs) inserted since the last
     /// [`Self::take_new_code`]: the code whose unwind rows are still to be
     /// made.
-    new_code: Vec<(u64, u64)>,
+    new_code: Vec<JitMethod>,
     new_code_dropped: u64,
 }
 
@@ -103,7 +110,11 @@ impl JitCodeIndex {
         // them, so they keep the frame-pointer rule.
         if symbol.is_stub {
         } else if self.new_code.len() < MAX_NEW_CODE {
-            self.new_code.push((symbol.start, end));
+            self.new_code.push(JitMethod {
+                start: symbol.start,
+                end,
+                osr_base: self.osr_base(&symbol),
+            });
         } else {
             self.new_code_dropped += 1;
         }
@@ -113,6 +124,26 @@ impl JitCodeIndex {
         }
         self.symbols.push(symbol);
         true
+    }
+
+    /// For an OSR method, the start of the latest tier-0 code of the same
+    /// method: the frame it is entered on. OSR methods are few (one per
+    /// long-running loop), so the symbols are searched back linearly.
+    fn osr_base(&self, symbol: &ManagedSymbol) -> Option<u64> {
+        if symbol.jit_tier.as_deref() != Some(OSR_TIER) {
+            return None;
+        }
+        self.symbols
+            .iter()
+            .rev()
+            .take(MAX_OSR_BASE_SEARCH)
+            .find(|s| {
+                s.jit_tier
+                    .as_deref()
+                    .is_some_and(|tier| PATCHPOINT_TIERS.contains(&tier))
+                    && s.name == symbol.name
+            })
+            .map(|s| s.start)
     }
 
     /// Sorts the ranges inserted since the last commit into the index.
@@ -198,13 +229,13 @@ impl JitCodeIndex {
         let vectors = self.symbols.capacity() * size_of::<ManagedSymbol>()
             + (self.ranges.capacity() + self.pending.capacity()) * size_of::<CodeRange>()
             + self.reach.capacity() * size_of::<u64>()
-            + self.new_code.capacity() * size_of::<(u64, u64)>();
+            + self.new_code.capacity() * size_of::<JitMethod>();
         vectors as u64 + self.string_bytes
     }
 
-    /// The `(start, end)` ranges inserted since the last call, in insertion
-    /// order, and how many were dropped past [`MAX_NEW_CODE`].
-    pub fn take_new_code(&mut self) -> (Vec<(u64, u64)>, u64) {
+    /// The methods inserted since the last call, in insertion order, and
+    /// how many were dropped past [`MAX_NEW_CODE`].
+    pub fn take_new_code(&mut self) -> (Vec<JitMethod>, u64) {
         (
             std::mem::take(&mut self.new_code),
             std::mem::take(&mut self.new_code_dropped),
@@ -319,11 +350,33 @@ mod tests {
             ..symbol("stub<1> AllocateTemporaryEntryPoints", 0x3000, 0x40)
         };
         assert!(index.insert(stub, 0));
+        let method = |start, end| JitMethod {
+            start,
+            end,
+            osr_base: None,
+        };
         assert_eq!(
             index.take_new_code(),
-            (vec![(0x1000, 0x1010), (0x1010, 0x1030)], 0)
+            (vec![method(0x1000, 0x1010), method(0x1010, 0x1030)], 0)
         );
         assert_eq!(index.take_new_code(), (vec![], 0));
+    }
+
+    #[test]
+    fn osr_methods_name_their_tier0_code() {
+        let tiered = |name: &str, tier: &str, start| ManagedSymbol {
+            jit_tier: Some(Arc::from(tier)),
+            ..symbol(name, start, 0x100)
+        };
+        let mut index = JitCodeIndex::new();
+        index.insert(tiered("M", "QuickJitted", 0x1000), 0);
+        index.insert(tiered("Other", "QuickJitted", 0x2000), 0);
+        index.insert(tiered("M", "OptimizedTier1OSR", 0x3000), 0);
+        index.insert(tiered("Lonely", "OptimizedTier1OSR", 0x4000), 0);
+        index.insert(tiered("M", "OptimizedTier1", 0x5000), 0);
+        let (new, _) = index.take_new_code();
+        let bases: Vec<Option<u64>> = new.iter().map(|m| m.osr_base).collect();
+        assert_eq!(bases, [None, None, Some(0x1000), None, None]);
     }
 
     #[test]

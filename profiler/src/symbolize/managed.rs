@@ -924,9 +924,9 @@ impl ManagedSymbols {
         lock_tables(&self.tables).memory_bytes()
     }
 
-    /// The code ranges added since the last call (`(start, end)`, in the
-    /// order added), for their unwind rows, and how many more were dropped.
-    pub fn take_new_code(&mut self) -> (Vec<(u64, u64)>, u64) {
+    /// The methods added since the last call (in the order added), for
+    /// their unwind rows, and how many more were dropped.
+    pub fn take_new_code(&mut self) -> (Vec<crate::unwind::jit_code::JitMethod>, u64) {
         lock_tables(&self.tables).index.take_new_code()
     }
 

@@ -32,6 +32,10 @@
 //! stack probe, `and rsp`) gives [`MethodFrame::Unrecognised`]: the method
 //! is walked by frame pointer, and counted.
 //!
+//! An OSR method ([`osr_method_frame`]) runs on the frame of the tier-0
+//! code it was entered from: its decode starts from the end of that code's
+//! prologue (the symbol index names the tier-0 code, [`JitMethod`]).
+//!
 //! A call the JIT turned into a tail call (`jmp`) leaves no frame, and no
 //! row invents one: the row describes the stack as it is.
 
@@ -105,14 +109,74 @@ impl Frame {
     }
 }
 
+/// A JIT-compiled method whose rows are to be made: its code and, for an
+/// OSR method, where the code whose frame it runs on starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JitMethod {
+    pub start: u64,
+    pub end: u64,
+    /// An OSR method (tier `OptimizedTier1OSR`) is entered by a jump from
+    /// a patchpoint of the method's tier-0 code, on that code's frame:
+    /// the start of that tier-0 code.
+    pub osr_base: Option<u64>,
+}
+
 /// Decodes the prologue of the method whose first bytes are `code` (at
 /// most [`PROLOGUE_BYTES`] matter), loaded at `start`.
 pub fn method_frame(code: &[u8], start: u64) -> MethodFrame {
+    let Some((rows, frame)) = decode(code, start, Frame::ENTRY) else {
+        return MethodFrame::Unrecognised;
+    };
+    if frame.is_frame_pointer() {
+        return MethodFrame::FramePointer;
+    }
+    to_rows(&rows)
+}
+
+/// Decodes the prologue of an OSR method (`code` at `start`) entered on the
+/// frame of the tier-0 code whose prologue is `base_code` at `base_start`.
+///
+/// On x64 the runtime enters an OSR method with the tier-0 frame still on
+/// the stack and rsp one slot below it, as if the tier-0 code had called
+/// it; the JIT's unwind info for it starts with a "phantom prolog" of the
+/// tier-0 frame (docs/design/features/OnStackReplacement.md, 5.1). The OSR
+/// prologue then copies the saved rbp (`mov rax, [rbp]; push rax`), saves
+/// more callee-saved registers into space the tier-0 frame reserved, and
+/// sets rbp to the copy: the frame-pointer rule would take a tier-0 local
+/// for the return address. The rows put the CFA above the tier-0 frame's
+/// return address and rbp at the tier-0 frame's save slot.
+pub fn osr_method_frame(code: &[u8], start: u64, base_code: &[u8], base_start: u64) -> MethodFrame {
+    let Some((_, base)) = decode(base_code, base_start, Frame::ENTRY) else {
+        return MethodFrame::Unrecognised;
+    };
+    if base.rbp_saved_at.is_none() {
+        return MethodFrame::Unrecognised;
+    }
+    let entry = Frame {
+        sp_to_cfa: base.sp_to_cfa + 8,
+        rbp_to_cfa: None,
+        rbp_saved_at: base.rbp_saved_at,
+    };
+    match decode(code, start, entry) {
+        Some((rows, _)) => to_rows(&rows),
+        None => MethodFrame::Unrecognised,
+    }
+}
+
+fn to_rows(rows: &[(u64, Frame)]) -> MethodFrame {
+    let rows: Option<Vec<UnwindRow>> = rows.iter().map(|(pc, f)| f.row(*pc)).collect();
+    rows.map_or(MethodFrame::Unrecognised, MethodFrame::Rows)
+}
+
+/// Runs a prologue from `entry`: the frame at each pc where it changed,
+/// and the frame at the end of the prologue; `None` for a stack change the
+/// decoder does not model.
+fn decode(code: &[u8], start: u64, entry: Frame) -> Option<(Vec<(u64, Frame)>, Frame)> {
     let code = &code[..code.len().min(PROLOGUE_BYTES)];
     let end = start.saturating_add(code.len() as u64);
     let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
-    let mut frame = Frame::ENTRY;
+    let mut frame = entry;
     let mut rows: Vec<(u64, Frame)> = vec![(start, frame)];
     while decoder.can_decode() {
         let instruction = decoder.decode();
@@ -122,7 +186,7 @@ pub fn method_frame(code: &[u8], start: u64) -> MethodFrame {
                 // over by then.
                 break;
             }
-            return MethodFrame::Unrecognised;
+            return None;
         }
         let op0 = instruction.op0_register();
         let rsp_base = |i: &iced_x86::Instruction| {
@@ -141,7 +205,7 @@ pub fn method_frame(code: &[u8], start: u64) -> MethodFrame {
             {
                 let size = instruction.immediate(1) as i64;
                 if !(0..=MAX_FRAME_BYTES).contains(&size) {
-                    return MethodFrame::Unrecognised;
+                    return None;
                 }
                 frame.sp_to_cfa += size;
             }
@@ -184,17 +248,17 @@ pub fn method_frame(code: &[u8], start: u64) -> MethodFrame {
                     if releases && rows.len() > 1 {
                         break;
                     }
-                    return MethodFrame::Unrecognised;
+                    return None;
                 }
                 if writes(Register::RBP) && frame.rbp_to_cfa.is_some() {
                     // rbp reused after the frame was set: nothing to base
                     // the CFA on that the decoder can follow.
-                    return MethodFrame::Unrecognised;
+                    return None;
                 }
             }
         }
         if frame.sp_to_cfa > MAX_FRAME_BYTES {
-            return MethodFrame::Unrecognised;
+            return None;
         }
         let pc = instruction.next_ip();
         if pc >= end {
@@ -208,11 +272,7 @@ pub fn method_frame(code: &[u8], start: u64) -> MethodFrame {
             }
         }
     }
-    if frame.is_frame_pointer() {
-        return MethodFrame::FramePointer;
-    }
-    let rows: Option<Vec<UnwindRow>> = rows.iter().map(|(pc, f)| f.row(*pc)).collect();
-    rows.map_or(MethodFrame::Unrecognised, MethodFrame::Rows)
+    Some((rows, frame))
 }
 
 /// Most methods with rows one process keeps: past it, new ones are walked
@@ -533,5 +593,93 @@ mod tests {
             Ok(true)
         );
         assert_eq!(regs.pc, user_caller_ra);
+    }
+
+    /// .NET 8's `Exceptions::Main` at tier 0, as read from a live process:
+    /// `push rbp; sub rsp, 0x110; vzeroupper; lea rbp, [rsp+0x110]; xor
+    /// eax, eax; mov [rbp-0x108], rax`.
+    const MAIN_TIER0: &[u8] = &[
+        0x55, 0x48, 0x81, 0xec, 0x10, 0x01, 0x00, 0x00, 0xc5, 0xf8, 0x77, 0x48, 0x8d, 0xac, 0x24,
+        0x10, 0x01, 0x00, 0x00, 0x33, 0xc0, 0x48, 0x89, 0x85, 0xf8, 0xfe, 0xff, 0xff,
+    ];
+
+    /// Its OSR version (`[OptimizedTier1OSR]`), entered from a patchpoint of
+    /// the tier-0 code: `mov rax, [rbp]; push rax; sub rsp, 0x20; mov
+    /// [rsp+0x138], rbx; vzeroupper; lea rbp, [rsp+0x20]; mov [rbp-0x20],
+    /// rsp; mov edi, [rbp+0xb4]`.
+    const MAIN_OSR: &[u8] = &[
+        0x48, 0x8b, 0x45, 0x00, 0x50, 0x48, 0x83, 0xec, 0x20, 0x48, 0x89, 0x9c, 0x24, 0x38, 0x01,
+        0x00, 0x00, 0xc5, 0xf8, 0x77, 0x48, 0x8d, 0x6c, 0x24, 0x20, 0x48, 0x89, 0x65, 0xe0, 0x8b,
+        0xbd, 0xb4, 0x00, 0x00, 0x00,
+    ];
+
+    #[test]
+    fn osr_methods_unwind_through_the_tier0_frame() {
+        let base = 0x2000;
+        assert_eq!(method_frame(MAIN_TIER0, base), MethodFrame::FramePointer);
+        // Entered with rsp one slot below the tier-0 frame (return address,
+        // saved rbp, 0x110 bytes): CFA = rsp + 0x128, rbp saved at CFA-16.
+        let fp = |row: UnwindRow| row.with_fp_at(-16);
+        let rbp_based = UnwindRow::new(AT + 0x19, CfaRule::FpOffset, 0x130)
+            .with_cfa_param(CFA_PARAM_EPILOG_BY_CODE)
+            .with_fp_at(-16);
+        assert_eq!(
+            osr_method_frame(MAIN_OSR, AT, MAIN_TIER0, base),
+            MethodFrame::Rows(vec![
+                fp(sp(AT, 0x128)),
+                fp(sp(AT + 5, 0x130)),
+                fp(sp(AT + 9, 0x150)),
+                rbp_based,
+            ])
+        );
+        // Without its tier-0 frame the OSR prologue is an rbp frame whose
+        // return address would be a tier-0 local.
+        assert_ne!(method_frame(MAIN_OSR, AT), MethodFrame::FramePointer);
+        // A base the decoder cannot follow gives no rows.
+        assert_eq!(
+            osr_method_frame(MAIN_OSR, AT, &[0x48, 0x8b, 0xe0, 0xc3], base),
+            MethodFrame::Unrecognised
+        );
+    }
+
+    #[test]
+    fn walk_through_an_osr_frame_finds_the_methods_caller() {
+        let osr = 0x3000u64;
+        let mut jit = JitCodeRows::default();
+        jit.insert(
+            osr,
+            osr + 0x300,
+            &osr_method_frame(MAIN_OSR, osr, MAIN_TIER0, 0x2000),
+        );
+        let rows = jit.rows();
+        // The tier-0 frame's return address at `ra_slot`, the caller's rbp
+        // below it; the OSR prologue ran: rsp = ra_slot - 0x148, rbp at the
+        // copy of the caller's rbp it pushed.
+        let ra_slot = 0x7ffd_1000u64;
+        let (caller_ra, caller_fp) = (0x5000_0040u64, 0x7ffd_2000u64);
+        let memory = Words(vec![
+            (ra_slot - 0x128, caller_fp), // the pushed copy
+            (ra_slot - 0x120, 0xbad),     // a tier-0 local
+            (ra_slot - 8, caller_fp),     // the tier-0 frame's saved rbp
+            (ra_slot, caller_ra),
+        ]);
+        let mut regs = UnwindRegs {
+            pc: osr + 0x40,
+            sp: ra_slot - 0x148,
+            fp: ra_slot - 0x128,
+            lr: 0,
+        };
+        let mut interrupted = true;
+        let mut lookup = |pc: u64| Ok(find_row(&rows, pc).copied());
+        assert_eq!(
+            next_frame(&mut regs, &mut interrupted, &mut lookup, &memory),
+            Ok(true)
+        );
+        assert_eq!(
+            regs.pc, caller_ra,
+            "the method's caller, past its tier-0 frame"
+        );
+        assert_eq!(regs.fp, caller_fp);
+        assert_eq!(regs.sp, ra_slot + 8);
     }
 }
