@@ -23,7 +23,11 @@
 //! refused and the backward walk is bounded, so hostile input cannot make
 //! one lookup scan the whole index.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::{
+    collections::HashMap,
+    hash::{BuildHasher as _, RandomState},
+    sync::atomic::{AtomicU64, Ordering},
+};
 
 use std::sync::Arc;
 
@@ -41,8 +45,10 @@ const MAX_NEW_CODE: usize = 1 << 16;
 /// they are entered from.
 const OSR_TIER: &str = "OptimizedTier1OSR";
 const PATCHPOINT_TIERS: [&str; 2] = ["QuickJitted", "InstrumentedTier"];
-/// Symbols looked back through for an OSR method's tier-0 code.
-const MAX_OSR_BASE_SEARCH: usize = 1 << 20;
+/// Tier-0 methods remembered for the OSR methods that may follow (past it,
+/// an OSR method of a tier-0 method not remembered is walked by frame
+/// pointer): 24 bytes and a hash each.
+const MAX_PATCHPOINT_CODE: usize = 1 << 17;
 
 /// A symbol's range with the time it became valid, `symbol` indexing
 /// [`JitCodeIndex::symbols`] (so also the insertion order, the tiebreak).
@@ -79,6 +85,11 @@ pub struct JitCodeIndex {
     /// made.
     new_code: Vec<JitMethod>,
     new_code_dropped: u64,
+    /// Hash of a method's name -> the start of its latest code with
+    /// patchpoints ([`PATCHPOINT_TIERS`]): where its OSR method's frame
+    /// comes from.
+    patchpoint_code: HashMap<u64, u64>,
+    name_hasher: RandomState,
 }
 
 impl JitCodeIndex {
@@ -108,12 +119,27 @@ impl JitCodeIndex {
         // Stub blocks (`stub<N> ...`) hold many stubs of one kind, some
         // of which push (resolve stubs): one prologue does not describe
         // them, so they keep the frame-pointer rule.
+        let tier = symbol.jit_tier.as_deref();
+        let osr_base = if tier == Some(OSR_TIER) {
+            let name = self.name_hasher.hash_one(&*symbol.name);
+            self.patchpoint_code.get(&name).copied()
+        } else {
+            if tier.is_some_and(|t| PATCHPOINT_TIERS.contains(&t)) {
+                let name = self.name_hasher.hash_one(&*symbol.name);
+                if self.patchpoint_code.len() < MAX_PATCHPOINT_CODE
+                    || self.patchpoint_code.contains_key(&name)
+                {
+                    self.patchpoint_code.insert(name, symbol.start);
+                }
+            }
+            None
+        };
         if symbol.is_stub {
         } else if self.new_code.len() < MAX_NEW_CODE {
             self.new_code.push(JitMethod {
                 start: symbol.start,
                 end,
-                osr_base: self.osr_base(&symbol),
+                osr_base,
             });
         } else {
             self.new_code_dropped += 1;
@@ -124,26 +150,6 @@ impl JitCodeIndex {
         }
         self.symbols.push(symbol);
         true
-    }
-
-    /// For an OSR method, the start of the latest tier-0 code of the same
-    /// method: the frame it is entered on. OSR methods are few (one per
-    /// long-running loop), so the symbols are searched back linearly.
-    fn osr_base(&self, symbol: &ManagedSymbol) -> Option<u64> {
-        if symbol.jit_tier.as_deref() != Some(OSR_TIER) {
-            return None;
-        }
-        self.symbols
-            .iter()
-            .rev()
-            .take(MAX_OSR_BASE_SEARCH)
-            .find(|s| {
-                s.jit_tier
-                    .as_deref()
-                    .is_some_and(|tier| PATCHPOINT_TIERS.contains(&tier))
-                    && s.name == symbol.name
-            })
-            .map(|s| s.start)
     }
 
     /// Sorts the ranges inserted since the last commit into the index.
@@ -229,7 +235,8 @@ impl JitCodeIndex {
         let vectors = self.symbols.capacity() * size_of::<ManagedSymbol>()
             + (self.ranges.capacity() + self.pending.capacity()) * size_of::<CodeRange>()
             + self.reach.capacity() * size_of::<u64>()
-            + self.new_code.capacity() * size_of::<JitMethod>();
+            + self.new_code.capacity() * size_of::<JitMethod>()
+            + self.patchpoint_code.capacity() * (2 * size_of::<u64>() + 8);
         vectors as u64 + self.string_bytes
     }
 
@@ -377,6 +384,25 @@ mod tests {
         let (new, _) = index.take_new_code();
         let bases: Vec<Option<u64>> = new.iter().map(|m| m.osr_base).collect();
         assert_eq!(bases, [None, None, Some(0x1000), None, None]);
+        // A re-jitted tier-0 version is the base of the OSR methods after it.
+        index.insert(tiered("M", "QuickJitted", 0x6000), 0);
+        index.insert(tiered("M", "OptimizedTier1OSR", 0x7000), 0);
+        assert_eq!(index.take_new_code().0[1].osr_base, Some(0x6000));
+    }
+
+    #[test]
+    fn patchpoint_code_is_bounded() {
+        let mut index = JitCodeIndex::new();
+        for i in 0..MAX_PATCHPOINT_CODE as u64 + 10 {
+            index.insert(
+                ManagedSymbol {
+                    jit_tier: Some(Arc::from("QuickJitted")),
+                    ..symbol(&format!("M{i}"), 0x1000 + i * 0x10, 0x10)
+                },
+                0,
+            );
+        }
+        assert_eq!(index.patchpoint_code.len(), MAX_PATCHPOINT_CODE);
     }
 
     #[test]
