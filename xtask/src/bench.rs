@@ -312,7 +312,6 @@ impl Drop for BpfStatsGuard {
 pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     fs::create_dir_all(inputs.scratch)
         .with_context(|| format!("create {}", inputs.scratch.display()))?;
-    let threads = thread::available_parallelism().map_or(2, |n| n.get());
     let _stats = BpfStatsGuard::enable();
     let have_perf = Command::new("perf")
         .arg("--version")
@@ -320,18 +319,52 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    // `CLRBPF_BENCH_ONLY=steady,churn,storm` runs only those parts.
+    // `CLRBPF_BENCH_ONLY=cpu,steady,churn,storm` runs only those parts.
     if let Ok(only) = std::env::var("CLRBPF_BENCH_ONLY") {
         for part in only.split(',') {
             match part.trim() {
                 "steady" => crate::bench_steady::run(inputs, have_perf)?,
                 "churn" => crate::bench_churn::run(inputs)?,
                 "storm" => exception_storm(inputs)?,
-                other => bail!("CLRBPF_BENCH_ONLY: no bench part {other:?} (steady, churn, storm)"),
+                "cpu" => cpu_table(inputs, have_perf)?,
+                other => {
+                    bail!("CLRBPF_BENCH_ONLY: no bench part {other:?} (cpu, steady, churn, storm)")
+                }
             }
         }
         return Ok(());
     }
+    cpu_table(inputs, have_perf)?;
+    crate::bench_steady::run(inputs, have_perf)?;
+
+    let perf_map = Command::new(inputs.clrbpf)
+        .args(["bench-perf-map", "--entries", "100000"])
+        .output()
+        .context("run clrbpf bench-perf-map")?;
+    let perf_map_line = String::from_utf8_lossy(&perf_map.stdout);
+    let perf_map_ms = perf_map_line
+        .split("median ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or("?");
+    println!("| perf map load, 100,000 entries (median) | {perf_map_ms} ms | <= 50 ms |");
+    clr_benches(inputs)?;
+    crate::bench_offcpu::run(inputs, have_perf)?;
+    crate::bench_saturated::run(inputs, have_perf)?;
+    crate::bench_churn::run(inputs)?;
+    if !have_perf {
+        println!("\nbench: perf is not installed (apt-get install linux-perf): no comparison row");
+    }
+    println!(
+        "\nbench: bcc's `profile` is not compared: it compiles its BPF at run time and needs kernel headers, which this kernel (no CONFIG_IKHEADERS) does not ship"
+    );
+    Ok(())
+}
+
+/// The main table: the CPU-bound workload alone and under each profiler
+/// (interleaved rounds), with each profiler's own CPU, RSS and BPF time.
+fn cpu_table(inputs: &BenchInputs<'_>, have_perf: bool) -> anyhow::Result<()> {
+    let threads = thread::available_parallelism().map_or(2, |n| n.get());
     let modes: Vec<Mode> = [
         Mode::Baseline,
         Mode::Clrbpf,
@@ -440,29 +473,6 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     }
     bpf_time_rows(&runs);
     unwind_memory_rows(inputs, &runs)?;
-    crate::bench_steady::run(inputs, have_perf)?;
-
-    let perf_map = Command::new(inputs.clrbpf)
-        .args(["bench-perf-map", "--entries", "100000"])
-        .output()
-        .context("run clrbpf bench-perf-map")?;
-    let perf_map_line = String::from_utf8_lossy(&perf_map.stdout);
-    let perf_map_ms = perf_map_line
-        .split("median ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .unwrap_or("?");
-    println!("| perf map load, 100,000 entries (median) | {perf_map_ms} ms | <= 50 ms |");
-    clr_benches(inputs)?;
-    crate::bench_offcpu::run(inputs, have_perf)?;
-    crate::bench_saturated::run(inputs, have_perf)?;
-    crate::bench_churn::run(inputs)?;
-    if !have_perf {
-        println!("\nbench: perf is not installed (apt-get install linux-perf): no comparison row");
-    }
-    println!(
-        "\nbench: bcc's `profile` is not compared: it compiles its BPF at run time and needs kernel headers, which this kernel (no CONFIG_IKHEADERS) does not ship"
-    );
     Ok(())
 }
 
