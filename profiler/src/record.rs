@@ -181,7 +181,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     })?;
     let mut pipeline = Pipeline::new(perf_map_attach, clr_events, layout.clone());
     pipeline.keep_perf_files = keep_perf_maps;
-    pipeline.exceptions_per_second = exceptions_per_second;
+    pipeline.clr.exceptions_per_second = exceptions_per_second;
     pipeline.unwind = match sampler.take_unwind_maps() {
         Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
         None => None,

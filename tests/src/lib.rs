@@ -514,6 +514,25 @@ pub fn parse_value<T: std::str::FromStr>(lines: &[String], key: &str) -> Option<
     })
 }
 
+/// The exception types the Exceptions workload throws, as it prints them
+/// (`THROWN_<type> N`).
+pub const EXCEPTIONS_WORKLOAD_TYPES: [&str; 3] = [
+    "System.InvalidOperationException",
+    "System.ArgumentException",
+    "System.TimeoutException",
+];
+
+/// All the exceptions the Exceptions workload says it threw.
+pub fn exceptions_thrown(lines: &[String]) -> i64 {
+    EXCEPTIONS_WORKLOAD_TYPES
+        .iter()
+        .map(|ty| {
+            parse_value::<i64>(lines, &format!("THROWN_{ty}"))
+                .unwrap_or_else(|| panic!("no THROWN_{ty} in {lines:?}"))
+        })
+        .sum()
+}
+
 /// [`parse_value`] over a block of text such as a captured stdout.
 pub fn parse_value_in<T: std::str::FromStr>(text: &str, key: &str) -> Option<T> {
     let lines: Vec<String> = text.lines().map(str::to_owned).collect();

@@ -218,17 +218,7 @@ fn assert_agent_bounds_an_exception_storm(runtime: Runtime) {
     // Let the agent see the exit and take the last counter value.
     thread::sleep(Duration::from_secs(2));
     let log = agent.stop();
-    let thrown: i64 = [
-        "System.InvalidOperationException",
-        "System.ArgumentException",
-        "System.TimeoutException",
-    ]
-    .iter()
-    .map(|ty| {
-        clrbpf_integration_tests::parse_value::<i64>(&lines, &format!("THROWN_{ty}"))
-            .unwrap_or_else(|| panic!("no THROWN_{ty} in {lines:?}"))
-    })
-    .sum();
+    let thrown = clrbpf_integration_tests::exceptions_thrown(&lines);
     let (mut total, mut frequent) = (0, 0);
     for entry in fs::read_dir(&out).expect("the output directory") {
         let path = entry.expect("an entry").path();

@@ -5,8 +5,9 @@
 use std::{process::Command, time::Duration};
 
 use clrbpf_integration_tests::{
-    Env, LabelValue, Runtime, TempDir, TestProcess, assert_success, go_pprof_top, parse_value,
-    read_profile, record_pid, run_clrbpf, sample_types, samples, value_index,
+    EXCEPTIONS_WORKLOAD_TYPES, Env, LabelValue, Runtime, TempDir, TestProcess, assert_success,
+    exceptions_thrown, go_pprof_top, parse_value, read_profile, record_pid, run_clrbpf,
+    sample_types, samples, value_index,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -110,11 +111,7 @@ fn net8_exception_counts_are_upscaled_per_type() {
     assert_eq!(sample_types(&profile), ["exceptions/count"]);
     let all = samples(&profile);
     let mut sampled = 0usize;
-    for ty in [
-        "System.InvalidOperationException",
-        "System.ArgumentException",
-        "System.TimeoutException",
-    ] {
+    for ty in EXCEPTIONS_WORKLOAD_TYPES {
         let thrown: i64 = parse_value(&lines, &format!("THROWN_{ty}"))
             .unwrap_or_else(|| panic!("no THROWN_{ty} in {lines:?}"));
         let of_type: Vec<_> = all
@@ -169,17 +166,7 @@ fn assert_storm_under_a_budget(runtime: Runtime) {
     );
     let (status, lines) = workload.wait(TIMEOUT);
     assert!(status.success(), "workload failed: {lines:?}");
-    let thrown: i64 = [
-        "System.InvalidOperationException",
-        "System.ArgumentException",
-        "System.TimeoutException",
-    ]
-    .iter()
-    .map(|ty| {
-        parse_value::<i64>(&lines, &format!("THROWN_{ty}"))
-            .unwrap_or_else(|| panic!("no THROWN_{ty} in {lines:?}"))
-    })
-    .sum();
+    let thrown = exceptions_thrown(&lines);
     let stderr = String::from_utf8_lossy(&output.stderr);
     let line = stderr
         .lines()

@@ -119,24 +119,20 @@ pub fn run(inputs: &BenchInputs<'_>, have_perf: bool) -> anyhow::Result<()> {
         measure(agent)?,
     ));
     if have_perf {
-        let child = Command::new("perf")
-            .args(["record", "-F", "99", "-g", "-a", "-q", "-o"])
-            .arg(inputs.scratch.join("steady.perf.data"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start perf")?;
-        rows.push(("perf record -F 99 -g -a", measure(child)?));
-        let child = Command::new("perf")
-            .args(["record", "-F", "19", "-g", "-a", "-q", "-o"])
-            .arg(inputs.scratch.join("steady.perf.data"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start perf")?;
-        rows.push(("perf record -F 19 -g -a", measure(child)?));
+        for (rate, name) in [
+            ("99", "perf record -F 99 -g -a"),
+            ("19", "perf record -F 19 -g -a"),
+        ] {
+            let child = Command::new("perf")
+                .args(["record", "-F", rate, "-g", "-a", "-q", "-o"])
+                .arg(inputs.scratch.join("steady.perf.data"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("start perf")?;
+            rows.push((name, measure(child)?));
+        }
     }
     let _ = app.kill();
     let _ = app.wait();

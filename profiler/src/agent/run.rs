@@ -107,12 +107,12 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     // The runtime's EventCounters come once per window: `dotnet_*` series
     // as fresh as the profiles (every second with an exception budget,
     // whose totals come from the exception counter).
-    pipeline.runtime_metrics_interval = Some(
+    pipeline.clr.counters_interval_sec = Some(
         u32::try_from(config.upload_interval.as_secs())
             .unwrap_or(u32::MAX)
             .max(1),
     );
-    pipeline.exceptions_per_second = config.exceptions_per_second;
+    pipeline.clr.exceptions_per_second = config.exceptions_per_second;
     pipeline.unwind = match sampler.take_unwind_maps() {
         Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
         None => None,

@@ -102,7 +102,11 @@ pub struct WindowSpan {
 pub struct Pipeline {
     pub(crate) procfs: ProcFs,
     pub(crate) attach_perf_maps: bool,
-    pub(crate) clr_events: ClrEventKinds,
+    /// What each .NET process's runtime is asked for: CLR events, the
+    /// `System.Runtime` EventCounters (the agent's `dotnet_*` series,
+    /// [`Self::runtime_metrics`]) and the exception budget
+    /// ([`crate::clr::budget`]).
+    pub(crate) clr: ClrSettings,
     pub(crate) native: NativeSymbolizer,
     processes: HashMap<u32, TrackedProcess>,
     pub(crate) aggregator: Aggregator,
@@ -131,13 +135,6 @@ pub struct Pipeline {
     pub(crate) thread_names: HashMap<u32, Arc<str>>,
     /// Off-CPU nanoseconds (upscaled) and waits the profile holds, per tid.
     pub(crate) off_cpu_recorded: HashMap<u32, (u64, u64)>,
-    /// Ask each .NET process's session for its `System.Runtime`
-    /// EventCounters every this many seconds (the agent's `dotnet_*`
-    /// series; [`Self::runtime_metrics`]).
-    pub(crate) runtime_metrics_interval: Option<u32>,
-    /// Exception events with stacks per second and .NET process at most
-    /// (the agent's budget, [`crate::clr::budget`]); `None`: all of them.
-    pub(crate) exceptions_per_second: Option<u32>,
     /// Pids [`Self::track_dotnet_processes`] looked at without finding a
     /// runtime, and how many times.
     dotnet_scanned: HashMap<u32, u8>,
@@ -171,7 +168,11 @@ impl Pipeline {
         Self {
             procfs: ProcFs::default(),
             attach_perf_maps,
-            clr_events,
+            clr: ClrSettings {
+                kinds: clr_events,
+                counters_interval_sec: None,
+                exceptions_per_second: None,
+            },
             native: NativeSymbolizer::new(),
             processes: HashMap::new(),
             aggregator: Aggregator::new(layout.types.clone()),
@@ -191,8 +192,6 @@ impl Pipeline {
             kernel_names: Vec::with_capacity(128),
             thread_names: HashMap::new(),
             off_cpu_recorded: HashMap::new(),
-            runtime_metrics_interval: None,
-            exceptions_per_second: None,
             dotnet_scanned: HashMap::new(),
         }
     }
@@ -229,7 +228,7 @@ impl Pipeline {
     }
 
     /// The runtime metrics of every .NET process whose session carries
-    /// EventCounters (see [`Self::runtime_metrics_interval`]), with its CPU
+    /// EventCounters (see [`Self::clr`]), with its CPU
     /// time and memory read from `/proc` now.
     pub fn runtime_metrics(&mut self) -> Vec<ProcessRuntimeMetrics> {
         let procfs = &self.procfs;
@@ -269,11 +268,7 @@ impl Pipeline {
                 pid,
                 &mut self.native,
                 self.attach_perf_maps,
-                ClrSettings {
-                    kinds: self.clr_events,
-                    counters_interval_sec: self.runtime_metrics_interval,
-                    exceptions_per_second: self.exceptions_per_second,
-                },
+                self.clr,
                 self.managed_budget.clone(),
             );
             self.processes.insert(pid, process);
