@@ -181,20 +181,12 @@ fn run_profiled(
                 .spawn()
                 .context("start clrbpf")?,
         ),
-        Mode::Agent => Some(
-            Command::new(inputs.clrbpf)
-                .args(["agent", "--output-dir"])
-                .arg(inputs.scratch.join("agent-windows"))
-                .args([
-                    "--listen",
-                    &format!("127.0.0.1:{}", 18000 + std::process::id() % 1000),
-                ])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("start clrbpf agent")?,
-        ),
+        Mode::Agent => Some(spawn_agent(
+            inputs,
+            &inputs.scratch.join("agent-windows"),
+            18000,
+            &[],
+        )?),
         Mode::Perf | Mode::Perf19 => Some(
             Command::new("perf")
                 .arg("record")
@@ -679,18 +671,12 @@ fn storm_run(
         }
     };
     if mode == StormMode::Agent {
-        let port = 17000 + (std::process::id() % 1000);
-        agent = Some(
-            Command::new(inputs.clrbpf)
-                .args(["agent", "--upload-interval", "5s", "--output-dir"])
-                .arg(&agent_dir)
-                .args(["--listen", &format!("127.0.0.1:{port}")])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("start clrbpf agent")?,
-        );
+        agent = Some(spawn_agent(
+            inputs,
+            &agent_dir,
+            17000,
+            &["--upload-interval", "5s"],
+        )?);
         thread::sleep(PROFILER_WARMUP);
     }
     let delay = if mode == StormMode::Agent {
@@ -765,6 +751,31 @@ fn exceptions_in(files: &[PathBuf]) -> Option<u64> {
         .next()?
         .parse()
         .ok()
+}
+
+/// `clrbpf agent` at its defaults plus `extra`, its windows in `windows`,
+/// on a loopback port of its own (`port_base` + this process's pid modulo
+/// 1000), quiet.
+pub fn spawn_agent(
+    inputs: &BenchInputs<'_>,
+    windows: &Path,
+    port_base: u32,
+    extra: &[&str],
+) -> anyhow::Result<Child> {
+    Command::new(inputs.clrbpf)
+        .arg("agent")
+        .args(extra)
+        .arg("--output-dir")
+        .arg(windows)
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{}", port_base + std::process::id() % 1000),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start clrbpf agent")
 }
 
 /// Where bench keeps its scratch files.

@@ -102,18 +102,8 @@ pub fn run(inputs: &BenchInputs<'_>, have_perf: bool) -> anyhow::Result<()> {
     }
     // Always-on: the agent at its defaults (19 Hz, CLR events, windows to
     // a directory), next to perf at the same rate.
-    let agent = Command::new(inputs.clrbpf)
-        .args(["agent", "--output-dir"])
-        .arg(inputs.scratch.join("steady-agent"))
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{}", 19000 + std::process::id() % 1000),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("start clrbpf agent")?;
+    let agent =
+        crate::bench::spawn_agent(inputs, &inputs.scratch.join("steady-agent"), 19000, &[])?;
     rows.push((
         "clrbpf agent (defaults: 19 Hz, CLR events; budget <= 1% of one core, <= 100 MiB)",
         measure(agent)?,
