@@ -622,7 +622,7 @@ impl ClrCollector {
                 if let Some(error) = &session_end.error {
                     self.warnings
                         .push(format!("pid {}: CLR event stream: {error}", self.pid));
-                    self.incomplete = Some(format!("the event stream failed: {error}"));
+                    self.incomplete = Some(format!("the event stream broke: {error}"));
                 }
                 if let Some(e) = stop_error
                     && session_end.error.is_some()
