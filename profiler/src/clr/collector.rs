@@ -174,6 +174,21 @@ impl ExceptionEvents {
         self.counted += sample.value.max(0.0);
     }
 
+    /// Hands one event of the exception session to `intake`, tallying it;
+    /// returns whether it went over the budget ([`Self::observe_event`]).
+    fn take(
+        &mut self,
+        intake: &mut ClrIntake,
+        event: SessionEvent,
+        now_ns: u64,
+        gated: bool,
+    ) -> bool {
+        let over = matches!(event.event, ClrEvent::ExceptionThrown(_))
+            && self.observe_event(event.time_ns, now_ns, gated);
+        intake.add(event);
+        over
+    }
+
     /// Tallies one exception event; returns whether it went over the
     /// budget (never before the first counter value: see
     /// [`Self::first_count_ns`]).
@@ -435,10 +450,7 @@ impl ClrCollector {
         let mut take = |events: &mut ExceptionEvents, session: &mut ClrSession, gated: bool| {
             let mut over = false;
             taken += session.drain(&mut |event| {
-                if matches!(event.event, ClrEvent::ExceptionThrown(_)) {
-                    over |= events.observe_event(event.time_ns, now_ns, gated);
-                }
-                intake.add(event);
+                over |= events.take(intake, event, now_ns, gated);
             });
             over
         };
@@ -492,10 +504,7 @@ impl ClrCollector {
                 take(events, &mut session, false);
                 if session.has_ended() || Instant::now() >= deadline || main_ended {
                     let (end, _) = session.stop(Instant::now(), &mut |event| {
-                        if matches!(event.event, ClrEvent::ExceptionThrown(_)) {
-                            events.observe_event(event.time_ns, now_ns, false);
-                        }
-                        intake.add(event);
+                        events.take(intake, event, now_ns, false);
                     });
                     tracing::debug!(
                         pid = *pid,
@@ -670,10 +679,7 @@ impl ClrCollector {
         {
             let now_ns = crate::profile::monotonic_ns();
             session.stop(until, &mut |event| {
-                if matches!(event.event, ClrEvent::ExceptionThrown(_)) {
-                    events.observe_event(event.time_ns, now_ns, false);
-                }
-                intake.add(event);
+                events.take(intake, event, now_ns, false);
             });
         }
         let missing = events.unobserved();
