@@ -89,8 +89,10 @@ const EXIT_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// file). Small, as it counts against the agent's memory budget.
 const BUILD_CACHE_BYTES: usize = 8 << 20;
 /// A process's JIT table is rebuilt at most this often while its methods
-/// change (tiering compiles in bursts).
-const JIT_REBUILD_EVERY: Duration = Duration::from_millis(250);
+/// change (tiering compiles in bursts). Until then a method just tiered up
+/// without an rbp frame hides its caller: a thread that blocks in it every
+/// 30 ms loses a wait's caller per 30 ms of delay.
+const JIT_REBUILD_EVERY: Duration = Duration::from_millis(100);
 /// Files remembered by identity at most: past it, those without a table
 /// are forgotten (a churning host maps many one-off files: each .NET
 /// process's double-mapped code heap is a memfd of its own).

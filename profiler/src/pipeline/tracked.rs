@@ -31,8 +31,10 @@ use crate::{
 pub(super) type AttachJob =
     std::thread::JoinHandle<Result<PerfMapAttachOutcome, crate::clr::ipc::IpcError>>;
 
-/// How often a process's perf map / jitdump are re-read at most.
-const MANAGED_REFRESH_EVERY: Duration = Duration::from_millis(200);
+/// How often a process's perf map / jitdump are re-read at most (only the
+/// bytes added since the last read). It is also how late a method's unwind
+/// rows can be after it was compiled (see `JIT_REBUILD_EVERY`).
+const MANAGED_REFRESH_EVERY: Duration = Duration::from_millis(100);
 /// How often a process's perf map / jitdump are read for new JIT code even
 /// when none of its samples is due: a method compiled while the process is
 /// idle needs its unwind rows before the samples that run it.
