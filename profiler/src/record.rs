@@ -33,7 +33,7 @@ use crate::{
     },
     pipeline::{
         Pipeline, WindowSpan,
-        summary::{RecordSummary, add_still_blocked, off_cpu_threads},
+        summary::{RecordSummary, Warnings, add_still_blocked, off_cpu_threads},
     },
     process::ProcFs,
     process::main_module::ApplicationModule,
@@ -313,6 +313,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     summary.duration = elapsed;
     summary.samples_lost = summary.kernel.samples_lost;
     summary.stopped_by = stopped_by;
+    let mut warnings = Warnings::from(warnings);
     warnings.append(&mut summary.warnings);
     summary.warnings = warnings;
 

@@ -276,6 +276,11 @@ impl Shipper<'_> {
         let profile = pipeline.take_window(span, self.period_ns);
         let taken = pipeline.summary.samples.saturating_sub(self.samples_cut);
         self.samples_cut = pipeline.summary.samples;
+        // `record` prints its warnings at the end; the agent logs those of
+        // each window (grouped: one line per kind, not per process).
+        for warning in std::mem::take(&mut pipeline.summary.warnings).lines() {
+            tracing::warn!("{warning}");
+        }
         self.metrics
             .samples
             .get_or_create(&vec![("kind", "all")])

@@ -72,6 +72,28 @@ pub struct ClrCounters {
     pub exception_backoffs: u64,
 }
 
+impl ClrCounters {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &ClrCounters) {
+        let ClrCounters {
+            exceptions,
+            contentions,
+            contention_ns,
+            unpaired_contention_stops,
+            method_loads,
+            exceptions_without_event,
+            exception_backoffs,
+        } = other;
+        self.exceptions += exceptions;
+        self.contentions += contentions;
+        self.contention_ns += contention_ns;
+        self.unpaired_contention_stops += unpaired_contention_stops;
+        self.method_loads += method_loads;
+        self.exceptions_without_event += exceptions_without_event;
+        self.exception_backoffs += exception_backoffs;
+    }
+}
+
 #[derive(Debug)]
 struct OpenContention {
     time_ns: u64,

@@ -59,8 +59,12 @@ pub const LEVEL_ERROR: u32 = 2;
 pub const SESSION_BUFFER_MB: u32 = 64;
 /// NetTrace format on the wire.
 const FORMAT_NETTRACE: u32 = 1;
-/// Events in flight between the reader thread and the recording loop.
-const CHANNEL_BOUND: usize = 1 << 16;
+/// Batches in flight between the reader thread and the recording loop: one
+/// batch holds the events of one read of at most [`READ_CHUNK`] bytes, so
+/// this bounds what waits to at most 4 MiB of stream. (A channel of single
+/// events allocates all its slots up front: 65,536 of them took 11 MiB per
+/// session, and a .NET process has two.)
+const CHANNEL_BATCHES: usize = 64;
 /// How long the throwaway session of [`ClrSession::refresh_runtime_keywords`]
 /// may take to end.
 const REFRESH_DEADLINE: Duration = Duration::from_secs(5);
@@ -229,7 +233,9 @@ enum SessionMessage {
 pub struct ClrSession {
     client: DiagnosticClient,
     session_id: u64,
-    receiver: Receiver<SessionMessage>,
+    receiver: Receiver<Vec<SessionMessage>>,
+    /// The rest of the batch being handed out.
+    inbox: std::vec::IntoIter<SessionMessage>,
     reader: Option<JoinHandle<()>>,
     /// StopTracing, sent from a thread of its own by [`Self::begin_stop`].
     stopper: Option<JoinHandle<Result<(), IpcError>>>,
@@ -324,7 +330,7 @@ impl ClrSession {
         let client = DiagnosticClient::discover(procfs, pid)?;
         let payload = collect_tracing2_payload(SESSION_BUFFER_MB, false, providers);
         let (stream, session_id) = client.collect_tracing(&payload)?;
-        let (sender, receiver) = sync_channel(CHANNEL_BOUND);
+        let (sender, receiver) = sync_channel(CHANNEL_BATCHES);
         let reader = std::thread::Builder::new()
             .name(format!("clr-events-{pid}"))
             .spawn(move || {
@@ -341,6 +347,7 @@ impl ClrSession {
             client,
             session_id,
             receiver,
+            inbox: Vec::new().into_iter(),
             reader: Some(reader),
             stopper: None,
             end: None,
@@ -364,23 +371,37 @@ impl ClrSession {
     pub fn drain(&mut self, on_event: &mut impl FnMut(SessionEvent)) -> usize {
         let mut n = 0;
         while self.end.is_none() {
-            match self.receiver.try_recv() {
-                Ok(SessionMessage::Event(event)) => {
-                    n += 1;
-                    on_event(event);
-                }
-                Ok(SessionMessage::Counter(sample)) => self.keep_counter(sample),
-                Ok(SessionMessage::Ended(end)) => self.end = Some(*end),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    self.end = Some(SessionEnd {
-                        error: Some("the session reader stopped".to_owned()),
-                        ..SessionEnd::default()
-                    });
-                }
+            let message = match self.inbox.next() {
+                Some(message) => message,
+                None => match self.receiver.try_recv() {
+                    Ok(batch) => {
+                        self.inbox = batch.into_iter();
+                        continue;
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        self.end = Some(SessionEnd {
+                            error: Some("the session reader stopped".to_owned()),
+                            ..SessionEnd::default()
+                        });
+                        break;
+                    }
+                },
+            };
+            if let SessionMessage::Event(_) = message {
+                n += 1;
             }
+            self.handle(message, on_event);
         }
         n
+    }
+
+    fn handle(&mut self, message: SessionMessage, on_event: &mut impl FnMut(SessionEvent)) {
+        match message {
+            SessionMessage::Event(event) => on_event(event),
+            SessionMessage::Counter(sample) => self.keep_counter(sample),
+            SessionMessage::Ended(end) => self.end = Some(*end),
+        }
     }
 
     fn keep_counter(&mut self, sample: CounterSample) {
@@ -419,10 +440,12 @@ impl ClrSession {
             let left = until
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(50));
+            if let Some(message) = self.inbox.next() {
+                self.handle(message, on_event);
+                continue;
+            }
             match self.receiver.recv_timeout(left) {
-                Ok(SessionMessage::Event(event)) => on_event(event),
-                Ok(SessionMessage::Counter(sample)) => self.keep_counter(sample),
-                Ok(SessionMessage::Ended(end)) => self.end = Some(*end),
+                Ok(batch) => self.inbox = batch.into_iter(),
                 Err(RecvTimeoutError::Timeout) if Instant::now() < until => {}
                 Err(RecvTimeoutError::Timeout) => {
                     self.end = Some(SessionEnd {
@@ -561,7 +584,11 @@ fn stop_in_background(
 }
 
 /// The reader thread: socket -> parser -> decoder -> channel.
-fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSender<SessionMessage>) {
+fn read_session(
+    mut stream: UnixStream,
+    kinds: ClrEventKinds,
+    sender: &SyncSender<Vec<SessionMessage>>,
+) {
     let mut parser = NettraceParser::new();
     let mut decoder = ClrEventDecoder::new();
     let mut counter_decoder = CounterDecoder::new();
@@ -570,6 +597,7 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
     let mut undelivered = 0u64;
     let mut clock_skew_ns = None;
     let mut buf = vec![0u8; READ_CHUNK];
+    let mut batch = Vec::new();
     let mut error = None;
     loop {
         let n = match stream.read(&mut buf) {
@@ -601,9 +629,7 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
                         sample.time_ns = header
                             .and_then(|h| h.ticks_to_ns(record.timestamp))
                             .unwrap_or(0);
-                        if sender.send(SessionMessage::Counter(sample)).is_err() {
-                            undelivered += 1;
-                        }
+                        batch.push(SessionMessage::Counter(sample));
                         return;
                     }
                     Some(Err(error)) => {
@@ -628,12 +654,16 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
                     stack: record.stack.map(<[u64]>::to_vec).unwrap_or_default(),
                     event,
                 });
-                if sender.send(message).is_err() {
-                    undelivered += 1;
-                }
+                batch.push(message);
             }
             _ => {}
         });
+        if !batch.is_empty() {
+            let events = batch.len() as u64;
+            if sender.send(std::mem::take(&mut batch)).is_err() {
+                undelivered += events;
+            }
+        }
         if let Err(e) = fed {
             error = Some(e.to_string());
             break;
@@ -659,7 +689,7 @@ fn read_session(mut stream: UnixStream, kinds: ClrEventKinds, sender: &SyncSende
         counter_errors,
         counters: Vec::new(),
     };
-    let _ = sender.send(SessionMessage::Ended(Box::new(end)));
+    let _ = sender.send(vec![SessionMessage::Ended(Box::new(end))]);
 }
 
 #[cfg(test)]

@@ -351,7 +351,7 @@ impl Pipeline {
             layout,
             ..
         } = self;
-        summary.warnings.append(&mut clr.take_warnings());
+        summary.warnings.extend(clr.take_warnings());
         if clr.had_session() {
             summary.clr.push(ClrProcessTotals {
                 pid: process.pid,
@@ -876,7 +876,9 @@ fn release_process(
     keep_files: bool,
 ) -> Option<crate::clr::ipc::PerfMapAttach> {
     process.abandon_attach();
-    summary.warnings.append(&mut process.warnings);
+    summary
+        .warnings
+        .extend(std::mem::take(&mut process.warnings));
     if let Some(problems) = process.managed.as_ref().and_then(|m| m.errors().problems()) {
         summary.warnings.push(format!(
             "pid {}: some managed frames may be unnamed: {problems}",

@@ -46,9 +46,10 @@ pub struct RecordSummary {
     pub unwind: Option<UnwindReport>,
     pub command_status: Option<std::process::ExitStatus>,
     pub stopped_by: &'static str,
-    pub warnings: Vec<String>,
-    /// Exact CLR event counters per process that had an EventPipe session.
-    pub clr: Vec<ClrProcessTotals>,
+    pub warnings: Warnings,
+    /// Exact CLR event counters of the processes that had an EventPipe
+    /// session (the busiest ones one by one).
+    pub clr: ClrTotals,
     /// Files written (more than one with `split`).
     pub outputs: Vec<PathBuf>,
     /// Exact off-CPU totals of every thread that blocked, most blocked first.
@@ -71,6 +72,177 @@ pub struct Evictions {
     pub native_files: u64,
     /// Cached native frames dropped by the frame-cache bounds.
     pub native_frames: u64,
+}
+
+/// Warnings for the summary, bounded: a host that starts a .NET process
+/// every few seconds would otherwise hold (and print) one "pid N: ..." line
+/// per process for as long as the recording runs. Warnings that differ
+/// only in their pid are one entry, with the first few pids and a count.
+#[derive(Clone, Debug, Default)]
+pub struct Warnings {
+    kinds: Vec<WarningKind>,
+    /// Warnings past [`MAX_WARNING_KINDS`] distinct texts.
+    dropped: u64,
+}
+
+#[derive(Clone, Debug)]
+struct WarningKind {
+    /// The text after its `pid N: ` prefix, or all of it.
+    text: String,
+    /// The first pids it was given for.
+    pids: Vec<u32>,
+    count: u64,
+}
+
+/// Distinct warning texts kept.
+const MAX_WARNING_KINDS: usize = 64;
+/// Pids named per warning text.
+const PIDS_PER_WARNING: usize = 5;
+
+impl Warnings {
+    pub fn push(&mut self, warning: String) {
+        let (pid, text) = match warning
+            .strip_prefix("pid ")
+            .and_then(|rest| rest.split_once(": "))
+            .and_then(|(pid, text)| Some((pid.parse::<u32>().ok()?, text)))
+        {
+            Some((pid, text)) => (Some(pid), text),
+            None => (None, warning.as_str()),
+        };
+        if let Some(kind) = self.kinds.iter_mut().find(|k| k.text == text) {
+            kind.count += 1;
+            if kind.pids.len() < PIDS_PER_WARNING {
+                kind.pids.extend(pid);
+            }
+            return;
+        }
+        if self.kinds.len() >= MAX_WARNING_KINDS {
+            self.dropped += 1;
+            return;
+        }
+        self.kinds.push(WarningKind {
+            text: text.to_owned(),
+            pids: pid.into_iter().collect(),
+            count: 1,
+        });
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+    }
+
+    /// Moves `other`'s warnings after these.
+    pub fn append(&mut self, other: &mut Warnings) {
+        let other = std::mem::take(other);
+        for kind in other.kinds {
+            // Re-pushed one pid at a time would lose the count of those
+            // past the first few.
+            if let Some(mine) = self.kinds.iter_mut().find(|k| k.text == kind.text) {
+                mine.count += kind.count;
+                let room = PIDS_PER_WARNING.saturating_sub(mine.pids.len());
+                mine.pids.extend(kind.pids.into_iter().take(room));
+            } else if self.kinds.len() < MAX_WARNING_KINDS {
+                self.kinds.push(kind);
+            } else {
+                self.dropped += kind.count;
+            }
+        }
+        self.dropped += other.dropped;
+    }
+
+    /// One line per distinct warning, without the `clrbpf: warning: `
+    /// prefix.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .kinds
+            .iter()
+            .map(|kind| {
+                let more = kind.count.saturating_sub(kind.pids.len() as u64);
+                match kind.pids.as_slice() {
+                    [] => kind.text.clone(),
+                    [pid] if more == 0 => format!("pid {pid}: {}", kind.text),
+                    pids => {
+                        let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+                        let more = if more > 0 {
+                            format!(" and {more} more")
+                        } else {
+                            String::new()
+                        };
+                        format!("pids {}{more}: {}", pids.join(", "), kind.text)
+                    }
+                }
+            })
+            .collect();
+        if self.dropped > 0 {
+            lines.push(format!(
+                "{} more warnings of other kinds (only {MAX_WARNING_KINDS} kinds are kept)",
+                self.dropped
+            ));
+        }
+        lines
+    }
+}
+
+impl Extend<String> for Warnings {
+    fn extend<I: IntoIterator<Item = String>>(&mut self, warnings: I) {
+        for warning in warnings {
+            self.push(warning);
+        }
+    }
+}
+
+impl From<Vec<String>> for Warnings {
+    fn from(warnings: Vec<String>) -> Self {
+        let mut all = Self::default();
+        all.extend(warnings);
+        all
+    }
+}
+
+/// The CLR totals of the processes that had an EventPipe session: the
+/// [`CLR_PROCESSES_LISTED`] busiest one by one, the others summed (a long
+/// recording on a busy host sees thousands of .NET processes).
+#[derive(Clone, Debug, Default)]
+pub struct ClrTotals {
+    pub listed: Vec<ClrProcessTotals>,
+    /// The processes not listed, and their summed counters.
+    pub others: u64,
+    pub others_counters: ClrCounters,
+    pub others_incomplete: u64,
+}
+
+/// Processes whose CLR totals the summary lists one by one.
+pub const CLR_PROCESSES_LISTED: usize = 20;
+
+impl ClrTotals {
+    pub fn push(&mut self, totals: ClrProcessTotals) {
+        self.listed.push(totals);
+        if self.listed.len() <= CLR_PROCESSES_LISTED {
+            return;
+        }
+        let activity = |t: &ClrProcessTotals| t.counters.exceptions + t.counters.contentions;
+        let Some((quietest, _)) = self
+            .listed
+            .iter()
+            .enumerate()
+            .min_by_key(|(i, t)| (activity(t), std::cmp::Reverse(*i)))
+        else {
+            return;
+        };
+        let folded = self.listed.remove(quietest);
+        self.others += 1;
+        self.others_incomplete += u64::from(folded.incomplete.is_some());
+        self.others_counters.add(&folded.counters);
+    }
+
+    /// Every process's totals, listed or not.
+    pub fn all_counters(&self) -> ClrCounters {
+        let mut all = self.others_counters;
+        for totals in &self.listed {
+            all.add(&totals.counters);
+        }
+        all
+    }
 }
 
 /// One process's exact CLR event totals, for the summary.
@@ -292,7 +464,7 @@ pub fn print_summary(
             summary.perf_maps_enabled
         )?;
     }
-    for totals in &summary.clr {
+    for totals in &summary.clr.listed {
         let ClrProcessTotals {
             pid,
             exe_name,
@@ -313,6 +485,21 @@ pub fn print_summary(
         writeln!(
             w,
             "clrbpf: pid {pid} ({exe_name}): {} exceptions thrown{budget}, {} contentions, {:.1} ms contention time{incomplete}",
+            counters.exceptions,
+            counters.contentions,
+            counters.contention_ns as f64 / 1e6
+        )?;
+    }
+    if summary.clr.others > 0 {
+        let counters = &summary.clr.others_counters;
+        let incomplete = match summary.clr.others_incomplete {
+            0 => String::new(),
+            n => format!(" ({n} of them incomplete: their event stream broke)"),
+        };
+        writeln!(
+            w,
+            "clrbpf: {} more .NET processes: {} exceptions thrown, {} contentions, {:.1} ms contention time{incomplete}",
+            summary.clr.others,
             counters.exceptions,
             counters.contentions,
             counters.contention_ns as f64 / 1e6
@@ -386,7 +573,7 @@ pub fn print_summary(
             )?;
         }
     }
-    for warning in &summary.warnings {
+    for warning in summary.warnings.lines() {
         writeln!(w, "clrbpf: warning: {warning}")?;
     }
     Ok(())
@@ -449,5 +636,73 @@ mod tests {
         assert_eq!(rows[1].recorded_ns, 0);
         assert_eq!(rows[0].tid, 7, "most blocked first");
         assert_eq!(&*rows[1].thread_name, "Worker");
+    }
+
+    #[test]
+    fn warnings_that_differ_only_in_their_pid_are_one_line() {
+        let mut warnings = Warnings::default();
+        warnings.push("tracefs is not mounted".to_owned());
+        for pid in 100..110 {
+            warnings.push(format!("pid {pid}: wait-handle events need .NET 9+"));
+        }
+        warnings.push("pid 7: its perf map is not readable".to_owned());
+        assert_eq!(
+            warnings.lines(),
+            [
+                "tracefs is not mounted",
+                "pids 100, 101, 102, 103, 104 and 5 more: wait-handle events need .NET 9+",
+                "pid 7: its perf map is not readable",
+            ]
+        );
+    }
+
+    #[test]
+    fn warnings_keep_a_bounded_number_of_kinds_and_count_the_rest() {
+        let mut warnings = Warnings::default();
+        for i in 0..MAX_WARNING_KINDS + 3 {
+            warnings.push(format!("pid {i}: problem {i}"));
+        }
+        let mut later = Warnings::from(vec!["pid 1: problem 1".to_owned(), "new".to_owned()]);
+        warnings.append(&mut later);
+        let lines = warnings.lines();
+        assert_eq!(lines.len(), MAX_WARNING_KINDS + 1);
+        assert_eq!(lines[1], "pids 1, 1: problem 1");
+        assert_eq!(
+            lines[MAX_WARNING_KINDS],
+            format!("4 more warnings of other kinds (only {MAX_WARNING_KINDS} kinds are kept)")
+        );
+        assert!(later.is_empty());
+    }
+
+    fn clr_totals(pid: u32, exceptions: u64, incomplete: bool) -> ClrProcessTotals {
+        ClrProcessTotals {
+            pid,
+            exe_name: "dotnet".into(),
+            counters: ClrCounters {
+                exceptions,
+                contentions: 1,
+                ..ClrCounters::default()
+            },
+            incomplete: incomplete.then(|| "broke".to_owned()),
+        }
+    }
+
+    #[test]
+    fn clr_totals_list_the_busiest_processes_and_sum_the_others() {
+        let mut totals = ClrTotals::default();
+        totals.push(clr_totals(1, 1_000, false));
+        for pid in 2..=(CLR_PROCESSES_LISTED as u32 + 5) {
+            totals.push(clr_totals(pid, 0, pid == CLR_PROCESSES_LISTED as u32 + 2));
+        }
+        totals.push(clr_totals(99, 500, false));
+        assert_eq!(totals.listed.len(), CLR_PROCESSES_LISTED);
+        let listed: Vec<u32> = totals.listed.iter().map(|t| t.pid).collect();
+        assert_eq!(listed[..3], [1, 2, 3], "the first quiet ones stay listed");
+        assert_eq!(*listed.last().unwrap(), 99, "a busy late process is listed");
+        assert_eq!(totals.others, 6);
+        assert_eq!(totals.others_counters.contentions, 6);
+        assert_eq!(totals.others_incomplete, 1);
+        let all = totals.all_counters();
+        assert_eq!((all.exceptions, all.contentions), (1_500, 26));
     }
 }

@@ -5,7 +5,6 @@
 //! the most recently used tables within a byte budget.
 
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::fs::FileExt as _;
 use std::sync::Arc;
 
@@ -28,14 +27,16 @@ pub const MAX_ELF_FILE_BYTES: u64 = 1 << 30;
 const MAX_BUILD_ID_BYTES: usize = 64;
 
 /// What makes two files the same for unwinding: the GNU build id when the
-/// file has one (every distribution binary does), else a hash of the whole
-/// content. A hash of a few pages is not enough: two builds of one library
-/// can share their first and last 4 KiB and differ in between.
+/// file has one (every distribution binary does), else a hash of what
+/// [`read_elf_file`] read of it: every byte its table is built from (the
+/// rest hashes as zeros). A hash of a few pages is not enough: two builds
+/// of one library can share their first and last 4 KiB and differ in
+/// between.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum FileIdentity {
     /// The `.note.gnu.build-id` descriptor.
     BuildId(Box<[u8]>),
-    /// XXH3-64 of the whole file.
+    /// XXH3-64 of the bytes read ([`FileBytes`]).
     ContentHash(u64),
 }
 
@@ -338,12 +339,109 @@ pub fn pack_index_words(words: &[u32]) -> Box<[UnwindRow]> {
         .collect()
 }
 
-/// Reads a whole ELF file or PE image (a ReadyToRun `.dll`), refusing more
-/// than [`MAX_ELF_FILE_BYTES`] and, before reading the rest, a file without
-/// either magic. Executable mappings are not all ELF or PE: .NET 8 maps its
-/// JIT code from a memfd (`/memfd:doublemapper`) sized in gigabytes, which
-/// reading whole cost a gigabyte of memory and a second of CPU per process.
-pub fn read_elf_file(file: &File) -> Result<Vec<u8>, UnwindTableError> {
+/// The bytes of a file that unwinding reads, at their file offsets, in
+/// an anonymous mapping the size of the file: the parts not read stay
+/// zero pages that take no memory. An ELF file needs only its headers,
+/// notes and a few sections (`.eh_frame`, `.debug_frame`, the PLTs), a
+/// small part of a large library: reading `librustc_driver.so` (a quarter
+/// of a GiB) whole to index one compiler process raised clrbpf's RSS by as
+/// much.
+pub struct FileBytes {
+    map: Option<std::ptr::NonNull<u8>>,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned, private and only read through `&self`.
+unsafe impl Send for FileBytes {}
+unsafe impl Sync for FileBytes {}
+
+impl FileBytes {
+    /// A zero-filled anonymous mapping of `len` bytes.
+    fn zeroed(len: usize) -> std::io::Result<Self> {
+        if len == 0 {
+            return Ok(Self { map: None, len });
+        }
+        // SAFETY: a fresh private anonymous mapping; no file, no aliasing.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self {
+            map: std::ptr::NonNull::new(ptr.cast()),
+            len,
+        })
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self.map {
+            // SAFETY: `len` bytes mapped read-write, owned by `self`.
+            Some(ptr) => unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), self.len) },
+            None => &mut [],
+        }
+    }
+
+    /// Reads `file`'s bytes `[offset, offset + len)`, clipped to the file's
+    /// size, into place.
+    fn fill(&mut self, file: &File, offset: u64, len: u64) -> Result<(), UnwindTableError> {
+        let size = self.len as u64;
+        let start = offset.min(size);
+        let end = offset.saturating_add(len).min(size);
+        if start >= end {
+            return Ok(());
+        }
+        let range = start as usize..end as usize;
+        file.read_exact_at(&mut self.bytes_mut()[range], start)
+            .map_err(|source| UnwindTableError::Read { source })
+    }
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self.map {
+            // SAFETY: `len` bytes mapped, owned by `self`.
+            Some(ptr) => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), self.len) },
+            None => &[],
+        }
+    }
+}
+
+impl Drop for FileBytes {
+    fn drop(&mut self) {
+        if let Some(ptr) = self.map {
+            // SAFETY: the mapping made in `zeroed`, unmapped once.
+            unsafe { libc::munmap(ptr.as_ptr().cast(), self.len) };
+        }
+    }
+}
+
+/// ELF sections whose contents unwind tables are built from (besides the
+/// notes, for the build id).
+const UNWIND_SECTIONS: [&[u8]; 5] = [
+    b".eh_frame",
+    b".debug_frame",
+    b".plt",
+    b".plt.sec",
+    b".plt.got",
+];
+
+/// Reads what unwinding needs of an ELF file or PE image (a ReadyToRun
+/// `.dll`), refusing more than [`MAX_ELF_FILE_BYTES`] and, before reading
+/// the rest, a file without either magic. Executable mappings are not all
+/// ELF or PE: .NET 8 maps its JIT code from a memfd (`/memfd:doublemapper`)
+/// sized in gigabytes, which reading whole cost a gigabyte of memory and a
+/// second of CPU per process. A 64-bit little-endian ELF file is read
+/// sparsely ([`FileBytes`]); anything else whole.
+pub fn read_elf_file(file: &File) -> Result<FileBytes, UnwindTableError> {
     let mut magic = [0u8; 4];
     file.read_exact_at(&mut magic, 0)
         .map_err(|source| UnwindTableError::Read { source })?;
@@ -359,18 +457,90 @@ pub fn read_elf_file(file: &File) -> Result<Vec<u8>, UnwindTableError> {
             limit: MAX_ELF_FILE_BYTES,
         });
     }
-    // Sized once: growing by doubling would copy the file several times and
-    // leave freed buffers of every size in the heap.
-    let mut data = Vec::with_capacity(size as usize);
-    file.take(MAX_ELF_FILE_BYTES + 1)
-        .read_to_end(&mut data)
-        .map_err(|source| UnwindTableError::Read { source })?;
-    if data.len() as u64 > MAX_ELF_FILE_BYTES {
-        return Err(UnwindTableError::TooLarge {
-            limit: MAX_ELF_FILE_BYTES,
-        });
+    let mut data =
+        FileBytes::zeroed(size as usize).map_err(|source| UnwindTableError::Read { source })?;
+    if magic == *b"\x7fELF" && read_elf_parts(file, &mut data)? {
+        return Ok(data);
     }
+    data.fill(file, 0, size)?;
     Ok(data)
+}
+
+/// Reads the headers, notes and [`UNWIND_SECTIONS`] of a 64-bit
+/// little-endian ELF file into `data`; false (nothing wrong) for another
+/// kind of ELF file, to be read whole.
+fn read_elf_parts(file: &File, data: &mut FileBytes) -> Result<bool, UnwindTableError> {
+    use object::elf::{FileHeader64, PT_NOTE, SHT_NOBITS, SHT_NOTE};
+    use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
+    type Header = FileHeader64<object::LittleEndian>;
+    let parse_error = |source| UnwindTableError::Parse { source };
+    const HEADER_BYTES: u64 = size_of::<Header>() as u64;
+    const SECTION_HEADER_BYTES: u64 =
+        size_of::<object::elf::SectionHeader64<object::LittleEndian>>() as u64;
+
+    data.fill(file, 0, HEADER_BYTES)?;
+    let (e_phoff, e_phentsize, e_shoff, e_shentsize) = {
+        let Ok(header) = Header::parse(&**data) else {
+            return Ok(false);
+        };
+        if !header.is_class_64() || !header.is_little_endian() {
+            return Ok(false);
+        }
+        let e = header.endian().map_err(parse_error)?;
+        (
+            header.e_phoff.get(e),
+            u64::from(header.e_phentsize.get(e)),
+            header.e_shoff.get(e),
+            u64::from(header.e_shentsize.get(e)),
+        )
+    };
+    // Section 0 holds the real counts when they overflow the header's.
+    data.fill(file, e_shoff, SECTION_HEADER_BYTES)?;
+    let header = Header::parse(&**data).map_err(parse_error)?;
+    let e = header.endian().map_err(parse_error)?;
+    let phnum = header.phnum(e, &**data).map_err(parse_error)? as u64;
+    let shnum = header.shnum(e, &**data).map_err(parse_error)? as u64;
+    data.fill(file, e_phoff, e_phentsize.saturating_mul(phnum))?;
+    data.fill(file, e_shoff, e_shentsize.saturating_mul(shnum))?;
+
+    // The section names, then the sections and notes wanted.
+    let mut wanted: Vec<(u64, u64)> = Vec::new();
+    {
+        let header = Header::parse(&**data).map_err(parse_error)?;
+        let sections = header.section_headers(e, &**data).map_err(parse_error)?;
+        let names = header.shstrndx(e, &**data).map_err(parse_error)? as usize;
+        if let Some(names) = sections.get(names) {
+            wanted.push((names.sh_offset(e), names.sh_size(e)));
+        }
+        for segment in header.program_headers(e, &**data).map_err(parse_error)? {
+            if segment.p_type(e) == PT_NOTE {
+                wanted.push((segment.p_offset(e), segment.p_filesz(e)));
+            }
+        }
+    }
+    for &(offset, len) in &wanted {
+        data.fill(file, offset, len)?;
+    }
+    wanted.clear();
+    {
+        let header = Header::parse(&**data).map_err(parse_error)?;
+        let sections = header.sections(e, &**data).map_err(parse_error)?;
+        for section in sections.iter() {
+            if section.sh_type(e) == SHT_NOBITS {
+                continue;
+            }
+            let wanted_name = sections
+                .section_name(e, section)
+                .is_ok_and(|name| UNWIND_SECTIONS.contains(&name));
+            if wanted_name || section.sh_type(e) == SHT_NOTE {
+                wanted.push((section.sh_offset(e), section.sh_size(e)));
+            }
+        }
+    }
+    for &(offset, len) in &wanted {
+        data.fill(file, offset, len)?;
+    }
+    Ok(true)
 }
 
 /// Tables shared by file identity, least recently used evicted first once

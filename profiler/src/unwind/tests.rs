@@ -279,6 +279,42 @@ fn huge_or_foreign_mapped_files_are_refused_before_reading() {
     ));
 }
 
+/// An ELF file is read sparsely (headers, notes, unwind sections), and
+/// what is built from it is what the whole file gives.
+#[test]
+fn a_sparse_read_builds_the_table_of_the_whole_file() {
+    let mut paths = vec![libc_path(), "/usr/bin/xz".to_owned()];
+    // The test binary itself: large, with .debug_frame-free Rust code.
+    paths.push(std::env::current_exe().expect("exe").display().to_string());
+    let coreclr = coreclr_dir().join("shared/Microsoft.NETCore.App/8.0.4/libcoreclr.so");
+    if coreclr.exists() {
+        paths.push(coreclr.display().to_string());
+    }
+    for path in &paths {
+        let whole = std::fs::read(path).expect("read");
+        let file = std::fs::File::open(path).expect("open");
+        let sparse = table::read_elf_file(&file).expect("sparse read");
+        assert_eq!(sparse.len(), whole.len(), "{path}");
+        let resident = sparse.iter().filter(|&&b| b != 0).count();
+        let expected = UnwindTable::from_elf_bytes(&whole).expect("table");
+        let built = UnwindTable::from_elf_bytes(&sparse).expect("table");
+        assert_eq!(built.identity(), expected.identity(), "{path}");
+        assert!(
+            matches!(built.identity(), FileIdentity::BuildId(_)),
+            "{path} has a build id"
+        );
+        assert_eq!(built.rows(), expected.rows(), "{path}");
+        assert_eq!(built.segments(), expected.segments(), "{path}");
+        assert!(built.stats().rows > 100, "{path}");
+        // The code itself was not read.
+        let nonzero = whole.iter().filter(|&&b| b != 0).count();
+        assert!(
+            resident * 2 < nonzero,
+            "{path}: {resident} of {nonzero} bytes read"
+        );
+    }
+}
+
 #[test]
 fn hostile_elf_files_never_panic() {
     let data = std::fs::read("/usr/bin/xz").expect("xz");
