@@ -138,7 +138,20 @@ pub struct Pipeline {
     /// Pids [`Self::track_dotnet_processes`] looked at without finding a
     /// runtime, and how many times.
     dotnet_scanned: HashMap<u32, u8>,
+    /// When [`Self::log_sizes`] last wrote its debug line.
+    sizes_logged_at: std::time::Instant,
+    /// Tracked pids without a `/proc` entry at the last check, and when it
+    /// was ([`Self::retire_vanished`]).
+    vanished: (HashSet<u32>, std::time::Instant),
 }
+
+/// How long after its exit event a process's late samples are still its
+/// own (see [`Pipeline::apply_lifecycle`]).
+const EXIT_GRACE_NS: u64 = 50_000_000;
+
+/// How often tracked processes are checked for having vanished without an
+/// exit event seen for them ([`Pipeline::retire_vanished`]).
+const VANISHED_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How many scans a process that shows no .NET runtime gets (a `dotnet`
 /// host maps `libcoreclr.so` a moment after it starts).
@@ -193,6 +206,8 @@ impl Pipeline {
             thread_names: HashMap::new(),
             off_cpu_recorded: HashMap::new(),
             dotnet_scanned: HashMap::new(),
+            sizes_logged_at: std::time::Instant::now(),
+            vanished: (HashSet::new(), std::time::Instant::now()),
         }
     }
 
@@ -404,6 +419,63 @@ impl Pipeline {
         let delay = u64::try_from(SYMBOLIZE_DELAY.as_nanos()).unwrap_or(u64::MAX);
         self.process_pending(crate::profile::monotonic_ns().saturating_sub(delay));
         self.send_new_jit_code();
+        self.retire_vanished();
+        self.log_sizes();
+    }
+
+    /// Retires the tracked processes that have had no `/proc` entry at two
+    /// checks in a row ([`VANISHED_CHECK_EVERY`] apart): their exit event
+    /// was lost (a full ring), or a sample taken as they exited came after
+    /// it. By the second check, every sample they left has been added.
+    fn retire_vanished(&mut self) {
+        if self.vanished.1.elapsed() < VANISHED_CHECK_EVERY {
+            return;
+        }
+        let gone: HashSet<u32> = self
+            .processes
+            .keys()
+            .copied()
+            .filter(|pid| !self.procfs.pid_dir(*pid).exists())
+            .collect();
+        let earlier = std::mem::replace(
+            &mut self.vanished,
+            (HashSet::new(), std::time::Instant::now()),
+        )
+        .0;
+        for &pid in gone.intersection(&earlier) {
+            tracing::debug!(
+                pid,
+                "retiring a process that vanished without an exit event"
+            );
+            self.summary.processes_vanished += 1;
+            self.retire(pid);
+        }
+        self.vanished.0 = gone.difference(&earlier).copied().collect();
+    }
+
+    /// Every 10 s, a debug line with the size of every table that grows
+    /// with processes, threads or stacks (`--log-level clrbpf=debug`):
+    /// what to look at first when memory grows on a long run.
+    fn log_sizes(&mut self) {
+        if self.sizes_logged_at.elapsed() < std::time::Duration::from_secs(10) {
+            return;
+        }
+        self.sizes_logged_at = std::time::Instant::now();
+        tracing::debug!(
+            processes = self.processes.len(),
+            frames = self.aggregator.frame_count(),
+            samples = self.aggregator.distinct_samples(),
+            raw_stacks = self.raw_cpu.len(),
+            pending = self.pending.len(),
+            retry = self.retry.len(),
+            thread_names = self.thread_names.len(),
+            off_cpu_threads = self.off_cpu_recorded.len(),
+            dotnet_scanned = self.dotnet_scanned.len(),
+            native_files = self.native.open_files(),
+            native_processes = self.native.processes(),
+            mapping_modules = self.native.mapping_modules(),
+            "pipeline sizes"
+        );
     }
 
     /// Hands the code of the methods compiled since the last call (as the
@@ -500,7 +572,14 @@ impl Pipeline {
         while let Some(&event) = self.lifecycle.front() {
             let (ProcessEvent::Exited { time_ns: at, .. } | ProcessEvent::Exec { time_ns: at, .. }) =
                 event;
-            if at > time_ns {
+            // An exit is reported when the process starts to exit: it still
+            // runs (closes its files, unmaps its memory) and is sampled for
+            // a moment, and those samples must not find it gone.
+            let due = match event {
+                ProcessEvent::Exited { .. } => at.saturating_add(EXIT_GRACE_NS),
+                ProcessEvent::Exec { .. } => at,
+            };
+            if due > time_ns {
                 break;
             }
             self.lifecycle.pop_front();
@@ -1060,30 +1139,65 @@ mod tests {
             ValueLayout::new(false, false, false),
         );
         let pid = u32::MAX - 1;
+        let exit = 25;
         pipeline.accept(&mut vec![
             cpu_sample(10, 1, vec![1]),
             cpu_sample(20, 1, vec![1]),
-            // The pid reused by a new process after the exit at 25.
-            cpu_sample(30, 1, vec![1]),
+            // Taken while it exits, after its exit event.
+            cpu_sample(exit + 1_000_000, 1, vec![1]),
+            // The pid reused by a new process after the exit.
+            cpu_sample(exit + EXIT_GRACE_NS + 1, 1, vec![1]),
         ]);
         pipeline
             .lifecycle
-            .push_back(crate::bpf::ProcessEvent::Exited { pid, time_ns: 25 });
-        pipeline.process_pending(26);
-        assert_eq!(pipeline.summary.samples, 2);
+            .push_back(crate::bpf::ProcessEvent::Exited { pid, time_ns: exit });
+        pipeline.process_pending(exit + 2_000_000);
+        assert!(
+            pipeline.processes.contains_key(&pid),
+            "not released while it may still run"
+        );
+        pipeline.process_pending(exit + EXIT_GRACE_NS + 1);
+        assert_eq!(pipeline.summary.samples, 3);
         assert_eq!(pipeline.summary.processes_exited, 1);
         assert!(
             !pipeline.processes.contains_key(&pid),
-            "released at its exit"
+            "released after its exit"
         );
-        pipeline.process_pending(100);
-        assert_eq!(pipeline.samples_seen(), 3);
+        pipeline.process_pending(u64::MAX);
+        assert_eq!(pipeline.samples_seen(), 4);
         assert!(pipeline.processes.contains_key(&pid), "the new process");
         assert_eq!(
             pipeline.process_count(),
             2,
             "two processes seen under one pid"
         );
+    }
+
+    #[test]
+    fn a_process_gone_without_its_exit_event_is_retired_at_the_second_check() {
+        let mut pipeline = Pipeline::new(
+            false,
+            ClrEventKinds::NONE,
+            ValueLayout::new(false, false, false),
+        );
+        let pid = u32::MAX - 1; // never a live process
+        pipeline.accept(&mut vec![cpu_sample(10, 1, vec![1])]);
+        pipeline.process_pending(u64::MAX);
+        assert!(pipeline.processes.contains_key(&pid));
+        let check = |pipeline: &mut Pipeline| {
+            pipeline.vanished.1 = std::time::Instant::now() - VANISHED_CHECK_EVERY;
+            pipeline.retire_vanished();
+        };
+        check(&mut pipeline);
+        assert!(
+            pipeline.processes.contains_key(&pid),
+            "the first check only notes it"
+        );
+        check(&mut pipeline);
+        assert!(!pipeline.processes.contains_key(&pid));
+        assert_eq!(pipeline.summary.processes_vanished, 1);
+        assert_eq!(pipeline.summary.processes_exited, 1);
+        assert_eq!(pipeline.summary.samples, 1, "its stack was named first");
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub struct RecordSummary {
     /// Processes whose exit the kernel reported during the recording; what
     /// they held was released then.
     pub processes_exited: usize,
+    /// Of those, the ones retired because they had vanished from `/proc`
+    /// (their exit event lost, or a late sample tracked them again).
+    pub processes_vanished: usize,
     /// What the bounded caches let go of to stay within their caps.
     pub evictions: Evictions,
     pub kernel_frames: u64,
@@ -425,9 +428,13 @@ pub fn print_summary(
         summary.kernel_frames
     )?;
     if summary.processes_exited > 0 {
+        let vanished = match summary.processes_vanished {
+            0 => String::new(),
+            n => format!(" ({n} of them found gone without their exit event)"),
+        };
         writeln!(
             w,
-            "clrbpf: {} processes exited during the recording; their symbols, files and sessions were released then",
+            "clrbpf: {} processes exited during the recording{vanished}; their symbols, files and sessions were released then",
             summary.processes_exited
         )?;
     }

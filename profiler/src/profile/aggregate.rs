@@ -79,6 +79,10 @@ impl Aggregator {
         }
     }
 
+    pub fn frame_count(&self) -> usize {
+        self.frames.len()
+    }
+
     pub fn distinct_samples(&self) -> usize {
         self.samples.len()
     }

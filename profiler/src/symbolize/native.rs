@@ -87,6 +87,13 @@ type MappingKey = (FileKey, u64, u64, u64);
 /// module (no range), so a host with endless `dlopen`s stays bounded.
 const MAX_MAPPING_MODULES: usize = 65_536;
 
+/// A mapping's pprof module and how many known processes use it (forked
+/// processes share their parent's layout).
+struct MappingModule {
+    module: Arc<Module>,
+    users: u32,
+}
+
 struct OpenedElf {
     /// Held open so `fd_path` stays valid after the process exits.
     file: File,
@@ -138,7 +145,12 @@ pub struct NativeSymbolizer {
     kernel_cache: LruCache<u64, Arc<Frame>>,
     /// The pprof mapping of each file mapping seen: the file's module with
     /// the mapping's real range and offset, shared by its frames.
-    mapping_modules: HashMap<MappingKey, Arc<Module>>,
+    mapping_modules: HashMap<MappingKey, MappingModule>,
+    /// The mappings each known process's frames were given, so they go
+    /// when the last process using them is forgotten (each process maps
+    /// its files elsewhere: a host starting processes all day would
+    /// otherwise keep one module per mapping of every process it saw).
+    process_mappings: HashMap<u32, HashSet<MappingKey>>,
     kernel_module: Arc<Module>,
     pub stats: NativeStats,
 }
@@ -174,6 +186,7 @@ impl NativeSymbolizer {
             user_cache: LruCache::new(at_least_one(limits.max_user_frames)),
             kernel_cache: LruCache::new(at_least_one(limits.max_kernel_frames)),
             mapping_modules: HashMap::new(),
+            process_mappings: HashMap::new(),
             kernel_module: Arc::new(Module {
                 path: "[kernel.kallsyms]".into(),
                 build_id: None,
@@ -245,6 +258,14 @@ impl NativeSymbolizer {
     /// its samples are named; frames of files other processes still map
     /// stay. A pid never prepared is fine.
     pub fn forget_process(&mut self, pid: u32) {
+        for key in self.process_mappings.remove(&pid).into_iter().flatten() {
+            if let Some(mapping) = self.mapping_modules.get_mut(&key) {
+                mapping.users = mapping.users.saturating_sub(1);
+                if mapping.users == 0 {
+                    self.mapping_modules.remove(&key);
+                }
+            }
+        }
         let Some(keys) = self.process_files.remove(&pid) else {
             return;
         };
@@ -373,20 +394,35 @@ impl NativeSymbolizer {
         file_module: &Arc<Module>,
     ) -> Arc<Module> {
         let key = (mapping.key, mapping.start, mapping.end, mapping.offset);
-        if let Some(module) = self.mapping_modules.get(&key) {
-            return module.clone();
-        }
-        if self.mapping_modules.len() >= MAX_MAPPING_MODULES {
+        let known = self.mapping_modules.contains_key(&key);
+        if !known && self.mapping_modules.len() >= MAX_MAPPING_MODULES {
             return file_module.clone();
         }
-        let module = Arc::new(Module {
-            memory_start: mapping.start,
-            memory_limit: mapping.end,
-            file_offset: mapping.offset,
-            ..(**file_module).clone()
-        });
-        self.mapping_modules.insert(key, module.clone());
-        module
+        let new_user = self
+            .process_mappings
+            .entry(mapping.pid)
+            .or_default()
+            .insert(key);
+        let entry = self
+            .mapping_modules
+            .entry(key)
+            .or_insert_with(|| MappingModule {
+                module: Arc::new(Module {
+                    memory_start: mapping.start,
+                    memory_limit: mapping.end,
+                    file_offset: mapping.offset,
+                    ..(**file_module).clone()
+                }),
+                users: 0,
+            });
+        entry.users += u32::from(new_user);
+        entry.module.clone()
+    }
+
+    /// Mappings given a module of their own now (see
+    /// [`Self::forget_process`]).
+    pub fn mapping_modules(&self) -> usize {
+        self.mapping_modules.len()
     }
 
     /// Names a kernel address from kallsyms.
@@ -657,20 +693,37 @@ mod tests {
         let mappings = mapped_files(own, "");
         let (start, end, offset, key, path) = mappings.first().expect("an executable mapping");
         let mut s = NativeSymbolizer::new();
-        for pid in [own, own + 1_000_000] {
-            s.prepare(&MappedFile {
+        // A third process maps the file elsewhere (its own layout).
+        for (pid, shift) in [
+            (own, 0),
+            (own + 1_000_000, 0),
+            (own + 2_000_000, 0x1000_0000),
+        ] {
+            let mapping = MappedFile {
                 pid,
-                start: *start,
-                end: *end,
+                start: *start + shift,
+                end: *end + shift,
                 offset: *offset,
                 key: *key,
                 path,
-            });
+            };
+            s.prepare(&mapping);
+            let frame = s.symbolize_user(&mapping, mapping.start + 0x40, false);
+            let module = frame.module.as_ref().expect("a file frame has a module");
+            assert_eq!(
+                module.memory_start, mapping.start,
+                "the process's own range"
+            );
         }
+        assert_eq!(s.mapping_modules(), 2, "one per distinct mapping");
+        s.forget_process(own + 2_000_000);
+        assert_eq!(s.mapping_modules(), 1, "its own mapping goes with it");
         s.forget_process(own + 1_000_000);
         assert_eq!(s.open_files(), 1, "another process still maps it");
+        assert_eq!(s.mapping_modules(), 1, "shared with a live process");
         s.forget_process(own);
         assert_eq!(s.open_files(), 0);
+        assert_eq!(s.mapping_modules(), 0);
     }
 
     #[test]
