@@ -951,6 +951,24 @@ pub fn record_pid(
     (output, output_path)
 }
 
+/// Whether a `clrbpf: warning:` line of `stderr` names `pid`: as `pid N:`
+/// or in the list of a warning several processes share (`pids N, M and 3
+/// more: ...`, which names the first five).
+pub fn warned_about(stderr: &str, pid: u32) -> bool {
+    stderr.lines().any(|line| {
+        let Some(rest) = line.strip_prefix("clrbpf: warning: ") else {
+            return false;
+        };
+        let Some((pids, _)) = rest.split_once(':') else {
+            return false;
+        };
+        (pids.starts_with("pid ") || pids.starts_with("pids "))
+            && pids
+                .split(|c: char| !c.is_ascii_digit())
+                .any(|word| word == pid.to_string())
+    })
+}
+
 /// `(samples, lost)` from the first line of clrbpf's summary
 /// (`clrbpf: recorded 5.0 s (duration), N samples from P processes, L lost, ...`).
 pub fn summary_samples_and_lost(stderr: &str) -> (u64, u64) {

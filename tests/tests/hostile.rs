@@ -57,7 +57,7 @@ fn hostile_diagnostic_sockets_delay_nothing() {
     assert_eq!(lost, 0, "samples lost:\n{stderr}");
     for fake in &fakes {
         assert!(
-            stderr.contains(&format!("pid {}", fake.pid())),
+            clrbpf_integration_tests::warned_about(&stderr, fake.pid()),
             "fake .NET pid {} is not reported:\n{stderr}",
             fake.pid()
         );
