@@ -1,9 +1,11 @@
 //! `cargo xtask bench`, churn soak (issue 10): what runs for weeks on a
-//! node must not grow with the processes the node starts. `record -a` for
-//! ten minutes (`CLRBPF_BENCH_SOAK_SECONDS` shortens it) while `sh -c :`
-//! starts 40 times a second and a short .NET 8 app every 3 s: clrbpf's RSS
-//! and open files at 2 minutes and at the end, and what its bounded caches
-//! evicted. perf would grow here too (perf.data holds every sample), so no
+//! node must not grow with the processes the node starts. `record -a`, then
+//! the agent, each for ten minutes (`CLRBPF_BENCH_SOAK_SECONDS` shortens
+//! it) while `sh -c :` starts 40 times a second and a short .NET 8 app every
+//! 3 s: clrbpf's RSS and open files at 2 minutes and at the end, and what
+//! its bounded caches evicted. `record` keeps one window, whose profile
+//! holds every exited process's samples; the agent starts every window
+//! empty. perf would grow here too (perf.data holds every sample), so no
 //! comparison row.
 
 use std::{
@@ -40,21 +42,104 @@ fn soak_seconds() -> u64 {
         .unwrap_or(600)
 }
 
+/// The profiler a soak runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Soaked {
+    Record,
+    Agent,
+}
+
+/// What one soak measured.
+struct Soak {
+    natives: u64,
+    apps: u64,
+    failed_apps: u64,
+    early: Option<(u64, usize)>,
+    late: Option<(u64, usize)>,
+    /// From `record`'s summary (the agent prints none).
+    exited: Option<u64>,
+    evictions: Option<String>,
+}
+
 pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     let seconds = soak_seconds();
     println!(
-        "\nbench: churn soak: record -a for {seconds} s while sh -c : starts {NATIVE_PER_SECOND}/s and a .NET 8 app (Hot, 1.5 s) every {} s",
+        "\nbench: churn soak: record -a, then the agent, each for {seconds} s while sh -c : starts {NATIVE_PER_SECOND}/s and a .NET 8 app (Hot, 1.5 s) every {} s",
         APP_EVERY.as_secs()
     );
+    let record = soak(inputs, seconds, Soaked::Record)?;
+    let agent = soak(inputs, seconds, Soaked::Agent)?;
+    let show = |f: Option<(u64, usize)>| {
+        f.map_or("?".to_owned(), |(rss, fds)| {
+            format!("{:.1} MiB, {fds} fds", rss as f64 / 1024.0)
+        })
+    };
+    let growth = |s: &Soak| match (s.early, s.late) {
+        (Some((a, _)), Some((b, _))) => {
+            format!("{:+.1}%", 100.0 * (b as f64 - a as f64) / a as f64)
+        }
+        _ => "?".to_owned(),
+    };
+    println!(
+        "| churn soak | clrbpf record -a (one window) | clrbpf agent (defaults: 60 s windows) |"
+    );
+    println!("| --- | --- | --- |");
+    println!(
+        "| processes started | {} native, {} .NET ({} failed) | {} native, {} .NET ({} failed) |",
+        record.natives,
+        record.apps,
+        record.failed_apps,
+        agent.natives,
+        agent.apps,
+        agent.failed_apps
+    );
+    println!(
+        "| processes exited, seen by clrbpf | {} | (no summary) |",
+        record.exited.map_or("?".to_owned(), |n| n.to_string())
+    );
+    println!(
+        "| at 2 min | {} | {} |",
+        show(record.early),
+        show(agent.early)
+    );
+    println!(
+        "| at the end ({seconds} s) | {} | {} |",
+        show(record.late),
+        show(agent.late)
+    );
+    println!(
+        "| RSS growth after 2 min (budget <= 10%) | {} | {} |",
+        growth(&record),
+        growth(&agent)
+    );
+    println!(
+        "| evicted | {} | (no summary) |",
+        record.evictions.as_deref().unwrap_or("(no line)")
+    );
+    let _ = agent.exited;
+    Ok(())
+}
+
+/// Runs the churn for `seconds` under one profiler.
+fn soak(inputs: &BenchInputs<'_>, seconds: u64, soaked: Soaked) -> anyhow::Result<Soak> {
     let stderr_path = inputs.scratch.join("churn.stderr");
-    let mut clrbpf = Command::new(inputs.clrbpf)
-        .args(["record", "-a", "-d", &seconds.to_string(), "-o"])
-        .arg(inputs.scratch.join("churn.pb.gz"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(&stderr_path).context("create the churn log")?)
-        .spawn()
-        .context("start clrbpf")?;
+    let stderr_file = fs::File::create(&stderr_path).context("create the churn log")?;
+    let mut clrbpf = match soaked {
+        Soaked::Record => Command::new(inputs.clrbpf)
+            .args(["record", "-a", "-d", &seconds.to_string(), "-o"])
+            .arg(inputs.scratch.join("churn.pb.gz"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr_file)
+            .spawn()
+            .context("start clrbpf")?,
+        Soaked::Agent => {
+            let windows = inputs.scratch.join("churn-windows");
+            let _ = fs::remove_dir_all(&windows);
+            fs::create_dir_all(&windows).context("create the agent's window directory")?;
+            crate::bench::spawn_agent(inputs, &windows, 19000, &[])?
+        }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let natives = Arc::new(AtomicU64::new(0));
     let churn = {
@@ -105,45 +190,34 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     }
     stop.store(true, Ordering::Relaxed);
     let _ = churn.join();
-    let status = clrbpf.wait().context("wait for clrbpf")?;
-    let stderr = fs::read_to_string(&stderr_path).unwrap_or_default();
-    if !status.success() {
-        anyhow::bail!("clrbpf record under churn exited with {status}:\n{stderr}");
+    if soaked == Soaked::Agent {
+        // SAFETY: plain kill(2) of our own child.
+        unsafe { libc::kill(clrbpf.id() as i32, libc::SIGTERM) };
     }
+    let status = clrbpf.wait().context("wait for clrbpf")?;
+    if !status.success() {
+        let stderr = fs::read_to_string(&stderr_path).unwrap_or_default();
+        anyhow::bail!("clrbpf under churn exited with {status}:\n{stderr}");
+    }
+    let stderr = fs::read_to_string(&stderr_path).unwrap_or_default();
     let evictions = stderr
         .lines()
         .find_map(|l| l.split("caches stayed within their caps by ").nth(1))
-        .unwrap_or("(no line)");
-    let exited = stderr
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("clrbpf: ")?
-                .split(" processes exited")
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .unwrap_or(0);
-    let show = |f: Option<(u64, usize)>| {
-        f.map_or("?".to_owned(), |(rss, fds)| {
-            format!("{:.1} MiB, {fds} fds", rss as f64 / 1024.0)
-        })
-    };
-    println!("| churn soak | value |");
-    println!("| --- | --- |");
-    println!(
-        "| processes started | {} native, {apps} .NET ({failed_apps} failed) |",
-        natives.load(Ordering::Relaxed)
-    );
-    println!("| processes exited, seen by clrbpf | {exited} |");
-    println!("| clrbpf at 2 min | {} |", show(early));
-    println!("| clrbpf at the end ({seconds} s) | {} |", show(late));
-    if let (Some((a, _)), Some((b, _))) = (early, late) {
-        println!(
-            "| RSS growth after 2 min | {:+.1}% (budget <= 10%) |",
-            100.0 * (b as f64 - a as f64) / a as f64
-        );
-    }
-    println!("| evicted | {evictions} |");
-    Ok(())
+        .map(str::to_owned);
+    let exited = stderr.lines().find_map(|l| {
+        l.strip_prefix("clrbpf: ")?
+            .split(" processes exited")
+            .next()?
+            .parse::<u64>()
+            .ok()
+    });
+    Ok(Soak {
+        natives: natives.load(Ordering::Relaxed),
+        apps,
+        failed_apps,
+        early,
+        late,
+        exited,
+        evictions,
+    })
 }

@@ -93,6 +93,9 @@ const BUILD_CACHE_BYTES: usize = 8 << 20;
 /// without an rbp frame hides its caller: a thread that blocks in it every
 /// 30 ms loses a wait's caller per 30 ms of delay.
 const JIT_REBUILD_EVERY: Duration = Duration::from_millis(100);
+/// How long the worker sleeps when no JIT table waits for a rebuild: its
+/// periodic work (exit checks, young processes' rescans) is per second.
+const IDLE_WAKE_EVERY: Duration = Duration::from_millis(500);
 /// Files remembered by identity at most: past it, those without a table
 /// are forgotten (a churning host maps many one-off files: each .NET
 /// process's double-mapped code heap is a memfd of its own).
@@ -520,6 +523,18 @@ impl UnwindMaps {
                 self.stats.jit_not_decoded += 1;
             }
         }
+    }
+
+    /// How long the worker may sleep: until the first JIT table with
+    /// changes is due for its rebuild, else [`IDLE_WAKE_EVERY`].
+    fn next_wake(&self) -> Duration {
+        self.jit
+            .values()
+            .filter(|j| j.methods.is_changed())
+            .map(|j| JIT_REBUILD_EVERY.saturating_sub(j.built_at.elapsed()))
+            .min()
+            .unwrap_or(IDLE_WAKE_EVERY)
+            .max(Duration::from_millis(1))
     }
 
     /// Loads a new table for each process whose JIT methods changed and
@@ -1017,7 +1032,7 @@ impl UnwindWorker {
                     if stop_flag.load(Ordering::Relaxed) {
                         break;
                     }
-                    match rx.recv_timeout(JIT_REBUILD_EVERY) {
+                    match rx.recv_timeout(maps.next_wake()) {
                         Ok(UnwindRequest::Track(pid)) => {
                             maps.track_process(pid);
                         }

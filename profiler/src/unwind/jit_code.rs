@@ -330,6 +330,12 @@ impl JitCodeRows {
         true
     }
 
+    /// Whether the table changed since [`Self::take_changed`], which
+    /// would say so.
+    pub fn is_changed(&self) -> bool {
+        self.changed
+    }
+
     /// Whether the table changed since the last call.
     pub fn take_changed(&mut self) -> bool {
         std::mem::take(&mut self.changed)
