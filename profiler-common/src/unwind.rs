@@ -430,6 +430,108 @@ pub trait MemoryReader {
     fn may_be_code(&self, _value: u64) -> bool {
         true
     }
+
+    /// The epilog whose next instruction is at `pc` ([`decode_epilog`] of
+    /// the code there), `None` when the code is no epilog or cannot be
+    /// read. The kernel runs the same [`EpilogScan`] steps one `bpf_loop`
+    /// iteration at a time, which its verifier checks far faster than the
+    /// loop.
+    fn epilog_at(&self, pc: u64) -> Option<Epilog> {
+        decode_epilog(self.read_code_u64(pc)?)
+    }
+}
+
+/// An x64 epilog an interrupted frame is in: where its `pop`s leave the
+/// return address and rbp, from sp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Epilog {
+    pub ra_slot: u64,
+    /// Where `pop rbp` takes rbp from, `None` when the epilog has none.
+    pub rbp_slot: Option<u64>,
+}
+
+/// [`EpilogScan::state`]: decoding.
+pub const EPILOG_SCANNING: u32 = 0;
+/// [`EpilogScan::state`]: `ret` reached after `pop`s.
+pub const EPILOG_FOUND: u32 = 1;
+/// [`EpilogScan::state`]: the code is not `pop`s then `ret`.
+pub const EPILOG_NONE: u32 = 2;
+
+/// The decoding of an epilog (zero or more `pop`s, `58+r` or `41 58+r`,
+/// then `ret`) in 8 code bytes, one instruction per [`Self::step`]: at
+/// most [`Self::STEPS`] of them (7 one-byte pops and `ret`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EpilogScan {
+    /// Code bytes decoded.
+    pub at: u32,
+    /// [`EPILOG_SCANNING`], [`EPILOG_FOUND`] or [`EPILOG_NONE`].
+    pub state: u32,
+    /// Stack bytes the decoded pops take: where the return address is.
+    pub ra_slot: u32,
+    /// 1 + where `pop rbp` takes rbp from, 0 for no `pop rbp`.
+    pub rbp_slot_plus_one: u32,
+}
+
+impl EpilogScan {
+    pub const STEPS: u32 = 8;
+
+    /// Decodes the next instruction of `code`; false once the scan is over.
+    #[inline(always)]
+    pub fn step(&mut self, code: u64) -> bool {
+        if self.state != EPILOG_SCANNING {
+            return false;
+        }
+        if self.at >= 8 {
+            self.state = EPILOG_NONE;
+            return false;
+        }
+        let byte = (code >> (8 * self.at)) as u8;
+        if byte == x86_64::OP_RET {
+            self.state = EPILOG_FOUND;
+            return false;
+        }
+        if (0x58..=0x5f).contains(&byte) {
+            if byte == x86_64::OP_POP_RBP {
+                self.rbp_slot_plus_one = self.ra_slot + 1;
+            }
+            self.ra_slot += 8;
+            self.at += 1;
+        } else if byte == x86_64::REX_B
+            && self.at < 7
+            && (0x58..=0x5f).contains(&((code >> (8 * (self.at + 1))) as u8))
+        {
+            self.ra_slot += 8;
+            self.at += 2;
+        } else {
+            self.state = EPILOG_NONE;
+            return false;
+        }
+        true
+    }
+
+    /// The epilog decoded, `None` unless `ret` was reached.
+    #[inline(always)]
+    pub fn result(&self) -> Option<Epilog> {
+        if self.state != EPILOG_FOUND || self.ra_slot > 8 * Self::STEPS {
+            return None;
+        }
+        Some(Epilog {
+            ra_slot: u64::from(self.ra_slot),
+            rbp_slot: self.rbp_slot_plus_one.checked_sub(1).map(u64::from),
+        })
+    }
+}
+
+/// The epilog the 8 code bytes `code` start, if they are one.
+pub fn decode_epilog(code: u64) -> Option<Epilog> {
+    let mut scan = EpilogScan::default();
+    for _ in 0..EpilogScan::STEPS {
+        if !scan.step(code) {
+            break;
+        }
+    }
+    scan.result()
 }
 
 /// The row covering `pc` in a table sorted by `pc`: the last row starting at
@@ -723,42 +825,9 @@ pub fn step_interrupted_epilog<M: MemoryReader + ?Sized>(
     regs: &mut UnwindRegs,
     mem: &M,
 ) -> Result<Option<StepOutcome>, UnwindError> {
-    let Some(code) = mem.read_code_u64(regs.pc) else {
+    let Some(Epilog { ra_slot, rbp_slot }) = mem.epilog_at(regs.pc) else {
         return Ok(None);
     };
-    let mut ra_slot = 0u64;
-    let mut rbp_slot = None;
-    let mut i = 0u32;
-    let mut found = false;
-    // At most 8 code bytes: `ret` after up to 7 one-byte pops.
-    for _ in 0..8 {
-        if i >= 8 {
-            break;
-        }
-        let byte = (code >> (8 * i)) as u8;
-        if byte == x86_64::OP_RET {
-            found = true;
-            break;
-        }
-        if (0x58..=0x5f).contains(&byte) {
-            if byte == x86_64::OP_POP_RBP {
-                rbp_slot = Some(ra_slot);
-            }
-            ra_slot += 8;
-            i += 1;
-        } else if byte == x86_64::REX_B
-            && i < 7
-            && (0x58..=0x5f).contains(&((code >> (8 * (i + 1))) as u8))
-        {
-            ra_slot += 8;
-            i += 2;
-        } else {
-            return Ok(None);
-        }
-    }
-    if !found {
-        return Ok(None);
-    }
     let ra_addr = offset(regs.sp, ra_slot as i64)?;
     let pc = read(mem, ra_addr)?;
     if pc == 0 {
@@ -1241,6 +1310,57 @@ mod tests {
             Ok(true)
         );
         assert_eq!(r, regs(0x6000, 0x7018, 0x7200));
+    }
+
+    /// The epilog scan the kernel runs one step per `bpf_loop` iteration:
+    /// its longest epilog, pops with and without REX, and 8 bytes that run
+    /// out before a `ret`.
+    #[test]
+    fn epilogs_decode_within_eight_steps() {
+        let code = |bytes: [u8; 8]| u64::from_le_bytes(bytes);
+        // Seven pops, rbp fourth, then ret: every step used.
+        assert_eq!(
+            decode_epilog(code([0x5b, 0x5e, 0x5f, 0x5d, 0x58, 0x59, 0x5a, 0xc3])),
+            Some(Epilog {
+                ra_slot: 56,
+                rbp_slot: Some(24),
+            })
+        );
+        // `pop r12; pop r13; pop rbp; ret` (41 5d is r13, not rbp).
+        assert_eq!(
+            decode_epilog(code([0x41, 0x5c, 0x41, 0x5d, 0x5d, 0xc3, 0xcc, 0xcc])),
+            Some(Epilog {
+                ra_slot: 24,
+                rbp_slot: Some(16),
+            })
+        );
+        assert_eq!(
+            decode_epilog(code([0xc3, 0, 0, 0, 0, 0, 0, 0])),
+            Some(Epilog {
+                ra_slot: 0,
+                rbp_slot: None,
+            })
+        );
+        // Eight pops: no room left for the ret.
+        assert_eq!(decode_epilog(code([0x5b; 8])), None);
+        // A REX prefix in the last byte has no pop after it.
+        assert_eq!(
+            decode_epilog(code([0x5b, 0x5b, 0x5b, 0x5b, 0x5b, 0x5b, 0x5b, 0x41])),
+            None
+        );
+        // `add rsp, 8; ret` is the row's to describe.
+        assert_eq!(
+            decode_epilog(code([0x48, 0x83, 0xc4, 0x08, 0xc3, 0, 0, 0])),
+            None
+        );
+        // A scan stepped past its end stays where it stopped.
+        let mut scan = EpilogScan::default();
+        let c = code([0x5d, 0xc3, 0, 0, 0, 0, 0, 0]);
+        while scan.step(c) {}
+        let done = scan;
+        assert!(!scan.step(c));
+        assert_eq!(scan, done);
+        assert_eq!(scan.state, EPILOG_FOUND);
     }
 
     /// A `FramePointer` row (a gap of a ReadyToRun table) walks exactly as

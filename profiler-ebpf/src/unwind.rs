@@ -53,10 +53,10 @@ use aya_ebpf::{
 use clrbpf_common::{
     MAX_USER_STACK_DEPTH, RawSampleEvent, UNWIND_ERROR_SLOTS,
     unwind::{
-        CfaRule, MAX_PROCESS_MAPPINGS, MAX_PROCESS_MAPPINGS_LOG2, MAX_TABLE_ROWS_LOG2,
-        MappingEntry, MemoryReader, ProcessMappings, ROW_INDEX_WORDS_PER_ROW, SortedSearch,
-        UNWIND_ROWS_PER_CHUNK, UNWIND_ROWS_PER_CHUNK_LOG2, UnwindError, UnwindRegs, UnwindRow,
-        next_frame, row_index_word,
+        CfaRule, Epilog, EpilogScan, MAX_PROCESS_MAPPINGS, MAX_PROCESS_MAPPINGS_LOG2,
+        MAX_TABLE_ROWS_LOG2, MappingEntry, MemoryReader, ProcessMappings, ROW_INDEX_WORDS_PER_ROW,
+        SortedSearch, UNWIND_ROWS_PER_CHUNK, UNWIND_ROWS_PER_CHUNK_LOG2, UnwindError, UnwindRegs,
+        UnwindRow, next_frame, row_index_word,
     },
 };
 
@@ -168,27 +168,67 @@ static WALK_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static SEARCH: PerCpuArray<SortedSearch> = PerCpuArray::with_max_entries(1, 0);
 
+/// What [`search_probe`] gets through `bpf_loop`'s context pointer.
+#[repr(C)]
+struct SearchContext<'a, F> {
+    state: *mut SortedSearch,
+    key_at: &'a F,
+    key: u64,
+}
+
+/// One probe of [`search`], a `bpf_loop` iteration: returns 1 once the
+/// search is over, or cut short by a key that cannot be read (the bounds
+/// then stay apart, which [`SortedSearch::found`] reports as not found).
+#[inline(never)]
+extern "C" fn search_probe<F: Fn(u32) -> Option<u64>>(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `search` passes its `SearchContext`, which outlives the loop;
+    // the state is a per-CPU value only this program on this CPU uses.
+    unsafe {
+        let ctx = &*(ctx as *const SearchContext<'_, F>);
+        let mut s = core::ptr::read_volatile(ctx.state);
+        let Some(mid) = s.probe() else {
+            return 1;
+        };
+        let Some(at) = (ctx.key_at)(mid) else {
+            return 1;
+        };
+        s.narrow(mid, at <= ctx.key);
+        core::ptr::write_volatile(ctx.state, s);
+        0
+    }
+}
+
 /// [`clrbpf_common::unwind::find_row_index`]'s steps with the state in
 /// `SEARCH`: from `start`, the index of the last entry whose key (`key_at`)
 /// is at or before `key`.
+///
+/// Each probe is a `bpf_loop` iteration: the verifier checks the probe's
+/// code once for each way the walk reaches the search, where an unrolled
+/// loop of `LOG2 + 1` probes was checked once per probe and per way (most
+/// of the program's verification time, about a third of a short
+/// recording's CPU).
 #[inline(always)]
-fn search<const LOG2: u32>(
+fn search<const LOG2: u32, F: Fn(u32) -> Option<u64>>(
     start: SortedSearch,
-    key_at: impl Fn(u32) -> Option<u64>,
+    key_at: F,
     key: u64,
 ) -> Option<u32> {
     let state = SEARCH.get_ptr_mut(0)?;
-    // SAFETY: per-CPU value, only this program on this CPU uses it.
+    let mut ctx = SearchContext {
+        state,
+        key_at: &key_at,
+        key,
+    };
+    // SAFETY: per-CPU value, only this program on this CPU uses it; the
+    // context outlives the loop.
     unsafe {
         core::ptr::write_volatile(state, start);
-        for _ in 0..=LOG2 {
-            let mut s = core::ptr::read_volatile(state);
-            let Some(mid) = s.probe() else {
-                break;
-            };
-            s.narrow(mid, key_at(mid)? <= key);
-            core::ptr::write_volatile(state, s);
-        }
+        bpf_loop(
+            LOG2 + 1,
+            search_probe::<F> as *mut c_void,
+            (&raw mut ctx).cast::<c_void>(),
+            0,
+        );
         core::ptr::read_volatile(state).found()
     }
 }
@@ -212,6 +252,34 @@ pub struct StackWindow {
 
 #[map]
 static STACK_WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
+
+/// The epilog decoding in progress, in map memory for the same reason as
+/// [`SEARCH`]: decisions taken on what the scan found do not make the
+/// verifier tell apart every way of decoding 8 bytes.
+#[map]
+static EPILOG_SCAN: PerCpuArray<EpilogScan> = PerCpuArray::with_max_entries(1, 0);
+
+/// What [`epilog_step`] gets through `bpf_loop`'s context pointer.
+#[repr(C)]
+struct EpilogContext {
+    state: *mut EpilogScan,
+    code: u64,
+}
+
+/// One [`EpilogScan::step`], a `bpf_loop` iteration: returns 1 once the
+/// scan is over.
+#[inline(never)]
+extern "C" fn epilog_step(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `epilog_at` passes its `EpilogContext`, which outlives the
+    // loop; the state is a per-CPU value only this program on this CPU uses.
+    unsafe {
+        let ctx = &*(ctx as *const EpilogContext);
+        let mut scan = core::ptr::read_volatile(ctx.state);
+        let more = scan.step(ctx.code);
+        core::ptr::write_volatile(ctx.state, scan);
+        i64::from(!more)
+    }
+}
 
 /// Target memory, read with `bpf_probe_read_user`: stack words through
 /// the [`StackWindow`], code directly. `mappings` answers
@@ -285,6 +353,25 @@ impl MemoryReader for UserMemory<'_> {
     fn read_code_u64(&self, addr: u64) -> Option<u64> {
         // SAFETY: the helper checks the address; a fault gives an error.
         unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+    }
+
+    #[inline(always)]
+    fn epilog_at(&self, pc: u64) -> Option<Epilog> {
+        let code = self.read_code_u64(pc)?;
+        let state = EPILOG_SCAN.get_ptr_mut(0)?;
+        let mut ctx = EpilogContext { state, code };
+        // SAFETY: per-CPU value, only this program on this CPU uses it; the
+        // context outlives the loop.
+        unsafe {
+            core::ptr::write_volatile(state, EpilogScan::default());
+            bpf_loop(
+                EpilogScan::STEPS,
+                epilog_step as *mut c_void,
+                (&raw mut ctx).cast::<c_void>(),
+                0,
+            );
+            core::ptr::read_volatile(state).result()
+        }
     }
 
     #[inline(always)]
@@ -364,7 +451,7 @@ fn find_mapping(
     } else {
         mappings.len
     };
-    let index = search::<MAX_PROCESS_MAPPINGS_LOG2>(
+    let index = search::<MAX_PROCESS_MAPPINGS_LOG2, _>(
         SortedSearch::new(len),
         |i| mappings.entries.get(i as usize).map(|e| e.start),
         pc,
@@ -444,7 +531,7 @@ fn search_table(entry: &MappingEntry, vaddr: u64) -> Result<UnwindRow, UnwindErr
             vaddr,
         )
         .ok_or(UnwindError::NoTableRow)?;
-    let at = search::<MAX_TABLE_ROWS_LOG2>(
+    let at = search::<MAX_TABLE_ROWS_LOG2, _>(
         rows,
         |i| unwind_row(first.wrapping_add(i)).map(|r| r.pc),
         vaddr,

@@ -13,13 +13,14 @@ use std::{
     fs, io,
     os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd},
     sync::Arc,
+    time::Instant,
 };
 
 use aya::{
     Ebpf, EbpfError, EbpfLoader,
     maps::{HashMap, MapData, MapError, PerCpuArray, RingBuf},
     programs::{
-        PerfEvent, ProgramError, TracePoint,
+        PerfEvent, ProgramError, ProgramInfo, TracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
@@ -393,7 +394,9 @@ impl Sampler {
             (names::PROG_PROCESS_EXEC, "sched", "sched_process_exec"),
         ] {
             let tp: &mut TracePoint = program_mut(&mut ebpf, program)?;
+            let started = Instant::now();
             load_program(program, tp.load())?;
+            log_verified(program, tp.info(), started);
             tp.attach(category, name)
                 .map_err(|source| BpfError::Program { program, source })?;
         }
@@ -411,7 +414,9 @@ impl Sampler {
                 (names::PROG_OFF_CPU_SWITCH, "sched_switch"),
             ] {
                 let tp: &mut TracePoint = program_mut(&mut ebpf, program)?;
+                let started = Instant::now();
                 load_program(program, tp.load())?;
+                log_verified(program, tp.info(), started);
                 tp.attach("sched", name)
                     .map_err(|source| BpfError::Program { program, source })?;
             }
@@ -422,7 +427,9 @@ impl Sampler {
 
         let cpus = aya::util::online_cpus().map_err(|(_, e)| BpfError::OnlineCpus(e))?;
         let prog: &mut PerfEvent = program_mut(&mut ebpf, names::PROG_ON_CPU_SAMPLE)?;
+        let started = Instant::now();
         load_program(names::PROG_ON_CPU_SAMPLE, prog.load())?;
+        log_verified(names::PROG_ON_CPU_SAMPLE, prog.info(), started);
         for &cpu in &cpus {
             prog.attach(
                 PerfEventConfig::Software(SoftwareEvent::CpuClock),
@@ -792,6 +799,18 @@ fn load_program(program: &'static str, result: Result<(), ProgramError>) -> Resu
         }),
         Err(source) => Err(BpfError::Program { program, source }),
     }
+}
+
+/// A debug line per program loaded: what the verifier walked and how long
+/// the load took (the verifier is most of a short recording's start-up).
+fn log_verified(program: &'static str, info: Result<ProgramInfo, ProgramError>, started: Instant) {
+    let verified = info.ok().and_then(|info| info.verified_instruction_count());
+    tracing::debug!(
+        program,
+        verified_instructions = verified,
+        load_ms = started.elapsed().as_secs_f64() * 1e3,
+        "BPF program loaded"
+    );
 }
 
 /// The part of a verifier log a person can act on: the last lines, where
