@@ -121,6 +121,18 @@ pub struct AgentArgs {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_memory_mb: u64,
 
+    /// Where unwind tables are kept between runs, so the next run does not
+    /// build them again: a directory of clrbpf's own (created mode 0700;
+    /// not used unless owned by the user clrbpf runs as and closed to
+    /// others), at most 256 MiB, oldest entries removed first.
+    #[arg(long, value_name = "DIR", default_value = crate::unwind::disk_cache::DEFAULT_DIR,
+          env = "CLRBPF_CACHE_DIR")]
+    pub cache_dir: PathBuf,
+
+    /// Build unwind tables every run and keep none between runs.
+    #[arg(long)]
+    pub no_cache: bool,
+
     /// Only processes whose executable name (comm or file name) is NAME
     /// (repeatable). Without any selection option: every process.
     #[arg(long = "exe", value_name = "NAME", help_heading = "Process selection")]
@@ -414,6 +426,18 @@ pub struct RecordArgs {
     #[arg(long, value_name = "MB", default_value_t = 64,
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_memory_mb: u64,
+
+    /// Where unwind tables are kept between runs, so the next run does not
+    /// build them again: a directory of clrbpf's own (created mode 0700;
+    /// not used unless owned by the user clrbpf runs as and closed to
+    /// others), at most 256 MiB, oldest entries removed first.
+    #[arg(long, value_name = "DIR", default_value = crate::unwind::disk_cache::DEFAULT_DIR,
+          env = "CLRBPF_CACHE_DIR")]
+    pub cache_dir: PathBuf,
+
+    /// Build unwind tables every run and keep none between runs.
+    #[arg(long)]
+    pub no_cache: bool,
 
     /// CLR events to collect from .NET processes over EventPipe, as extra
     /// sample types in the profile: contention (contentions/count,

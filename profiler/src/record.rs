@@ -62,6 +62,8 @@ pub struct RecordConfig {
     /// Kernel memory for unwind tables, allocated in full at load when
     /// [`Self::dwarf_unwind`] is on.
     pub unwind_table_memory_bytes: u64,
+    /// Where unwind tables are kept between runs (`None`: nowhere).
+    pub unwind_cache_dir: Option<PathBuf>,
     pub command: Vec<OsString>,
     /// Progress line and summary on stderr.
     pub verbose: bool,
@@ -134,6 +136,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         perf_map_attach,
         dwarf_unwind,
         unwind_table_memory_bytes,
+        unwind_cache_dir,
         command,
         verbose,
         clr_events,
@@ -176,6 +179,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         target_pids: (!whole_host).then_some(initial_targets),
         user_unwind: dwarf_unwind,
         unwind_table_memory_bytes,
+        unwind_cache_dir,
         off_cpu,
         ..SamplerConfig::default()
     })?;

@@ -107,14 +107,15 @@ fn total(stacks: &[StackView], keep: impl Fn(&StackView) -> bool) -> u64 {
 }
 
 /// `clrbpf record --dwarf-unwind [extra...] -o DIR/name -- command...`,
-/// checked; the profile and clrbpf's stdout (the command's output).
+/// checked; the profile, clrbpf's stdout (the command's output) and its
+/// stderr (the summary).
 fn record_with_dwarf(
     env: &Env,
     dir: &TempDir,
     name: &str,
     extra: &[&str],
     command: &[String],
-) -> (Profile, String) {
+) -> (Profile, String, String) {
     let out = dir.join(name);
     let mut args = vec!["record".to_owned(), "--dwarf-unwind".to_owned()];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
@@ -134,21 +135,16 @@ fn record_with_dwarf(
     (
         read_profile(&out),
         String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr.into_owned(),
     )
 }
 
-/// Issue 3's acceptance: Debian's xz has no frame pointers (neither has
-/// liblzma), so a frame-pointer walk gives one or two frames; the unwind
-/// tables give the whole stack down to `_start`.
-#[test]
-fn xz_without_frame_pointers_has_deep_stacks() {
-    let env = Env::privileged();
-    let dir = TempDir::new("unwind-xz");
-    // Incompressible pseudo-random input keeps xz in its match finder and
-    // range coder: a few seconds of CPU at -9.
+/// `xz -9` compressing `mib` MiB of incompressible pseudo-random input:
+/// seconds of CPU in its match finder and range coder.
+fn xz_command(dir: &TempDir, mib: usize) -> Vec<String> {
     let input = dir.join("input.bin");
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let data: Vec<u8> = (0..12 << 20)
+    let data: Vec<u8> = (0..mib << 20)
         .map(|_| {
             state ^= state << 13;
             state ^= state >> 7;
@@ -157,13 +153,17 @@ fn xz_without_frame_pointers_has_deep_stacks() {
         })
         .collect();
     std::fs::write(&input, data).expect("write input");
-    let command = ["xz", "-9", "-T1", "-k", "-f"]
+    ["xz", "-9", "-T1", "-k", "-f"]
         .iter()
         .map(|s| (*s).to_owned())
         .chain([input.to_string_lossy().into_owned()])
-        .collect::<Vec<_>>();
-    let (profile, _) = record_with_dwarf(&env, &dir, "xz.pb.gz", &[], &command);
-    let stacks = stacks(&profile);
+        .collect()
+}
+
+/// Most of xz's samples have whole stacks: 4+ user frames, down to
+/// `__libc_start_main`.
+fn assert_xz_stacks_whole(profile: &Profile) {
+    let stacks = stacks(profile);
     let all = total(&stacks, |_| true);
     assert!(all >= 100, "only {all} samples");
     let deep = total(&stacks, |s| s.user_frames() >= 4);
@@ -184,6 +184,72 @@ fn xz_without_frame_pointers_has_deep_stacks() {
     );
 }
 
+/// Issue 3's acceptance: Debian's xz has no frame pointers (neither has
+/// liblzma), so a frame-pointer walk gives one or two frames; the unwind
+/// tables give the whole stack down to `_start`.
+#[test]
+fn xz_without_frame_pointers_has_deep_stacks() {
+    let env = Env::privileged();
+    let dir = TempDir::new("unwind-xz");
+    let command = xz_command(&dir, 12);
+    let (profile, _, _) = record_with_dwarf(&env, &dir, "xz.pb.gz", &[], &command);
+    assert_xz_stacks_whole(&profile);
+}
+
+/// The tables kept between runs (`--cache-dir`): the first run builds and
+/// writes xz's, libc's and liblzma's, the second reads them all and
+/// unwinds as well; the directory is clrbpf's alone.
+#[test]
+fn tables_kept_between_runs_unwind_the_same() {
+    let env = Env::privileged();
+    let dir = TempDir::new("unwind-cache");
+    let cache = dir.join("cache");
+    let cache_arg = cache.to_string_lossy().into_owned();
+    let command = xz_command(&dir, 8);
+    let kept = |stderr: &str| -> (u64, u64) {
+        let line = stderr
+            .lines()
+            .find(|l| l.contains("unwind tables kept between runs"))
+            .unwrap_or_else(|| panic!("no cache line in the summary:\n{stderr}"));
+        let count = |what: &str| {
+            line.split(", ")
+                .flat_map(|part| part.rsplit(": ").next())
+                .find_map(|part| part.strip_suffix(what)?.trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no {what:?} in {line:?}"))
+        };
+        (count(" read"), count(" built and written"))
+    };
+    let (first, _, stderr) = record_with_dwarf(
+        &env,
+        &dir,
+        "first.pb.gz",
+        &["--cache-dir", &cache_arg],
+        &command,
+    );
+    let (read, written) = kept(&stderr);
+    assert_eq!(read, 0, "a new cache has nothing to read:\n{stderr}");
+    assert!(written >= 3, "xz, liblzma and libc at least:\n{stderr}");
+    assert_xz_stacks_whole(&first);
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&cache)
+            .expect("the cache directory")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o700, "the cache is root's alone");
+
+    let (second, _, stderr) = record_with_dwarf(
+        &env,
+        &dir,
+        "second.pb.gz",
+        &["--cache-dir", &cache_arg],
+        &command,
+    );
+    let (read, rebuilt) = kept(&stderr);
+    assert_eq!(rebuilt, 0, "every table came from the cache:\n{stderr}");
+    assert!(read >= written, "{read} read, {written} written before");
+    assert_xz_stacks_whole(&second);
+}
+
 /// The case frame pointers cannot cross: managed code calls glibc's qsort
 /// (no frame pointers) through P/Invoke, and qsort calls back into a
 /// managed comparer. A sample in the comparer must walk up through the
@@ -194,7 +260,8 @@ fn dotnet_stack_crosses_glibc_qsort_to_the_managed_caller() {
     let env = Env::privileged();
     let dir = TempDir::new("unwind-qsort");
     let command = env.workload_command(Runtime::Net8, "Qsort", &["10"]);
-    let (profile, stdout) = record_with_dwarf(&env, &dir, "qsort.pb.gz", &["-F", "199"], &command);
+    let (profile, stdout, _) =
+        record_with_dwarf(&env, &dir, "qsort.pb.gz", &["-F", "199"], &command);
     let pid: u32 = parse_value_in(&stdout, "PID")
         .unwrap_or_else(|| panic!("Qsort printed no PID line; stdout:\n{stdout}"));
     let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));

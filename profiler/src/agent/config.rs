@@ -102,6 +102,8 @@ pub struct AgentConfig {
     pub wall: bool,
     pub dwarf_unwind: bool,
     pub unwind_table_memory_bytes: u64,
+    /// Where unwind tables are kept between runs (`None`: nowhere).
+    pub unwind_cache_dir: Option<PathBuf>,
     pub selection: ProcessSelection,
     pub pyroscope: Option<PyroscopeConfig>,
     pub otlp: Option<OtlpConfig>,
@@ -125,6 +127,8 @@ impl AgentConfig {
             wall,
             frame_pointers_only,
             unwind_table_memory_mb,
+            cache_dir,
+            no_cache,
             executables,
             container_ids,
             k8s_namespaces,
@@ -209,6 +213,7 @@ impl AgentConfig {
             wall,
             dwarf_unwind: !frame_pointers_only,
             unwind_table_memory_bytes: unwind_table_memory_mb << 20,
+            unwind_cache_dir: (!no_cache).then_some(cache_dir),
             selection: ProcessSelection {
                 executables,
                 container_ids,

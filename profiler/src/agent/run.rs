@@ -88,6 +88,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         target_pids: None,
         user_unwind: config.dwarf_unwind,
         unwind_table_memory_bytes: config.unwind_table_memory_bytes,
+        unwind_cache_dir: config.unwind_cache_dir.clone(),
         off_cpu,
         ..SamplerConfig::default()
     })?;

@@ -33,6 +33,7 @@ use clrbpf_common::{
 };
 
 use crate::profile::{OffCpuDetail, RawSample, Waker};
+use crate::unwind::disk_cache::DiskTableCache;
 
 /// The eBPF object built by `build.rs`; empty when built with `AYA_BUILD_SKIP`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/clrbpf"));
@@ -104,6 +105,9 @@ pub struct SamplerConfig {
     /// cap). The rows live in chunks of BPF array maps created as tables
     /// need them, up to this cap.
     pub unwind_table_memory_bytes: u64,
+    /// Where unwind tables are kept between runs (`--cache-dir`); `None`:
+    /// built every run (`--no-cache`).
+    pub unwind_cache_dir: Option<std::path::PathBuf>,
     /// Off-CPU intervals of the profiled threads (`None`: not recorded).
     pub off_cpu: Option<OffCpuConfig>,
 }
@@ -131,6 +135,7 @@ impl Default for SamplerConfig {
             ring_buffer_bytes: 8 * 1024 * 1024,
             user_unwind: false,
             unwind_table_memory_bytes: DEFAULT_UNWIND_TABLE_MEMORY_BYTES,
+            unwind_cache_dir: None,
             off_cpu: None,
         }
     }
@@ -377,11 +382,17 @@ impl Sampler {
             let row_chunks = take_map(&mut ebpf, names::MAP_UNWIND_ROW_CHUNKS)?;
             let process_mappings = take_map(&mut ebpf, names::MAP_PROCESS_MAPPINGS)?;
             let errors = take_map(&mut ebpf, names::MAP_UNWIND_ERRORS)?;
+            let disk = config.unwind_cache_dir.as_deref().and_then(|dir| {
+                DiskTableCache::open(dir)
+                    .inspect_err(|error| tracing::warn!("{error}"))
+                    .ok()
+            });
             Some(UnwindMaps::new(
                 row_chunks,
                 unwind_chunks,
                 process_mappings,
                 errors,
+                disk,
             )?)
         } else {
             None

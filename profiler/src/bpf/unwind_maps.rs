@@ -62,6 +62,7 @@ use clrbpf_common::{
 use super::BpfError;
 use crate::unwind::{
     FileIdentity, LoadSegment, RowArena, UnwindTableCache, build_process_mappings,
+    disk_cache::{DiskCacheStats, DiskTableCache},
     jit_code::{self, JitCodeRows, JitMethod, MethodFrame, PROLOGUE_BYTES},
     load_bias, parse_proc_maps,
     table::{build_row_index, pack_index_words, read_elf_file},
@@ -361,13 +362,16 @@ pub struct UnwindMaps {
 
 impl UnwindMaps {
     /// `max_chunks` chunks of rows at most (the memory cap); none is
-    /// created before a table needs it.
+    /// created before a table needs it. Tables are read from and written
+    /// to `disk` when there is one.
     pub(super) fn new(
         row_chunks: ArrayOfMaps<MapData, MapData>,
         max_chunks: u32,
         process_mappings: BpfHashMap<MapData, u32, ProcessMappings>,
         errors: PerCpuArray<MapData, u64>,
+        disk: Option<DiskTableCache>,
     ) -> Result<Self, BpfError> {
+        let builder = UnwindTableCache::new(BUILD_CACHE_BYTES);
         Ok(Self {
             rows: RowChunks::new(row_chunks, max_chunks),
             process_mappings,
@@ -378,7 +382,10 @@ impl UnwindMaps {
             processes: HashMap::new(),
             jit: HashMap::new(),
             jit_generation: 0,
-            builder: UnwindTableCache::new(BUILD_CACHE_BYTES),
+            builder: match disk {
+                Some(disk) => builder.with_disk(disk),
+                None => builder,
+            },
             clock: 0,
             table_serial: 0,
             exits_checked_at: Instant::now(),
@@ -994,6 +1001,8 @@ pub struct UnwindReport {
     pub errors: Vec<(UnwindError, u64)>,
     pub memory: UnwindMemory,
     pub stats: UnwindMapsStats,
+    /// What the tables kept between runs did (`None`: no cache).
+    pub disk_cache: Option<DiskCacheStats>,
 }
 
 /// How long [`UnwindWorker::finish`] waits for the table being built.
@@ -1061,6 +1070,7 @@ impl UnwindWorker {
                     errors: maps.error_counts(),
                     memory: maps.memory(),
                     stats: maps.stats(),
+                    disk_cache: maps.builder.disk_stats(),
                 }
             })?;
         Ok(Self {

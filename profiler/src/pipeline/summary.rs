@@ -571,6 +571,21 @@ pub fn print_summary(
                 errors.join(", ")
             }
         )?;
+        if let Some(disk) = unwind.disk_cache
+            && disk.hits + disk.misses > 0
+        {
+            writeln!(
+                w,
+                "clrbpf: unwind tables kept between runs (--cache-dir): {} read, {} built and written{}",
+                disk.hits,
+                disk.written,
+                if disk.rejected > 0 {
+                    format!(", {} stale or damaged entries replaced", disk.rejected)
+                } else {
+                    String::new()
+                }
+            )?;
+        }
         let s = &unwind.stats;
         if s.jit_methods > 0 {
             writeln!(

@@ -189,6 +189,64 @@ pub struct TargetDir {
 }
 
 impl TargetDir {
+    /// Opens a host directory of clrbpf's own (its cache); the last
+    /// component is not followed when it is a symlink.
+    pub fn open_own(path: &Path) -> io::Result<Self> {
+        let fd = open_path(
+            libc::AT_FDCWD,
+            path.as_os_str(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        )?;
+        Ok(Self {
+            fd,
+            display: path.to_owned(),
+        })
+    }
+
+    /// `fstat` of the directory itself.
+    pub fn stat_self(&self) -> io::Result<libc::stat> {
+        fstat(self.fd.as_fd())
+    }
+
+    /// Creates the new regular file `name` (mode 0600) for writing; an
+    /// existing entry, symlink or not, is an error.
+    pub fn create_new(&self, name: &OsStr) -> io::Result<File> {
+        let name = single_component(name)?;
+        // SAFETY: `name` is NUL-terminated; the returned fd is checked and owned.
+        let fd = unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd we own.
+        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Renames `from` to `to` within this directory (`renameat`: an entry
+    /// at `to` is replaced, a symlink there itself).
+    pub fn rename(&self, from: &OsStr, to: &OsStr) -> io::Result<()> {
+        let (from, to) = (single_component(from)?, single_component(to)?);
+        // SAFETY: both names are NUL-terminated and the fd is open.
+        let rc = unsafe {
+            libc::renameat(
+                self.fd.as_raw_fd(),
+                from.as_ptr(),
+                self.fd.as_raw_fd(),
+                to.as_ptr(),
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// The host path of this directory, for messages.
     pub fn display_path(&self) -> &Path {
         &self.display

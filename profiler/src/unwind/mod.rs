@@ -14,6 +14,7 @@
 //! captured memory, which is how it is tested.
 
 pub mod arena;
+pub mod disk_cache;
 pub mod eh_frame;
 pub mod jit_code;
 pub mod ready_to_run;

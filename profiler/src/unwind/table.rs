@@ -17,6 +17,7 @@ use object::{Object, ObjectSegment};
 use twox_hash::XxHash3_64;
 
 use super::UnwindTableError;
+use super::disk_cache::{DiskCacheStats, DiskTableCache};
 use super::eh_frame::{UnwindRowStats, build_rows};
 use super::ready_to_run;
 
@@ -163,8 +164,44 @@ impl UnwindTable {
         Self::from_elf_bytes(&read_elf_file(file)?)
     }
 
+    /// A table from its parts as [`super::disk_cache`] kept them; `None`
+    /// unless they hang together (sorted rows within the bound, index
+    /// slots as many as the index's words need).
+    pub fn from_parts(
+        identity: FileIdentity,
+        rows: Box<[UnwindRow]>,
+        index: RowIndex,
+        index_slots: Box<[UnwindRow]>,
+        segments: Box<[LoadSegment]>,
+    ) -> Option<Self> {
+        let slots_needed = index.len.div_ceil(ROW_INDEX_WORDS_PER_ROW) as usize;
+        if rows.len() > clrbpf_common::unwind::MAX_TABLE_ROWS
+            || index_slots.len() != slots_needed
+            || !rows.is_sorted_by_key(|r| r.pc)
+        {
+            return None;
+        }
+        let stats = UnwindRowStats {
+            rows: rows.len(),
+            ..UnwindRowStats::default()
+        };
+        Some(Self {
+            identity,
+            rows,
+            index,
+            index_slots,
+            segments,
+            stats,
+        })
+    }
+
     pub fn identity(&self) -> &FileIdentity {
         &self.identity
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_identity(&mut self, identity: FileIdentity) {
+        self.identity = identity;
     }
 
     /// Sorted rows, ending with a `NoInfo` row (ELF) or a `FramePointer`
@@ -553,6 +590,8 @@ pub struct UnwindTableCache {
     size_bytes: usize,
     capacity_bytes: usize,
     evicted: Vec<FileIdentity>,
+    /// Tables kept between runs: asked on a miss, given what is built.
+    disk: Option<DiskTableCache>,
 }
 
 impl UnwindTableCache {
@@ -562,7 +601,19 @@ impl UnwindTableCache {
             size_bytes: 0,
             capacity_bytes,
             evicted: Vec::new(),
+            disk: None,
         }
+    }
+
+    /// Keeps tables between runs in `disk` too.
+    pub fn with_disk(mut self, disk: DiskTableCache) -> Self {
+        self.disk = Some(disk);
+        self
+    }
+
+    /// What the tables kept between runs did, when there are.
+    pub fn disk_stats(&self) -> Option<DiskCacheStats> {
+        self.disk.as_ref().map(|disk| disk.stats)
     }
 
     /// The table of a file, marking it recently used.
@@ -597,15 +648,23 @@ impl UnwindTableCache {
         table
     }
 
-    /// The cached table of the ELF file whose bytes are `data`, built and
-    /// inserted on a miss.
+    /// The cached table of the ELF file whose bytes are `data`: from
+    /// memory, else from the disk cache, else built (and written to the
+    /// disk cache).
     pub fn get_or_build(&mut self, data: &[u8]) -> Result<Arc<UnwindTable>, UnwindTableError> {
         let elf = object::File::parse(data).map_err(|source| UnwindTableError::Parse { source })?;
         let identity = FileIdentity::of_elf(&elf, data);
         if let Some(table) = self.get(&identity) {
             return Ok(table);
         }
-        Ok(self.insert(UnwindTable::from_object(&elf, data, identity)?))
+        if let Some(table) = self.disk.as_mut().and_then(|disk| disk.load(&identity)) {
+            return Ok(self.insert(table));
+        }
+        let table = UnwindTable::from_object(&elf, data, identity)?;
+        if let Some(disk) = self.disk.as_mut() {
+            disk.store(&table);
+        }
+        Ok(self.insert(table))
     }
 
     /// Identities evicted (or refused) since the last call.
