@@ -121,15 +121,17 @@ pub struct AgentArgs {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_memory_mb: u64,
 
-    /// Where unwind tables are kept between runs, so the next run does not
-    /// build them again: a directory of clrbpf's own (created mode 0700;
-    /// not used unless owned by the user clrbpf runs as and closed to
-    /// others), at most 256 MiB, oldest entries removed first.
+    /// Where unwind tables (and this boot's copy of kallsyms) are kept
+    /// between runs, so the next run does not build them again: a
+    /// directory of clrbpf's own (created mode 0700; not used unless owned
+    /// by the user clrbpf runs as and closed to others), at most 256 MiB of
+    /// tables, oldest removed first.
     #[arg(long, value_name = "DIR", default_value = crate::unwind::disk_cache::DEFAULT_DIR,
           env = "CLRBPF_CACHE_DIR")]
     pub cache_dir: PathBuf,
 
-    /// Build unwind tables every run and keep none between runs.
+    /// Build unwind tables and read kallsyms every run; keep nothing
+    /// between runs.
     #[arg(long)]
     pub no_cache: bool,
 
@@ -427,15 +429,17 @@ pub struct RecordArgs {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_memory_mb: u64,
 
-    /// Where unwind tables are kept between runs, so the next run does not
-    /// build them again: a directory of clrbpf's own (created mode 0700;
-    /// not used unless owned by the user clrbpf runs as and closed to
-    /// others), at most 256 MiB, oldest entries removed first.
+    /// Where unwind tables (and this boot's copy of kallsyms) are kept
+    /// between runs, so the next run does not build them again: a
+    /// directory of clrbpf's own (created mode 0700; not used unless owned
+    /// by the user clrbpf runs as and closed to others), at most 256 MiB of
+    /// tables, oldest removed first.
     #[arg(long, value_name = "DIR", default_value = crate::unwind::disk_cache::DEFAULT_DIR,
           env = "CLRBPF_CACHE_DIR")]
     pub cache_dir: PathBuf,
 
-    /// Build unwind tables every run and keep none between runs.
+    /// Build unwind tables and read kallsyms every run; keep nothing
+    /// between runs.
     #[arg(long)]
     pub no_cache: bool,
 

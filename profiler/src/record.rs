@@ -179,12 +179,13 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         target_pids: (!whole_host).then_some(initial_targets),
         user_unwind: dwarf_unwind,
         unwind_table_memory_bytes,
-        unwind_cache_dir,
+        unwind_cache_dir: unwind_cache_dir.clone(),
         off_cpu,
         ..SamplerConfig::default()
     })?;
     let mut pipeline = Pipeline::new(perf_map_attach, clr_events, layout.clone());
     pipeline.keep_perf_files = keep_perf_maps;
+    pipeline.keep_kernel_symbols_in(unwind_cache_dir);
     pipeline.clr.exceptions_per_second = exceptions_per_second;
     pipeline.unwind = match sampler.take_unwind_maps() {
         Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),

@@ -211,6 +211,12 @@ impl Pipeline {
         }
     }
 
+    /// Names kernel frames from this boot's copy of kallsyms kept in
+    /// `cache_dir` (`--cache-dir`; `None`: the live file every time).
+    pub fn keep_kernel_symbols_in(&mut self, cache_dir: Option<std::path::PathBuf>) {
+        self.native.keep_kernel_symbols_in(cache_dir);
+    }
+
     /// Tracks the host's .NET processes that no sample has brought in yet
     /// (an idle service), so that the agent's runtime metrics cover every
     /// .NET process, busy or not. Reads the mappings of processes not

@@ -11,6 +11,7 @@
 
 pub mod jit_index;
 pub mod jitdump;
+pub mod kallsyms;
 pub mod managed;
 pub mod method_name;
 pub mod native;

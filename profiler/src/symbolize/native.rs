@@ -25,6 +25,7 @@ use std::{
     sync::Arc,
 };
 
+use blazesym::MaybeDefault;
 use blazesym::symbolize::{
     Input, Symbolized, Symbolizer,
     evict::{self, Evict},
@@ -32,6 +33,7 @@ use blazesym::symbolize::{
 };
 use lru::LruCache;
 
+use super::kallsyms::KernelSymbolFiles;
 use crate::profile::{Frame, FrameKind, InlinedFunction, Module};
 
 /// Bounds of a [`NativeSymbolizer`].
@@ -152,6 +154,9 @@ pub struct NativeSymbolizer {
     /// otherwise keep one module per mapping of every process it saw).
     process_mappings: HashMap<u32, HashSet<MappingKey>>,
     kernel_module: Arc<Module>,
+    /// Which kallsyms names a kernel address (this boot's kept copy or
+    /// the live file).
+    kernel_files: KernelSymbolFiles,
     pub stats: NativeStats,
 }
 
@@ -195,8 +200,16 @@ impl NativeSymbolizer {
                 file_offset: 0,
                 has_functions: true,
             }),
+            kernel_files: KernelSymbolFiles::new(None),
             stats: NativeStats::default(),
         }
+    }
+
+    /// Names kernel frames from this boot's copy of kallsyms kept in
+    /// `cache_dir` (written there the first time), for addresses in the
+    /// core kernel's text.
+    pub fn keep_kernel_symbols_in(&mut self, cache_dir: Option<PathBuf>) {
+        self.kernel_files = KernelSymbolFiles::new(cache_dir);
     }
 
     /// Opens (once) the file behind a mapping while its process is alive,
@@ -430,7 +443,12 @@ impl NativeSymbolizer {
         if let Some(frame) = self.kernel_cache.get(&addr) {
             return frame.clone();
         }
+        let kallsyms = match self.kernel_files.copy_for(addr) {
+            Some(copy) => MaybeDefault::Some(copy.to_owned()),
+            None => MaybeDefault::Default,
+        };
         let source = Source::Kernel(Kernel {
+            kallsyms,
             debug_syms: false,
             ..Kernel::default()
         });

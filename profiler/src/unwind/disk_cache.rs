@@ -67,7 +67,7 @@ pub struct DiskCacheStats {
 #[derive(Debug, thiserror::Error)]
 pub enum DiskCacheError {
     #[error(
-        "cannot create or open the unwind table cache {path}: {source}; pick another with --cache-dir, or --no-cache"
+        "cannot create or open the cache directory {path}: {source}; pick another with --cache-dir, or --no-cache"
     )]
     Open {
         path: String,
@@ -75,7 +75,7 @@ pub enum DiskCacheError {
         source: std::io::Error,
     },
     #[error(
-        "the unwind table cache {path} is {problem}: it must be a directory owned by uid {uid} with mode 0700 (fix it, pick another with --cache-dir, or --no-cache)"
+        "the cache directory {path} is {problem}: it must be a directory owned by uid {uid} with mode 0700 (fix it, pick another with --cache-dir, or --no-cache)"
     )]
     Untrusted {
         path: String,
@@ -100,6 +100,40 @@ pub struct DiskTableCache {
     pub stats: DiskCacheStats,
 }
 
+/// Opens (creating it, mode 0700) clrbpf's cache directory at `path`,
+/// refused unless it is a real directory owned by the user clrbpf runs as
+/// with no access for group or others.
+pub fn open_cache_dir(path: &Path) -> Result<TargetDir, DiskCacheError> {
+    let open_error = |source| DiskCacheError::Open {
+        path: path.display().to_string(),
+        source,
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(open_error(e)),
+    }
+    let dir = TargetDir::open_own(path).map_err(open_error)?;
+    let stat = dir.stat_self().map_err(open_error)?;
+    // SAFETY: a call without arguments or memory access.
+    let uid = unsafe { libc::geteuid() };
+    let problem = if stat.st_uid != uid {
+        Some(format!("owned by uid {}", stat.st_uid))
+    } else if stat.st_mode & 0o077 != 0 {
+        Some(format!("mode {:04o}", stat.st_mode & 0o7777))
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => Err(DiskCacheError::Untrusted {
+            path: path.display().to_string(),
+            problem,
+            uid,
+        }),
+        None => Ok(dir),
+    }
+}
+
 impl DiskTableCache {
     /// Opens (creating it, mode 0700) the cache at `path`, for tables built
     /// by the running clrbpf.
@@ -114,33 +148,7 @@ impl DiskTableCache {
 
     /// [`Self::open`] for entries written by `writer`.
     pub fn open_for(path: &Path, writer: Box<[u8]>) -> Result<Self, DiskCacheError> {
-        let open_error = |source| DiskCacheError::Open {
-            path: path.display().to_string(),
-            source,
-        };
-        match std::fs::DirBuilder::new().mode(0o700).create(path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(open_error(e)),
-        }
-        let dir = TargetDir::open_own(path).map_err(open_error)?;
-        let stat = dir.stat_self().map_err(open_error)?;
-        // SAFETY: a call without arguments or memory access.
-        let uid = unsafe { libc::geteuid() };
-        let problem = if stat.st_uid != uid {
-            Some(format!("owned by uid {}", stat.st_uid))
-        } else if stat.st_mode & 0o077 != 0 {
-            Some(format!("mode {:04o}", stat.st_mode & 0o7777))
-        } else {
-            None
-        };
-        if let Some(problem) = problem {
-            return Err(DiskCacheError::Untrusted {
-                path: path.display().to_string(),
-                problem,
-                uid,
-            });
-        }
+        let dir = open_cache_dir(path)?;
         let mut cache = Self {
             dir,
             writer,
