@@ -65,7 +65,7 @@ use crate::unwind::{
     disk_cache::{DiskCacheStats, DiskTableCache},
     jit_code::{self, JitCodeRows, JitMethod, MethodFrame, PROLOGUE_BYTES},
     load_bias, parse_proc_maps,
-    table::{build_row_index, pack_index_words, read_elf_file},
+    table::{UnwindTable, build_row_index, pack_index_words, read_elf_build_id, read_elf_file},
 };
 
 /// A process is rescanned at most this often.
@@ -806,6 +806,17 @@ impl UnwindMaps {
     }
 
     fn load_file(&mut self, file: &File) -> FileState {
+        // A file with a build id whose table is loaded, or kept in memory
+        // or on disk, needs nothing more read.
+        if let Some(identity) = read_elf_build_id(file) {
+            let key = identity.key();
+            if self.tables.contains_key(&key) {
+                return FileState::Table(key);
+            }
+            if let Some(table) = self.builder.get_kept(&identity) {
+                return self.load_table(key, &table);
+            }
+        }
         let Ok(data) = read_elf_file(file) else {
             self.stats.files_without_table += 1;
             return FileState::NoTable;
@@ -822,6 +833,11 @@ impl UnwindMaps {
             self.stats.files_without_table += 1;
             return FileState::NoTable;
         };
+        self.load_table(key, &table)
+    }
+
+    /// Loads `table`'s rows into the kernel under `key`.
+    fn load_table(&mut self, key: u64, table: &UnwindTable) -> FileState {
         if table.rows().is_empty()
             || !self.load_rows(
                 key,

@@ -20,6 +20,7 @@
 //! of one; the directory stays under [`DEFAULT_BUDGET_BYTES`], oldest
 //! entries removed first.
 
+use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::DirBuilderExt as _;
@@ -97,6 +98,9 @@ pub struct DiskTableCache {
     budget_bytes: u64,
     /// Entries in the directory: name, size, last modified.
     entries: Vec<(OsString, u64, SystemTime)>,
+    /// Identities looked for and not found this run (then built and
+    /// written): not looked for again.
+    missed: HashSet<FileIdentity>,
     pub stats: DiskCacheStats,
 }
 
@@ -154,6 +158,7 @@ impl DiskTableCache {
             writer,
             budget_bytes: DEFAULT_BUDGET_BYTES,
             entries: Vec::new(),
+            missed: HashSet::new(),
             stats: DiskCacheStats::default(),
         };
         cache.scan();
@@ -191,9 +196,13 @@ impl DiskTableCache {
 
     /// The cached table of `identity`, if a good entry holds it.
     pub fn load(&mut self, identity: &FileIdentity) -> Option<UnwindTable> {
+        if self.missed.contains(identity) {
+            return None;
+        }
         let name = Self::entry_name(identity);
         let Ok(file) = self.dir.open_file(&name) else {
             self.stats.misses += 1;
+            self.missed.insert(identity.clone());
             return None;
         };
         let mut bytes = Vec::new();
@@ -214,6 +223,7 @@ impl DiskTableCache {
                 // written again.
                 self.stats.rejected += 1;
                 self.stats.misses += 1;
+                self.missed.insert(identity.clone());
                 self.remove(&name);
                 None
             }
@@ -245,6 +255,7 @@ impl DiskTableCache {
             return;
         }
         self.stats.written += 1;
+        self.missed.remove(table.identity());
         self.entries.retain(|(n, _, _)| *n != name);
         self.entries
             .push((name, bytes.len() as u64, SystemTime::now()));

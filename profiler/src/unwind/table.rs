@@ -496,17 +496,45 @@ pub fn read_elf_file(file: &File) -> Result<FileBytes, UnwindTableError> {
     }
     let mut data =
         FileBytes::zeroed(size as usize).map_err(|source| UnwindTableError::Read { source })?;
-    if magic == *b"\x7fELF" && read_elf_parts(file, &mut data)? {
+    if magic == *b"\x7fELF" && read_elf_parts(file, &mut data, true)? {
         return Ok(data);
     }
     data.fill(file, 0, size)?;
     Ok(data)
 }
 
+/// The build id of a 64-bit little-endian ELF file, read from its headers
+/// and notes alone: enough to find its table already loaded or kept on
+/// disk without reading its unwind sections. `None` for any other file,
+/// or one without a build id (its identity needs those sections).
+pub fn read_elf_build_id(file: &File) -> Option<FileIdentity> {
+    let mut magic = [0u8; 4];
+    file.read_exact_at(&mut magic, 0).ok()?;
+    if magic != *b"\x7fELF" {
+        return None;
+    }
+    let size = file.metadata().ok()?.len();
+    if size > MAX_ELF_FILE_BYTES {
+        return None;
+    }
+    let mut data = FileBytes::zeroed(size as usize).ok()?;
+    if !read_elf_parts(file, &mut data, false).ok()? {
+        return None;
+    }
+    match FileIdentity::of_elf_bytes(&data).ok()? {
+        identity @ FileIdentity::BuildId(_) => Some(identity),
+        FileIdentity::ContentHash(_) => None,
+    }
+}
+
 /// Reads the headers, notes and [`UNWIND_SECTIONS`] of a 64-bit
 /// little-endian ELF file into `data`; false (nothing wrong) for another
 /// kind of ELF file, to be read whole.
-fn read_elf_parts(file: &File, data: &mut FileBytes) -> Result<bool, UnwindTableError> {
+fn read_elf_parts(
+    file: &File,
+    data: &mut FileBytes,
+    sections: bool,
+) -> Result<bool, UnwindTableError> {
     use object::elf::{FileHeader64, PT_NOTE, SHT_NOBITS, SHT_NOTE};
     use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
     type Header = FileHeader64<object::LittleEndian>;
@@ -557,6 +585,9 @@ fn read_elf_parts(file: &File, data: &mut FileBytes) -> Result<bool, UnwindTable
     }
     for &(offset, len) in &wanted {
         data.fill(file, offset, len)?;
+    }
+    if !sections {
+        return Ok(true);
     }
     wanted.clear();
     {
@@ -648,17 +679,24 @@ impl UnwindTableCache {
         table
     }
 
+    /// The table of `identity` in memory, else on disk (then kept in
+    /// memory too).
+    pub fn get_kept(&mut self, identity: &FileIdentity) -> Option<Arc<UnwindTable>> {
+        if let Some(table) = self.get(identity) {
+            return Some(table);
+        }
+        let table = self.disk.as_mut()?.load(identity)?;
+        Some(self.insert(table))
+    }
+
     /// The cached table of the ELF file whose bytes are `data`: from
     /// memory, else from the disk cache, else built (and written to the
     /// disk cache).
     pub fn get_or_build(&mut self, data: &[u8]) -> Result<Arc<UnwindTable>, UnwindTableError> {
         let elf = object::File::parse(data).map_err(|source| UnwindTableError::Parse { source })?;
         let identity = FileIdentity::of_elf(&elf, data);
-        if let Some(table) = self.get(&identity) {
+        if let Some(table) = self.get_kept(&identity) {
             return Ok(table);
-        }
-        if let Some(table) = self.disk.as_mut().and_then(|disk| disk.load(&identity)) {
-            return Ok(self.insert(table));
         }
         let table = UnwindTable::from_object(&elf, data, identity)?;
         if let Some(disk) = self.disk.as_mut() {

@@ -306,6 +306,12 @@ fn a_sparse_read_builds_the_table_of_the_whole_file() {
         assert_eq!(built.rows(), expected.rows(), "{path}");
         assert_eq!(built.segments(), expected.segments(), "{path}");
         assert!(built.stats().rows > 100, "{path}");
+        // The headers and notes alone give the same identity.
+        assert_eq!(
+            table::read_elf_build_id(&file).as_ref(),
+            Some(expected.identity()),
+            "{path}"
+        );
         // The code itself was not read.
         let nonzero = whole.iter().filter(|&&b| b != 0).count();
         assert!(
