@@ -479,6 +479,16 @@ const UNWIND_SECTIONS: [&[u8]; 5] = [
 /// second of CPU per process. A 64-bit little-endian ELF file is read
 /// sparsely ([`FileBytes`]); anything else whole.
 pub fn read_elf_file(file: &File) -> Result<FileBytes, UnwindTableError> {
+    let (magic, mut data) = start_reading(file)?;
+    if magic == *b"\x7fELF" && read_elf_parts(file, &mut data, true)? {
+        return Ok(data);
+    }
+    data.fill(file, 0, data.len() as u64)?;
+    Ok(data)
+}
+
+/// The magic of an ELF or PE file and an unread [`FileBytes`] of its size.
+fn start_reading(file: &File) -> Result<([u8; 4], FileBytes), UnwindTableError> {
     let mut magic = [0u8; 4];
     file.read_exact_at(&mut magic, 0)
         .map_err(|source| UnwindTableError::Read { source })?;
@@ -494,13 +504,9 @@ pub fn read_elf_file(file: &File) -> Result<FileBytes, UnwindTableError> {
             limit: MAX_ELF_FILE_BYTES,
         });
     }
-    let mut data =
+    let data =
         FileBytes::zeroed(size as usize).map_err(|source| UnwindTableError::Read { source })?;
-    if magic == *b"\x7fELF" && read_elf_parts(file, &mut data, true)? {
-        return Ok(data);
-    }
-    data.fill(file, 0, size)?;
-    Ok(data)
+    Ok((magic, data))
 }
 
 /// The build id of a 64-bit little-endian ELF file, read from its headers
@@ -508,17 +514,8 @@ pub fn read_elf_file(file: &File) -> Result<FileBytes, UnwindTableError> {
 /// disk without reading its unwind sections. `None` for any other file,
 /// or one without a build id (its identity needs those sections).
 pub fn read_elf_build_id(file: &File) -> Option<FileIdentity> {
-    let mut magic = [0u8; 4];
-    file.read_exact_at(&mut magic, 0).ok()?;
-    if magic != *b"\x7fELF" {
-        return None;
-    }
-    let size = file.metadata().ok()?.len();
-    if size > MAX_ELF_FILE_BYTES {
-        return None;
-    }
-    let mut data = FileBytes::zeroed(size as usize).ok()?;
-    if !read_elf_parts(file, &mut data, false).ok()? {
+    let (magic, mut data) = start_reading(file).ok()?;
+    if magic != *b"\x7fELF" || !read_elf_parts(file, &mut data, false).ok()? {
         return None;
     }
     match FileIdentity::of_elf_bytes(&data).ok()? {
