@@ -772,31 +772,10 @@ pub fn step_interrupted_without_row<M: MemoryReader + ?Sized>(
     regs: &mut UnwindRegs,
     mem: &M,
 ) -> Result<StepOutcome, UnwindError> {
-    if let Some((top, next)) = mem.read_u64_pair(regs.sp)
-        && !mem.may_be_code(top)
-        && !mem.may_be_code(next)
-    {
-        return step_frame_pointer(regs, mem);
-    }
-    let Some(code) = mem.read_code_u64(regs.pc) else {
-        return step_frame_pointer(regs, mem);
-    };
-    let first = code as u8;
-    let ra_slot = if first == x86_64::OP_PUSH_RBP || first == x86_64::OP_RET {
-        Some(0)
-    } else if code & 0x00ff_ffff == x86_64::OP_MOV_RBP_RSP
-        && regs
-            .pc
-            .checked_sub(1)
-            .and_then(|pc| mem.read_code_u64(pc))
-            .map(|c| c as u8)
-            == Some(x86_64::OP_PUSH_RBP)
-    {
-        Some(8)
-    } else {
-        None
-    };
-    let Some(ra_slot) = ra_slot else {
+    // One call of the frame-pointer rule for every way of not finding the
+    // return address: the kernel's verifier checks a call once per state
+    // reaching it.
+    let Some(ra_slot) = interrupted_return_slot(regs, mem) else {
         return step_frame_pointer(regs, mem);
     };
     let ra_addr = offset(regs.sp, ra_slot)?;
@@ -811,6 +790,34 @@ pub fn step_interrupted_without_row<M: MemoryReader + ?Sized>(
         lr: 0,
     };
     Ok(StepOutcome::Caller)
+}
+
+/// Where the return address is from sp when an interrupted frame without a
+/// row is at `push rbp`, `ret` or right after `push rbp`; `None` anywhere
+/// else, or when the code need not or cannot be read.
+fn interrupted_return_slot<M: MemoryReader + ?Sized>(regs: &UnwindRegs, mem: &M) -> Option<i64> {
+    if let Some((top, next)) = mem.read_u64_pair(regs.sp)
+        && !mem.may_be_code(top)
+        && !mem.may_be_code(next)
+    {
+        return None;
+    }
+    let code = mem.read_code_u64(regs.pc)?;
+    let first = code as u8;
+    if first == x86_64::OP_PUSH_RBP || first == x86_64::OP_RET {
+        Some(0)
+    } else if code & 0x00ff_ffff == x86_64::OP_MOV_RBP_RSP
+        && regs
+            .pc
+            .checked_sub(1)
+            .and_then(|pc| mem.read_code_u64(pc))
+            .map(|c| c as u8)
+            == Some(x86_64::OP_PUSH_RBP)
+    {
+        Some(8)
+    } else {
+        None
+    }
 }
 
 /// An interrupted frame in an x64 epilog the rows do not describe: when
@@ -909,17 +916,25 @@ where
     let row = lookup(lookup_pc)?.filter(|r| r.cfa_rule != CfaRule::FramePointer as u8);
     let outcome = match (row, *interrupted) {
         (None, true) => step_interrupted_without_row(regs, mem)?,
-        (Some(row), true)
-            if row.cfa_param & CFA_PARAM_EPILOG_BY_CODE != 0
-                && (row.cfa_rule == CfaRule::SpOffset as u8
-                    || row.cfa_rule == CfaRule::FpOffset as u8) =>
-        {
-            match step_interrupted_epilog(regs, mem)? {
+        (row, interrupted) => {
+            let in_epilog = match row {
+                Some(row)
+                    if interrupted
+                        && row.cfa_param & CFA_PARAM_EPILOG_BY_CODE != 0
+                        && (row.cfa_rule == CfaRule::SpOffset as u8
+                            || row.cfa_rule == CfaRule::FpOffset as u8) =>
+                {
+                    step_interrupted_epilog(regs, mem)?
+                }
+                _ => None,
+            };
+            // One call of `step` for both ways here: the kernel's verifier
+            // checks a call once per state reaching it.
+            match in_epilog {
                 Some(outcome) => outcome,
-                None => step(regs, Some(&row), mem)?,
+                None => step(regs, row.as_ref(), mem)?,
             }
         }
-        (row, _) => step(regs, row.as_ref(), mem)?,
     };
     match outcome {
         StepOutcome::Caller => *interrupted = false,
