@@ -62,7 +62,8 @@ pub struct RecordConfig {
     /// Kernel memory for unwind tables, allocated in full at load when
     /// [`Self::dwarf_unwind`] is on.
     pub unwind_table_memory_bytes: u64,
-    /// Where unwind tables are kept between runs (`None`: nowhere).
+    /// Where unwind tables and this boot's kallsyms are kept between
+    /// runs (`None`: nowhere).
     pub unwind_cache_dir: Option<PathBuf>,
     pub command: Vec<OsString>,
     /// Progress line and summary on stderr.

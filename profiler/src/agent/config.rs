@@ -102,7 +102,8 @@ pub struct AgentConfig {
     pub wall: bool,
     pub dwarf_unwind: bool,
     pub unwind_table_memory_bytes: u64,
-    /// Where unwind tables are kept between runs (`None`: nowhere).
+    /// Where unwind tables and this boot's kallsyms are kept between
+    /// runs (`None`: nowhere).
     pub unwind_cache_dir: Option<PathBuf>,
     pub selection: ProcessSelection,
     pub pyroscope: Option<PyroscopeConfig>,
