@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use twox_hash::XxHash3_64;
 
 use crate::process::root::{TargetDir, fd_path};
-use crate::unwind::disk_cache::open_cache_dir;
+use crate::unwind::disk_cache::{open_cache_dir, write_entry};
 
 /// Largest kallsyms read or kept (today's kernels: about 5 MiB).
 const MAX_KALLSYMS_BYTES: u64 = 64 << 20;
@@ -126,15 +126,7 @@ fn write_copy(dir: &TargetDir, prefix: &str) -> std::io::Result<(std::ffi::OsStr
             let _ = dir.unlink(&old);
         }
     }
-    let temp = std::ffi::OsString::from(format!(".tmp-{}-kallsyms", std::process::id()));
-    let written = dir
-        .create_new(&temp)
-        .and_then(|mut file| std::io::Write::write_all(&mut file, &text))
-        .and_then(|()| dir.rename(&temp, &name));
-    if let Err(error) = written {
-        let _ = dir.unlink(&temp);
-        return Err(error);
-    }
+    write_entry(dir, &name, &text)?;
     Ok((name, core_text))
 }
 

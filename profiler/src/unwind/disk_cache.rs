@@ -138,6 +138,26 @@ pub fn open_cache_dir(path: &Path) -> Result<TargetDir, DiskCacheError> {
     }
 }
 
+/// Writes the entry `name` of a cache directory whole: under a temporary
+/// name (removed by the next [`DiskTableCache`] to open the directory if
+/// this process dies first), then renamed, so a reader sees all of it or
+/// none.
+pub fn write_entry(dir: &TargetDir, name: &OsStr, bytes: &[u8]) -> std::io::Result<()> {
+    let temp = OsString::from(format!(
+        "{TEMP_PREFIX}{}-{}",
+        std::process::id(),
+        name.to_string_lossy()
+    ));
+    let written = dir
+        .create_new(&temp)
+        .and_then(|mut file| file.write_all(bytes))
+        .and_then(|()| dir.rename(&temp, name));
+    if written.is_err() {
+        let _ = dir.unlink(&temp);
+    }
+    written
+}
+
 impl DiskTableCache {
     /// Opens (creating it, mode 0700) the cache at `path`, for tables built
     /// by the running clrbpf.
@@ -238,19 +258,8 @@ impl DiskTableCache {
             return;
         }
         let name = Self::entry_name(table.identity());
-        let temp = OsString::from(format!(
-            "{TEMP_PREFIX}{}-{}",
-            std::process::id(),
-            name.to_string_lossy()
-        ));
-        let written = self
-            .dir
-            .create_new(&temp)
-            .and_then(|mut file| file.write_all(&bytes))
-            .and_then(|()| self.dir.rename(&temp, &name));
-        if let Err(error) = written {
+        if let Err(error) = write_entry(&self.dir, &name, &bytes) {
             tracing::debug!(%error, entry = %name.to_string_lossy(), "could not write an unwind table cache entry");
-            let _ = self.dir.unlink(&temp);
             self.stats.write_errors += 1;
             return;
         }
