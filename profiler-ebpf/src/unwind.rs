@@ -282,19 +282,10 @@ extern "C" fn epilog_step(_index: u64, ctx: *mut c_void) -> i64 {
 }
 
 /// Target memory, read with `bpf_probe_read_user`: stack words through
-/// the [`StackWindow`], code directly. `mappings` answers
-/// [`MemoryReader::may_be_code`].
-struct UserMemory<'a> {
-    mappings: Option<&'a ProcessMappings>,
-}
+/// the [`StackWindow`], code directly.
+struct UserMemory;
 
-/// Lowest user address worth a mapping search: below it, small integers.
-const LOWEST_CODE_ADDRESS: u64 = 0x1_0000;
-/// x86_64 user addresses are below 2^47 (2^56 with 5-level paging, which
-/// only processes asking for it get).
-const USER_ADDRESS_END: u64 = 1 << 56;
-
-impl UserMemory<'_> {
+impl UserMemory {
     /// The `N` words at `addr` from the stack window, loaded from `addr`
     /// to its page's end when it does not hold them.
     #[inline(always)]
@@ -338,7 +329,7 @@ impl UserMemory<'_> {
     }
 }
 
-impl MemoryReader for UserMemory<'_> {
+impl MemoryReader for UserMemory {
     #[inline(always)]
     fn read_u64(&self, addr: u64) -> Option<u64> {
         Self::stack_words::<1>(addr).map(|[w]| w)
@@ -372,18 +363,6 @@ impl MemoryReader for UserMemory<'_> {
             );
             core::ptr::read_volatile(state).result()
         }
-    }
-
-    #[inline(always)]
-    fn may_be_code(&self, value: u64) -> bool {
-        if !(LOWEST_CODE_ADDRESS..USER_ADDRESS_END).contains(&value) {
-            return false;
-        }
-        let Some(mappings) = self.mappings else {
-            return true;
-        };
-        let mut recent = [MappingEntry::default(); 2];
-        find_mapping(Some(mappings), &mut recent, value).is_ok()
     }
 }
 
@@ -589,7 +568,7 @@ extern "C" fn walk_one(index: u64, ctx: *mut c_void) -> i64 {
             }
             other => other,
         },
-        &UserMemory { mappings },
+        &UserMemory,
     );
     if unindexed {
         state.unindexed = 1;
