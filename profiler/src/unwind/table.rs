@@ -28,7 +28,8 @@ pub const MAX_ELF_FILE_BYTES: u64 = 1 << 30;
 const MAX_BUILD_ID_BYTES: usize = 64;
 
 /// What makes two files the same for unwinding: the GNU build id when the
-/// file has one (every distribution binary does), else a hash of what
+/// file has one (every distribution binary does), for a PE image its
+/// headers and debug records ([`pe_build_id`]), else a hash of what
 /// [`read_elf_file`] read of it: every byte its table is built from (the
 /// rest hashes as zeros). A hash of a few pages is not enough: two builds
 /// of one library can share their first and last 4 KiB and differ in
@@ -44,11 +45,17 @@ pub enum FileIdentity {
 impl FileIdentity {
     /// The identity of a parsed ELF file whose bytes are `data`.
     pub fn of_elf(elf: &object::File<'_>, data: &[u8]) -> Self {
-        match elf.build_id() {
-            Ok(Some(id)) if !id.is_empty() && id.len() <= MAX_BUILD_ID_BYTES => {
-                Self::BuildId(id.into())
+        let build_id = if elf.format() == object::BinaryFormat::Pe {
+            pe_build_id(data)
+        } else {
+            match elf.build_id() {
+                Ok(Some(id)) if !id.is_empty() && id.len() <= MAX_BUILD_ID_BYTES => Some(id.into()),
+                _ => None,
             }
-            _ => Self::ContentHash(XxHash3_64::oneshot(data)),
+        };
+        match build_id {
+            Some(id) => Self::BuildId(id),
+            None => Self::ContentHash(XxHash3_64::oneshot(data)),
         }
     }
 
@@ -510,18 +517,133 @@ fn start_reading(file: &File) -> Result<([u8; 4], FileBytes), UnwindTableError> 
 }
 
 /// The build id of a 64-bit little-endian ELF file, read from its headers
-/// and notes alone: enough to find its table already loaded or kept on
-/// disk without reading its unwind sections. `None` for any other file,
-/// or one without a build id (its identity needs those sections).
+/// and notes alone, or of a PE image from its headers and debug records
+/// ([`pe_build_id`]): enough to find its table already loaded or kept on
+/// disk without reading its unwind sections (or, for an image, all of
+/// it). `None` for any other file, or one without a build id (its identity
+/// needs those sections).
 pub fn read_elf_build_id(file: &File) -> Option<FileIdentity> {
     let (magic, mut data) = start_reading(file).ok()?;
-    if magic != *b"\x7fELF" || !read_elf_parts(file, &mut data, false).ok()? {
+    if magic[..2] == *b"MZ" {
+        read_pe_parts(file, &mut data).ok()?;
+    } else if !read_elf_parts(file, &mut data, false).ok()? {
         return None;
     }
     match FileIdentity::of_elf_bytes(&data).ok()? {
         identity @ FileIdentity::BuildId(_) => Some(identity),
         FileIdentity::ContentHash(_) => None,
     }
+}
+
+/// Tags a PE image's identity, so it never equals an ELF build id.
+const PE_BUILD_ID_TAG: &[u8] = b"PE:";
+/// Debug records a PE identity holds ([`pe_build_id`]).
+const PE_BUILD_ID_RECORDS: usize = 2;
+/// Debug directory entries looked at.
+const PE_DEBUG_ENTRIES: u32 = 16;
+/// Bytes of a debug record kept: its magic (`RSDS` or `R2RM`), then a
+/// GUID and an age or version.
+const PE_DEBUG_RECORD_BYTES: u32 = 24;
+/// The ReadyToRun perf map entry of the debug directory (crossgen2 writes
+/// it: `R2RM`, the signature of the image's native code, a version).
+const IMAGE_DEBUG_TYPE_PERFMAP: u32 = 21;
+/// Largest PE header hashed into an identity (headers and section table;
+/// the images seen have 512 or 4096 bytes).
+const PE_HEADER_BYTES: u32 = 4096;
+
+/// The build id of a 64-bit PE image, from what names it for debuggers
+/// and perf tools: a hash of its headers (time stamp, image and section
+/// sizes, data directories), then its first [`PE_BUILD_ID_RECORDS`]
+/// CodeView (`RSDS`: PDB GUID and age) and ReadyToRun perf map (`R2RM`:
+/// signature of the native code) records. `None` when it has neither.
+/// Like a GNU build id it is what the file says of itself: a file forging
+/// another's only misleads the unwinding of the processes that map it.
+pub fn pe_build_id(data: &[u8]) -> Option<Box<[u8]>> {
+    use object::LittleEndian as LE;
+    use object::read::pe::ImageNtHeaders as _;
+    let pe = object::read::pe::PeFile64::parse(data).ok()?;
+    let headers = pe.nt_headers().optional_header().size_of_headers.get(LE);
+    if headers > PE_HEADER_BYTES {
+        return None;
+    }
+    let mut id = PE_BUILD_ID_TAG.to_vec();
+    id.extend_from_slice(&XxHash3_64::oneshot(data.get(..headers as usize)?).to_le_bytes());
+    let mut records = 0;
+    for at in pe_debug_records(&pe, data)? {
+        let Some(record) = data
+            .get(at as usize..)
+            .and_then(|d| d.get(..PE_DEBUG_RECORD_BYTES as usize))
+        else {
+            continue;
+        };
+        if matches!(&record[..4], b"RSDS" | b"R2RM") {
+            id.extend_from_slice(&record[4..]);
+            records += 1;
+        }
+    }
+    (records > 0 && id.len() <= MAX_BUILD_ID_BYTES).then(|| id.into_boxed_slice())
+}
+
+/// File offsets of the first [`PE_BUILD_ID_RECORDS`] CodeView and perf map
+/// records of an image's debug directory; `None` when it has no debug
+/// directory (or cannot be read).
+fn pe_debug_records(pe: &object::read::pe::PeFile64<'_>, data: &[u8]) -> Option<Vec<u64>> {
+    use object::LittleEndian as LE;
+    use object::pe::{IMAGE_DEBUG_TYPE_CODEVIEW, ImageDebugDirectory};
+    let (offset, size) = pe_debug_directory(pe)?;
+    let entries = data.get(offset as usize..)?.get(..size as usize)?;
+    let (entries, _) = object::pod::slice_from_bytes::<ImageDebugDirectory>(
+        entries,
+        entries.len() / size_of::<ImageDebugDirectory>(),
+    )
+    .ok()?;
+    Some(
+        entries
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e.typ.get(LE),
+                    IMAGE_DEBUG_TYPE_CODEVIEW | IMAGE_DEBUG_TYPE_PERFMAP
+                )
+            })
+            .take(PE_BUILD_ID_RECORDS)
+            .map(|e| u64::from(e.pointer_to_raw_data.get(LE)))
+            .collect(),
+    )
+}
+
+/// Where an image's debug directory is in the file, at most
+/// [`PE_DEBUG_ENTRIES`] entries of it.
+fn pe_debug_directory(pe: &object::read::pe::PeFile64<'_>) -> Option<(u32, u32)> {
+    use object::pe::{IMAGE_DIRECTORY_ENTRY_DEBUG, ImageDebugDirectory};
+    let (offset, size) = pe
+        .data_directory(IMAGE_DIRECTORY_ENTRY_DEBUG)?
+        .file_range(&pe.section_table())
+        .ok()?;
+    Some((
+        offset,
+        size.min(PE_DEBUG_ENTRIES * size_of::<ImageDebugDirectory>() as u32),
+    ))
+}
+
+/// Reads what [`pe_build_id`] needs of a 64-bit PE image into `data`: its
+/// headers, its debug directory and the records it points to.
+fn read_pe_parts(file: &File, data: &mut FileBytes) -> Result<(), UnwindTableError> {
+    data.fill(file, 0, u64::from(PE_HEADER_BYTES))?;
+    let directory = object::read::pe::PeFile64::parse(&**data)
+        .ok()
+        .and_then(|pe| pe_debug_directory(&pe));
+    let Some((offset, size)) = directory else {
+        return Ok(());
+    };
+    data.fill(file, u64::from(offset), u64::from(size))?;
+    let records = object::read::pe::PeFile64::parse(&**data)
+        .ok()
+        .and_then(|pe| pe_debug_records(&pe, data));
+    for at in records.unwrap_or_default() {
+        data.fill(file, at, u64::from(PE_DEBUG_RECORD_BYTES))?;
+    }
+    Ok(())
 }
 
 /// Reads the headers, notes and [`UNWIND_SECTIONS`] of a 64-bit

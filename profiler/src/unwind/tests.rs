@@ -1142,6 +1142,51 @@ fn ready_to_run_rows_of_netcore31_corelib() {
     ));
 }
 
+/// A ReadyToRun image is named by its CodeView records, read with its
+/// headers alone: a table kept on disk is found without reading the image.
+#[test]
+#[ignore = "needs the .NET runtime `cargo xtask setup` unpacks: run by cargo xtask test"]
+fn ready_to_run_images_are_identified_from_their_headers() {
+    for (var, default) in [
+        ("CLRBPF_DOTNET8", "net8/dnv/net/runtime/.net/dotnet"),
+        ("CLRBPF_DOTNET31", "netcore31/dotnetcore2/bin/dotnet"),
+    ] {
+        let path = corelib_of(&dotnet_host(var, default));
+        let whole = std::fs::read(&path).expect("CoreLib");
+        let expected = UnwindTable::from_elf_bytes(&whole).expect("table");
+        let Some(FileIdentity::BuildId(id)) = Some(expected.identity()) else {
+            panic!("{}: {} is no build id", path.display(), expected.identity());
+        };
+        // The tag and the headers' hash, then the records: .NET 8's
+        // CoreLib has a perf map record and a CodeView record, .NET Core
+        // 3.1's a CodeView record.
+        assert!(id.starts_with(b"PE:"), "{}", path.display());
+        let records = if var == "CLRBPF_DOTNET8" { 2 } else { 1 };
+        assert_eq!(id.len(), 3 + 8 + records * 20, "{}", path.display());
+        let file = std::fs::File::open(&path).expect("open");
+        assert_eq!(
+            table::read_elf_build_id(&file).as_ref(),
+            Some(expected.identity()),
+            "{}",
+            path.display()
+        );
+        // Another image of the same runtime is another identity.
+        let other = path.with_file_name("System.Runtime.dll");
+        let other = UnwindTable::from_elf_bytes(&std::fs::read(&other).expect("System.Runtime"))
+            .map(|t| t.identity().clone());
+        assert_ne!(other.ok().as_ref(), Some(expected.identity()));
+        // Cut anywhere, the image never panics the reader.
+        for cut in (0..whole.len()).step_by(whole.len() / 31 + 1) {
+            let _ = table::pe_build_id(&whole[..cut]);
+        }
+        let mut damaged = whole.clone();
+        for b in damaged.iter_mut().take(4096).skip(0x80).step_by(7) {
+            *b ^= 0x5a;
+        }
+        let _ = table::pe_build_id(&damaged);
+    }
+}
+
 /// Hostile R2R images: truncations anywhere and corrupt bytes in the
 /// runtime functions and unwind infos never panic.
 #[test]
