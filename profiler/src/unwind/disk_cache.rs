@@ -225,7 +225,11 @@ impl DiskTableCache {
             self.missed.insert(identity.clone());
             return None;
         };
-        let mut bytes = Vec::new();
+        // Sized from the file: read in one go, not grown by doubling.
+        let mut bytes = Vec::with_capacity(
+            file.metadata()
+                .map_or(0, |meta| meta.len().min(MAX_ENTRY_BYTES) as usize),
+        );
         let read = file
             .take(MAX_ENTRY_BYTES + 1)
             .read_to_end(&mut bytes)

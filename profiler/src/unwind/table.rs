@@ -798,14 +798,14 @@ impl UnwindTableCache {
         table
     }
 
-    /// The table of `identity` in memory, else on disk (then kept in
-    /// memory too).
+    /// The table of `identity` in memory, else on disk. A table read from
+    /// disk is not kept in memory too: the disk keeps it (and the kernel's
+    /// row array, while a process maps the file).
     pub fn get_kept(&mut self, identity: &FileIdentity) -> Option<Arc<UnwindTable>> {
         if let Some(table) = self.get(identity) {
             return Some(table);
         }
-        let table = self.disk.as_mut()?.load(identity)?;
-        Some(self.insert(table))
+        self.disk.as_mut()?.load(identity).map(Arc::new)
     }
 
     /// The cached table of the ELF file whose bytes are `data`: from
