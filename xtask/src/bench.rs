@@ -497,8 +497,12 @@ fn bpf_time_rows(runs: &[(Mode, ProfilerRun)]) {
     }
     let mut ratios: Vec<f64> = dwarf.iter().zip(&fp).map(|(d, f)| d / f).collect();
     if !ratios.is_empty() {
+        // Each round's ratio too: on a noisy machine the spread says more
+        // than one median.
+        let rounds: Vec<String> = ratios.iter().map(|r| format!("{r:.2}x")).collect();
         println!(
-            "| BPF time per sample, DWARF / frame pointers (same round, median) | {:.2}x | |",
+            "| BPF time per sample, DWARF / frame pointers (same round, median; rounds: {}) | {:.2}x | |",
+            rounds.join(", "),
             median(&mut ratios)
         );
     }
