@@ -121,7 +121,7 @@ pub struct AgentArgs {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_memory_mb: u64,
 
-    /// Where unwind tables (and this boot's copy of kallsyms) are kept
+    /// Where unwind tables (and this boot's kernel symbols) are kept
     /// between runs, so the next run does not build them again: a
     /// directory of clrbpf's own (created mode 0700; not used unless owned
     /// by the user clrbpf runs as and closed to others), at most 256 MiB of
@@ -429,7 +429,7 @@ pub struct RecordArgs {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_memory_mb: u64,
 
-    /// Where unwind tables (and this boot's copy of kallsyms) are kept
+    /// Where unwind tables (and this boot's kernel symbols) are kept
     /// between runs, so the next run does not build them again: a
     /// directory of clrbpf's own (created mode 0700; not used unless owned
     /// by the user clrbpf runs as and closed to others), at most 256 MiB of

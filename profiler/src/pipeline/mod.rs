@@ -211,7 +211,7 @@ impl Pipeline {
         }
     }
 
-    /// Names kernel frames from this boot's copy of kallsyms kept in
+    /// Names kernel frames from this boot's table of kallsyms kept in
     /// `cache_dir` (`--cache-dir`; `None`: the live file every time).
     pub fn keep_kernel_symbols_in(&mut self, cache_dir: Option<std::path::PathBuf>) {
         self.native.keep_kernel_symbols_in(cache_dir);

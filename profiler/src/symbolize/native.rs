@@ -154,7 +154,7 @@ pub struct NativeSymbolizer {
     /// otherwise keep one module per mapping of every process it saw).
     process_mappings: HashMap<u32, HashSet<MappingKey>>,
     kernel_module: Arc<Module>,
-    /// Which kallsyms names a kernel address (this boot's kept copy or
+    /// Which kallsyms names a kernel address (this boot's kept table or
     /// the live file).
     kernel_files: KernelSymbolFiles,
     pub stats: NativeStats,
@@ -205,7 +205,7 @@ impl NativeSymbolizer {
         }
     }
 
-    /// Names kernel frames from this boot's copy of kallsyms kept in
+    /// Names kernel frames from this boot's table of kallsyms kept in
     /// `cache_dir` (written there the first time), for addresses in the
     /// core kernel's text.
     pub fn keep_kernel_symbols_in(&mut self, cache_dir: Option<PathBuf>) {
@@ -443,23 +443,42 @@ impl NativeSymbolizer {
         if let Some(frame) = self.kernel_cache.get(&addr) {
             return frame.clone();
         }
-        let kallsyms = match self.kernel_files.copy_for(addr) {
-            Some(copy) => MaybeDefault::Some(copy.to_owned()),
-            None => MaybeDefault::Default,
-        };
-        let source = Source::Kernel(Kernel {
-            kallsyms,
-            debug_syms: false,
-            ..Kernel::default()
-        });
-        let frame = match self
-            .symbolizer
-            .symbolize_single(&source, Input::AbsAddr(addr))
-        {
-            Ok(Symbolized::Sym(sym)) => {
-                frame_from_sym(&sym, FrameKind::Kernel, Some(&self.kernel_module), addr)
+        let kept = self
+            .kernel_files
+            .table_for(addr)
+            .map(|table| table.name_of(addr));
+        let named = match kept {
+            // This boot's table covers the address: its answer stands.
+            Some(name) => name.map(|name| Frame {
+                kind: FrameKind::Kernel,
+                name: name.into(),
+                module: Some(self.kernel_module.clone()),
+                address: addr,
+                ..Frame::synthetic("")
+            }),
+            None => {
+                let source = Source::Kernel(Kernel {
+                    kallsyms: MaybeDefault::Default,
+                    debug_syms: false,
+                    ..Kernel::default()
+                });
+                match self
+                    .symbolizer
+                    .symbolize_single(&source, Input::AbsAddr(addr))
+                {
+                    Ok(Symbolized::Sym(sym)) => Some(frame_from_sym(
+                        &sym,
+                        FrameKind::Kernel,
+                        Some(&self.kernel_module),
+                        addr,
+                    )),
+                    _ => None,
+                }
             }
-            _ => {
+        };
+        let frame = match named {
+            Some(frame) => frame,
+            None => {
                 self.stats.unresolved_kernel += 1;
                 Frame {
                     kind: FrameKind::Kernel,
