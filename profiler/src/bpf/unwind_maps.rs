@@ -65,7 +65,7 @@ use crate::unwind::{
     disk_cache::{DiskCacheStats, DiskTableCache},
     jit_code::{self, JitCodeRows, JitMethod, MethodFrame, PROLOGUE_BYTES},
     load_bias, parse_proc_maps,
-    table::{UnwindTable, build_row_index, pack_index_words, read_elf_build_id, read_elf_file},
+    table::{UnwindTable, build_row_index, pack_index_words, read_build_id, read_elf_file},
 };
 
 /// A process is rescanned at most this often.
@@ -808,7 +808,7 @@ impl UnwindMaps {
     fn load_file(&mut self, file: &File) -> FileState {
         // A file with a build id whose table is loaded, or kept in memory
         // or on disk, needs nothing more read.
-        if let Some(identity) = read_elf_build_id(file) {
+        if let Some(identity) = read_build_id(file) {
             let key = identity.key();
             if self.tables.contains_key(&key) {
                 return FileState::Table(key);

@@ -522,7 +522,7 @@ fn start_reading(file: &File) -> Result<([u8; 4], FileBytes), UnwindTableError> 
 /// disk without reading its unwind sections (or, for an image, all of
 /// it). `None` for any other file, or one without a build id (its identity
 /// needs those sections).
-pub fn read_elf_build_id(file: &File) -> Option<FileIdentity> {
+pub fn read_build_id(file: &File) -> Option<FileIdentity> {
     let (magic, mut data) = start_reading(file).ok()?;
     if magic[..2] == *b"MZ" {
         read_pe_parts(file, &mut data).ok()?;

@@ -308,7 +308,7 @@ fn a_sparse_read_builds_the_table_of_the_whole_file() {
         assert!(built.stats().rows > 100, "{path}");
         // The headers and notes alone give the same identity.
         assert_eq!(
-            table::read_elf_build_id(&file).as_ref(),
+            table::read_build_id(&file).as_ref(),
             Some(expected.identity()),
             "{path}"
         );
@@ -1165,7 +1165,7 @@ fn ready_to_run_images_are_identified_from_their_headers() {
         assert_eq!(id.len(), 3 + 8 + records * 20, "{}", path.display());
         let file = std::fs::File::open(&path).expect("open");
         assert_eq!(
-            table::read_elf_build_id(&file).as_ref(),
+            table::read_build_id(&file).as_ref(),
             Some(expected.identity()),
             "{}",
             path.display()
