@@ -23,6 +23,19 @@ pub mod stop;
 pub mod symbolize;
 pub mod unwind;
 
+/// Gives the heap's free pages back to the kernel. glibc keeps what was
+/// freed in its arenas: after tables are dropped or a window's aggregates
+/// are shipped, the process's RSS would otherwise keep their peak, and
+/// pieces freed between smaller live allocations make it creep up over
+/// days. Costs about a millisecond on a heap of tens of MiB.
+pub fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own heap; no pointers passed.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Pyroscope's push API types, generated from `proto/pyroscope/`.
 pub mod pyroscope_proto {
     #![allow(clippy::all, reason = "generated code: lints may or may not fire")]

@@ -81,7 +81,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         _ => "?".to_owned(),
     };
     println!(
-        "| churn soak | clrbpf record -a (one window) | clrbpf agent (defaults: 60 s windows) |"
+        "| churn soak | clrbpf record -a (one window) | clrbpf agent (defaults: 15 s windows) |"
     );
     println!("| --- | --- | --- |");
     println!(

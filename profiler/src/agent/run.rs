@@ -160,6 +160,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         let closed = cuts.cut_due(SystemTime::now(), SYMBOLIZE_DELAY, &mut |from, to| {
             shipper.take(&mut pipeline, clock.span(from, to))
         });
+        if !closed.is_empty() {
+            // The windows shipped before this one are encoded and sent by
+            // now: what they held is free.
+            crate::release_freed_heap();
+        }
         for window in closed {
             shipper.ship(window);
         }

@@ -913,8 +913,7 @@ impl UnwindMaps {
         }
         self.loads_at_trim = self.stats.tables_loaded;
         self.trimmed_at = Instant::now();
-        // SAFETY: malloc_trim only returns free memory to the kernel.
-        unsafe { libc::malloc_trim(0) };
+        crate::release_freed_heap();
     }
 
     /// The next [`MappingEntry::table_serial`], never 0.

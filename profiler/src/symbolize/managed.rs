@@ -683,19 +683,8 @@ impl ManagedSymbolBudget {
         let evicted = book.stats.evictions > evictions_before;
         drop(book);
         if evicted {
-            release_freed_memory();
+            crate::release_freed_heap();
         }
-    }
-}
-
-/// Gives the pages of dropped tables back to the kernel: glibc keeps freed
-/// memory in its heap, so without this an eviction lowers the book's
-/// numbers but not the process's RSS.
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks glibc's own heap; no pointers passed.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 

@@ -130,6 +130,9 @@ pub struct NativeStats {
     pub files_evicted: u64,
     /// Cached frames dropped by the frame-cache bounds.
     pub frames_evicted: u64,
+    /// Files opened again unchanged after they were closed, their cached
+    /// frames found again.
+    pub files_reopened: u64,
     /// Processes let go of through [`NativeSymbolizer::forget_process`].
     pub processes_forgotten: u64,
 }
@@ -143,6 +146,12 @@ pub struct NativeSymbolizer {
     /// The files each known process maps.
     process_files: HashMap<u32, HashSet<FileKey>>,
     next_generation: u64,
+    /// Files closed, with their build id and the generation their frames
+    /// are cached under: opened again unchanged (the next run of a
+    /// short-lived program maps the same libraries), a file gets its old
+    /// generation back and its frames are found instead of named again,
+    /// and never left unreachable in the frame cache to age out.
+    closed: LruCache<FileKey, (Arc<str>, u64)>,
     user_cache: LruCache<(u64, u64), Arc<Frame>>,
     kernel_cache: LruCache<u64, Arc<Frame>>,
     /// The pprof mapping of each file mapping seen: the file's module with
@@ -188,6 +197,7 @@ impl NativeSymbolizer {
             file_users: HashMap::new(),
             process_files: HashMap::new(),
             next_generation: 0,
+            closed: LruCache::new(at_least_one(limits.max_open_files.saturating_mul(4))),
             user_cache: LruCache::new(at_least_one(limits.max_user_frames)),
             kernel_cache: LruCache::new(at_least_one(limits.max_kernel_frames)),
             mapping_modules: HashMap::new(),
@@ -252,16 +262,23 @@ impl NativeSymbolizer {
             Some(_) => self.stats.files_opened += 1,
             None => self.stats.files_unopenable += 1,
         }
-        self.next_generation += 1;
-        let known = KnownFile {
-            opened,
-            generation: self.next_generation,
+        let build_id = opened.as_ref().and_then(|elf| elf.module.build_id.clone());
+        let generation = match (self.closed.pop(&mapping.key), build_id) {
+            (Some((closed_id, generation)), Some(id)) if closed_id == id => {
+                self.stats.files_reopened += 1;
+                generation
+            }
+            _ => {
+                self.next_generation += 1;
+                self.next_generation
+            }
         };
+        let known = KnownFile { opened, generation };
         if let Some((old_key, old)) = self.files.push(mapping.key, known)
             && old_key != mapping.key
         {
             self.stats.files_evicted += 1;
-            self.close(old);
+            self.close(old_key, old);
         }
     }
 
@@ -294,7 +311,7 @@ impl NativeSymbolizer {
             self.file_users.remove(&key);
             if let Some(known) = self.files.pop(&key) {
                 self.stats.files_closed += 1;
-                self.close(known);
+                self.close(key, known);
             }
         }
     }
@@ -318,8 +335,11 @@ impl NativeSymbolizer {
         self.limits
     }
 
-    fn close(&mut self, known: KnownFile) {
+    fn close(&mut self, key: FileKey, known: KnownFile) {
         if let Some(elf) = known.opened {
+            if let Some(build_id) = &elf.module.build_id {
+                self.closed.put(key, (build_id.clone(), known.generation));
+            }
             // blazesym keeps its own descriptor and parsed data per path.
             let _ = self
                 .symbolizer
@@ -722,6 +742,85 @@ mod tests {
         s.forget_process(pid);
         s.forget_process(u32::MAX);
         assert_eq!(s.stats.processes_forgotten, 1);
+    }
+
+    /// Starts `exe` with `args` and waits for its mappings of `exe`.
+    fn start_and_map(
+        exe: &std::path::Path,
+        args: &[&str],
+    ) -> (std::process::Child, Vec<(u64, u64, u64, FileKey, String)>) {
+        let child = std::process::Command::new(exe)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the program");
+        let name = exe
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("utf-8 name");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let found = mapped_files(child.id(), name);
+            if !found.is_empty() {
+                return (child, found);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never mapped its exe"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Symbolizes one address in each mapping of `pid`, then lets the
+    /// process go as the pipeline does after its exit.
+    fn symbolize_then_forget(
+        s: &mut NativeSymbolizer,
+        mut child: std::process::Child,
+        mappings: &[(u64, u64, u64, FileKey, String)],
+    ) {
+        let pid = child.id();
+        for (start, end, offset, key, path) in mappings {
+            let mapping = MappedFile {
+                pid,
+                start: *start,
+                end: *end,
+                offset: *offset,
+                key: *key,
+                path,
+            };
+            let _ = s.symbolize_user(&mapping, start + 0x40, false);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        s.forget_process(pid);
+    }
+
+    #[test]
+    fn a_file_opened_again_unchanged_finds_its_frames() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let exe = dir.path().join("clrbpf-native-reopen");
+        std::fs::copy("/bin/sleep", &exe).expect("copy sleep");
+        let mut s = NativeSymbolizer::new();
+        let (child, mappings) = start_and_map(&exe, &["30"]);
+        symbolize_then_forget(&mut s, child, &mappings);
+        let cached = s.user_cache.len();
+        assert!(cached > 0);
+        assert_eq!(s.stats.files_closed, 1, "{:?}", s.stats);
+
+        // The next run of the same file: its frames are the cached ones,
+        // none added, none left behind unreachable.
+        let (child, mappings) = start_and_map(&exe, &["30"]);
+        symbolize_then_forget(&mut s, child, &mappings);
+        assert_eq!(s.stats.files_reopened, 1, "{:?}", s.stats);
+        assert_eq!(s.user_cache.len(), cached);
+
+        // Rewritten in place (same inode, another build id): named afresh.
+        std::fs::write(&exe, std::fs::read("/bin/cat").expect("read cat")).expect("rewrite");
+        let (child, mappings) = start_and_map(&exe, &[]);
+        symbolize_then_forget(&mut s, child, &mappings);
+        assert_eq!(s.stats.files_reopened, 1, "{:?}", s.stats);
+        assert!(s.user_cache.len() > cached);
     }
 
     #[test]
