@@ -649,8 +649,12 @@ mod tests {
         assert_eq!(frame.kind, FrameKind::Kernel);
     }
 
+    /// An executable file mapping as `/proc/PID/maps` gives it: start, end,
+    /// offset, file, path.
+    type MapsLine = (u64, u64, u64, FileKey, String);
+
     /// The executable mappings of `pid` whose path ends with `suffix`.
-    fn mapped_files(pid: u32, suffix: &str) -> Vec<(u64, u64, u64, FileKey, String)> {
+    fn mapped_files(pid: u32, suffix: &str) -> Vec<MapsLine> {
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
         maps.lines()
             .filter_map(|line| {
@@ -745,11 +749,12 @@ mod tests {
     }
 
     /// Starts `exe` with `args` and waits for its mappings of `exe`.
-    fn start_and_map(
-        exe: &std::path::Path,
-        args: &[&str],
-    ) -> (std::process::Child, Vec<(u64, u64, u64, FileKey, String)>) {
-        let child = std::process::Command::new(exe)
+    #[expect(
+        clippy::zombie_processes,
+        reason = "the child goes to the caller, which waits for it"
+    )]
+    fn start_and_map(exe: &std::path::Path, args: &[&str]) -> (std::process::Child, Vec<MapsLine>) {
+        let mut child = std::process::Command::new(exe)
             .args(args)
             .stdin(std::process::Stdio::piped())
             .spawn()
@@ -764,10 +769,11 @@ mod tests {
             if !found.is_empty() {
                 return (child, found);
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the child never mapped its exe"
-            );
+            if std::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the child never mapped its exe");
+            }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
@@ -777,7 +783,7 @@ mod tests {
     fn symbolize_then_forget(
         s: &mut NativeSymbolizer,
         mut child: std::process::Child,
-        mappings: &[(u64, u64, u64, FileKey, String)],
+        mappings: &[MapsLine],
     ) {
         let pid = child.id();
         for (start, end, offset, key, path) in mappings {
