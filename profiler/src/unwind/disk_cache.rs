@@ -25,7 +25,7 @@ use std::ffi::{OsStr, OsString};
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::DirBuilderExt as _;
 use std::path::Path;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use clrbpf_common::unwind::{RowIndex, UnwindRow};
 
@@ -43,6 +43,12 @@ pub const MAX_ENTRY_BYTES: u64 = 128 << 20;
 const MAGIC: &[u8; 8] = b"CLRBPFU1";
 const ENTRY_PREFIX: &str = "unwind-";
 const TEMP_PREFIX: &str = ".tmp-";
+/// Age past which a temporary file is a dead writer's and removed. A write
+/// takes milliseconds, and another clrbpf may share the directory (the
+/// agent and a `record`, or two pid namespaces, where a pid in the name
+/// tells nothing), so a fresh one may be another writer's work in
+/// progress.
+const STALE_TEMP_SECS: u64 = 3600;
 const ROW_BYTES: usize = 24;
 const SEGMENT_BYTES: usize = 24;
 /// Longest build id (of clrbpf or of a file) an entry holds.
@@ -143,8 +149,12 @@ pub fn open_cache_dir(path: &Path) -> Result<TargetDir, DiskCacheError> {
 /// this process dies first), then renamed, so a reader sees all of it or
 /// none.
 pub fn write_entry(dir: &TargetDir, name: &OsStr, bytes: &[u8]) -> std::io::Result<()> {
+    // Never the name of a dead writer's leftover (a pid is reused).
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
     let temp = OsString::from(format!(
-        "{TEMP_PREFIX}{}-{}",
+        "{TEMP_PREFIX}{}-{nanos}-{}",
         std::process::id(),
         name.to_string_lossy()
     ));
@@ -189,8 +199,8 @@ impl DiskTableCache {
         self.budget_bytes = budget_bytes;
     }
 
-    /// The entries' names and sizes, and leftovers of interrupted writes
-    /// removed.
+    /// The entries' names and sizes; leftovers of interrupted writes older
+    /// than [`STALE_TEMP_SECS`] removed.
     fn scan(&mut self) {
         self.entries.clear();
         for name in self.dir.entries().unwrap_or_default() {
@@ -202,7 +212,12 @@ impl DiskTableCache {
                 continue;
             }
             if text.starts_with(TEMP_PREFIX) {
-                let _ = self.dir.unlink(&name);
+                let age = SystemTime::now()
+                    .duration_since(stat.modified)
+                    .unwrap_or_default();
+                if age >= Duration::from_secs(STALE_TEMP_SECS) {
+                    let _ = self.dir.unlink(&name);
+                }
             } else if text.starts_with(ENTRY_PREFIX) {
                 self.entries.push((name, stat.size, stat.modified));
             }
@@ -488,6 +503,31 @@ mod tests {
             std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
             0o700
         );
+    }
+
+    #[test]
+    fn only_stale_leftovers_of_writes_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cache");
+        DiskTableCache::open_for(&path, (*b"writer").into()).unwrap();
+        // Another clrbpf writing right now, and one that died an hour ago.
+        let fresh = path.join(".tmp-77-123-unwind-ELF-aa");
+        let stale = path.join(".tmp-78-456-unwind-ELF-bb");
+        std::fs::write(&fresh, b"half").unwrap();
+        std::fs::write(&stale, b"half").unwrap();
+        let old = SystemTime::now() - Duration::from_secs(STALE_TEMP_SECS + 60);
+        std::fs::File::options()
+            .write(true)
+            .open(&stale)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        DiskTableCache::open_for(&path, (*b"writer").into()).unwrap();
+        assert!(
+            fresh.exists(),
+            "another writer's file in progress is left alone"
+        );
+        assert!(!stale.exists(), "a dead writer's leftover is removed");
     }
 
     #[test]
