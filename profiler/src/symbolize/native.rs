@@ -653,6 +653,19 @@ mod tests {
     /// offset, file, path.
     type MapsLine = (u64, u64, u64, FileKey, String);
 
+    /// `line` as a mapping of process `pid`.
+    fn as_mapping(pid: u32, line: &MapsLine) -> MappedFile<'_> {
+        let (start, end, offset, key, path) = line;
+        MappedFile {
+            pid,
+            start: *start,
+            end: *end,
+            offset: *offset,
+            key: *key,
+            path,
+        }
+    }
+
     /// The executable mappings of `pid` whose path ends with `suffix`.
     fn mapped_files(pid: u32, suffix: &str) -> Vec<MapsLine> {
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
@@ -696,36 +709,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let exe = dir.path().join("clrbpf-native-forget-sleep");
         std::fs::copy("/bin/sleep", &exe).expect("copy sleep");
-        let mut child = std::process::Command::new(&exe)
-            .arg("30")
-            .spawn()
-            .expect("start the copy of sleep");
+        let (mut child, mappings) = start_and_map(&exe, &["30"]);
         let pid = child.id();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let mappings = loop {
-            let found = mapped_files(pid, "clrbpf-native-forget-sleep");
-            if !found.is_empty() {
-                break found;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the child never mapped its exe"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        };
         let baseline = fds_open_on(&exe);
         let mut s = NativeSymbolizer::new();
-        for (start, end, offset, key, path) in &mappings {
-            let mapping = MappedFile {
-                pid,
-                start: *start,
-                end: *end,
-                offset: *offset,
-                key: *key,
-                path,
-            };
+        for line in &mappings {
+            let mapping = as_mapping(pid, line);
             s.prepare(&mapping);
-            let _ = s.symbolize_user(&mapping, start + 0x40, false);
+            let _ = s.symbolize_user(&mapping, mapping.start + 0x40, false);
         }
         assert_eq!(s.stats.files_opened, 1, "{:?}", s.stats);
         assert_eq!(s.open_files(), 1);
@@ -786,16 +777,9 @@ mod tests {
         mappings: &[MapsLine],
     ) {
         let pid = child.id();
-        for (start, end, offset, key, path) in mappings {
-            let mapping = MappedFile {
-                pid,
-                start: *start,
-                end: *end,
-                offset: *offset,
-                key: *key,
-                path,
-            };
-            let _ = s.symbolize_user(&mapping, start + 0x40, false);
+        for line in mappings {
+            let mapping = as_mapping(pid, line);
+            let _ = s.symbolize_user(&mapping, mapping.start + 0x40, false);
         }
         let _ = child.kill();
         let _ = child.wait();
@@ -880,17 +864,10 @@ mod tests {
             max_user_frames: 2,
             max_kernel_frames: 1,
         });
-        for (start, end, offset, key, path) in &mappings {
-            let mapping = MappedFile {
-                pid: own,
-                start: *start,
-                end: *end,
-                offset: *offset,
-                key: *key,
-                path,
-            };
+        for line in &mappings {
+            let mapping = as_mapping(own, line);
             for i in 0..3 {
-                let _ = s.symbolize_user(&mapping, start + 0x100 * i, false);
+                let _ = s.symbolize_user(&mapping, mapping.start + 0x100 * i, false);
             }
         }
         assert_eq!(s.open_files(), 1);
