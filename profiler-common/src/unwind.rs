@@ -1132,7 +1132,10 @@ unsafe impl aya::Pod for MappingEntry {}
 #[derive(Clone, Copy, Debug)]
 pub struct ProcessMappings {
     pub len: u32,
-    pub _pad: u32,
+    /// Which write of the index this is (userspace counts writes, never 0):
+    /// the kernel keeps the mappings a walk found for the next walk of the
+    /// same process while this stays the same.
+    pub generation: u32,
     pub entries: [MappingEntry; MAX_PROCESS_MAPPINGS],
 }
 
@@ -1145,7 +1148,7 @@ unsafe impl aya::Pod for ProcessMappings {}
 impl ProcessMappings {
     pub const EMPTY: Self = Self {
         len: 0,
-        _pad: 0,
+        generation: 0,
         entries: [MappingEntry {
             start: 0,
             end: 0,

@@ -353,6 +353,8 @@ pub struct UnwindMaps {
     clock: u64,
     /// The last [`MappingEntry::table_serial`] given.
     table_serial: u16,
+    /// The last [`ProcessMappings::generation`] given.
+    mappings_generation: u32,
     exits_checked_at: Instant,
     stats: UnwindMapsStats,
     /// [`UnwindMapsStats::tables_loaded`] at the last heap trim, and when.
@@ -388,6 +390,7 @@ impl UnwindMaps {
             },
             clock: 0,
             table_serial: 0,
+            mappings_generation: 0,
             exits_checked_at: Instant::now(),
             stats: UnwindMapsStats::default(),
             loads_at_trim: 0,
@@ -770,8 +773,12 @@ impl UnwindMaps {
                 _ => entries.push(entry),
             }
         }
-        let (value, dropped) = build_process_mappings(entries);
+        let (mut value, dropped) = build_process_mappings(entries);
         self.stats.mappings_dropped += dropped as u64;
+        // A new generation for every write: the kernel then never keeps
+        // entries of an index it no longer holds (a table evicted, moved).
+        self.mappings_generation = self.mappings_generation.wrapping_add(1).max(1);
+        value.generation = self.mappings_generation;
         if self.process_mappings.insert(pid, *value, 0).is_err() {
             self.stats.map_update_errors += 1;
         }
