@@ -125,12 +125,12 @@ pub struct WalkState {
 /// Slots of [`RecentMappings`] (a power of two).
 const RECENT_MAPPINGS: usize = 4;
 
-/// The last mappings a walk found, replaced in turn. A .NET stack moves
-/// between JIT code, the runtime's library, CoreLib's ReadyToRun code and
-/// libc, a native one stays in a file for several frames: with four, a
-/// walk searches the process's mappings about once per new file instead
-/// of three times per walk (two slots measured on an allocating .NET app:
-/// 0.7 us of a 6 us walk went to searches).
+/// The last mappings found, replaced in turn. A .NET stack moves between
+/// JIT code, the runtime's library, CoreLib's ReadyToRun code and libc, a
+/// native one stays in a file for several frames. Kept from one walk of a
+/// process to the next, four of them spare most walks any search: on an
+/// allocating .NET app, walks searched 3 times each (0.7 us of a 6 us
+/// walk) with two slots emptied at every walk, 0.07 times with these.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct RecentMappings {
