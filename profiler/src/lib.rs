@@ -27,7 +27,9 @@ pub mod unwind;
 /// freed in its arenas: after tables are dropped or a window's aggregates
 /// are shipped, the process's RSS would otherwise keep their peak, and
 /// pieces freed between smaller live allocations make it creep up over
-/// days. Costs about a millisecond on a heap of tens of MiB.
+/// days. It walks the free chunks: 15-35 ms for a heap cut in 150,000
+/// free pieces (a C test), too little to show in a 60 s profile of the
+/// agent under churn at 999 Hz (four window cuts).
 pub fn release_freed_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks glibc's own heap; no pointers passed.
