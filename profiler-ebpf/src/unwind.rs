@@ -154,35 +154,85 @@ impl RecentMappings {
     }
 }
 
-/// A row looked up before, in [`ROW_CACHE`].
+/// A row looked up before, in [`RowCache`]: 32 bytes, so that the 1,024
+/// slots fit one per-CPU value (at most 32 KiB). The row's `pc` is left
+/// out (the step never reads it).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct CachedRow {
     vaddr: u64,
     /// The table's [`MappingEntry::row_offset`].
     row_offset: u32,
+    cfa_offset: i32,
+    fp_offset: i16,
+    ra_offset: i16,
     /// The table's [`MappingEntry::table_serial`]; 0 for an empty slot.
     table_serial: u16,
-    /// 1 when `row` is the answer, 0 when the table has no row for `vaddr`.
-    found: u16,
-    row: UnwindRow,
+    /// 1 when the row is the answer, 0 when the table has no row for
+    /// `vaddr`.
+    found: u8,
+    cfa_rule: u8,
+    fp_rule: u8,
+    ra_rule: u8,
+    cfa_param: u8,
+    _pad: [u8; 5],
 }
 
-/// Slots of [`ROW_CACHE`] (a power of two).
-const ROW_CACHE_SLOTS: u32 = 1024;
+const _: () = assert!(size_of::<CachedRow>() == 32);
+
+impl CachedRow {
+    #[inline(always)]
+    fn row(&self, vaddr: u64) -> UnwindRow {
+        UnwindRow {
+            pc: vaddr,
+            cfa_offset: self.cfa_offset,
+            fp_offset: self.fp_offset,
+            ra_offset: self.ra_offset,
+            cfa_rule: self.cfa_rule,
+            fp_rule: self.fp_rule,
+            ra_rule: self.ra_rule,
+            cfa_param: self.cfa_param,
+            _pad: [0; 4],
+        }
+    }
+
+    #[inline(always)]
+    fn set_row(&mut self, row: &UnwindRow) {
+        self.cfa_offset = row.cfa_offset;
+        self.fp_offset = row.fp_offset;
+        self.ra_offset = row.ra_offset;
+        self.cfa_rule = row.cfa_rule;
+        self.fp_rule = row.fp_rule;
+        self.ra_rule = row.ra_rule;
+        self.cfa_param = row.cfa_param;
+    }
+}
+
+/// Slots of [`RowCache`] (a power of two).
+const ROW_CACHE_SLOTS: usize = 1024;
 
 /// Per CPU, the rows of recent lookups, direct-mapped by (vaddr, table).
 /// Profiles repeat their return addresses (thread entry points, the loops
 /// that call the hot code), and a hit reads one slot instead of an index
 /// word and a few rows of a multi-MiB array, each a likely TLB miss at a
 /// sampling period's distance.
+///
+/// One per-CPU value holds every slot: a per-CPU array of slots costs a
+/// lookup of the slot's per-CPU pointer as well, a second cache miss when
+/// the app's own work (a garbage collection) has pushed the table of
+/// pointers out of the caches.
+#[repr(C)]
+pub struct RowCache {
+    slots: [CachedRow; ROW_CACHE_SLOTS],
+}
+
 #[map]
-static ROW_CACHE: PerCpuArray<CachedRow> = PerCpuArray::with_max_entries(ROW_CACHE_SLOTS, 0);
+static ROW_CACHE: PerCpuArray<RowCache> = PerCpuArray::with_max_entries(1, 0);
 
 #[inline(always)]
-fn row_cache_slot(vaddr: u64, table_serial: u16) -> u32 {
+fn row_cache_slot(vaddr: u64, table_serial: u16) -> usize {
     let h = (vaddr ^ (u64::from(table_serial) << 48)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (h >> 54) as u32 & (ROW_CACHE_SLOTS - 1)
+    (h >> 54) as usize & (ROW_CACHE_SLOTS - 1)
 }
 
 /// What [`walk_one`] gets from [`walk_user_stack`] through `bpf_loop`'s
@@ -193,6 +243,7 @@ struct WalkContext {
     event: *mut RawSampleEvent,
     /// The process's mapping index, null when it has none.
     mappings: *const ProcessMappings,
+    row_cache: *mut RowCache,
 }
 
 #[map]
@@ -495,6 +546,7 @@ fn find_mapping<'a>(
 fn lookup(
     mappings: Option<&ProcessMappings>,
     recent: &mut RecentMappings,
+    row_cache: &mut RowCache,
     pc: u64,
 ) -> Result<Option<UnwindRow>, UnwindError> {
     let entry = find_mapping(mappings, recent, pc)?;
@@ -502,35 +554,30 @@ fn lookup(
         return Ok(None);
     }
     let vaddr = pc.wrapping_sub(entry.bias);
-    let cached = ROW_CACHE.get_ptr_mut(row_cache_slot(vaddr, entry.table_serial));
-    if let Some(cached) = cached {
-        // SAFETY: per-CPU slot, only this program on this CPU uses it.
-        let cached = unsafe { &*cached };
-        if cached.vaddr == vaddr
-            && cached.table_serial == entry.table_serial
-            && cached.row_offset == entry.row_offset
-        {
-            return if cached.found != 0 {
-                Ok(Some(cached.row))
-            } else {
-                Err(UnwindError::NoTableRow)
-            };
-        }
+    let cached = row_cache
+        .slots
+        .get_mut(row_cache_slot(vaddr, entry.table_serial))
+        .ok_or(UnwindError::NoTableRow)?;
+    if cached.vaddr == vaddr
+        && cached.table_serial == entry.table_serial
+        && cached.row_offset == entry.row_offset
+    {
+        return if cached.found != 0 {
+            Ok(Some(cached.row(vaddr)))
+        } else {
+            Err(UnwindError::NoTableRow)
+        };
     }
     let found = search_table(entry, vaddr);
-    if let Some(cached) = cached {
-        // SAFETY: as above.
-        let cached = unsafe { &mut *cached };
-        cached.vaddr = vaddr;
-        cached.row_offset = entry.row_offset;
-        cached.table_serial = entry.table_serial;
-        match found {
-            Ok(row) => {
-                cached.found = 1;
-                cached.row = row;
-            }
-            Err(_) => cached.found = 0,
+    cached.vaddr = vaddr;
+    cached.row_offset = entry.row_offset;
+    cached.table_serial = entry.table_serial;
+    match &found {
+        Ok(row) => {
+            cached.found = 1;
+            cached.set_row(row);
         }
+        Err(_) => cached.found = 0,
     }
     found.map(Some)
 }
@@ -572,12 +619,16 @@ extern "C" fn walk_one(index: u64, ctx: *mut c_void) -> i64 {
     // loop; the state and event are per-CPU values only this program on
     // this CPU uses, the mappings are read only (userspace replaces them
     // whole; the old value stays valid until the program ends).
-    let (state, event, mappings) = unsafe {
+    let (state, event, mappings, row_cache) = unsafe {
         let ctx = &*(ctx as *const WalkContext);
-        let (Some(state), Some(event)) = (ctx.state.as_mut(), ctx.event.as_mut()) else {
+        let (Some(state), Some(event), Some(row_cache)) = (
+            ctx.state.as_mut(),
+            ctx.event.as_mut(),
+            ctx.row_cache.as_mut(),
+        ) else {
             return 1;
         };
-        (state, event, ctx.mappings.as_ref())
+        (state, event, ctx.mappings.as_ref(), row_cache)
     };
     if state.more == 0 {
         return 1;
@@ -602,7 +653,7 @@ extern "C" fn walk_one(index: u64, ctx: *mut c_void) -> i64 {
     let outcome = next_frame(
         &mut state.regs,
         &mut interrupted,
-        &mut |pc| match lookup(mappings, &mut state.recent_mappings, pc) {
+        &mut |pc| match lookup(mappings, &mut state.recent_mappings, row_cache, pc) {
             Err(UnwindError::NoMapping) => {
                 unindexed = true;
                 Ok(None)
@@ -653,6 +704,7 @@ pub fn walk_user_stack(tgid: u32, regs: UnwindRegs) -> Option<WalkResult> {
         state,
         event,
         mappings: mappings.unwrap_or(core::ptr::null()),
+        row_cache: ROW_CACHE.get_ptr_mut(0)?,
     };
     // The window holds another walk's stack, maybe of another process.
     let window = STACK_WINDOW.get_ptr_mut(0)?;
