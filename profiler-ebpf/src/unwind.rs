@@ -208,8 +208,8 @@ impl CachedRow {
     }
 }
 
-/// Slots of [`RowCache`] (a power of two).
-const ROW_CACHE_SLOTS: usize = 1024;
+/// Sets of two slots in [`RowCache`] (a power of two).
+const ROW_CACHE_SETS: usize = 512;
 
 /// Per CPU, the rows of recent lookups, direct-mapped by (vaddr, table).
 /// Profiles repeat their return addresses (thread entry points, the loops
@@ -223,16 +223,16 @@ const ROW_CACHE_SLOTS: usize = 1024;
 /// pointers out of the caches.
 #[repr(C)]
 pub struct RowCache {
-    slots: [CachedRow; ROW_CACHE_SLOTS],
+    sets: [[CachedRow; 2]; ROW_CACHE_SETS],
 }
 
 #[map]
 static ROW_CACHE: PerCpuArray<RowCache> = PerCpuArray::with_max_entries(1, 0);
 
 #[inline(always)]
-fn row_cache_slot(vaddr: u64, table_serial: u16) -> usize {
+fn row_cache_set(vaddr: u64, table_serial: u16) -> usize {
     let h = (vaddr ^ (u64::from(table_serial) << 48)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (h >> 54) as usize & (ROW_CACHE_SLOTS - 1)
+    (h >> 55) as usize & (ROW_CACHE_SETS - 1)
 }
 
 /// What [`walk_one`] gets from [`walk_user_stack`] through `bpf_loop`'s
@@ -554,21 +554,27 @@ fn lookup(
         return Ok(None);
     }
     let vaddr = pc.wrapping_sub(entry.bias);
-    let cached = row_cache
-        .slots
-        .get_mut(row_cache_slot(vaddr, entry.table_serial))
+    let set = row_cache
+        .sets
+        .get_mut(row_cache_set(vaddr, entry.table_serial))
         .ok_or(UnwindError::NoTableRow)?;
-    if cached.vaddr == vaddr
-        && cached.table_serial == entry.table_serial
-        && cached.row_offset == entry.row_offset
-    {
-        return if cached.found != 0 {
-            Ok(Some(cached.row(vaddr)))
-        } else {
-            Err(UnwindError::NoTableRow)
-        };
+    for cached in set.iter() {
+        if cached.vaddr == vaddr
+            && cached.table_serial == entry.table_serial
+            && cached.row_offset == entry.row_offset
+        {
+            return if cached.found != 0 {
+                Ok(Some(cached.row(vaddr)))
+            } else {
+                Err(UnwindError::NoTableRow)
+            };
+        }
     }
     let found = search_table(entry, vaddr);
+    // The newest row goes first, the one it replaces second: the older
+    // second goes.
+    set[1] = set[0];
+    let cached = &mut set[0];
     cached.vaddr = vaddr;
     cached.row_offset = entry.row_offset;
     cached.table_serial = entry.table_serial;
