@@ -311,7 +311,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    // `CLRBPF_BENCH_ONLY=cpu,steady,churn,storm` runs only those parts.
+    // `CLRBPF_BENCH_ONLY=cpu,alloc,steady,churn,storm` runs only those parts.
     if let Ok(only) = std::env::var("CLRBPF_BENCH_ONLY") {
         for part in only.split(',') {
             match part.trim() {
@@ -319,14 +319,18 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
                 "churn" => crate::bench_churn::run(inputs)?,
                 "storm" => exception_storm(inputs)?,
                 "cpu" => cpu_table(inputs, have_perf)?,
+                "alloc" => crate::bench_alloc::run(inputs)?,
                 other => {
-                    bail!("CLRBPF_BENCH_ONLY: no bench part {other:?} (cpu, steady, churn, storm)")
+                    bail!(
+                        "CLRBPF_BENCH_ONLY: no bench part {other:?} (cpu, alloc, steady, churn, storm)"
+                    )
                 }
             }
         }
         return Ok(());
     }
     cpu_table(inputs, have_perf)?;
+    crate::bench_alloc::run(inputs)?;
     crate::bench_steady::run(inputs, have_perf)?;
 
     let perf_map = Command::new(inputs.clrbpf)

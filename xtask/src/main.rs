@@ -4,6 +4,7 @@
 //! `cargo xtask demo` and `cargo xtask test` work on a fresh machine.
 
 mod bench;
+mod bench_alloc;
 mod bench_churn;
 mod bench_offcpu;
 mod bench_saturated;
