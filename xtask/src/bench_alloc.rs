@@ -6,8 +6,8 @@
 //! walker's data cold between samples. BPF time per on-CPU sample of
 //! `record -a` with DWARF unwinding and with `--frame-pointers-only`,
 //! back to back in each round over one warm demo process, their order
-//! swapped every round (on this VM the first run of a pair tends to be
-//! the cheaper one).
+//! swapped every round (on this VM what ran just before a run moves its
+//! BPF time).
 
 use std::{
     process::{Child, Command, Stdio},
