@@ -222,14 +222,7 @@ fn run_profiled(
         if mode.clrbpf_flags().is_some() {
             let stderr =
                 fs::read_to_string(inputs.scratch.join("clrbpf.stderr")).unwrap_or_default();
-            bpf_us_per_sample = stderr.lines().find_map(|l| {
-                l.split("BPF time per sample ")
-                    .nth(1)?
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok()
-            });
+            bpf_us_per_sample = bpf_us_per_sample_of(&stderr);
             samples = stderr.lines().find_map(|l| {
                 l.split(" samples from ")
                     .next()?
@@ -251,6 +244,18 @@ fn run_profiled(
         bpf_us_per_sample,
         samples,
         unwind,
+    })
+}
+
+/// `BPF time per sample X us` of a clrbpf summary.
+pub fn bpf_us_per_sample_of(stderr: &str) -> Option<f64> {
+    stderr.lines().find_map(|l| {
+        l.split("BPF time per sample ")
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
     })
 }
 
@@ -806,6 +811,14 @@ pub fn scratch_dir(target: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_bpf_time_of_a_summary() {
+        let stderr = "clrbpf: recorded 1186 samples from 9 processes, 0 lost\n\
+                      clrbpf: BPF time per sample 9.35 us\n";
+        assert_eq!(bpf_us_per_sample_of(stderr), Some(9.35));
+        assert_eq!(bpf_us_per_sample_of("clrbpf: recorded 3 samples\n"), None);
+    }
 
     #[test]
     fn unwind_summary_line() {

@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::bench::{BenchInputs, median};
+use crate::bench::{BenchInputs, bpf_us_per_sample_of, median};
 
 const ROUNDS: usize = 7;
 /// Seconds each `record` runs.
@@ -31,18 +31,6 @@ impl Drop for Demo {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// `BPF time per sample X us` of a clrbpf summary.
-fn bpf_us_per_sample(stderr: &str) -> Option<f64> {
-    stderr.lines().find_map(|l| {
-        l.split("BPF time per sample ")
-            .nth(1)?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    })
 }
 
 fn record(inputs: &BenchInputs<'_>, frame_pointers_only: bool) -> anyhow::Result<f64> {
@@ -62,7 +50,7 @@ fn record(inputs: &BenchInputs<'_>, frame_pointers_only: bool) -> anyhow::Result
     if !output.status.success() {
         bail!("clrbpf record failed: {stderr}");
     }
-    bpf_us_per_sample(&stderr).with_context(|| {
+    bpf_us_per_sample_of(&stderr).with_context(|| {
         format!("clrbpf printed no BPF time (is kernel.bpf_stats_enabled on?): {stderr}")
     })
 }
@@ -121,17 +109,4 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         median(&mut ratios)
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_the_bpf_time_of_a_summary() {
-        let stderr = "clrbpf: recorded 1186 samples from 9 processes, 0 lost\n\
-                      clrbpf: BPF time per sample 9.35 us (on_cpu_sample)\n";
-        assert_eq!(bpf_us_per_sample(stderr), Some(9.35));
-        assert_eq!(bpf_us_per_sample("clrbpf: recorded 3 samples\n"), None);
-    }
 }
