@@ -211,7 +211,8 @@ impl CachedRow {
 /// Sets of two slots in [`RowCache`] (a power of two).
 const ROW_CACHE_SETS: usize = 512;
 
-/// Per CPU, the rows of recent lookups, direct-mapped by (vaddr, table).
+/// Per CPU, the rows of recent lookups, in sets of two chosen by (vaddr,
+/// table), the newer first.
 /// Profiles repeat their return addresses (thread entry points, the loops
 /// that call the hot code), and a hit reads one slot instead of an index
 /// word and a few rows of a multi-MiB array, each a likely TLB miss at a
@@ -571,8 +572,8 @@ fn lookup(
         }
     }
     let found = search_table(entry, vaddr);
-    // The newest row goes first, the one it replaces second: the older
-    // second goes.
+    // The new row goes first, the first moves second, the older second
+    // is dropped.
     set[1] = set[0];
     let cached = &mut set[0];
     cached.vaddr = vaddr;
