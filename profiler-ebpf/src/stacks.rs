@@ -18,7 +18,7 @@ use clrbpf_common::{
     Counter, MAX_STACK_DEPTH, RawSampleEvent, SampleKind, TASK_COMM_LEN,
     offcpu::STACK_P_ALWAYS,
     sample_flags,
-    unwind::{UnwindError, UnwindRegs},
+    unwind::{ProcessMappings, UnwindError, UnwindRegs},
 };
 
 use crate::{USER_UNWIND, count, unwind};
@@ -29,8 +29,12 @@ const FP_USER_STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
 
 /// How to take the user stack.
 pub enum UserStack {
-    /// Walk it with the unwind tables from these registers.
-    Walk(UnwindRegs),
+    /// Walk it with the unwind tables from these registers, in the
+    /// process's mapping index ([`unwind::process_mappings`]).
+    Walk {
+        regs: UnwindRegs,
+        mappings: *const ProcessMappings,
+    },
     /// Follow frame pointers (`bpf_get_stack`).
     FramePointers,
     /// None: a kernel thread, or registers that could not be read.
@@ -45,12 +49,12 @@ pub fn user_stack_for(tgid: u32, regs: impl FnOnce() -> Option<UnwindRegs>) -> U
     if USER_UNWIND.load() == 0 {
         return UserStack::FramePointers;
     }
-    if !unwind::has_mappings(tgid) {
+    let Some(mappings) = unwind::process_mappings(tgid) else {
         count(Counter::UnwindProcessUnknown);
         return UserStack::FramePointers;
-    }
+    };
     match regs() {
-        Some(regs) => UserStack::Walk(regs),
+        Some(regs) => UserStack::Walk { regs, mappings },
         None => {
             count(Counter::UserRegsUnavailable);
             UserStack::Skip
@@ -98,21 +102,23 @@ pub unsafe fn take_stacks<C: EbpfContext>(
         let mut user_frames = 0;
         let mut unwind_error = 0;
         match user {
-            UserStack::Walk(regs) => match unwind::walk_user_stack(tgid, regs) {
-                Some(walk) => {
-                    count(Counter::UserStacksUnwound);
-                    flags |= sample_flags::USER_STACK_UNWOUND;
-                    user_frames = walk.frames;
-                    unwind_error = walk.error;
-                    if walk.unindexed {
-                        flags |= sample_flags::USER_PC_UNINDEXED;
+            UserStack::Walk { regs, mappings } => {
+                match unwind::walk_user_stack(tgid, mappings, regs) {
+                    Some(walk) => {
+                        count(Counter::UserStacksUnwound);
+                        flags |= sample_flags::USER_STACK_UNWOUND;
+                        user_frames = walk.frames;
+                        unwind_error = walk.error;
+                        if walk.unindexed {
+                            flags |= sample_flags::USER_PC_UNINDEXED;
+                        }
+                        if walk.error == UnwindError::TooDeep as u32 {
+                            flags |= sample_flags::USER_STACK_TRUNCATED;
+                        }
                     }
-                    if walk.error == UnwindError::TooDeep as u32 {
-                        flags |= sample_flags::USER_STACK_TRUNCATED;
-                    }
+                    None => count(Counter::UserRegsUnavailable),
                 }
-                None => count(Counter::UserRegsUnavailable),
-            },
+            }
             UserStack::FramePointers => {
                 let user_len = bpf_get_stack(
                     ctx.as_ptr(),

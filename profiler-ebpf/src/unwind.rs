@@ -491,10 +491,12 @@ pub fn user_regs(ctx: &PerfEventContext) -> Option<UnwindRegs> {
     }
 }
 
-/// Whether userspace has indexed this process's mappings.
+/// The process's mapping index, `None` until userspace has indexed it.
+/// The value stays valid until the program ends (userspace replaces
+/// values whole), so one lookup serves the whole sample.
 #[inline(always)]
-pub fn has_mappings(tgid: u32) -> bool {
-    PROCESS_MAPPINGS.get_ptr(&tgid).is_some()
+pub fn process_mappings(tgid: u32) -> Option<*const ProcessMappings> {
+    PROCESS_MAPPINGS.get_ptr(&tgid)
 }
 
 /// The mapping holding `pc`: one of `recent` when it holds it, else the
@@ -698,19 +700,23 @@ pub struct WalkResult {
     pub unindexed: bool,
 }
 
-/// Walks the user stack from `regs` into `EVENT_SCRATCH`'s user stack.
+/// Walks the user stack of process `tgid`, whose index is `mappings`
+/// ([`process_mappings`]), from `regs` into `EVENT_SCRATCH`'s user stack.
 #[inline(always)]
-pub fn walk_user_stack(tgid: u32, regs: UnwindRegs) -> Option<WalkResult> {
+pub fn walk_user_stack(
+    tgid: u32,
+    mappings: *const ProcessMappings,
+    regs: UnwindRegs,
+) -> Option<WalkResult> {
     let state = WALK_STATE.get_ptr_mut(0)?;
     let event = EVENT_SCRATCH.get_ptr_mut(0)?;
-    let mappings = PROCESS_MAPPINGS.get_ptr(&tgid);
-    // SAFETY: a value of the map, valid until the program ends (userspace
-    // replaces values whole).
-    let generation = mappings.map_or(0, |m| unsafe { (*m).generation });
+    // SAFETY: a value of the map, valid until the program ends (see
+    // `process_mappings`).
+    let generation = unsafe { mappings.as_ref() }.map_or(0, |m| m.generation);
     let mut ctx = WalkContext {
         state,
         event,
-        mappings: mappings.unwrap_or(core::ptr::null()),
+        mappings,
         row_cache: ROW_CACHE.get_ptr_mut(0)?,
     };
     // The window holds another walk's stack, maybe of another process.
