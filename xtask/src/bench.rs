@@ -501,7 +501,9 @@ fn bpf_time_rows(runs: &[(Mode, ProfilerRun)]) {
     };
     let (dwarf, fp) = (of(Mode::Clrbpf), of(Mode::ClrbpfFramePointers));
     for (name, mut values, budget) in [
-        ("DWARF unwinding, the default", dwarf.clone(), "<= 2 us"),
+        // No absolute budget: these machines differ several-fold in
+        // speed; the ratio below is the verdict.
+        ("DWARF unwinding, the default", dwarf.clone(), ""),
         ("--frame-pointers-only", fp.clone(), ""),
     ] {
         if values.is_empty() {
@@ -522,7 +524,7 @@ fn bpf_time_rows(runs: &[(Mode, ProfilerRun)]) {
         // than one median.
         let rounds: Vec<String> = ratios.iter().map(|r| format!("{r:.2}x")).collect();
         println!(
-            "| BPF time per sample, DWARF / frame pointers (same round, median; rounds: {}) | {:.2}x | |",
+            "| BPF time per sample, DWARF / frame pointers (same round, median; rounds: {}) | {:.2}x | <= 1.2x |",
             rounds.join(", "),
             median(&mut ratios)
         );
