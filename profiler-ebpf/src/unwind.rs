@@ -17,7 +17,7 @@
 //!    process and the process's index has not changed since) when it
 //!    holds the pc, else by binary search (at most 10 probes) in the
 //!    process's sorted [`ProcessMappings`], found with one hash lookup per
-//!    walk. The row comes from a per-CPU cache of recent lookups
+//!    sample (by the program that chose the walk). The row comes from a per-CPU cache of recent lookups
 //!    ([`ROW_CACHE`]), else from the table's coarse [`RowIndex`] (two
 //!    adjacent words naming a few rows) and a search among those rows in
 //!    the shared row array (`UNWIND_ROW_CHUNKS`): a binary search over a whole
@@ -242,7 +242,8 @@ fn row_cache_set(vaddr: u64, table_serial: u16) -> usize {
 struct WalkContext {
     state: *mut WalkState,
     event: *mut RawSampleEvent,
-    /// The process's mapping index, null when it has none.
+    /// The process's mapping index, looked up once per sample by the
+    /// program that chose the walk ([`process_mappings`]).
     mappings: *const ProcessMappings,
     row_cache: *mut RowCache,
 }
