@@ -151,6 +151,16 @@ pub struct AgentArgs {
           help_heading = "Process selection")]
     pub k8s_namespaces: Vec<String>,
 
+    /// Series (service plus pod labels) shipped per window at most. A
+    /// process picks its own service name (OTEL_SERVICE_NAME), so one user
+    /// could otherwise flood the backends with new series; over the cap,
+    /// the busiest keep their names and the rest are shipped as one
+    /// service, clrbpf-overflow (counted, with a warning).
+    #[arg(long, value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(2..=100_000),
+          help_heading = "Process selection")]
+    pub max_services: u64,
+
     /// Push profiles to Pyroscope (or Grafana Cloud Profiles, or Alloy's
     /// pyroscope.receive_http) at this base URL, e.g. http://pyroscope:4040.
     #[arg(long, value_name = "URL", value_parser = parse_http_url,
@@ -584,6 +594,7 @@ mod tests {
         assert_eq!(args.retention_size, 1 << 30);
         assert_eq!(args.listen, "127.0.0.1:7071".parse().unwrap());
         assert_eq!(args.max_pull_seconds, 60);
+        assert_eq!(args.max_services, 256);
         assert!(args.pyroscope_url.is_none() && args.otlp_url.is_none());
     }
 

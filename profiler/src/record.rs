@@ -14,7 +14,7 @@
 //!    the profile, print the summary.
 
 use std::{
-    ffi::{CString, OsString},
+    ffi::{CStr, CString, OsString},
     io::{IsTerminal as _, Write as _},
     path::PathBuf,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -102,10 +102,15 @@ fn spawn_command(command: &[OsString]) -> anyhow::Result<tokio::process::Child> 
         .env("COMPlus_PerfMapEnabled", "1")
         .kill_on_drop(false);
     if let Some((uid, gid, name)) = sudo_user() {
-        // SAFETY: only async-signal-safe libc calls between fork and exec.
+        // The groups are looked up now: between fork and exec of a
+        // multi-threaded process only async-signal-safe calls are allowed,
+        // and initgroups (NSS, locks, malloc) is not; setgroups is.
+        let groups = group_list(&name, gid);
+        // SAFETY: only async-signal-safe libc calls between fork and exec,
+        // on memory allocated before the fork.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::initgroups(name.as_ptr(), gid) != 0
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
                     || libc::setgid(gid) != 0
                     || libc::setuid(uid) != 0
                 {
@@ -117,6 +122,27 @@ fn spawn_command(command: &[OsString]) -> anyhow::Result<tokio::process::Child> 
     }
     cmd.spawn()
         .with_context(|| format!("cannot run {}", program.to_string_lossy()))
+}
+
+/// The groups of user `name` with primary group `gid`, as `initgroups`
+/// would set them (`getgrouplist`). Only `gid` if the lookup fails.
+fn group_list(name: &CStr, gid: u32) -> Vec<libc::gid_t> {
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    for _ in 0..8 {
+        let mut count = libc::c_int::try_from(groups.len()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `name` is NUL-terminated; `groups` has room for `count`
+        // entries, and getgrouplist writes at most that many.
+        let found =
+            unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut count) };
+        let count = usize::try_from(count).unwrap_or(0);
+        if found >= 0 {
+            groups.truncate(count);
+            return groups;
+        }
+        // Too small: `count` is the number needed.
+        groups.resize(count.max(groups.len() * 2), 0);
+    }
+    vec![gid]
 }
 
 fn process_exists(pid: u32) -> bool {
@@ -344,4 +370,19 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     sink.write_window(&profile).context("write the profile")?;
     summary.outputs = sink.written().to_vec();
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_group_list_is_read_before_the_fork() {
+        // root's primary group is always in its list; a user nobody knows
+        // still gets the group it was given.
+        let root = group_list(c"root", 0);
+        assert!(root.contains(&0), "{root:?}");
+        let unknown = group_list(c"clrbpf-no-such-user", 4242);
+        assert_eq!(unknown, [4242]);
+    }
 }

@@ -375,6 +375,42 @@ fn output_files_are_private_to_the_invoking_user() {
     assert_eq!((metadata.uid(), metadata.gid()), (USER, USER));
 }
 
+/// Under sudo, `record -- COMMAND` runs the command as the invoking user
+/// with that user's groups (looked up before the fork, set with
+/// setgroups after it) and none of root's. The lookup's move out of the
+/// forked child (where initgroups is not async-signal-safe) cannot be
+/// seen from outside; this checks the groups it gives are initgroups'.
+#[test]
+fn a_launched_command_runs_with_the_invoking_users_groups() {
+    let env = Env::privileged();
+    let dir = TempDir::new("sudo-groups");
+    let expected = std::process::Command::new("id")
+        .args(["-G", "cloudsdk"])
+        .output()
+        .expect("run id");
+    let expected = String::from_utf8_lossy(&expected.stdout).trim().to_owned();
+    let output = std::process::Command::new(&env.clrbpf)
+        .args(["record", "-q", "-o"])
+        .arg(dir.join("x.pb.gz"))
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo ids $(id -u) $(id -g) groups $(id -G)",
+        ])
+        .env("SUDO_UID", USER.to_string())
+        .env("SUDO_GID", USER.to_string())
+        .env("SUDO_USER", "cloudsdk")
+        .output()
+        .expect("run clrbpf");
+    clrbpf_integration_tests::assert_success(&output);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!("ids {USER} {USER} groups {expected}\n")),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn an_absurd_duration_is_a_clear_error() {
     let env = Env::privileged();

@@ -9,7 +9,13 @@
 //!    `samples`+`cpu` -> `process_cpu`, `off_cpu`+`wakeup` -> `offcpu`,
 //!    `wall` -> `wall`, `contentions`+`delay` -> `lock`, `exceptions` ->
 //!    `exception`. Other sample types are not shipped.
-//! 3. Each (service, profile type) profile keeps only its columns, only
+//! 3. Over `max_series` services (a service with its series labels), the
+//!    busiest `max_series - 1` (most samples) keep their names and the
+//!    samples of the rest are shipped as one service,
+//!    [`OVERFLOW_SERVICE`], without series labels: a process names its own
+//!    service, and thousands of names must not become thousands of series.
+//!    The samples keep their own labels (pid, executable) in the profile.
+//! 4. Each (service, profile type) profile keeps only its columns, only
 //!    the samples with a value in them, and only the frames those samples
 //!    use (renumbered), so no profile carries another service's frames.
 
@@ -20,6 +26,9 @@ use std::{
 
 use super::{ProfileType, ServiceProfile, WindowBatch};
 use crate::profile::{FrameIndex, Profile, ProfileSample};
+
+/// The service of the samples of services over the cap.
+pub const OVERFLOW_SERVICE: &str = "clrbpf-overflow";
 
 /// The service a sample belongs to: its name and its series labels
 /// (OpenTelemetry keys, see [`super::series_keys`]).
@@ -42,12 +51,14 @@ pub fn profile_type_of(sample_type: &str) -> Option<ProfileType> {
 }
 
 /// Splits `profile` into the window's batch; see the module documentation.
+/// Also returns how many services went into [`OVERFLOW_SERVICE`].
 pub fn window_batch(
     start: SystemTime,
     duration: Duration,
     profile: &Profile,
+    max_series: usize,
     mut service_of: impl FnMut(&ProfileSample) -> Option<ServiceKey>,
-) -> WindowBatch {
+) -> (WindowBatch, usize) {
     // Sample type columns of each profile type, in profile order.
     let mut columns: BTreeMap<ProfileType, Vec<usize>> = BTreeMap::new();
     for (index, sample_type) in profile.sample_types.iter().enumerate() {
@@ -61,6 +72,7 @@ pub fn window_batch(
             by_service.entry(key).or_default().push(sample);
         }
     }
+    let overflowed = cap_series(&mut by_service, max_series);
     let mut profiles = Vec::new();
     for (key, samples) in by_service {
         for (&profile_type, columns) in &columns {
@@ -76,11 +88,46 @@ pub fn window_batch(
             });
         }
     }
-    WindowBatch {
+    let batch = WindowBatch {
         start,
         duration,
         profiles,
+    };
+    (batch, overflowed)
+}
+
+/// Folds the services past the busiest `max_series - 1` into
+/// [`OVERFLOW_SERVICE`]; returns how many were folded.
+fn cap_series(
+    by_service: &mut BTreeMap<ServiceKey, Vec<&ProfileSample>>,
+    max_series: usize,
+) -> usize {
+    if by_service.len() <= max_series {
+        return 0;
     }
+    // Most samples first; equal ones in key order, so a window's cut does
+    // not depend on hashing.
+    let mut ranked: Vec<(usize, ServiceKey)> = by_service
+        .iter()
+        .map(|(key, samples)| (samples.len(), key.clone()))
+        .collect();
+    ranked.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    let mut folded = Vec::new();
+    let mut overflowed = 0;
+    for (_, key) in ranked.into_iter().skip(max_series.saturating_sub(1)) {
+        if let Some(samples) = by_service.remove(&key) {
+            folded.extend(samples);
+            overflowed += 1;
+        }
+    }
+    by_service
+        .entry(ServiceKey {
+            service_name: OVERFLOW_SERVICE.to_owned(),
+            labels: Vec::new(),
+        })
+        .or_default()
+        .extend(folded);
+    overflowed
 }
 
 /// The part of `profile` with `samples`, the sample types `columns`, and
@@ -187,10 +234,11 @@ mod tests {
         let profile = combined();
         let pids: Vec<i64> = profile.samples.iter().filter_map(pid_of).collect();
         let first_pid = pids[0];
-        let batch = window_batch(
+        let (batch, overflowed) = window_batch(
             SystemTime::UNIX_EPOCH,
             Duration::from_secs(15),
             &profile,
+            100,
             |sample| {
                 let pid = pid_of(sample)?;
                 Some(ServiceKey {
@@ -199,6 +247,7 @@ mod tests {
                 })
             },
         );
+        assert_eq!(overflowed, 0);
         let kinds: Vec<(&str, ProfileType)> = batch
             .profiles
             .iter()
@@ -238,5 +287,66 @@ mod tests {
         assert_eq!(lock.profile.samples.len(), 1);
         assert_eq!(lock.profile.samples[0].values, [3, 7_000]);
         assert_eq!(lock.profile.default_sample_type, Some(1));
+    }
+
+    /// A flood of service names: at most `max_series` services a window,
+    /// the busiest keep their names, the rest share the overflow service
+    /// with every sample kept.
+    #[test]
+    fn services_over_the_cap_share_one_overflow_service() {
+        let mut profile = combined();
+        let distinct = profile.samples.len();
+        profile.samples = (0..20)
+            .map(|i| profile.samples[i % distinct].clone())
+            .collect();
+        let total_cpu: i64 = profile.samples.iter().map(|s| s.values[1]).sum();
+        let mut next = 0usize;
+        // The first 5 samples are the busy service's; every other sample
+        // names a service of its own.
+        let mut names = Vec::new();
+        for index in 0..profile.samples.len() {
+            names.push(if index < 5 {
+                "busy".to_owned()
+            } else {
+                next += 1;
+                format!("flood-{next}")
+            });
+        }
+        let mut index = 0;
+        let (batch, overflowed) = window_batch(
+            SystemTime::UNIX_EPOCH,
+            Duration::from_secs(15),
+            &profile,
+            3,
+            |_| {
+                let name = names[index].clone();
+                index += 1;
+                Some(ServiceKey {
+                    service_name: name,
+                    labels: vec![("process.executable.name".into(), "dotnet".into())],
+                })
+            },
+        );
+        let services: std::collections::BTreeSet<&str> = batch
+            .profiles
+            .iter()
+            .map(|p| p.service_name.as_str())
+            .collect();
+        assert_eq!(services.len(), 3, "{services:?}");
+        assert!(services.contains("busy") && services.contains(OVERFLOW_SERVICE));
+        assert_eq!(overflowed, next - 1);
+        let overflow = batch
+            .profiles
+            .iter()
+            .find(|p| p.service_name == OVERFLOW_SERVICE)
+            .unwrap();
+        assert!(overflow.labels.is_empty());
+        let cpu: i64 = batch
+            .profiles
+            .iter()
+            .filter(|p| p.profile_type == ProfileType::ProcessCpu)
+            .flat_map(|p| p.profile.samples.iter().map(|s| s.values[1]))
+            .sum();
+        assert_eq!(cpu, total_cpu, "no sample lost");
     }
 }

@@ -13,7 +13,7 @@ use std::{
 };
 
 use super::{
-    WindowUploader,
+    SinkUrl, WindowUploader,
     directory::{DirectoryConfig, DirectoryUploader},
     metrics::AgentMetrics,
     otlp::{OtlpConfig, OtlpUploader},
@@ -46,12 +46,8 @@ pub enum ConfigError {
     Empty { option: &'static str },
     #[error("--clr-events: {0}")]
     ClrEvents(String),
-    #[error("--output-dir: cannot create `{path}`")]
-    OutputDir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("--output-dir: the directory cannot be used (fix it, or pick another)")]
+    OutputDir(#[source] crate::process::root::PrivateDirError),
     #[error("cannot build the HTTP client")]
     HttpClient(#[source] reqwest::Error),
 }
@@ -106,6 +102,9 @@ pub struct AgentConfig {
     /// runs (`None`: nowhere).
     pub unwind_cache_dir: Option<PathBuf>,
     pub selection: ProcessSelection,
+    /// Series shipped per window at most (the rest as one overflow
+    /// service, [`super::batch::OVERFLOW_SERVICE`]).
+    pub max_services: usize,
     pub pyroscope: Option<PyroscopeConfig>,
     pub otlp: Option<OtlpConfig>,
     pub directory: Option<DirectoryConfig>,
@@ -133,6 +132,7 @@ impl AgentConfig {
             executables,
             container_ids,
             k8s_namespaces,
+            max_services,
             pyroscope_url,
             pyroscope_basic_auth_user,
             pyroscope_basic_auth_password,
@@ -187,7 +187,7 @@ impl AgentConfig {
                     (None, None) => None,
                 };
                 Some(PyroscopeConfig {
-                    url,
+                    url: SinkUrl::new(url),
                     auth: PyroscopeAuth {
                         basic,
                         bearer_token,
@@ -196,7 +196,10 @@ impl AgentConfig {
                 })
             }
         };
-        let otlp = otlp_url.map(|url| OtlpConfig { url, host_name });
+        let otlp = otlp_url.map(|url| OtlpConfig {
+            url: SinkUrl::new(url),
+            host_name,
+        });
         let output_dir = output_dir.or_else(|| {
             (pyroscope.is_none() && otlp.is_none()).then(|| PathBuf::from(DEFAULT_OUTPUT_DIR))
         });
@@ -220,6 +223,7 @@ impl AgentConfig {
                 container_ids,
                 k8s_namespaces,
             },
+            max_services: usize::try_from(max_services).unwrap_or(usize::MAX),
             pyroscope,
             otlp,
             directory,
@@ -284,11 +288,7 @@ pub fn build_sinks(
         }
     }
     if let Some(directory) = &config.directory {
-        let uploader =
-            DirectoryUploader::new(directory.clone()).map_err(|source| ConfigError::OutputDir {
-                path: directory.dir.clone(),
-                source,
-            })?;
+        let uploader = DirectoryUploader::new(directory.clone()).map_err(ConfigError::OutputDir)?;
         uploaders.push(Arc::new(uploader));
     }
     Ok(FanOut::new(
@@ -471,6 +471,20 @@ mod tests {
         assert!(
             matches!(error, ConfigError::BadSecretFile { .. }),
             "{error}"
+        );
+        // A token in a URL's userinfo is as secret as a token file's.
+        let parsed = config_or_panic(&[
+            "--pyroscope-url",
+            "https://12345:glc_abc@profiles.grafana.net",
+            "--otlp-url",
+            "http://glc_def@collector:4318",
+        ]);
+        let shown = format!("{parsed:?}");
+        assert!(!shown.contains("glc_"), "{shown}");
+        assert!(shown.contains("[redacted]@profiles.grafana.net"), "{shown}");
+        assert_eq!(
+            parsed.pyroscope.unwrap().url.expose(),
+            "https://12345:glc_abc@profiles.grafana.net"
         );
         let error = config(&["--clr-events", "locks"]).unwrap_err();
         assert!(error.to_string().starts_with("--clr-events"), "{error}");

@@ -1,17 +1,31 @@
 //! The directory sink, the default when no URL is given: every window
 //! becomes one gzip pprof per service and profile type in one directory,
-//! `SERVICE.TYPE.YYYYMMDDTHHMMSSZ.pb.gz` (the window start, UTC), which
-//! `go tool pprof` and Pyroscope's `profilecli` read as they are.
+//! `SERVICE.TYPE.YYYYMMDDTHHMMSSZ.clrbpf.pb.gz` (the window start, UTC),
+//! which `go tool pprof` and Pyroscope's `profilecli` read as they are.
 //!
-//! 1. Files are written with [`crate::export::create_output`]: a new
-//!    temporary opened `O_CREAT|O_EXCL|O_NOFOLLOW`, synced, renamed into
-//!    place, so no symlink planted in the directory is followed and no
-//!    reader sees half a file.
-//! 2. After each window, retention removes this sink's own files (the name
-//!    pattern above, regular files only) older than the maximum age, then
-//!    the oldest until the total fits the size budget (counted in the
-//!    blocks the files take on disk).
-//! 3. A write that fails (a full disk, a read-only directory) fails the
+//! The agent runs as root and the directory's path may pass through
+//! directories other users control, so it trusts nothing but the
+//! directory itself:
+//!
+//! 1. Every window opens the directory anew with
+//!    [`TargetDir::open_private`], the check `--cache-dir` has: a real
+//!    directory (a symlink there is refused, not followed) owned by the
+//!    agent's user with mode 0700 (one others may read but not write,
+//!    such as kubelet's `hostPath`, is tightened to 0700). A directory
+//!    that fails it fails the window with an error naming the problem.
+//! 2. Everything else goes through that directory fd, one name at a time
+//!    (`openat`, `renameat`, `unlinkat`, `fstatat` without following
+//!    symlinks): a file is written under a new hidden temporary name
+//!    (`O_CREAT|O_EXCL|O_NOFOLLOW`), synced and renamed into place, so no
+//!    reader sees half a file and a path swapped meanwhile changes nothing.
+//! 3. After each window, retention removes this sink's own files older
+//!    than the maximum age, then the oldest until the total fits the size
+//!    budget (counted in the blocks the files take on disk). Its own files
+//!    are those with its marker (`.clrbpf.pb.gz` after the name pattern
+//!    above), regular and owned by the agent's user: the names survive a
+//!    restart, and nothing else in the directory is ever removed (a
+//!    hidden temporary of its own is, once an hour old: a dead writer's).
+//! 4. A write that fails (a full disk, a read-only directory) fails the
 //!    window: the queue drops and counts it, the agent goes on, and the
 //!    next window tries again. The part already written is removed.
 //!
@@ -22,18 +36,27 @@
 //! ASCII letters, digits, `-` and `_` become `_`, at most 100 of them.
 
 use std::{
-    fs,
-    os::unix::fs::MetadataExt as _,
+    ffi::OsStr,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, SystemTime},
 };
 
 use super::{BoxFuture, ProfileType, UploadError, WindowBatch, WindowUploader};
-use crate::export::{ExportError, create_output, write_pprof};
+use crate::{
+    export::{ExportError, write_pprof},
+    process::root::{EntryKind, PrivateDirError, TargetDir, WiderMode},
+};
 
-/// The file-name suffix of every profile this sink writes.
-const SUFFIX: &str = ".pb.gz";
+/// The file-name suffix of every profile this sink writes: its marker.
+const SUFFIX: &str = ".clrbpf.pb.gz";
+/// The suffix of its temporary files (`.NAME.PID.N.tmp`).
+const TEMP_SUFFIX: &str = ".tmp";
+/// Age past which a temporary file of this sink is a dead writer's.
+const STALE_TEMP: Duration = Duration::from_secs(3600);
 /// Longest service part of a file name.
 const MAX_SERVICE_CHARS: usize = 100;
 /// Length of the `YYYYMMDDTHHMMSSZ` part.
@@ -56,9 +79,11 @@ pub struct DirectoryUploader {
 }
 
 impl DirectoryUploader {
-    /// Creates the directory if needed (mode 0755, parents included).
-    pub fn new(config: DirectoryConfig) -> Result<Self, std::io::Error> {
-        fs::create_dir_all(&config.dir)?;
+    /// Creates the directory if needed (mode 0700, parents included) and
+    /// checks it as every window will, so a bad one stops the agent at
+    /// its start.
+    pub fn new(config: DirectoryConfig) -> Result<Self, PrivateDirError> {
+        open_dir(&config.dir)?;
         Ok(Self {
             config: Arc::new(config),
         })
@@ -80,6 +105,10 @@ impl WindowUploader for DirectoryUploader {
     }
 }
 
+fn open_dir(path: &Path) -> Result<TargetDir, PrivateDirError> {
+    TargetDir::open_private(path, WiderMode::Tighten)
+}
+
 /// Writes every profile of `batch`, then applies retention as of `now`.
 /// The first failure fails the window (the files already written stay).
 fn write_window(
@@ -87,6 +116,7 @@ fn write_window(
     batch: &WindowBatch,
     now: SystemTime,
 ) -> Result<(), UploadError> {
+    let dir = open_dir(&config.dir).map_err(|source| UploadError::OutputDir { source })?;
     let stamp = window_stamp(batch.start);
     let mut result = Ok(());
     // Two profiles of one service and type in a window (two processes
@@ -104,33 +134,60 @@ fn write_window(
                 profile.profile_type.name()
             );
         }
-        let path = config.dir.join(name);
-        let written = write_file(&path, &batch.timed(&profile.profile));
+        let written = write_file(&dir, &name, &batch.timed(&profile.profile));
         if let Err(source) = written {
-            result = Err(UploadError::Write { path, source });
+            result = Err(UploadError::Write {
+                path: dir.display_child(OsStr::new(&name)),
+                source,
+            });
             break;
         }
     }
     // Retention runs even after a failure: a full disk is what it fixes.
-    if let Err(error) = apply_retention(config, now) {
+    if let Err(error) = apply_retention(&dir, config, now) {
         tracing::warn!(dir = %config.dir.display(), %error, "retention failed");
     }
     result
 }
 
-fn write_file(path: &Path, profile: &crate::profile::Profile) -> Result<(), ExportError> {
-    let mut output = create_output(path, None)?;
-    write_pprof(profile, &mut output).map_err(|error| match error {
-        ExportError::Write { source, .. } => ExportError::WriteOutput {
-            path: path.to_owned(),
-            source,
-        },
+/// Writes `name` in `dir` whole: a new temporary, synced, renamed over
+/// `name` (a symlink planted there is replaced, never followed).
+fn write_file(
+    dir: &TargetDir,
+    name: &str,
+    profile: &crate::profile::Profile,
+) -> Result<(), ExportError> {
+    static NEXT_TEMP: AtomicU64 = AtomicU64::new(0);
+    let temp = format!(
+        ".{name}.{}.{}{TEMP_SUFFIX}",
+        std::process::id(),
+        NEXT_TEMP.fetch_add(1, Ordering::Relaxed)
+    );
+    let io_error = |source| ExportError::WriteOutput {
+        path: dir.display_child(OsStr::new(name)),
+        source,
+    };
+    let written = (|| {
+        let file = dir.create_new(OsStr::new(&temp)).map_err(io_error)?;
+        let mut output = std::io::BufWriter::new(file);
+        write_pprof(profile, &mut output)?;
+        let file = output
+            .into_inner()
+            .map_err(|error| io_error(error.into_error()))?;
+        file.sync_all().map_err(io_error)?;
+        dir.rename(OsStr::new(&temp), OsStr::new(name))
+            .map_err(io_error)
+    })();
+    if written.is_err() {
+        let _ = dir.unlink(OsStr::new(&temp));
+    }
+    written.map_err(|error| match error {
+        ExportError::Write { source, .. } => io_error(source),
         error => error,
-    })?;
-    output.commit()
+    })
 }
 
-/// `SERVICE.TYPE.STAMP.pb.gz`.
+/// `SERVICE.TYPE.STAMP.clrbpf.pb.gz`.
 pub fn file_name(service: &str, profile_type: ProfileType, stamp: &str) -> String {
     format!(
         "{}.{}.{stamp}{SUFFIX}",
@@ -153,13 +210,7 @@ fn safe_service_name(service: &str) -> String {
     let name: String = service
         .chars()
         .take(MAX_SERVICE_CHARS)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
+        .map(|c| if is_service_char(c) { c } else { '_' })
         .collect();
     if name.is_empty() {
         "unknown".to_owned()
@@ -168,7 +219,12 @@ fn safe_service_name(service: &str) -> String {
     }
 }
 
-/// Whether `name` is a file this sink wrote: `SERVICE.TYPE.STAMP.pb.gz`.
+fn is_service_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '-' || c == '_'
+}
+
+/// Whether `name` is a file this sink writes:
+/// `SERVICE[+N].TYPE.STAMP.clrbpf.pb.gz`.
 fn is_our_file(name: &str) -> bool {
     let Some(stem) = name.strip_suffix(SUFFIX) else {
         return false;
@@ -179,37 +235,76 @@ fn is_our_file(name: &str) -> bool {
     else {
         return false;
     };
+    let service = match service.split_once('+') {
+        Some((service, copy)) if is_number(copy) => service,
+        Some(_) => return false,
+        None => service,
+    };
     stamp.len() == STAMP_LEN
         && stamp.ends_with('Z')
         && stamp.as_bytes().get(8) == Some(&b'T')
         && ProfileType::ALL.iter().any(|t| t.name() == profile_type)
         && !service.is_empty()
-        && !service.starts_with('.')
+        && service.len() <= MAX_SERVICE_CHARS
+        && service.chars().all(is_service_char)
+}
+
+fn is_number(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Whether `name` is a temporary file of this sink: `.NAME.PID.N.tmp`.
+fn is_our_temp(name: &str) -> bool {
+    let Some(inner) = name
+        .strip_prefix('.')
+        .and_then(|rest| rest.strip_suffix(TEMP_SUFFIX))
+    else {
+        return false;
+    };
+    let mut parts = inner.rsplitn(3, '.');
+    let (Some(count), Some(pid), Some(file)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    is_number(count) && is_number(pid) && is_our_file(file)
 }
 
 /// Removes this sink's files past the age limit, then the oldest while the
-/// total is above the size budget. Other files are never touched; a file
-/// that vanished meanwhile is fine.
-fn apply_retention(config: &DirectoryConfig, now: SystemTime) -> std::io::Result<()> {
+/// total is above the size budget, and its stale temporaries. Other files
+/// (other names, symlinks, files of another user) are never touched; a
+/// file that vanished meanwhile is fine.
+fn apply_retention(
+    dir: &TargetDir,
+    config: &DirectoryConfig,
+    now: SystemTime,
+) -> std::io::Result<()> {
+    // SAFETY: a call without arguments or memory access.
+    let uid = unsafe { libc::geteuid() };
     let mut files = Vec::new();
-    for entry in fs::read_dir(&config.dir)? {
-        let Ok(entry) = entry else { continue };
-        let name = entry.file_name();
+    for name in dir.entries()? {
         let Some(name) = name.to_str() else { continue };
-        if !is_our_file(name) {
+        let temp = is_our_temp(name);
+        if !temp && !is_our_file(name) {
             continue;
         }
-        // DirEntry::metadata does not follow symlinks.
-        let Ok(metadata) = entry.metadata() else {
+        let Ok(stat) = dir.stat(OsStr::new(name)) else {
             continue;
         };
-        if !metadata.file_type().is_file() {
+        if stat.kind != EntryKind::File || stat.uid != uid {
             continue;
         }
-        let modified = metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        let age = now.duration_since(stat.modified).unwrap_or_default();
+        if temp {
+            if age > STALE_TEMP {
+                let _ = dir.unlink(OsStr::new(name));
+            }
+            continue;
+        }
         // What the file takes on disk (whole blocks), which is what fills it.
-        let size = metadata.len().max(metadata.blocks().saturating_mul(512));
-        files.push((modified, name.to_owned(), size));
+        files.push((
+            stat.modified,
+            name.to_owned(),
+            stat.size.max(stat.disk_bytes),
+        ));
     }
     files.sort();
     let mut total: u64 = files.iter().map(|(_, _, len)| len).sum();
@@ -221,7 +316,7 @@ fn apply_retention(config: &DirectoryConfig, now: SystemTime) -> std::io::Result
             // Sorted oldest first: the rest is younger, and the size fits.
             break;
         }
-        match fs::remove_file(config.dir.join(&name)) {
+        match dir.unlink(OsStr::new(&name)) {
             Ok(()) => total = total.saturating_sub(len),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
                 total = total.saturating_sub(len);
@@ -234,7 +329,7 @@ fn apply_retention(config: &DirectoryConfig, now: SystemTime) -> std::io::Result
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::symlink;
+    use std::{fs, os::unix::fs::symlink, path::Path};
 
     use super::*;
     use crate::{
@@ -265,20 +360,29 @@ mod tests {
         let stamp = window_stamp(start);
         assert_eq!(stamp, "20261118T110640Z");
         let name = file_name("../etc/passwd svc", ProfileType::Lock, &stamp);
-        assert_eq!(name, "___etc_passwd_svc.lock.20261118T110640Z.pb.gz");
+        assert_eq!(name, "___etc_passwd_svc.lock.20261118T110640Z.clrbpf.pb.gz");
         assert!(is_our_file(&name));
         assert_eq!(
             file_name("", ProfileType::ProcessCpu, &stamp),
-            "unknown.process_cpu.20261118T110640Z.pb.gz"
+            "unknown.process_cpu.20261118T110640Z.clrbpf.pb.gz"
         );
+        assert!(is_our_file("a+12.wall.20261118T110640Z.clrbpf.pb.gz"));
+        assert!(is_our_temp(
+            ".a.wall.20261118T110640Z.clrbpf.pb.gz.4242.7.tmp"
+        ));
         for other in [
             "notes.txt",
-            "a.process_cpu.pb.gz",
-            "a.bogus.20261118T110640Z.pb.gz",
-            "a.wall.2026111808064Z.pb.gz",
-            ".process_cpu.20261118T110640Z.pb.gz",
+            "a.process_cpu.clrbpf.pb.gz",
+            "a.bogus.20261118T110640Z.clrbpf.pb.gz",
+            "a.wall.2026111808064Z.clrbpf.pb.gz",
+            ".process_cpu.20261118T110640Z.clrbpf.pb.gz",
+            "a b.wall.20261118T110640Z.clrbpf.pb.gz",
+            "a+x.wall.20261118T110640Z.clrbpf.pb.gz",
+            // Without the marker: another tool's, or an older clrbpf's.
+            "payroll.process_cpu.20200101T000000Z.pb.gz",
+            ".notes.4242.7.tmp",
         ] {
-            assert!(!is_our_file(other), "{other}");
+            assert!(!is_our_file(other) && !is_our_temp(other), "{other}");
         }
     }
 
@@ -297,16 +401,18 @@ mod tests {
         assert_eq!(
             names(dir.path()),
             [
-                "billing.exception.20261118T110640Z.pb.gz",
-                "checkout+2.process_cpu.20261118T110640Z.pb.gz",
-                "checkout.process_cpu.20261118T110640Z.pb.gz"
+                "billing.exception.20261118T110640Z.clrbpf.pb.gz",
+                "checkout+2.process_cpu.20261118T110640Z.clrbpf.pb.gz",
+                "checkout.process_cpu.20261118T110640Z.clrbpf.pb.gz"
             ]
         );
-        assert!(is_our_file("checkout+2.process_cpu.20261118T110640Z.pb.gz"));
+        assert!(is_our_file(
+            "checkout+2.process_cpu.20261118T110640Z.clrbpf.pb.gz"
+        ));
         let pprof = read_pprof(
             &fs::read(
                 dir.path()
-                    .join("checkout.process_cpu.20261118T110640Z.pb.gz"),
+                    .join("checkout.process_cpu.20261118T110640Z.clrbpf.pb.gz"),
             )
             .unwrap(),
         )
@@ -332,25 +438,37 @@ mod tests {
                 .unwrap();
         };
         // Whole 4 KiB blocks, so the size on disk is the length.
-        write("a.process_cpu.20260101T000000Z.pb.gz", 7200, 4096); // too old
-        write("b.process_cpu.20260101T000100Z.pb.gz", 1800, 4096); // oldest young
-        write("c.process_cpu.20260101T000200Z.pb.gz", 600, 4096);
-        write("d.process_cpu.20260101T000300Z.pb.gz", 60, 4096);
+        write("a.process_cpu.20260101T000000Z.clrbpf.pb.gz", 7200, 4096); // too old
+        write("b.process_cpu.20260101T000100Z.clrbpf.pb.gz", 1800, 4096); // oldest young
+        write("c.process_cpu.20260101T000200Z.clrbpf.pb.gz", 600, 4096);
+        write("d.process_cpu.20260101T000300Z.clrbpf.pb.gz", 60, 4096);
         write("user-notes.pb.gz", 99_999, 5000); // not ours: kept
+        // Named like a profile of an older clrbpf or another tool: kept.
+        write("payroll.process_cpu.20200101T000000Z.pb.gz", 99_999, 4096);
+        // A dead writer's temporary, and one being written.
+        write(".a.wall.20260101T000000Z.clrbpf.pb.gz.1.1.tmp", 7200, 10);
+        write(".a.wall.20260101T000000Z.clrbpf.pb.gz.1.2.tmp", 10, 10);
         let victim = dir.path().join("victim");
         fs::write(&victim, "precious").unwrap();
-        symlink(&victim, dir.path().join("e.wall.20260101T000000Z.pb.gz")).unwrap();
+        symlink(
+            &victim,
+            dir.path().join("e.wall.20260101T000000Z.clrbpf.pb.gz"),
+        )
+        .unwrap();
         let config = DirectoryConfig {
             max_total_bytes: 9000,
             ..config(dir.path())
         };
-        apply_retention(&config, now).unwrap();
+        let opened = open_dir(dir.path()).unwrap();
+        apply_retention(&opened, &config, now).unwrap();
         assert_eq!(
             names(dir.path()),
             [
-                "c.process_cpu.20260101T000200Z.pb.gz",
-                "d.process_cpu.20260101T000300Z.pb.gz",
-                "e.wall.20260101T000000Z.pb.gz",
+                ".a.wall.20260101T000000Z.clrbpf.pb.gz.1.2.tmp",
+                "c.process_cpu.20260101T000200Z.clrbpf.pb.gz",
+                "d.process_cpu.20260101T000300Z.clrbpf.pb.gz",
+                "e.wall.20260101T000000Z.clrbpf.pb.gz",
+                "payroll.process_cpu.20200101T000000Z.pb.gz",
                 "user-notes.pb.gz",
                 "victim"
             ]
@@ -364,7 +482,7 @@ mod tests {
         let batch = window(1_795_000_000);
         let target = dir
             .path()
-            .join("checkout.process_cpu.20261118T110640Z.pb.gz");
+            .join("checkout.process_cpu.20261118T110640Z.clrbpf.pb.gz");
         let victim = dir.path().join("victim");
         fs::write(&victim, "precious").unwrap();
         symlink(&victim, &target).unwrap();
@@ -373,18 +491,60 @@ mod tests {
         assert!(fs::symlink_metadata(&target).unwrap().file_type().is_file());
     }
 
-    /// A directory that cannot take files fails the window as a final
-    /// write error (the queue drops and counts it), without panicking.
+    /// The directory swapped for a symlink between windows: the next
+    /// window is refused with the reason, and nothing is written or
+    /// removed where the symlink points. A directory others may read but
+    /// not write is tightened; one they may write is refused.
+    #[test]
+    fn the_directory_itself_is_checked_every_window() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("profiles");
+        let uploader = DirectoryUploader::new(config(&out)).unwrap();
+        let mode = |path: &Path| fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&out), 0o700, "created private");
+        let elsewhere = dir.path().join("elsewhere");
+        fs::create_dir(&elsewhere).unwrap();
+        let planted = elsewhere.join("payroll.process_cpu.20200101T000000Z.clrbpf.pb.gz");
+        fs::write(&planted, "payroll").unwrap();
+        fs::rename(&out, dir.path().join("moved")).unwrap();
+        symlink(&elsewhere, &out).unwrap();
+        let aged = DirectoryConfig {
+            max_age: Duration::ZERO,
+            ..(*uploader.config).clone()
+        };
+        let error = write_window(&aged, &window(1), SystemTime::now()).unwrap_err();
+        let text = crate::agent::metrics::ErrorChain(&error).to_string();
+        assert!(text.contains("is a symlink"), "{text}");
+        assert!(!error.is_retryable());
+        assert_eq!(
+            names(&elsewhere),
+            ["payroll.process_cpu.20200101T000000Z.clrbpf.pb.gz"]
+        );
+
+        fs::remove_file(&out).unwrap();
+        fs::create_dir(&out).unwrap();
+        fs::set_permissions(&out, fs::Permissions::from_mode(0o755)).unwrap();
+        write_window(&config(&out), &window(1), SystemTime::now()).unwrap();
+        assert_eq!(mode(&out), 0o700, "tightened");
+        fs::set_permissions(&out, fs::Permissions::from_mode(0o775)).unwrap();
+        let error = DirectoryUploader::new(config(&out)).unwrap_err();
+        assert!(error.to_string().contains("mode 0775"), "{error}");
+    }
+
+    /// A directory that cannot be made fails the window as a final
+    /// error (the queue drops and counts it), without panicking.
     #[test]
     fn write_errors_fail_the_window_without_retry() {
         let dir = tempfile::tempdir().unwrap();
-        let missing = DirectoryConfig {
-            dir: dir.path().join("gone"),
+        fs::write(dir.path().join("file"), "").unwrap();
+        let impossible = DirectoryConfig {
+            dir: dir.path().join("file/profiles"),
             ..config(dir.path())
         };
-        let result = write_window(&missing, &window(1), SystemTime::now());
+        let result = write_window(&impossible, &window(1), SystemTime::now());
         assert!(
-            matches!(result, Err(UploadError::Write { .. })),
+            matches!(result, Err(UploadError::OutputDir { .. })),
             "{result:?}"
         );
         assert!(!result.unwrap_err().is_retryable());
@@ -410,7 +570,7 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=32k", "tmpfs"])
+            .args(["-t", "tmpfs", "-o", "size=32k,mode=0700", "tmpfs"])
             .arg(dir.path())
             .status()
             .expect("run mount");

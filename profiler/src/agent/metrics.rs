@@ -53,6 +53,8 @@ pub struct AgentMetrics {
     pub unwind_table_bytes: Gauge,
     /// EventCounters payloads that could not be decoded.
     pub runtime_counter_errors: Counter,
+    /// Services shipped as the overflow service (over `--max-services`).
+    pub services_over_cap: Counter,
     shipped: Family<SinkLabels, Counter>,
     failed: Family<SinkLabels, Counter>,
     dropped: Family<SinkLabels, Counter>,
@@ -114,6 +116,7 @@ impl AgentMetrics {
         let dotnet_processes_tracked = Gauge::default();
         let unwind_table_bytes = Gauge::default();
         let runtime_counter_errors = Counter::default();
+        let services_over_cap = Counter::default();
         let shipped = Family::default();
         let failed = Family::default();
         let dropped = Family::default();
@@ -158,6 +161,11 @@ impl AgentMetrics {
                 runtime_counter_errors.clone(),
             );
             agent.register(
+                "services_over_cap",
+                "Services shipped as clrbpf-overflow because a window had more than --max-services",
+                services_over_cap.clone(),
+            );
+            agent.register(
                 "windows_shipped",
                 "Windows delivered, per sink",
                 shipped.clone(),
@@ -195,6 +203,7 @@ impl AgentMetrics {
             dotnet_processes_tracked,
             unwind_table_bytes,
             runtime_counter_errors,
+            services_over_cap,
             shipped,
             failed,
             dropped,

@@ -97,13 +97,12 @@ impl fmt::Display for ProfileType {
 }
 
 /// Label keys of a [`ServiceProfile`] (OpenTelemetry resource attribute
-/// names; each sink maps them to its backend's conventions).
+/// names; each sink maps them to its backend's conventions). A pid or a
+/// container id is not among them: a series named by one would be new at
+/// every restart. They are labels of the samples inside the profile.
 pub mod series_keys {
     pub const SERVICE_NAME: &str = "service.name";
-    pub const PROCESS_PID: &str = "process.pid";
     pub const PROCESS_EXECUTABLE_NAME: &str = "process.executable.name";
-    pub const PROCESS_EXECUTABLE_PATH: &str = "process.executable.path";
-    pub const CONTAINER_ID: &str = "container.id";
     pub const HOST_NAME: &str = "host.name";
     pub const K8S_NAMESPACE_NAME: &str = "k8s.namespace.name";
     pub const K8S_POD_NAME: &str = "k8s.pod.name";
@@ -216,9 +215,12 @@ pub enum UploadError {
         /// The start of the answer, for the log.
         body: String,
     },
-    #[error("cannot reach {sink}")]
+    #[error("cannot reach {sink} at {url}")]
     Transport {
         sink: &'static str,
+        url: SinkUrl,
+        /// Without its URL ([`reqwest::Error::without_url`]): `url` is the
+        /// one to print.
         #[source]
         source: reqwest::Error,
     },
@@ -234,6 +236,11 @@ pub enum UploadError {
         #[source]
         source: crate::export::ExportError,
     },
+    #[error("the output directory cannot be used (fix it, or pick another with --output-dir)")]
+    OutputDir {
+        #[source]
+        source: crate::process::root::PrivateDirError,
+    },
     #[error("the {sink} writer stopped")]
     WriterStopped { sink: &'static str },
 }
@@ -247,9 +254,77 @@ impl UploadError {
         match self {
             Self::Status { status, .. } => matches!(status, 408 | 429 | 500..=599),
             Self::Transport { .. } => true,
-            Self::Encode { .. } | Self::Write { .. } | Self::WriterStopped { .. } => false,
+            Self::Encode { .. }
+            | Self::Write { .. }
+            | Self::OutputDir { .. }
+            | Self::WriterStopped { .. } => false,
         }
     }
+}
+
+/// A backend's URL as given on the command line. `Display` and `Debug`
+/// print it through [`redact_url`], so a credential in it (a token as the
+/// userinfo's password, an API key in the query) reaches no log, error or
+/// debug dump; only the request sees [`Self::expose`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct SinkUrl(String);
+
+impl SinkUrl {
+    pub fn new(url: impl Into<String>) -> Self {
+        Self(url.into())
+    }
+
+    /// The URL with `path` appended (a trailing `/` of the base dropped).
+    pub fn join(&self, path: &str) -> Self {
+        Self(format!("{}{path}", self.0.trim_end_matches('/')))
+    }
+
+    /// The whole URL, for the request only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SinkUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact_url(&self.0))
+    }
+}
+
+impl fmt::Debug for SinkUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", redact_url(&self.0))
+    }
+}
+
+/// `url` fit for a log: a userinfo (`user:glc_...@`) becomes
+/// `[redacted]@`, and so do the query and fragment (`?[redacted]`). Works
+/// on any text, parsable as a URL or not.
+pub fn redact_url(url: &str) -> String {
+    const REDACTED: &str = "[redacted]";
+    let (scheme, rest) = match url.find("://") {
+        Some(at) => url.split_at(at + 3),
+        None => ("", url),
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let mut out = String::with_capacity(url.len());
+    out.push_str(scheme);
+    match authority.rfind('@') {
+        Some(at) => {
+            out.push_str(REDACTED);
+            out.push_str(&authority[at..]);
+        }
+        None => out.push_str(authority),
+    }
+    match tail.find(['?', '#']) {
+        Some(at) => {
+            out.push_str(&tail[..=at]);
+            out.push_str(REDACTED);
+        }
+        None => out.push_str(tail),
+    }
+    out
 }
 
 /// Installs rustls' ring crypto provider as the process default (once),
@@ -287,6 +362,50 @@ pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     out
 }
 
+/// Most bytes of a backend's answer the agent reads. An answer is a short
+/// status or an error message; a backend that sends more (an endless
+/// chunked body, gigabytes with an error) is cut off there.
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+/// The start of a backend's answer, as [`read_answer`] took it.
+#[derive(Debug, Default)]
+pub(crate) struct Answer {
+    /// At most [`MAX_ANSWER_BYTES`].
+    pub body: Vec<u8>,
+    /// The backend sent more than `body`, or the read failed: the rest was
+    /// not read.
+    pub cut: bool,
+}
+
+/// Reads at most `limit` bytes of `response`'s body, chunk by chunk, then
+/// drops it: hyper closes a connection whose body was not read to its
+/// end, so an endless or huge body costs `limit` bytes and no more time;
+/// a body that trickles is cut by the client's request timeout.
+pub(crate) async fn read_answer(mut response: reqwest::Response, limit: usize) -> Answer {
+    let mut answer = Answer::default();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = limit - answer.body.len();
+                answer
+                    .body
+                    .extend_from_slice(&chunk[..chunk.len().min(room)]);
+                if chunk.len() >= room {
+                    // Full: whatever follows is not read (an answer of
+                    // exactly `limit` bytes counts as cut too).
+                    answer.cut = true;
+                    return answer;
+                }
+            }
+            Ok(None) => return answer,
+            Err(_) => {
+                answer.cut = true;
+                return answer;
+            }
+        }
+    }
+}
+
 /// The first `limit` bytes of an HTTP answer as text, for error messages.
 pub(crate) fn body_excerpt(body: &[u8], limit: usize) -> String {
     let end = body.len().min(limit);
@@ -300,3 +419,33 @@ pub(crate) fn body_excerpt(body: &[u8], limit: usize) -> String {
 
 #[cfg(test)]
 pub(crate) mod test_support;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_logged_without_their_secrets() {
+        for (url, shown) in [
+            (
+                "https://user:glc_abc@profiles.grafana.net/",
+                "https://[redacted]@profiles.grafana.net/",
+            ),
+            (
+                "http://glc_abc@host:4040/push?token=glc_def#x",
+                "http://[redacted]@host:4040/push?[redacted]",
+            ),
+            ("http://collector:4318", "http://collector:4318"),
+            ("collector:4318/a#glc_abc", "collector:4318/a#[redacted]"),
+            ("user:p@ss@host", "[redacted]@host"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+        let url = SinkUrl::new("https://user:glc_abc@host/");
+        assert_eq!(url.join("/v1").expose(), "https://user:glc_abc@host/v1");
+        for text in [format!("{url}"), format!("{url:?}")] {
+            assert!(!text.contains("glc_abc"), "{text}");
+            assert!(text.contains("host"), "{text}");
+        }
+    }
+}

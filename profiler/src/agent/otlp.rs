@@ -9,8 +9,10 @@
 //!    header: its absence means revision 1, what these messages are.
 //! 2. Each distinct service + label set is one `ResourceProfiles` whose
 //!    resource attributes follow the semantic conventions (`service.name`,
-//!    `process.pid` as an int, `process.executable.name`, `container.id`,
-//!    `k8s.*`, `host.name`), with one `ScopeProfiles` (scope `clrbpf`).
+//!    `process.executable.name`, `k8s.*`, `host.name`), with one
+//!    `ScopeProfiles` (scope `clrbpf`). No pid or container id: they
+//!    change at every restart and would make a new resource each time;
+//!    they are sample attributes instead.
 //! 3. An OTLP profile has one sample type: each of our profiles becomes
 //!    one OTLP profile per sample type (`samples/count` and
 //!    `cpu/nanoseconds` for CPU), sharing stacks through the request's one
@@ -26,7 +28,9 @@
 //!    of that type's profile.
 //! 5. A `partial_success` answer is logged; 4xx answers other than 408
 //!    and 429 (a revision the server does not support is a 400) are not
-//!    retried, as the versioning rules ask.
+//!    retried, as the versioning rules ask. At most the first 64 KiB of
+//!    an answer are read ([`super::read_answer`]); a longer one is logged
+//!    and its connection closed.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -43,7 +47,9 @@ use opentelemetry_proto::tonic::{
 };
 use prost::Message as _;
 
-use super::{BoxFuture, ServiceProfile, UploadError, WindowBatch, WindowUploader, series_keys};
+use super::{
+    BoxFuture, ServiceProfile, SinkUrl, UploadError, WindowBatch, WindowUploader, series_keys,
+};
 use crate::profile::{Frame, FrameKind, LabelValue, Module, Profile};
 
 /// The export path, after the base URL.
@@ -61,7 +67,7 @@ const ERROR_BODY_LIMIT: usize = 512;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OtlpConfig {
     /// The receiver's base URL, e.g. `http://otel-collector:4318`.
-    pub url: String,
+    pub url: SinkUrl,
     /// `host.name` of every resource that has none.
     pub host_name: Option<String>,
 }
@@ -70,7 +76,7 @@ pub struct OtlpConfig {
 #[derive(Debug)]
 pub struct OtlpUploader {
     client: reqwest::Client,
-    endpoint: String,
+    endpoint: SinkUrl,
     host_name: Option<String>,
 }
 
@@ -79,7 +85,7 @@ impl OtlpUploader {
         let OtlpConfig { url, host_name } = config;
         Self {
             client,
-            endpoint: format!("{}{PROFILES_PATH}", url.trim_end_matches('/')),
+            endpoint: url.join(PROFILES_PATH),
             host_name,
         }
     }
@@ -100,13 +106,14 @@ impl WindowUploader for OtlpUploader {
                     source,
                 },
             })?;
-            let transport = |source| UploadError::Transport {
+            let transport = |source: reqwest::Error| UploadError::Transport {
                 sink: "otlp",
-                source,
+                url: self.endpoint.clone(),
+                source: source.without_url(),
             };
             let response = self
                 .client
-                .post(&self.endpoint)
+                .post(self.endpoint.expose())
                 .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
                 .header(reqwest::header::CONTENT_ENCODING, "gzip")
                 .body(body)
@@ -114,15 +121,26 @@ impl WindowUploader for OtlpUploader {
                 .await
                 .map_err(transport)?;
             let status = response.status();
-            let body = response.bytes().await.unwrap_or_default();
+            let answer = super::read_answer(response, super::MAX_ANSWER_BYTES).await;
             if !status.is_success() {
                 return Err(UploadError::Status {
                     sink: "otlp",
                     status: status.as_u16(),
-                    body: super::body_excerpt(&body, ERROR_BODY_LIMIT),
+                    body: super::body_excerpt(&answer.body, ERROR_BODY_LIMIT),
                 });
             }
-            if let Ok(answer) = ExportProfilesServiceResponse::decode(body.as_ref())
+            if answer.cut {
+                // Delivered (the status says so), but the answer is not
+                // an ExportProfilesServiceResponse of any sensible size.
+                tracing::warn!(
+                    url = %self.endpoint,
+                    answer = %super::body_excerpt(&answer.body, ERROR_BODY_LIMIT),
+                    "the OTLP receiver's answer is longer than {} KiB: the rest was not read",
+                    super::MAX_ANSWER_BYTES / 1024
+                );
+                return Ok(());
+            }
+            if let Ok(answer) = ExportProfilesServiceResponse::decode(answer.body.as_slice())
                 && let Some(partial) = answer.partial_success
                 && (partial.rejected_profiles > 0 || !partial.error_message.is_empty())
             {
@@ -191,7 +209,7 @@ pub fn export_request(
     }
 }
 
-/// `service.name`, the series' labels (pids as ints), then `host.name`
+/// `service.name`, the series' labels, then `host.name`
 /// unless a label gave one. A key appears once (the first value wins).
 pub fn resource_attributes(profile: &ServiceProfile, host_name: Option<&str>) -> Vec<KeyValue> {
     let mut attributes = vec![key_value(
@@ -207,13 +225,7 @@ pub fn resource_attributes(profile: &ServiceProfile, host_name: Option<&str>) ->
         if value.is_empty() || attributes.iter().any(|kv| kv.key == key) {
             continue;
         }
-        let value = match (key, value.parse::<i64>()) {
-            (series_keys::PROCESS_PID, Ok(pid)) => AnyValue {
-                value: Some(any_value::Value::IntValue(pid)),
-            },
-            _ => string_value(value),
-        };
-        attributes.push(key_value(key, value));
+        attributes.push(key_value(key, string_value(value)));
     }
     attributes
 }
@@ -712,7 +724,8 @@ mod tests {
         );
         assert_eq!(
             attribute(attributes, "process.pid"),
-            Some(&any_value::Value::IntValue(4242))
+            None,
+            "no pid names a series"
         );
         assert_eq!(
             attribute(attributes, "k8s.namespace.name"),
@@ -740,7 +753,7 @@ mod tests {
         let client = crate::agent::http_client(Duration::from_secs(5)).unwrap();
         let uploader = OtlpUploader::new(
             OtlpConfig {
-                url: receiver.url(),
+                url: SinkUrl::new(receiver.url()),
                 host_name: Some("node-1".into()),
             },
             client,
@@ -776,6 +789,32 @@ mod tests {
                 .iter()
                 .any(|(frames, _)| frames.iter().any(|f| f == test_profile::MAIN_SHORT))
         );
+    }
+
+    /// A receiver that answers 200 with a body that never ends: the
+    /// window counts as delivered after the first 64 KiB, the connection
+    /// is dropped, and the upload does not wait for the timeout.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_endless_answer_is_cut_at_64_kib() {
+        let receiver = crate::agent::test_support::EndlessAnswer::start(200, true).await;
+        let client = crate::agent::http_client(Duration::from_secs(20)).unwrap();
+        let uploader = OtlpUploader::new(
+            OtlpConfig {
+                url: SinkUrl::new(receiver.url()),
+                host_name: None,
+            },
+            client,
+        );
+        let started = std::time::Instant::now();
+        uploader.upload(Arc::new(window(1))).await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // Give the server a moment to notice the hang-up: what it got out
+        // is the socket buffers' worth, not the 20 s of a read to the end.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let sent = receiver.sent();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(receiver.sent(), sent, "still sending");
+        assert!(sent < 32 << 20, "{sent} bytes sent");
     }
 
     /// Every index of `request` points into its table, as a receiver

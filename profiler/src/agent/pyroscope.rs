@@ -19,12 +19,16 @@
 //! 4. Authentication: HTTP basic auth or a bearer token, and the tenant in
 //!    `X-Scope-OrgID`. The secrets are [`Secret`]s: their `Debug` prints
 //!    `[redacted]` and they are never logged.
+//! 5. Of an answer, at most the first 64 KiB are read
+//!    ([`super::read_answer`]), for the log of an error.
 
 use std::{fmt, sync::Arc};
 
 use prost::Message as _;
 
-use super::{BoxFuture, ProfileType, ServiceProfile, UploadError, WindowBatch, WindowUploader};
+use super::{
+    BoxFuture, ProfileType, ServiceProfile, SinkUrl, UploadError, WindowBatch, WindowUploader,
+};
 use crate::{
     export::write_pprof,
     profile::{Profile, ValueType},
@@ -77,7 +81,7 @@ pub struct PyroscopeAuth {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PyroscopeConfig {
     /// The server's base URL, e.g. `http://pyroscope:4040`.
-    pub url: String,
+    pub url: SinkUrl,
     pub auth: PyroscopeAuth,
 }
 
@@ -85,7 +89,7 @@ pub struct PyroscopeConfig {
 #[derive(Debug)]
 pub struct PyroscopeUploader {
     client: reqwest::Client,
-    endpoint: String,
+    endpoint: SinkUrl,
     auth: PyroscopeAuth,
 }
 
@@ -94,7 +98,7 @@ impl PyroscopeUploader {
         let PyroscopeConfig { url, auth } = config;
         Self {
             client,
-            endpoint: format!("{}{PUSH_PATH}", url.trim_end_matches('/')),
+            endpoint: url.join(PUSH_PATH),
             auth,
         }
     }
@@ -110,7 +114,7 @@ impl WindowUploader for PyroscopeUploader {
             let body = push_request(&batch)?.encode_to_vec();
             let mut request = self
                 .client
-                .post(&self.endpoint)
+                .post(self.endpoint.expose())
                 .header(reqwest::header::CONTENT_TYPE, "application/proto")
                 .body(body);
             if let Some((user, password)) = &self.auth.basic {
@@ -122,20 +126,23 @@ impl WindowUploader for PyroscopeUploader {
             if let Some(tenant) = &self.auth.tenant_id {
                 request = request.header(TENANT_HEADER, tenant);
             }
-            let transport = |source| UploadError::Transport {
+            let transport = |source: reqwest::Error| UploadError::Transport {
                 sink: "pyroscope",
-                source,
+                url: self.endpoint.clone(),
+                source: source.without_url(),
             };
             let response = request.send().await.map_err(transport)?;
             let status = response.status();
+            // Pyroscope answers a push with an empty message: only an
+            // error's text is worth reading, and only its start.
+            let answer = super::read_answer(response, super::MAX_ANSWER_BYTES).await;
             if status.is_success() {
                 return Ok(());
             }
-            let body = response.bytes().await.unwrap_or_default();
             Err(UploadError::Status {
                 sink: "pyroscope",
                 status: status.as_u16(),
-                body: super::body_excerpt(&body, ERROR_BODY_LIMIT),
+                body: super::body_excerpt(&answer.body, ERROR_BODY_LIMIT),
             })
         })
     }
@@ -267,7 +274,7 @@ mod tests {
     #[test]
     fn secrets_never_show_in_debug_output() {
         let config = PyroscopeConfig {
-            url: "http://x".into(),
+            url: SinkUrl::new("http://x"),
             auth: PyroscopeAuth {
                 basic: Some(("user".into(), Secret::new("hunter2"))),
                 bearer_token: Some(Secret::new("glc_token")),
@@ -289,7 +296,7 @@ mod tests {
         assert_eq!(label(&labels, "__name__"), Some("lock"));
         assert_eq!(label(&labels, "service_name"), Some("checkout"));
         assert_eq!(label(&labels, "namespace"), Some("shop"));
-        assert_eq!(label(&labels, "process_pid"), Some("4242"));
+        assert_eq!(label(&labels, "process_pid"), None, "no pid names a series");
         assert_eq!(label(&labels, "process_executable_name"), Some("dotnet"));
         let names: Vec<&str> = labels.iter().map(|l| l.name.as_str()).collect();
         let mut sorted = names.clone();
@@ -330,7 +337,7 @@ mod tests {
     async fn pushes_a_decodable_request_with_auth_and_retries_a_503() {
         let receiver = Receiver::start(vec![503]).await;
         let config = PyroscopeConfig {
-            url: format!("{}/", receiver.url()),
+            url: SinkUrl::new(format!("{}/", receiver.url())),
             auth: PyroscopeAuth {
                 basic: Some(("grafana".into(), Secret::new("s3cret"))),
                 bearer_token: None,
@@ -395,7 +402,7 @@ mod tests {
         let client = crate::agent::http_client(Duration::from_millis(300)).unwrap();
         let uploader = PyroscopeUploader::new(
             PyroscopeConfig {
-                url: receiver.url(),
+                url: SinkUrl::new(receiver.url()),
                 auth: PyroscopeAuth::default(),
             },
             client,
@@ -409,6 +416,33 @@ mod tests {
         uploader.upload(Arc::new(window(1))).await.unwrap();
     }
 
+    /// A server that answers 500 with a terabyte of error: the error
+    /// carries the start of it and the upload does not read the rest.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_huge_error_answer_is_not_read() {
+        let receiver = crate::agent::test_support::EndlessAnswer::start(500, false).await;
+        let client = crate::agent::http_client(Duration::from_secs(20)).unwrap();
+        let uploader = PyroscopeUploader::new(
+            PyroscopeConfig {
+                url: SinkUrl::new(receiver.url()),
+                auth: PyroscopeAuth::default(),
+            },
+            client,
+        );
+        let started = std::time::Instant::now();
+        let error = uploader.upload(Arc::new(window(1))).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let UploadError::Status { status, body, .. } = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(*status, 500);
+        assert!(body.starts_with("xxxx") && body.len() <= 515, "{body}");
+        assert!(error.is_retryable());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(receiver.sent() < 32 << 20, "{} bytes sent", receiver.sent());
+    }
+
+    /// A refused connection names the URL without its credentials.
     #[tokio::test(flavor = "current_thread")]
     async fn a_refused_connection_is_a_retryable_transport_error() {
         // Bind, then close: the port refuses connections.
@@ -418,7 +452,7 @@ mod tests {
         let client = crate::agent::http_client(Duration::from_secs(2)).unwrap();
         let uploader = PyroscopeUploader::new(
             PyroscopeConfig {
-                url: format!("http://{addr}"),
+                url: SinkUrl::new(format!("http://user:glc_abc@{addr}")),
                 auth: PyroscopeAuth::default(),
             },
             client,
@@ -426,5 +460,11 @@ mod tests {
         let error = uploader.upload(Arc::new(window(1))).await.unwrap_err();
         assert!(matches!(error, UploadError::Transport { .. }), "{error:?}");
         assert!(error.is_retryable());
+        let text = crate::agent::metrics::ErrorChain(&error).to_string();
+        assert!(!text.contains("glc_abc"), "{text}");
+        assert!(
+            text.contains(&format!("at http://[redacted]@{addr}{PUSH_PATH}")),
+            "{text}"
+        );
     }
 }

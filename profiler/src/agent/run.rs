@@ -304,9 +304,22 @@ impl Shipper<'_> {
             duration,
         } = window;
         let (services, selection) = (&mut self.services, &self.config.selection);
-        let batch = window_batch(start, duration, &profile, |sample| {
-            services.key_of(sample, selection)
-        });
+        let (batch, overflowed) = window_batch(
+            start,
+            duration,
+            &profile,
+            self.config.max_services,
+            |sample| services.key_of(sample, selection),
+        );
+        if overflowed > 0 {
+            self.metrics.services_over_cap.inc_by(overflowed as u64);
+            tracing::warn!(
+                services = overflowed,
+                max = self.config.max_services,
+                "more services in this window than --max-services: the least busy were shipped as `{}`",
+                super::batch::OVERFLOW_SERVICE
+            );
+        }
         tracing::debug!(
             profiles = batch.profiles.len(),
             ?start,
@@ -368,12 +381,22 @@ impl Clock {
 /// The service of each process, named once (its environment is read when
 /// its first sample of a window is split out) and forgotten when a window
 /// has none of its samples.
+///
+/// A series is named by the service, the executable and the pod: never by
+/// a pid or a container id, which change with every restart (a new series
+/// each time, the old ones left to the backend's retention). Those stay
+/// labels of the samples inside the profile. A process gone before its
+/// executable was read is `unknown_service`, as OpenTelemetry names a
+/// service nobody named, not a series of its own.
 #[derive(Default)]
 struct ServiceNames {
     by_pid: HashMap<u32, Option<ServiceKey>>,
     seen: std::collections::HashSet<u32>,
     procfs: ProcFs,
 }
+
+/// OpenTelemetry's `service.name` when none is set.
+const UNKNOWN_SERVICE: &str = "unknown_service";
 
 impl ServiceNames {
     fn key_of(
@@ -412,34 +435,42 @@ impl ServiceNames {
         self.by_pid
             .entry(pid)
             .or_insert_with(|| {
-                let executable = executable.as_deref().unwrap_or("unknown");
+                // The pipeline's stand-in for a name it could not read.
+                let executable = executable
+                    .as_deref()
+                    .filter(|name| *name != crate::pipeline::tracked::unknown_exe_name(pid));
                 let namespace = k8s
                     .iter()
                     .find(|(k, _)| *k == series_keys::K8S_NAMESPACE_NAME)
                     .map(|(_, v)| &**v);
-                if !selection.selects(executable, container.as_deref(), namespace) {
+                if !selection.selects(
+                    executable.unwrap_or(UNKNOWN_SERVICE),
+                    container.as_deref(),
+                    namespace,
+                ) {
                     return None;
                 }
                 let environ = procfs.environ(pid).unwrap_or_default();
                 // `dotnet App.dll`: the service is the entry assembly.
-                let entry_assembly = (executable == "dotnet")
+                let entry_assembly = (executable == Some("dotnet"))
                     .then(|| procfs.process_info(pid).ok())
                     .flatten()
                     .and_then(|info| entry_assembly(&info.cmdline));
-                let program = entry_assembly.as_deref().unwrap_or(executable);
-                let mut labels = vec![
-                    (series_keys::PROCESS_PID.to_owned(), pid.to_string()),
-                    (
+                let program = entry_assembly.as_deref().or(executable);
+                let mut labels = Vec::new();
+                if let Some(executable) = executable {
+                    labels.push((
                         series_keys::PROCESS_EXECUTABLE_NAME.to_owned(),
                         executable.to_owned(),
-                    ),
-                ];
-                if let Some(id) = &container {
-                    labels.push((series_keys::CONTAINER_ID.to_owned(), id.to_string()));
+                    ));
                 }
                 labels.extend(k8s.iter().map(|(k, v)| ((*k).to_owned(), v.to_string())));
                 Some(ServiceKey {
-                    service_name: service_name(&environ, pod_service.as_deref(), program),
+                    service_name: service_name(
+                        &environ,
+                        pod_service.as_deref(),
+                        program.unwrap_or(UNKNOWN_SERVICE),
+                    ),
                     labels,
                 })
             })
@@ -511,6 +542,11 @@ mod tests {
                 .contains(&(series_keys::K8S_POD_NAME.to_owned(), "api-7d9f".to_owned()))
         );
         assert!(!key.labels.iter().any(|(k, _)| k == "thread.name"));
+        assert!(
+            !key.labels.iter().any(|(k, _)| k == label_keys::PROCESS_PID),
+            "a pid names no series: {:?}",
+            key.labels
+        );
 
         let only_shop = super::super::config::ProcessSelection {
             k8s_namespaces: vec!["shop".into()],
@@ -525,6 +561,38 @@ mod tests {
             ServiceNames::default()
                 .key_of(&sample("billing"), &only_shop)
                 .is_none()
+        );
+    }
+
+    /// Processes gone before their name was read share one service, and
+    /// neither a pid nor a container id names a series.
+    #[test]
+    fn short_lived_processes_do_not_make_a_series_each() {
+        use crate::profile::Label;
+        let everything = super::super::config::ProcessSelection::default();
+        let mut names = ServiceNames::default();
+        let mut keys = std::collections::BTreeSet::new();
+        for pid in [u32::MAX - 10, u32::MAX - 11, u32::MAX - 12] {
+            let sample = ProfileSample {
+                stack: Vec::new(),
+                values: vec![1],
+                labels: vec![
+                    Label::num(label_keys::PROCESS_PID, i64::from(pid)),
+                    Label::str(
+                        label_keys::PROCESS_EXECUTABLE_NAME,
+                        crate::pipeline::tracked::unknown_exe_name(pid),
+                    ),
+                    Label::str(label_keys::CONTAINER_ID, format!("{pid:064x}")),
+                ],
+            };
+            keys.insert(names.key_of(&sample, &everything).expect("kept"));
+        }
+        assert_eq!(
+            keys.into_iter().collect::<Vec<_>>(),
+            [ServiceKey {
+                service_name: UNKNOWN_SERVICE.to_owned(),
+                labels: Vec::new(),
+            }]
         );
     }
 

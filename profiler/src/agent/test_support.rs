@@ -36,7 +36,6 @@ pub(crate) fn service_profile(service: &str, profile_type: ProfileType) -> Servi
         service_name: service.to_owned(),
         profile_type,
         labels: vec![
-            (series_keys::PROCESS_PID.to_owned(), "4242".to_owned()),
             (
                 series_keys::PROCESS_EXECUTABLE_NAME.to_owned(),
                 "dotnet".to_owned(),
@@ -118,6 +117,96 @@ impl Receiver {
 }
 
 impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A loopback backend gone wrong: it answers every request with `status`
+/// and a body that never ends (chunked, or under a `Content-Length` of a
+/// terabyte), written as fast as the client takes it, until the client
+/// closes the connection. Counts the body bytes it got out.
+pub(crate) struct EndlessAnswer {
+    pub addr: SocketAddr,
+    pub sent: Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EndlessAnswer {
+    pub(crate) async fn start(status: u16, chunked: bool) -> Self {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = Arc::clone(&sent);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let counter = Arc::clone(&counter);
+                tokio::spawn(async move {
+                    // The request: its head, then Content-Length bytes.
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 16 * 1024];
+                    let body_start = loop {
+                        if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break at + 4;
+                        }
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&request[..body_start]).to_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while request.len() < body_start + length {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let framing = if chunked {
+                        "Transfer-Encoding: chunked".to_owned()
+                    } else {
+                        format!("Content-Length: {}", 1u64 << 40)
+                    };
+                    let head = format!("HTTP/1.1 {status} Scripted\r\n{framing}\r\n\r\n");
+                    if stream.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let block = vec![b'x'; 64 * 1024];
+                    let mut frame = Vec::with_capacity(block.len() + 16);
+                    if chunked {
+                        frame.extend_from_slice(format!("{:x}\r\n", block.len()).as_bytes());
+                        frame.extend_from_slice(&block);
+                        frame.extend_from_slice(b"\r\n");
+                    } else {
+                        frame = block;
+                    }
+                    while stream.write_all(&frame).await.is_ok() {
+                        counter.fetch_add(frame.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        Self { addr, sent, task }
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub(crate) fn sent(&self) -> u64 {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for EndlessAnswer {
     fn drop(&mut self) {
         self.task.abort();
     }

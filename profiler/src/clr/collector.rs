@@ -241,12 +241,13 @@ type RundownResult = Result<(Vec<MethodLoad>, Option<String>), IpcError>;
 impl ClrCollector {
     /// For host process `pid`, whose runtime was just seen.
     pub fn new(pid: u32, kinds: ClrEventKinds, runtime_major: Option<u32>, rundown: bool) -> Self {
-        let mut warnings = Vec::new();
+        // Said once, when the runtime is found: not a problem to fix, and
+        // a host of .NET 8 services would otherwise hear it at every exit.
         if kinds.waits && runtime_major.is_some_and(|m| m < WAIT_HANDLE_MIN_MAJOR) {
-            warnings.push(format!(
+            tracing::info!(
                 "pid {pid}: wait-handle events need .NET 9+ (it runs .NET {}.x): no waits recorded",
                 runtime_major.unwrap_or_default()
-            ));
+            );
         }
         Self {
             pid,
@@ -258,7 +259,7 @@ impl ClrCollector {
             },
             intake: ClrIntake::default(),
             end: None,
-            warnings,
+            warnings: Vec::new(),
             incomplete: None,
             sessions_started: 0,
             rundown,

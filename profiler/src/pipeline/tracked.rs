@@ -84,6 +84,12 @@ pub(super) struct TrackedProcess {
 /// talked to anyway.
 const RUNTIME_START_GRACE: Duration = Duration::from_secs(2);
 
+/// The executable name of a process whose `/proc` entry could not be read
+/// (it exited first): `pid-PID`. The agent names no series after it.
+pub fn unknown_exe_name(pid: u32) -> String {
+    format!("pid-{pid}")
+}
+
 impl TrackedProcess {
     pub(super) fn discover(
         procfs: &ProcFs,
@@ -99,7 +105,7 @@ impl TrackedProcess {
             && same_mount_namespace(pid);
         let exe_name: Arc<str> = info
             .as_ref()
-            .map_or_else(|| format!("pid-{pid}"), |i| i.exe_name.clone())
+            .map_or_else(|| unknown_exe_name(pid), |i| i.exe_name.clone())
             .into();
         let container_id = info
             .as_ref()

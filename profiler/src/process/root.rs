@@ -168,6 +168,8 @@ pub struct EntryStat {
     pub uid: u32,
     pub modified: SystemTime,
     pub size: u64,
+    /// What it takes on disk (`st_blocks` in bytes).
+    pub disk_bytes: u64,
 }
 
 /// The type of a directory entry.
@@ -178,6 +180,35 @@ pub enum EntryKind {
     Symlink,
     Socket,
     Other,
+}
+
+/// Why a directory of clrbpf's own ([`TargetDir::open_private`]) is not
+/// used.
+#[derive(Debug, thiserror::Error)]
+pub enum PrivateDirError {
+    #[error("cannot create or open {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is {problem}: it must be a directory owned by uid {uid} with mode 0700")]
+    Untrusted {
+        path: PathBuf,
+        problem: String,
+        uid: u32,
+    },
+}
+
+/// What [`TargetDir::open_private`] does with a directory of clrbpf's
+/// user that others may read but not write (`0755`, as kubelet creates a
+/// `hostPath`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WiderMode {
+    Refuse,
+    /// `fchmod` it to 0700 through the fd just checked: nobody else could
+    /// have put anything in it.
+    Tighten,
 }
 
 /// A directory inside a target's root, opened with [`TargetRoot::open_dir`].
@@ -201,6 +232,67 @@ impl TargetDir {
             fd,
             display: path.to_owned(),
         })
+    }
+
+    /// Opens (creating it and its missing parents, mode 0700) a directory
+    /// of clrbpf's own at `path`: refused unless it is a real directory (a
+    /// symlink there is not followed) owned by the user clrbpf runs as,
+    /// with no access for group or others (see [`WiderMode`]). Everything
+    /// done through the returned fd stays in that directory, whatever
+    /// happens to `path` afterwards.
+    pub fn open_private(path: &Path, wider: WiderMode) -> Result<Self, PrivateDirError> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let open_error = |source| PrivateDirError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        // SAFETY: a call without arguments or memory access.
+        let uid = unsafe { libc::geteuid() };
+        let untrusted = |problem: String| PrivateDirError::Untrusted {
+            path: path.to_owned(),
+            problem,
+            uid,
+        };
+        match std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)
+        {
+            Ok(()) => {}
+            // A symlink or file where the directory should be: said below.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(open_error(e)),
+        }
+        let dir = match Self::open_own(path) {
+            Ok(dir) => dir,
+            // O_NOFOLLOW|O_DIRECTORY on a symlink: ENOTDIR (or ELOOP).
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
+                let symlink = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink());
+                let problem = if symlink {
+                    "a symlink"
+                } else {
+                    "not a directory"
+                };
+                return Err(untrusted(problem.to_owned()));
+            }
+            Err(e) => return Err(open_error(e)),
+        };
+        let stat = dir.stat_self().map_err(open_error)?;
+        let mode = stat.st_mode & 0o7777;
+        if stat.st_uid != uid {
+            return Err(untrusted(format!("owned by uid {}", stat.st_uid)));
+        }
+        if mode & 0o077 == 0 {
+            return Ok(dir);
+        }
+        if wider == WiderMode::Refuse || mode & 0o022 != 0 {
+            return Err(untrusted(format!("mode {mode:04o}")));
+        }
+        // SAFETY: the fd is open for the call; no memory is passed.
+        if unsafe { libc::fchmod(dir.fd.as_raw_fd(), 0o700) } != 0 {
+            return Err(open_error(io::Error::last_os_error()));
+        }
+        Ok(dir)
     }
 
     /// `fstat` of the directory itself.
@@ -374,6 +466,9 @@ fn entry_stat(stat: &libc::stat) -> EntryStat {
         uid: stat.st_uid,
         modified,
         size: u64::try_from(stat.st_size).unwrap_or(0),
+        disk_bytes: u64::try_from(stat.st_blocks)
+            .unwrap_or(0)
+            .saturating_mul(512),
     }
 }
 

@@ -23,14 +23,13 @@
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::io::{Read as _, Write as _};
-use std::os::unix::fs::DirBuilderExt as _;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use clrbpf_common::unwind::{RowIndex, UnwindRow};
 
 use super::table::{FileIdentity, LoadSegment, UnwindTable};
-use crate::process::root::{EntryKind, TargetDir};
+use crate::process::root::{EntryKind, PrivateDirError, TargetDir, WiderMode};
 
 /// Where tables are kept unless `--cache-dir` says otherwise.
 pub const DEFAULT_DIR: &str = "/var/cache/clrbpf";
@@ -112,36 +111,19 @@ pub struct DiskTableCache {
 
 /// Opens (creating it, mode 0700) clrbpf's cache directory at `path`,
 /// refused unless it is a real directory owned by the user clrbpf runs as
-/// with no access for group or others.
+/// with no access for group or others ([`TargetDir::open_private`]).
 pub fn open_cache_dir(path: &Path) -> Result<TargetDir, DiskCacheError> {
-    let open_error = |source| DiskCacheError::Open {
-        path: path.display().to_string(),
-        source,
-    };
-    match std::fs::DirBuilder::new().mode(0o700).create(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(open_error(e)),
-    }
-    let dir = TargetDir::open_own(path).map_err(open_error)?;
-    let stat = dir.stat_self().map_err(open_error)?;
-    // SAFETY: a call without arguments or memory access.
-    let uid = unsafe { libc::geteuid() };
-    let problem = if stat.st_uid != uid {
-        Some(format!("owned by uid {}", stat.st_uid))
-    } else if stat.st_mode & 0o077 != 0 {
-        Some(format!("mode {:04o}", stat.st_mode & 0o7777))
-    } else {
-        None
-    };
-    match problem {
-        Some(problem) => Err(DiskCacheError::Untrusted {
+    TargetDir::open_private(path, WiderMode::Refuse).map_err(|error| match error {
+        PrivateDirError::Open { path, source } => DiskCacheError::Open {
+            path: path.display().to_string(),
+            source,
+        },
+        PrivateDirError::Untrusted { path, problem, uid } => DiskCacheError::Untrusted {
             path: path.display().to_string(),
             problem,
             uid,
-        }),
-        None => Ok(dir),
-    }
+        },
+    })
 }
 
 /// Writes the entry `name` of a cache directory whole: under a temporary
