@@ -428,18 +428,6 @@ fn half_sent_requests_hold_neither_the_probes_nor_the_exit() {
         &["--grace-period".as_ref(), "2s".as_ref()],
         Some(1024),
     );
-    let limits = fs::read_to_string(format!("/proc/{}/limits", agent.pid())).expect("limits");
-    let open_files: Vec<&str> = limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .expect("Max open files")
-        .split_whitespace()
-        .collect();
-    assert_eq!(
-        open_files[3], open_files[4],
-        "the soft limit on open files is raised to the hard one: {open_files:?}"
-    );
-
     let stop = Arc::new(AtomicBool::new(false));
     let attacker = hold_half_sent_requests(agent.port, 1100, Arc::clone(&stop));
     thread::sleep(Duration::from_secs(3));
@@ -459,6 +447,18 @@ fn half_sent_requests_hold_neither_the_probes_nor_the_exit() {
     assert!(
         most_fds < 600,
         "the agent held {most_fds} descriptors under the flood"
+    );
+    let limits = fs::read_to_string(format!("/proc/{}/limits", agent.pid())).expect("limits");
+    let open_files: Vec<String> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        open_files[3], open_files[4],
+        "the soft limit on open files is raised to the hard one: {open_files:?}"
     );
     let took = agent.stop();
     stop.store(true, Ordering::Relaxed);
