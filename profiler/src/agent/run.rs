@@ -24,13 +24,16 @@ use std::{
 };
 
 use anyhow::Context as _;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+};
 
 use super::{
     ProfileSink as _,
     batch::{ServiceKey, window_batch},
     config::{AgentConfig, build_sinks, service_name},
-    cuts::{Cuts, LoopPuller, Window},
+    cuts::{Cuts, LoopPuller, PullRequest, Window},
     http::{AgentHealth, HttpState, PullEndpoint, PullProfiler},
     metrics::AgentMetrics,
     queue::RetryPolicy,
@@ -61,24 +64,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let metrics = AgentMetrics::new();
     let health = Arc::new(AgentHealth::new(config.upload_interval * 3));
     let sinks = build_sinks(&config, &metrics, RetryPolicy::default())?;
-    let listener = std::net::TcpListener::bind(config.listen)
-        .with_context(|| format!("--listen {}: cannot listen there", config.listen))?;
-    // No pull machinery at all without --enable-pull.
-    let (pull, mut pulls) = match &config.pull {
-        Some(pull) => {
-            let (puller, requests) = LoopPuller::new();
-            let profiler = Arc::new(puller) as Arc<dyn PullProfiler>;
-            let endpoint = PullEndpoint::new(profiler, pull.max_seconds, pull.token.clone());
-            (Some(endpoint), Some(requests))
-        }
-        None => (None, None),
-    };
-    let http = HttpServer::start(
-        listener,
-        super::http::router(HttpState::new(metrics.clone(), Arc::clone(&health), pull)),
-        ServerLimits::agent(config.grace_period),
-    )
-    .context("start the HTTP endpoint")?;
+    let (http, mut pulls) = start_http(&config, &metrics, &health)?;
 
     // `record`'s defaults: every wait of 1 ms or more, at most 2000 stacks
     // per CPU per second.
@@ -214,6 +200,34 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     }
     tracing::debug!(took = ?stopping.elapsed(), "stopped");
     Ok(())
+}
+
+/// Starts the HTTP endpoint on `--listen`; with `--enable-pull`, also the
+/// receiver of the pulls the loop must take (no pull machinery at all
+/// without it).
+fn start_http(
+    config: &AgentConfig,
+    metrics: &AgentMetrics,
+    health: &Arc<AgentHealth>,
+) -> anyhow::Result<(HttpServer, Option<mpsc::Receiver<PullRequest>>)> {
+    let listener = std::net::TcpListener::bind(config.listen)
+        .with_context(|| format!("--listen {}: cannot listen there", config.listen))?;
+    let (pull, pulls) = match &config.pull {
+        Some(pull) => {
+            let (puller, requests) = LoopPuller::new();
+            let profiler = Arc::new(puller) as Arc<dyn PullProfiler>;
+            let endpoint = PullEndpoint::new(profiler, pull.max_seconds, pull.token.clone());
+            (Some(endpoint), Some(requests))
+        }
+        None => (None, None),
+    };
+    let http = HttpServer::start(
+        listener,
+        super::http::router(HttpState::new(metrics.clone(), Arc::clone(health), pull)),
+        ServerLimits::agent(config.grace_period),
+    )
+    .context("start the HTTP endpoint")?;
+    Ok((http, pulls))
 }
 
 /// Raises the soft limit on open files to the hard one: the agent holds
