@@ -16,8 +16,15 @@ For the default values and each ci/*-values.yaml:
   4. the security invariants hold: hostPID, no privileged container unless
      the values ask for it, capabilities drop ALL and add exactly
      values.yaml's list, allowPrivilegeEscalation false, read-only root
-     filesystem, read-only host mounts, NODE_NAME from spec.nodeName.
+     filesystem, read-only host mounts, NODE_NAME from spec.nodeName;
+  5. the pull endpoint is off unless the values turn it on, and then reads
+     its token from a Secret mounted read-only (the chart's, with a random
+     token: the golden render shows a placeholder for it); the
+     NetworkPolicy, when on, opens the agent's port to the listed peers only.
 """
+
+import base64
+import re
 
 import sys
 from pathlib import Path
@@ -33,6 +40,10 @@ RELEASE = "clrbpf"
 NAMESPACE = "clrbpf"
 KUBE_VERSIONS = [f"1.{minor}.0" for minor in range(28, 35)]
 CRD_KINDS = {"ServiceMonitor", "PodMonitor"}
+PULL_TOKEN_SOURCE = "clrbpf/templates/pull-token.yaml"
+# The generated token in golden renders (base64 of "GENERATED TOKEN").
+TOKEN_PLACEHOLDER = "R0VORVJBVEVEIFRPS0VO"
+TOKEN_LINE = re.compile(r"^(  token: )(\S+)$", re.MULTILINE)
 
 
 def cases():
@@ -43,17 +54,25 @@ def cases():
 
 
 def render(values):
+    """The render with the generated token replaced by TOKEN_PLACEHOLDER,
+    its notes, and the generated token (None without one)."""
     chart = helm.Chart.load(str(CHART))
     manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
     text = ""
     notes = ""
+    token = None
     for path in sorted(manifests):
         body = manifests[path].strip()
+        if path.endswith(PULL_TOKEN_SOURCE) and body:
+            match = TOKEN_LINE.search(body)
+            assert match, f"no token in {path}"
+            token = match.group(2)
+            body = TOKEN_LINE.sub(lambda m: m.group(1) + TOKEN_PLACEHOLDER, body)
         if path.endswith("NOTES.txt"):
             notes = body + "\n"
         elif body:
             text += f"---\n# Source: {path}\n{body}\n"
-    return text, notes
+    return text, notes, token
 
 
 def objects(text):
@@ -125,10 +144,65 @@ def check_security(name, values, objs, capabilities):
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", name
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", name
     assert {"operator": "Exists"} in pod["tolerations"], f"{name}: tolerates every taint"
+    check_pull(name, values, objs, container, pod)
     role = [o for o in objs if o["kind"] == "ClusterRole"]
     assert role and role[0]["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
     ], f"{name}: ClusterRole pods get/list/watch only"
+
+
+def check_pull(name, values, objs, container, pod):
+    pull = values.get("pull") or {}
+    args = container["args"]
+    secrets = [o for o in objs if o["kind"] == "Secret"]
+    if not pull.get("enabled"):
+        assert "--enable-pull" not in args, f"{name}: the pull endpoint is off by default"
+        assert "--http-token-file" not in args, name
+        assert not secrets, f"{name}: no token Secret without the pull endpoint"
+    else:
+        assert "--enable-pull" in args, f"{name}: pull.enabled turns the endpoint on"
+        token_file = args[args.index("--http-token-file") + 1]
+        mount = next(m for m in container["volumeMounts"] if token_file.startswith(m["mountPath"] + "/"))
+        assert mount.get("readOnly") is True, f"{name}: the token is mounted read-only"
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        secret_name = volume["secret"]["secretName"]
+        if pull.get("existingSecret"):
+            assert secret_name == pull["existingSecret"], name
+            assert not secrets, f"{name}: no Secret of the chart's own with an existing one"
+        else:
+            (secret,) = secrets
+            assert secret["metadata"]["name"] == secret_name, name
+            assert set(secret["data"]) == {"token"}, name
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    network = values.get("networkPolicy") or {}
+    assert len(policies) == (1 if network.get("enabled") else 0), f"{name}: NetworkPolicy"
+    for policy in policies:
+        selector = policy["spec"]["podSelector"]["matchLabels"]
+        assert selector == pod_labels(objs, selector), f"{name}: the policy selects the agent's pods"
+        assert policy["spec"]["policyTypes"] == ["Ingress"], name
+        for rule in policy["spec"]["ingress"]:
+            assert rule["from"], f"{name}: every rule names its peers"
+            assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}], name
+        if not network.get("from"):
+            assert policy["spec"]["ingress"] == [], f"{name}: no peer, no ingress"
+
+
+def pod_labels(objs, selector):
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    return {k: labels[k] for k in selector if k in labels}
+
+
+def check_generated_token(name, values, token):
+    """A chart-made token is 48 random characters, new at each render of a
+    new release."""
+    pull = values.get("pull") or {}
+    if not pull.get("enabled") or pull.get("existingSecret"):
+        assert token is None, name
+        return
+    decoded = base64.b64decode(token, validate=True).decode()
+    assert re.fullmatch(r"[A-Za-z0-9]{48}", decoded), f"{name}: generated token {len(decoded)} characters"
+    assert render(values)[2] != token, f"{name}: the generated token is random"
 
 
 def main():
@@ -140,7 +214,8 @@ def main():
     for name, values in cases():
         try:
             lint(name, values)
-            text, notes = render(values)
+            text, notes, token = render(values)
+            check_generated_token(name, values, token)
             for golden, rendered in ((GOLDEN / f"{name}.yaml", text), (GOLDEN / f"{name}.NOTES.txt", notes)):
                 if update:
                     golden.write_text(rendered)

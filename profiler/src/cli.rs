@@ -253,7 +253,9 @@ pub struct AgentArgs {
           value_parser = parse_duration, help_heading = "Sinks")]
     pub grace_period: std::time::Duration,
 
-    /// Serve /metrics, /healthz, /readyz and /debug/pprof/profile here.
+    /// Serve /metrics, /healthz, /readyz (and /debug/pprof/profile with
+    /// --enable-pull) here. /metrics carries no profile data and needs no
+    /// credentials.
     #[arg(
         long,
         value_name = "ADDR:PORT",
@@ -261,6 +263,22 @@ pub struct AgentArgs {
         help_heading = "HTTP endpoint"
     )]
     pub listen: std::net::SocketAddr,
+
+    /// Serve /debug/pprof/profile?seconds=N: a profile of the selected
+    /// processes on demand. Off by default (404). Needs --http-token-file
+    /// unless --listen is a loopback address.
+    #[arg(long, help_heading = "HTTP endpoint")]
+    pub enable_pull: bool,
+
+    /// Every /debug/pprof/profile request must carry `Authorization:
+    /// Bearer TOKEN`, TOKEN being this file's content (401 otherwise).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "enable_pull",
+        help_heading = "HTTP endpoint"
+    )]
+    pub http_token_file: Option<PathBuf>,
 
     /// Longest profile /debug/pprof/profile?seconds=N takes.
     #[arg(long, value_name = "SECONDS", default_value_t = 60,
@@ -595,6 +613,7 @@ mod tests {
         assert_eq!(args.listen, "127.0.0.1:7071".parse().unwrap());
         assert_eq!(args.max_pull_seconds, 60);
         assert_eq!(args.max_services, 256);
+        assert!(!args.enable_pull && args.http_token_file.is_none());
         assert!(args.pyroscope_url.is_none() && args.otlp_url.is_none());
     }
 
@@ -652,6 +671,7 @@ mod tests {
             (&["--k8s-namespace", "Shop_1"], "--k8s-namespace"),
             (&["--listen", "localhost"], "--listen"),
             (&["--max-pull-seconds", "0"], "--max-pull-seconds"),
+            (&["--http-token-file", "/t"], "--enable-pull"),
             (&["-F", "0"], "--frequency"),
             (&["--pyroscope-tenant-id", "t"], "--pyroscope-url"),
         ] {

@@ -331,8 +331,9 @@ print(json.dumps(rows))
 
 /// `dotnet_*` runtime metrics of a .NET process, read by the agent from
 /// outside it, agree with the process's own GC.CollectionCount; the agent's
-/// own series are there; `/debug/pprof/profile?seconds=N` answers with a
-/// fresh whole-host profile of N seconds while the windows go on.
+/// own series are there; `/debug/pprof/profile?seconds=N` (with
+/// `--enable-pull`) answers with a fresh profile of N seconds while the
+/// windows go on.
 #[test]
 fn agent_serves_runtime_metrics_and_profiles_on_demand() {
     let env = Env::privileged();
@@ -346,6 +347,7 @@ fn agent_serves_runtime_metrics_and_profiles_on_demand() {
             "5s".as_ref(),
             "--output-dir".as_ref(),
             windows.as_os_str(),
+            "--enable-pull".as_ref(),
         ],
     );
     let port = agent.port;

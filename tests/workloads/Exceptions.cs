@@ -4,6 +4,7 @@
 // (THROWN_<Type>), the ground truth for clrbpf's exceptions/count.
 //
 // Usage: Exceptions.dll [START_DELAY_S=3] [FREQUENT=20000] [SOMETIMES=300] [ONCE=1]
+//                       [FREQUENT_MESSAGE=frequent]
 using System;
 using System.Diagnostics;
 using System.Globalization;
@@ -12,8 +13,10 @@ using System.Threading;
 
 static class Exceptions
 {
+    static string frequentMessage = "frequent";
+
     [MethodImpl(MethodImplOptions.NoInlining)]
-    static void ThrowFrequent(int i) { throw new InvalidOperationException("frequent " + (i % 10)); }
+    static void ThrowFrequent(int i) { throw new InvalidOperationException(frequentMessage + " " + (i % 10)); }
 
     [MethodImpl(MethodImplOptions.NoInlining)]
     static void ThrowSometimes(int i) { throw new ArgumentException("sometimes"); }
@@ -27,6 +30,7 @@ static class Exceptions
         int frequent = args.Length > 1 ? int.Parse(args[1]) : 20000;
         int sometimes = args.Length > 2 ? int.Parse(args[2]) : 300;
         int once = args.Length > 3 ? int.Parse(args[3]) : 1;
+        if (args.Length > 4) frequentMessage = args[4];
         Console.WriteLine("PID " + Process.GetCurrentProcess().Id);
         Console.WriteLine("READY");
         Console.Out.Flush();

@@ -20,7 +20,11 @@ use super::{
     pyroscope::{PyroscopeAuth, PyroscopeConfig, PyroscopeUploader, Secret},
     queue::{DeliveryQueue, FanOut, RetryPolicy},
 };
-use crate::{cli::AgentArgs, process::Environ};
+use crate::{
+    cli::AgentArgs,
+    process::Environ,
+    profile::{Label, LabelValue, label_keys},
+};
 
 /// Where profiles go when no sink is named.
 pub const DEFAULT_OUTPUT_DIR: &str = "/var/lib/clrbpf/profiles";
@@ -50,6 +54,11 @@ pub enum ConfigError {
     OutputDir(#[source] crate::process::root::PrivateDirError),
     #[error("cannot build the HTTP client")]
     HttpClient(#[source] reqwest::Error),
+    #[error(
+        "--enable-pull: without --http-token-file, --listen must be a loopback address, not {listen} \
+         (whoever reaches the port would get the profiles of every selected process)"
+    )]
+    UnprotectedPull { listen: SocketAddr },
 }
 
 /// Which processes the agent profiles. Empty lists: every process.
@@ -84,6 +93,37 @@ impl ProcessSelection {
             })
             || k8s_namespace.is_some_and(|ns| self.k8s_namespaces.iter().any(|wanted| wanted == ns))
     }
+
+    /// Whether the process of a sample with these labels is selected: the
+    /// same rule as [`Self::selects`], from the labels the pipeline puts on
+    /// every sample (a sample without an executable name matches no
+    /// executable).
+    pub fn selects_labels(&self, labels: &[Label]) -> bool {
+        if self.is_everything() {
+            return true;
+        }
+        let text = |key: &str| {
+            labels.iter().find_map(|label| match &label.value {
+                LabelValue::Str(value) if &*label.key == key => Some(&**value),
+                _ => None,
+            })
+        };
+        self.selects(
+            text(label_keys::PROCESS_EXECUTABLE_NAME).unwrap_or("unknown"),
+            text(label_keys::CONTAINER_ID),
+            text(label_keys::K8S_NAMESPACE_NAME),
+        )
+    }
+}
+
+/// `/debug/pprof/profile` (`--enable-pull`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PullConfig {
+    /// `--max-pull-seconds`.
+    pub max_seconds: u64,
+    /// The bearer token every request needs (`--http-token-file`); `None`
+    /// only on a loopback `--listen` address.
+    pub token: Option<Secret>,
 }
 
 /// The checked configuration of `clrbpf agent`.
@@ -110,7 +150,8 @@ pub struct AgentConfig {
     pub directory: Option<DirectoryConfig>,
     pub grace_period: Duration,
     pub listen: SocketAddr,
-    pub max_pull_seconds: u64,
+    /// `None`: `/debug/pprof/profile` is not served.
+    pub pull: Option<PullConfig>,
 }
 
 impl AgentConfig {
@@ -146,8 +187,22 @@ impl AgentConfig {
             retention_size,
             grace_period,
             listen,
+            enable_pull,
+            http_token_file,
             max_pull_seconds,
         } = args;
+        let pull = match (enable_pull, http_token_file) {
+            (false, _) => None,
+            (true, Some(path)) => Some(PullConfig {
+                max_seconds: max_pull_seconds,
+                token: Some(read_secret(&path, "--http-token-file")?),
+            }),
+            (true, None) if listen.ip().is_loopback() => Some(PullConfig {
+                max_seconds: max_pull_seconds,
+                token: None,
+            }),
+            (true, None) => return Err(ConfigError::UnprotectedPull { listen }),
+        };
         let clr_events = if no_clr_events {
             crate::clr::session::ClrEventKinds::NONE
         } else {
@@ -229,7 +284,7 @@ impl AgentConfig {
             directory,
             grace_period,
             listen,
-            max_pull_seconds,
+            pull,
         })
     }
 }
@@ -386,6 +441,9 @@ mod tests {
     #[test]
     fn the_charts_args_are_an_agent_command_line() {
         let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/golden");
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "s3cr3t\n").unwrap();
         let mut renders = 0;
         for entry in std::fs::read_dir(&golden).expect("the chart's golden renders") {
             let path = entry.expect("an entry").path();
@@ -394,11 +452,16 @@ mod tests {
             }
             let text = std::fs::read_to_string(&path).expect("a render");
             let mut lines = text.lines().skip_while(|l| l.trim() != "args:").skip(1);
-            let args: Vec<String> = lines
+            let mut args: Vec<String> = lines
                 .by_ref()
                 .map_while(|l| l.trim().strip_prefix("- "))
                 .map(|a| a.trim_matches('"').to_owned())
                 .collect();
+            // The token file is the chart's Secret, mounted in the pod:
+            // a file of this test stands in for it.
+            if let Some(at) = args.iter().position(|a| a == "--http-token-file") {
+                args[at + 1] = token.to_string_lossy().into_owned();
+            }
             assert_eq!(args.first().map(String::as_str), Some("agent"), "{path:?}");
             let cli = Cli::try_parse_from(std::iter::once("clrbpf".to_owned()).chain(args.clone()))
                 .unwrap_or_else(|e| panic!("{path:?}: {args:?} does not parse: {e}"));
@@ -488,6 +551,62 @@ mod tests {
         );
         let error = config(&["--clr-events", "locks"]).unwrap_err();
         assert!(error.to_string().starts_with("--clr-events"), "{error}");
+    }
+
+    #[test]
+    fn the_pull_endpoint_is_off_or_protected() {
+        assert_eq!(config_or_panic(&[]).pull, None, "off by default");
+        let local = config_or_panic(&["--enable-pull"]).pull.expect("on");
+        assert_eq!((local.max_seconds, local.token), (60, None));
+        let error = config(&["--enable-pull", "--listen", "0.0.0.0:7071"]).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("--enable-pull") && message.contains("--http-token-file"),
+            "{message}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "s3cr3t\n").unwrap();
+        let pull = config_or_panic(&[
+            "--enable-pull",
+            "--listen",
+            "0.0.0.0:7071",
+            "--http-token-file",
+            token.to_str().unwrap(),
+        ])
+        .pull
+        .expect("on");
+        assert_eq!(pull.token.expect("a token").expose(), "s3cr3t");
+        std::fs::write(&token, "").unwrap();
+        let error = config(&[
+            "--enable-pull",
+            "--http-token-file",
+            token.to_str().unwrap(),
+        ])
+        .unwrap_err();
+        assert!(error.to_string().contains("--http-token-file"), "{error}");
+    }
+
+    #[test]
+    fn samples_are_selected_by_their_labels() {
+        let labels = |exe: &str, ns: Option<&str>| {
+            let mut labels = vec![
+                Label::num(label_keys::PROCESS_PID, 7),
+                Label::str(label_keys::PROCESS_EXECUTABLE_NAME, exe),
+            ];
+            labels.extend(ns.map(|ns| Label::str(label_keys::K8S_NAMESPACE_NAME, ns)));
+            labels
+        };
+        assert!(ProcessSelection::default().selects_labels(&[]));
+        let selection = ProcessSelection {
+            executables: vec!["dotnet".into()],
+            k8s_namespaces: vec!["shop".into()],
+            ..Default::default()
+        };
+        assert!(selection.selects_labels(&labels("dotnet", None)));
+        assert!(selection.selects_labels(&labels("java", Some("shop"))));
+        assert!(!selection.selects_labels(&labels("java", Some("billing"))));
+        assert!(!selection.selects_labels(&[]));
     }
 
     #[test]

@@ -1,23 +1,31 @@
 //! The agent's HTTP endpoint (`--listen`, default `127.0.0.1:7071`, the
-//! port Parca's agent uses):
+//! port Parca's agent uses), its routes and handlers; [`super::server`]
+//! runs them (connection cap, timeouts, shutdown):
 //!
-//! - `GET /metrics`: [`AgentMetrics::render`], OpenMetrics text.
+//! - `GET /metrics`: [`AgentMetrics::render`], OpenMetrics text. Open to
+//!   whoever reaches the port, as Prometheus exporters are: it carries the
+//!   agent's own counters and, per .NET process, its pid, executable name,
+//!   pod labels and runtime counters; never a stack, an exception message
+//!   or a command line.
 //! - `GET /healthz`: 200 while the agent's loop beats
 //!   ([`AgentHealth::beat`]) at least every `stale_after`, 503 after.
 //! - `GET /readyz`: 200 once the BPF programs are attached
 //!   ([`AgentHealth::set_bpf_attached`]) and at least one sink accepts
 //!   windows (its last upload did not fail), 503 before or otherwise.
-//! - `GET /debug/pprof/profile?seconds=N`: a fresh whole-host profile of N
-//!   seconds (default 30, like Go's handler) as gzip pprof, for ad-hoc use
-//!   and pull-based collectors. It comes from a [`PullProfiler`] the
-//!   pipeline provides; one at a time (429 while another runs), at most
-//!   `max_pull_seconds` (400 above), 501 without a profiler.
+//! - `GET /debug/pprof/profile?seconds=N`, only with `--enable-pull` (404
+//!   otherwise): a fresh profile of the selected processes over N seconds
+//!   (default 30, like Go's handler) as gzip pprof, for ad-hoc use and
+//!   pull-based collectors. It holds stacks, thread names and exception
+//!   messages, so with `--http-token-file` every request needs `Authorization:
+//!   Bearer TOKEN` (401 otherwise). It comes from a [`PullProfiler`] the
+//!   loop provides; one at a time (429 while another runs; a pull whose
+//!   client went away no longer counts), at most `--max-pull-seconds` (400
+//!   above). The profile is encoded on a blocking thread, so the other
+//!   routes answer meanwhile.
 //!
-//! Anything else is 404. The server only reads its requests' paths and
-//! query strings; it holds no secrets.
+//! Anything else is 404.
 
 use std::{
-    net::SocketAddr,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -27,13 +35,14 @@ use std::{
 
 use axum::{
     extract::{RawQuery, State},
-    http::{StatusCode, header},
+    http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
     routing::get,
 };
-use tokio::sync::Semaphore;
+use subtle::ConstantTimeEq as _;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{BoxFuture, metrics::AgentMetrics};
+use super::{BoxFuture, metrics::AgentMetrics, pyroscope::Secret};
 use crate::{export::write_pprof, profile::Profile};
 
 /// The default `--listen` address.
@@ -43,11 +52,17 @@ const DEFAULT_PULL_SECONDS: u64 = 30;
 /// The OpenMetrics text content type prometheus-client writes.
 const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Makes a whole-host profile on demand: the pipeline's side of
-/// `/debug/pprof/profile`.
+/// Makes a profile on demand: the loop's side of `/debug/pprof/profile`.
 pub trait PullProfiler: Send + Sync + 'static {
-    /// Profiles for `duration` and returns the result.
-    fn profile(&self, duration: Duration) -> BoxFuture<'_, Result<Profile, String>>;
+    /// Profiles for `duration` and returns the result, holding `slot` (the
+    /// endpoint's one-pull-at-a-time permit) while the profile is taken.
+    /// Dropping the future (the client went away) ends the profile and
+    /// frees the slot.
+    fn profile(
+        &self,
+        duration: Duration,
+        slot: OwnedSemaphorePermit,
+    ) -> BoxFuture<'_, Result<Profile, String>>;
 }
 
 /// Liveness and readiness, set by the agent's loop.
@@ -96,57 +111,63 @@ impl AgentHealth {
     }
 }
 
+/// `/debug/pprof/profile`, when it is served.
+#[derive(Clone)]
+pub struct PullEndpoint {
+    profiler: Arc<dyn PullProfiler>,
+    max_seconds: u64,
+    /// The bearer token every request must carry; `None` on a loopback
+    /// address only (see [`super::config::PullConfig`]).
+    token: Option<Secret>,
+    slot: Arc<Semaphore>,
+}
+
+impl PullEndpoint {
+    pub fn new(profiler: Arc<dyn PullProfiler>, max_seconds: u64, token: Option<Secret>) -> Self {
+        Self {
+            profiler,
+            max_seconds,
+            token,
+            slot: Arc::new(Semaphore::new(1)),
+        }
+    }
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct HttpState {
     pub metrics: AgentMetrics,
     pub health: Arc<AgentHealth>,
-    pub profiler: Option<Arc<dyn PullProfiler>>,
-    pub max_pull_seconds: u64,
-    pull_slot: Arc<Semaphore>,
+    /// `None`: no `/debug/pprof/profile` (`--enable-pull` not given).
+    pub pull: Option<PullEndpoint>,
 }
 
 impl HttpState {
     pub fn new(
         metrics: AgentMetrics,
         health: Arc<AgentHealth>,
-        profiler: Option<Arc<dyn PullProfiler>>,
-        max_pull_seconds: u64,
+        pull: Option<PullEndpoint>,
     ) -> Self {
         Self {
             metrics,
             health,
-            profiler,
-            max_pull_seconds,
-            pull_slot: Arc::new(Semaphore::new(1)),
+            pull,
         }
     }
 }
 
 /// The routes; see the module documentation.
 pub fn router(state: HttpState) -> axum::Router {
-    axum::Router::new()
+    let router = axum::Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/debug/pprof/profile", get(pull_profile))
-        .with_state(state)
-}
-
-/// Serves `router(state)` on `listener` until `shutdown` completes.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: HttpState,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-}
-
-/// Binds `addr` (the `--listen` value).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await
+        .route("/readyz", get(readyz));
+    let router = if state.pull.is_some() {
+        router.route("/debug/pprof/profile", get(pull_profile))
+    } else {
+        router
+    };
+    router.with_state(state)
 }
 
 async fn metrics(State(state): State<HttpState>) -> Response {
@@ -190,60 +211,91 @@ fn seconds_parameter(query: Option<&str>) -> Option<&str> {
         .find_map(|pair| pair.strip_prefix("seconds="))
 }
 
-async fn pull_profile(State(state): State<HttpState>, RawQuery(query): RawQuery) -> Response {
-    let Some(profiler) = state.profiler.clone() else {
+/// Whether `headers` carry `Authorization: Bearer TOKEN` with the
+/// endpoint's token (always, without one). The comparison takes the same
+/// time wherever the first wrong byte is.
+fn authorized(headers: &HeaderMap, token: Option<&Secret>) -> bool {
+    let Some(token) = token else {
+        return true;
+    };
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return false;
+    };
+    let Some((scheme, given)) = value.as_bytes().split_first_chunk::<7>() else {
+        return false;
+    };
+    scheme.eq_ignore_ascii_case(b"bearer ") && bool::from(given.ct_eq(token.expose().as_bytes()))
+}
+
+async fn pull_profile(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let Some(pull) = state.pull else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    if !authorized(&headers, pull.token.as_ref()) {
         return (
-            StatusCode::NOT_IMPLEMENTED,
-            "on-demand profiles are not available\n",
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "a bearer token is required\n",
         )
             .into_response();
-    };
+    }
     let seconds = match seconds_parameter(query.as_deref()).map(str::parse::<u64>) {
-        None => DEFAULT_PULL_SECONDS.min(state.max_pull_seconds),
-        Some(Ok(seconds)) if (1..=state.max_pull_seconds).contains(&seconds) => seconds,
+        None => DEFAULT_PULL_SECONDS.min(pull.max_seconds),
+        Some(Ok(seconds)) if (1..=pull.max_seconds).contains(&seconds) => seconds,
         Some(_) => {
             return (
                 StatusCode::BAD_REQUEST,
                 format!(
                     "seconds must be a whole number from 1 to {} (--max-pull-seconds)\n",
-                    state.max_pull_seconds
+                    pull.max_seconds
                 ),
             )
                 .into_response();
         }
     };
-    let Ok(_slot) = Arc::clone(&state.pull_slot).try_acquire_owned() else {
+    let Ok(slot) = Arc::clone(&pull.slot).try_acquire_owned() else {
         return (
             StatusCode::TOO_MANY_REQUESTS,
             "another profile is being taken\n",
         )
             .into_response();
     };
-    let profile = match profiler.profile(Duration::from_secs(seconds)).await {
+    let profile = match pull
+        .profiler
+        .profile(Duration::from_secs(seconds), slot)
+        .await
+    {
         Ok(profile) => profile,
         Err(message) => {
             return (StatusCode::INTERNAL_SERVER_ERROR, format!("{message}\n")).into_response();
         }
     };
-    let mut body = Vec::new();
-    if let Err(error) = write_pprof(&profile, &mut body) {
-        return (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("{}\n", super::metrics::ErrorChain(&error)),
+    let encoded = tokio::task::spawn_blocking(move || {
+        let mut body = Vec::new();
+        write_pprof(&profile, &mut body)
+            .map(|()| body)
+            .map_err(|error| super::metrics::ErrorChain(&error).to_string())
+    })
+    .await
+    .unwrap_or_else(|error| Err(format!("encoding the profile failed: {error}")));
+    match encoded {
+        Ok(body) => (
+            [
+                (header::CONTENT_TYPE, "application/octet-stream"),
+                (
+                    header::CONTENT_DISPOSITION,
+                    "attachment; filename=\"profile.pb.gz\"",
+                ),
+            ],
+            body,
         )
-            .into_response();
+            .into_response(),
+        Err(message) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{message}\n")).into_response(),
     }
-    (
-        [
-            (header::CONTENT_TYPE, "application/octet-stream"),
-            (
-                header::CONTENT_DISPOSITION,
-                "attachment; filename=\"profile.pb.gz\"",
-            ),
-        ],
-        body,
-    )
-        .into_response()
 }
 
 #[cfg(test)]
@@ -251,18 +303,37 @@ mod tests {
     use std::sync::atomic::AtomicU32;
 
     use super::*;
-    use crate::export::{read_pprof, test_profile};
+    use crate::{
+        agent::server::{ServerLimits, serve},
+        export::{read_pprof, test_profile},
+    };
 
-    /// Sleeps a little and returns the test profile; counts calls.
+    /// Sleeps `sleep` holding the slot and returns the test profile;
+    /// counts calls.
     struct SlowProfiler {
         calls: AtomicU32,
+        sleep: Duration,
+    }
+
+    impl SlowProfiler {
+        fn new(sleep: Duration) -> Arc<Self> {
+            Arc::new(Self {
+                calls: AtomicU32::new(0),
+                sleep,
+            })
+        }
     }
 
     impl PullProfiler for SlowProfiler {
-        fn profile(&self, duration: Duration) -> BoxFuture<'_, Result<Profile, String>> {
+        fn profile(
+            &self,
+            duration: Duration,
+            slot: OwnedSemaphorePermit,
+        ) -> BoxFuture<'_, Result<Profile, String>> {
             Box::pin(async move {
+                let _slot = slot;
                 self.calls.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                tokio::time::sleep(self.sleep).await;
                 let mut profile = test_profile::profile();
                 profile.duration_ns = duration.as_nanos() as i64;
                 Ok(profile)
@@ -271,21 +342,37 @@ mod tests {
     }
 
     async fn start(state: HttpState) -> (String, tokio::task::JoinHandle<()>) {
-        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let task = tokio::spawn(async move {
-            serve(listener, state, std::future::pending())
-                .await
-                .unwrap();
-        });
+        let limits = ServerLimits::agent(Duration::from_secs(1));
+        let task = tokio::spawn(serve(
+            listener,
+            router(state),
+            limits,
+            std::future::pending(),
+        ));
         (url, task)
+    }
+
+    fn pull_state(
+        profiler: &Arc<SlowProfiler>,
+        max_seconds: u64,
+        token: Option<&str>,
+    ) -> HttpState {
+        let health = Arc::new(AgentHealth::new(Duration::from_secs(60)));
+        let endpoint = PullEndpoint::new(
+            Arc::clone(profiler) as Arc<dyn PullProfiler>,
+            max_seconds,
+            token.map(Secret::new),
+        );
+        HttpState::new(AgentMetrics::new(), health, Some(endpoint))
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn health_readiness_and_metrics() {
         let metrics = AgentMetrics::new();
         let health = Arc::new(AgentHealth::new(Duration::from_secs(60)));
-        let state = HttpState::new(metrics.clone(), Arc::clone(&health), None, 60);
+        let state = HttpState::new(metrics.clone(), Arc::clone(&health), None);
         let (url, server) = start(state).await;
         let client = crate::agent::http_client(Duration::from_secs(30)).unwrap();
         let get = |path: &str| client.get(format!("{url}{path}")).send();
@@ -316,24 +403,19 @@ mod tests {
             "{text}"
         );
 
-        assert_eq!(get("/debug/pprof/profile").await.unwrap().status(), 501);
+        assert_eq!(
+            get("/debug/pprof/profile").await.unwrap().status(),
+            404,
+            "no pull endpoint without --enable-pull"
+        );
         assert_eq!(get("/nope").await.unwrap().status(), 404);
         server.abort();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn pull_profiles_are_bounded_and_one_at_a_time() {
-        let profiler = Arc::new(SlowProfiler {
-            calls: AtomicU32::new(0),
-        });
-        let health = Arc::new(AgentHealth::new(Duration::from_secs(60)));
-        let state = HttpState::new(
-            AgentMetrics::new(),
-            health,
-            Some(profiler.clone() as Arc<dyn PullProfiler>),
-            10,
-        );
-        let (url, server) = start(state).await;
+        let profiler = SlowProfiler::new(Duration::from_millis(300));
+        let (url, server) = start(pull_state(&profiler, 10, None)).await;
         let client = crate::agent::http_client(Duration::from_secs(30)).unwrap();
         for bad in ["seconds=0", "seconds=11", "seconds=x", "seconds=-1"] {
             let response = client
@@ -369,6 +451,71 @@ mod tests {
         assert_eq!(response.status(), 200);
         let pprof = read_pprof(&response.bytes().await.unwrap()).unwrap();
         assert_eq!(pprof.duration_nanos, 10_000_000_000);
+        server.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pulls_need_the_bearer_token() {
+        let profiler = SlowProfiler::new(Duration::ZERO);
+        let (url, server) = start(pull_state(&profiler, 10, Some("s3cr3t"))).await;
+        let client = crate::agent::http_client(Duration::from_secs(30)).unwrap();
+        let pull = |authorization: Option<&str>| {
+            let request = client.get(format!("{url}/debug/pprof/profile?seconds=1"));
+            match authorization {
+                Some(value) => request.header("authorization", value),
+                None => request,
+            }
+            .send()
+        };
+        for wrong in [
+            None,
+            Some("Bearer s3cr3"),
+            Some("Bearer s3cr3t4"),
+            Some("Basic s3cr3t"),
+        ] {
+            let response = pull(wrong).await.unwrap();
+            assert_eq!(response.status(), 401, "{wrong:?}");
+            assert_eq!(response.headers()["www-authenticate"], "Bearer");
+        }
+        assert_eq!(profiler.calls.load(Ordering::SeqCst), 0);
+        assert_eq!(pull(Some("Bearer s3cr3t")).await.unwrap().status(), 200);
+        assert_eq!(pull(Some("bearer s3cr3t")).await.unwrap().status(), 200);
+        assert_eq!(
+            client
+                .get(format!("{url}/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200,
+            "/metrics stays open"
+        );
+        server.abort();
+    }
+
+    /// A client that hangs up ends its pull: the slot is free for the next
+    /// one at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pull_ends_with_its_connection() {
+        use tokio::io::AsyncWriteExt as _;
+        let profiler = SlowProfiler::new(Duration::from_secs(3600));
+        let (url, server) = start(pull_state(&profiler, 10, None)).await;
+        let address = url.trim_start_matches("http://");
+        for _ in 0..3 {
+            let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+            stream
+                .write_all(b"GET /debug/pprof/profile?seconds=5 HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            drop(stream);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            profiler.calls.load(Ordering::SeqCst),
+            3,
+            "none was refused (429)"
+        );
         server.abort();
     }
 

@@ -15,7 +15,8 @@
 //!    [`directory::DirectoryUploader`] (rolling `.pb.gz` files, the default).
 //! 3. [`http`] serves `/metrics` ([`metrics::AgentMetrics`], with the .NET
 //!    runtime counters of [`crate::clr::counters`]), `/healthz`, `/readyz`
-//!    and `/debug/pprof/profile`.
+//!    and, with `--enable-pull`, `/debug/pprof/profile`, on the
+//!    connections [`server`] keeps in bounds.
 //!
 //! [`batch::window_batch`] splits a window's combined profile into the
 //! batch; [`config`] turns the command's options into these parts.
@@ -33,6 +34,7 @@ pub mod otlp;
 pub mod pyroscope;
 pub mod queue;
 pub mod run;
+pub mod server;
 
 use std::{
     fmt,

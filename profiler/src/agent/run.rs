@@ -13,9 +13,9 @@
 //!    ([`window_batch`]) and submitted to the sinks, which never block the
 //!    loop.
 //! 4. On SIGTERM or SIGINT: the current window is closed and submitted,
-//!    the .NET processes are restored, the sinks get `--grace-period` to
-//!    deliver, and the agent exits 0. SIGHUP reloads nothing and is
-//!    ignored.
+//!    the .NET processes are restored, the sinks and the HTTP endpoint's
+//!    connections get `--grace-period` (together) to finish, and the agent
+//!    exits 0. SIGHUP reloads nothing and is ignored.
 
 use std::{
     collections::HashMap,
@@ -24,17 +24,21 @@ use std::{
 };
 
 use anyhow::Context as _;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+};
 
 use super::{
     ProfileSink as _,
     batch::{ServiceKey, window_batch},
     config::{AgentConfig, build_sinks, service_name},
-    cuts::{Cuts, LoopPuller, Window},
-    http::{AgentHealth, HttpState},
+    cuts::{Cuts, LoopPuller, PullRequest, Window},
+    http::{AgentHealth, HttpState, PullEndpoint, PullProfiler},
     metrics::AgentMetrics,
     queue::RetryPolicy,
     series_keys,
+    server::{HttpServer, ServerLimits},
 };
 use crate::{
     bpf::{OffCpuConfig, Sampler, SamplerConfig, UnwindWorker, system},
@@ -50,6 +54,7 @@ const AGENT_NICE: i32 = -5;
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
+    raise_open_files_limit();
     if let Err(warning) = crate::process::priority::boost_sampling_thread(AGENT_NICE) {
         tracing::warn!("{warning}");
     }
@@ -59,23 +64,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let metrics = AgentMetrics::new();
     let health = Arc::new(AgentHealth::new(config.upload_interval * 3));
     let sinks = build_sinks(&config, &metrics, RetryPolicy::default())?;
-    let listener = super::http::bind(config.listen)
-        .await
-        .with_context(|| format!("--listen {}: cannot listen there", config.listen))?;
-    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let (puller, mut pulls) = LoopPuller::new();
-    let http = tokio::spawn(super::http::serve(
-        listener,
-        HttpState::new(
-            metrics.clone(),
-            Arc::clone(&health),
-            Some(Arc::new(puller) as Arc<dyn super::http::PullProfiler>),
-            config.max_pull_seconds,
-        ),
-        async {
-            let _ = http_stopped.await;
-        },
-    ));
+    let (http, mut pulls) = start_http(&config, &metrics, &health)?;
 
     // `record`'s defaults: every wait of 1 ms or more, at most 2000 stacks
     // per CPU per second.
@@ -120,7 +109,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         None => None,
     };
     let clock = Clock::now();
-    let mut cuts = Cuts::new(SystemTime::now(), config.upload_interval);
+    let mut cuts = Cuts::new(
+        SystemTime::now(),
+        config.upload_interval,
+        config.selection.clone(),
+    );
     let mut shipper = Shipper {
         config: &config,
         sinks: &sinks,
@@ -150,7 +143,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         tokio::select! {
             _ = tick.tick() => {}
             () = async { ring.as_ref().expect("guarded").woken().await }, if ring.is_ok() => {}
-            Some(request) = pulls.recv() => cuts.add_pull(SystemTime::now(), request),
+            Some(request) = async { pulls.as_mut().expect("guarded").recv().await }, if pulls.is_some() => {
+                cuts.add_pull(SystemTime::now(), request);
+            }
             _ = sigint.recv() => break "SIGINT",
             _ = sigterm.recv() => break "SIGTERM",
             _ = sighup.recv() => tracing::info!("SIGHUP ignored: the agent reloads nothing"),
@@ -178,6 +173,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         }
     };
     tracing::info!("{stopped_by}: closing the last window");
+    let stopping = Instant::now();
     crate::stop::arm_second_request().ok();
     pipeline.pull(&mut sampler, &mut raw);
     let end = SystemTime::now();
@@ -193,16 +189,69 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     });
     shipper.ship(last);
     pipeline.restore_processes(false);
-    let report = sinks.flush(config.grace_period).await;
+    // The sinks and the HTTP connections share the grace period: a client
+    // holding a connection open cannot hold the exit.
+    let (report, ()) = tokio::join!(sinks.flush(config.grace_period), http.stop());
     if report.abandoned > 0 {
         tracing::warn!(
             windows = report.abandoned,
             "windows not delivered within the grace period were dropped"
         );
     }
-    let _ = stop_http.send(());
-    let _ = http.await;
+    tracing::debug!(took = ?stopping.elapsed(), "stopped");
     Ok(())
+}
+
+/// Starts the HTTP endpoint on `--listen`; with `--enable-pull`, also the
+/// receiver of the pulls the loop must take (no pull machinery at all
+/// without it).
+fn start_http(
+    config: &AgentConfig,
+    metrics: &AgentMetrics,
+    health: &Arc<AgentHealth>,
+) -> anyhow::Result<(HttpServer, Option<mpsc::Receiver<PullRequest>>)> {
+    let listener = std::net::TcpListener::bind(config.listen)
+        .with_context(|| format!("--listen {}: cannot listen there", config.listen))?;
+    let (pull, pulls) = match &config.pull {
+        Some(pull) => {
+            let (puller, requests) = LoopPuller::new();
+            let profiler = Arc::new(puller) as Arc<dyn PullProfiler>;
+            let endpoint = PullEndpoint::new(profiler, pull.max_seconds, pull.token.clone());
+            (Some(endpoint), Some(requests))
+        }
+        None => (None, None),
+    };
+    let http = HttpServer::start(
+        listener,
+        super::http::router(HttpState::new(metrics.clone(), Arc::clone(health), pull)),
+        ServerLimits::agent(config.grace_period),
+    )
+    .context("start the HTTP endpoint")?;
+    Ok((http, pulls))
+}
+
+/// Raises the soft limit on open files to the hard one: the agent holds
+/// perf events, BPF maps and /proc files, and a busy node's connections
+/// must not run it out of descriptors at the usual soft limit of 1024.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit write and read the struct passed.
+    let raised = unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && {
+            let soft = limit.rlim_cur;
+            limit.rlim_cur = limit.rlim_max;
+            soft >= limit.rlim_max || libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0
+        }
+    };
+    if !raised {
+        tracing::warn!(
+            error = %std::io::Error::last_os_error(),
+            "cannot raise the open files limit (RLIMIT_NOFILE) to its hard limit"
+        );
+    }
 }
 
 /// The Kubernetes labels a sample carries that name its series too.

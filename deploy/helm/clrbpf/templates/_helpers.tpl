@@ -54,3 +54,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "clrbpf.appArmorField" -}}
 {{- if semverCompare ">=1.30-0" (include "clrbpf.kubeVersion" .) }}true{{ end }}
 {{- end }}
+
+{{/* The Secret holding the pull endpoint's bearer token. */}}
+{{- define "clrbpf.pullTokenSecret" -}}
+{{- default (printf "%s-pull-token" (include "clrbpf.fullname" .)) .Values.pull.existingSecret }}
+{{- end }}

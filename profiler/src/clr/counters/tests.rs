@@ -402,8 +402,9 @@ public static class GcApp {
     /// back from the agent's `/metrics` over HTTP.
     fn served_gc_collections(pid: u32, counters: &RuntimeCounters) -> [f64; 3] {
         use crate::agent::{
-            http::{AgentHealth, HttpState, bind, serve},
+            http::{AgentHealth, HttpState, router},
             metrics::AgentMetrics,
+            server::{ServerLimits, serve},
         };
         let metrics = AgentMetrics::new();
         let mut counters = counters.clone();
@@ -419,7 +420,7 @@ public static class GcApp {
             .build()
             .expect("runtime");
         let text = runtime.block_on(async {
-            let listener = bind("127.0.0.1:0".parse().expect("address"))
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
                 .expect("bind");
             let url = format!("http://{}/metrics", listener.local_addr().expect("address"));
@@ -427,9 +428,14 @@ public static class GcApp {
                 metrics,
                 Arc::new(AgentHealth::new(Duration::from_secs(60))),
                 None,
-                60,
             );
-            let server = tokio::spawn(serve(listener, state, std::future::pending()));
+            let limits = ServerLimits::agent(Duration::from_secs(1));
+            let server = tokio::spawn(serve(
+                listener,
+                router(state),
+                limits,
+                std::future::pending(),
+            ));
             let client = crate::agent::http_client(Duration::from_secs(10)).expect("client");
             let text = client
                 .get(url)

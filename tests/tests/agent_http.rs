@@ -1,0 +1,536 @@
+//! The agent's HTTP endpoint as an attacker on the node sees it: the real
+//! agent on the real kernel, real .NET 8 workloads as the other tenants,
+//! clients from this test (some as uid 1000). `/debug/pprof/profile` is off
+//! unless asked for, then needs its token and holds only the selected
+//! processes; clients that hang up or never finish their requests hold
+//! neither the agent's memory, nor its probes, nor its exit; `/metrics`
+//! carries no exception message or command line.
+
+use std::{
+    ffi::OsStr,
+    fs,
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
+    process::{Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use clrbpf_integration_tests::{
+    Env, LabelValue, Runtime, TempDir, TestProcess, assert_some_stack_contains, read_profile,
+    samples,
+};
+
+/// A running `clrbpf agent` on a free loopback port, killed if a failing
+/// test leaves it running.
+struct Agent {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Agent {
+    /// `clrbpf agent --upload-interval 5s --output-dir DIR --listen
+    /// 127.0.0.1:PORT ARGS...`, ready (BPF attached) on return. With
+    /// `open_files`, it starts under that soft RLIMIT_NOFILE.
+    fn start(env: &Env, dir: &TempDir, args: &[&OsStr], open_files: Option<u64>) -> Self {
+        let port = free_port();
+        let mut command = Command::new(&env.clrbpf);
+        command
+            .arg("agent")
+            .args(["--upload-interval", "5s", "--output-dir"])
+            .arg(dir.join("windows"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(soft) = open_files {
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                command.pre_exec(move || {
+                    let mut limit = libc::rlimit {
+                        rlim_cur: 0,
+                        rlim_max: 0,
+                    };
+                    libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+                    limit.rlim_cur = soft.min(limit.rlim_max);
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command.spawn().expect("start clrbpf agent");
+        let mut agent = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while get(port, "/readyz", &[]).0 != 200 {
+            if let Some(status) = agent.child.try_wait().expect("wait") {
+                panic!("the agent exited {status}:\n{}", agent.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent is not ready after 60 s"
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+        agent
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The agent's resident set, in KiB.
+    fn rss_kib(&self) -> u64 {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
+    }
+
+    fn open_fds(&self) -> usize {
+        fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .expect("the agent's fds")
+            .count()
+    }
+
+    fn log(&mut self) -> String {
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.child.stderr.take() {
+            let _ = pipe.read_to_string(&mut stderr);
+        }
+        stderr
+    }
+
+    /// SIGTERM; the time it took to exit, which must be 0.
+    fn stop(mut self) -> Duration {
+        // SAFETY: kill has no memory preconditions; the pid is our child.
+        unsafe { libc::kill(self.pid() as libc::pid_t, libc::SIGTERM) };
+        let stopped = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(
+                stopped.elapsed() < Duration::from_secs(90),
+                "the agent still runs 90 s after SIGTERM"
+            );
+            thread::sleep(Duration::from_millis(20));
+        };
+        let took = stopped.elapsed();
+        assert!(status.success(), "agent exit {status}:\n{}", self.log());
+        took
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("its address").port()
+}
+
+/// `GET path` with `headers`: (status, body); status 0 when no answer came
+/// within 60 s.
+fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<u8>) {
+    get_within(port, path, headers, Duration::from_secs(60))
+}
+
+fn get_within(port: u16, path: &str, headers: &[(&str, &str)], within: Duration) -> (u16, Vec<u8>) {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, Vec::new());
+    };
+    stream.set_read_timeout(Some(within)).expect("timeout");
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return (0, Vec::new());
+    }
+    let mut reply = Vec::new();
+    let _ = stream.read_to_end(&mut reply);
+    let split = reply
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(reply.len());
+    let head = String::from_utf8_lossy(&reply[..split]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        !head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "the test client reads whole bodies only: {head}"
+    );
+    (status, reply.get(split + 4..).unwrap_or_default().to_vec())
+}
+
+/// The status line of `GET path` sent by uid 1000 (bash's /dev/tcp under
+/// `setpriv`): another user of the node.
+fn get_as_uid_1000(port: u16, path: &str) -> String {
+    let script = format!(
+        "exec 3<>/dev/tcp/127.0.0.1/{port}; \
+         printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n' >&3; \
+         head -n 1 <&3"
+    );
+    let output = Command::new("setpriv")
+        .args(["--reuid", "1000", "--regid", "1000", "--clear-groups", "--"])
+        .args(["bash", "-c", &script])
+        .output()
+        .expect("run bash as uid 1000");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// Pulls `seconds` with `headers` and reads the profile.
+fn pull(
+    port: u16,
+    dir: &TempDir,
+    seconds: u32,
+    headers: &[(&str, &str)],
+) -> clrbpf::pprof_proto::Profile {
+    let (status, body) = get(
+        port,
+        &format!("/debug/pprof/profile?seconds={seconds}"),
+        headers,
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let path = dir.join("pulled.pb.gz");
+    fs::write(&path, &body).expect("write the pulled profile");
+    read_profile(&path)
+}
+
+/// The pull endpoint is off by default (404, for root and uid 1000 alike);
+/// on, it answers 401 without the token or with a wrong one, and uid 1000
+/// can neither read the token nor pull; with the token, a pull holds only
+/// the selected processes: under `--exe no-such-program` nothing of a
+/// running .NET 8 workload (its pid, its frames), while under `--exe
+/// dotnet` the same pull names its hot method.
+#[test]
+fn the_pull_endpoint_is_off_by_default_and_then_guarded() {
+    let env = Env::privileged();
+    let hot = TestProcess::start(&env, Runtime::Net8, "Hot", &["120"], false);
+    let dir = TempDir::new("agent-http-pull");
+
+    let agent = Agent::start(&env, &dir, &[], None);
+    let (status, _) = get(agent.port, "/debug/pprof/profile?seconds=1", &[]);
+    assert_eq!(status, 404, "the pull endpoint is on by default");
+    assert_eq!(
+        get_as_uid_1000(agent.port, "/debug/pprof/profile?seconds=1"),
+        "HTTP/1.1 404 Not Found"
+    );
+    assert_eq!(get(agent.port, "/metrics", &[]).0, 200);
+    agent.stop();
+
+    let token_file = dir.join("token");
+    fs::write(&token_file, "pull-token-0123456789\n").expect("write the token");
+    fs::set_permissions(&token_file, fs::Permissions::from_mode(0o600)).expect("chmod");
+    // The temporary directory is root's; uid 1000 must reach the file to be
+    // refused by its mode rather than by the directory's.
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let token_args = |exe: &'static str| -> Vec<std::ffi::OsString> {
+        vec![
+            "--enable-pull".into(),
+            "--http-token-file".into(),
+            token_file.clone().into_os_string(),
+            "--exe".into(),
+            exe.into(),
+        ]
+    };
+    let args = token_args("no-such-program");
+    let args: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let agent = Agent::start(&env, &dir, &args, None);
+    let path = "/debug/pprof/profile?seconds=1";
+    for headers in [
+        &[][..],
+        &[("Authorization", "Bearer pull-token-012345678")],
+        &[("Authorization", "Bearer pull-token-0123456789x")],
+        &[("Authorization", "Basic pull-token-0123456789")],
+    ] {
+        assert_eq!(get(agent.port, path, headers).0, 401, "{headers:?}");
+    }
+    let read_as_uid_1000 = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "1000",
+            "--regid",
+            "1000",
+            "--clear-groups",
+            "--",
+            "cat",
+        ])
+        .arg(&token_file)
+        .output()
+        .expect("run cat as uid 1000");
+    assert!(
+        !read_as_uid_1000.status.success(),
+        "uid 1000 reads the token"
+    );
+    assert_eq!(
+        get_as_uid_1000(agent.port, path),
+        "HTTP/1.1 401 Unauthorized"
+    );
+    let token = [("Authorization", "Bearer pull-token-0123456789")];
+    let pulled = pull(agent.port, &dir, 3, &token);
+    agent.stop();
+    assert_eq!(pulled.duration_nanos, 3_000_000_000);
+    let of_hot = samples(&pulled)
+        .into_iter()
+        .filter(|s| s.pid() == Some(hot.pid()))
+        .count();
+    assert_eq!(of_hot, 0, "samples of an unselected process in the pull");
+    let names: Vec<&str> = pulled
+        .string_table
+        .iter()
+        .map(String::as_str)
+        .filter(|s| s.contains("Hot.") || s.contains("Hot!"))
+        .collect();
+    assert!(
+        names.is_empty(),
+        "frames of an unselected process: {names:?}"
+    );
+    assert!(
+        pulled.sample.is_empty(),
+        "nothing is selected, yet the pull holds {} samples",
+        pulled.sample.len()
+    );
+
+    // The same pull with the workload selected names it: the checks above
+    // would see it.
+    let args = token_args("dotnet");
+    let args: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let agent = Agent::start(&env, &dir, &args, None);
+    let pulled = pull(agent.port, &dir, 3, &token);
+    agent.stop();
+    assert_some_stack_contains(&pulled, Some(hot.pid()), &["Hot.Spin"]);
+    for sample in samples(&pulled) {
+        assert!(
+            matches!(sample.label("process.executable.name"), Some(LabelValue::Str(e)) if e == "dotnet"),
+            "a sample of another executable: {:?}",
+            sample.labels
+        );
+    }
+}
+
+/// Clients that start a pull and hang up, hundreds of them: each pull ends
+/// with its client, the agent's memory stays where it was, and a fresh pull
+/// starts at once.
+#[test]
+fn abandoned_pulls_end_with_their_clients() {
+    let env = Env::privileged();
+    let hot = TestProcess::start(&env, Runtime::Net8, "Hot", &["120"], false);
+    let dir = TempDir::new("agent-http-abandoned");
+    let agent = Agent::start(&env, &dir, &["--enable-pull".as_ref()], None);
+    // Past the first window and the unwind tables of the workload.
+    thread::sleep(Duration::from_secs(6));
+    let before = agent.rss_kib();
+    let started = Instant::now();
+    let mut abandoned = 0;
+    while started.elapsed() < Duration::from_secs(20) {
+        let mut stream = TcpStream::connect(("127.0.0.1", agent.port)).expect("connect");
+        stream
+            .write_all(b"GET /debug/pprof/profile?seconds=60 HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("send");
+        thread::sleep(Duration::from_millis(20));
+        drop(stream);
+        abandoned += 1;
+        thread::sleep(Duration::from_millis(10));
+    }
+    thread::sleep(Duration::from_secs(2));
+    let after = agent.rss_kib();
+    // At once: the slot of the last abandoned pull is free.
+    let pulled = pull(agent.port, &dir, 2, &[]);
+    agent.stop();
+    assert_some_stack_contains(&pulled, Some(hot.pid()), &["Hot.Spin"]);
+    assert!(
+        after <= before + 48 * 1024,
+        "{abandoned} abandoned pulls took the agent from {before} KiB to {after} KiB"
+    );
+}
+
+/// Keeps `count` connections open that each sent half a request, replacing
+/// those the agent closes, until `stop` is set.
+fn hold_half_sent_requests(
+    port: u16,
+    count: usize,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<usize> {
+    thread::spawn(move || {
+        let mut held: Vec<TcpStream> = Vec::new();
+        let mut opened = 0;
+        while !stop.load(Ordering::Relaxed) {
+            // Open while a read would block; closed at EOF or reset.
+            held.retain(|stream| {
+                let mut byte = [0u8; 1];
+                let _ = stream.set_nonblocking(true);
+                matches!((&*stream).read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            });
+            while held.len() < count {
+                let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+                    break;
+                };
+                let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n");
+                held.push(stream);
+                opened += 1;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        opened
+    })
+}
+
+/// Raises this test process's soft RLIMIT_NOFILE to the hard limit (it
+/// holds more connections than 1024).
+fn raise_own_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct passed.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        limit.rlim_cur = limit.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+    }
+}
+
+/// An agent started under a soft limit of 1024 open files, and 1,100
+/// half-sent requests held open against it (renewed as it closes them):
+/// its limit was raised to the hard one, `/healthz` answers every probe
+/// within 2 s, its descriptors stay bounded, and SIGTERM ends it within
+/// its grace period and a little more.
+#[test]
+fn half_sent_requests_hold_neither_the_probes_nor_the_exit() {
+    const GRACE: Duration = Duration::from_secs(2);
+    let env = Env::privileged();
+    raise_own_open_files_limit();
+    let dir = TempDir::new("agent-http-slowloris");
+    let agent = Agent::start(
+        &env,
+        &dir,
+        &["--grace-period".as_ref(), "2s".as_ref()],
+        Some(1024),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let attacker = hold_half_sent_requests(agent.port, 1100, Arc::clone(&stop));
+    thread::sleep(Duration::from_secs(3));
+    let mut most_fds = 0;
+    for _ in 0..16 {
+        let asked = Instant::now();
+        let (status, body) = get_within(agent.port, "/healthz", &[], Duration::from_secs(2));
+        let took = asked.elapsed();
+        assert!(
+            status == 200 && took < Duration::from_secs(2),
+            "/healthz under the flood: {status} after {took:?}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        most_fds = most_fds.max(agent.open_fds());
+        thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        most_fds < 600,
+        "the agent held {most_fds} descriptors under the flood"
+    );
+    let limits = fs::read_to_string(format!("/proc/{}/limits", agent.pid())).expect("limits");
+    let open_files: Vec<String> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        open_files[3], open_files[4],
+        "the soft limit on open files is raised to the hard one: {open_files:?}"
+    );
+    let took = agent.stop();
+    stop.store(true, Ordering::Relaxed);
+    let opened = attacker.join().expect("the attacker thread");
+    assert!(opened >= 1100, "the flood opened only {opened} connections");
+    assert!(
+        took <= GRACE + Duration::from_secs(4),
+        "SIGTERM took {took:?} with half-sent requests open (grace period {GRACE:?})"
+    );
+}
+
+/// `/metrics` while a .NET 8 workload throws exceptions with a message of
+/// its own, given on its command line: the per-process series are there
+/// (pid, executable), the message is in the profiles the sink writes, and
+/// neither the message nor the command line is on `/metrics`.
+#[test]
+fn metrics_carry_no_exception_message_or_command_line() {
+    const MESSAGE: &str = "canary-message-5d1f";
+    const ARGUMENT: &str = "canary-argument-9c27";
+    let env = Env::privileged();
+    let dir = TempDir::new("agent-http-metrics");
+    let agent = Agent::start(&env, &dir, &[], None);
+    let app = TestProcess::start(
+        &env,
+        Runtime::Net8,
+        "Exceptions",
+        &["8", "2000000", "300", "1", MESSAGE, ARGUMENT],
+        false,
+    );
+    let pid = app.pid().to_string();
+    let series = format!("dotnet_exceptions_total{{pid=\"{pid}\"");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let text = loop {
+        let (status, body) = get(agent.port, "/metrics", &[]);
+        assert_eq!(status, 200);
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let counted = text
+            .lines()
+            .find(|l| l.starts_with(&series))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if counted > 0.0 {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {series} on /metrics:\n{text}"
+        );
+        thread::sleep(Duration::from_secs(1));
+    };
+    thread::sleep(Duration::from_secs(6));
+    let (_, body) = get(agent.port, "/metrics", &[]);
+    let later = String::from_utf8_lossy(&body).into_owned();
+    agent.stop();
+    let dll = env.workload(Runtime::Net8, "Exceptions");
+    for text in [&text, &later] {
+        for needle in [MESSAGE, ARGUMENT, &*dll.to_string_lossy(), "Exceptions.dll"] {
+            assert!(
+                !text.contains(needle),
+                "/metrics carries {needle:?}:\n{text}"
+            );
+        }
+    }
+    // The message did reach the agent: its windows carry it.
+    let mut messages = 0;
+    for entry in fs::read_dir(dir.join("windows")).expect("the windows") {
+        let profile = read_profile(&entry.expect("an entry").path());
+        messages += profile
+            .string_table
+            .iter()
+            .filter(|s| s.starts_with(MESSAGE))
+            .count();
+    }
+    assert!(messages > 0, "no window carries the exception message");
+}
