@@ -29,7 +29,11 @@ use std::collections::HashMap;
 
 /// Threads with an open wait tracked at most; a Start beyond is dropped,
 /// and its Stop counts as unpaired.
-pub const MAX_OPEN_WAITS: usize = 1 << 16;
+pub const MAX_OPEN_WAITS: usize = 1 << 13;
+/// Frames kept of a Start's stack. The runtime walks at most 100
+/// (`EP_MAX_STACK_DEPTH`); a hostile stream's longer stacks are cut, so
+/// the open waits of a process hold at most 16 MiB of stacks.
+pub const MAX_WAIT_STACK_FRAMES: usize = 256;
 
 /// What a thread waited in (the Start event's `WaitSource`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -92,7 +96,11 @@ pub struct WaitPairing {
 
 impl WaitPairing {
     /// A WaitHandleWaitStart on `thread_id` at `time_ns`.
-    pub fn start(&mut self, thread_id: u64, time_ns: u64, stack: Vec<u64>, source: WaitSource) {
+    pub fn start(&mut self, thread_id: u64, time_ns: u64, mut stack: Vec<u64>, source: WaitSource) {
+        if stack.len() > MAX_WAIT_STACK_FRAMES {
+            stack.truncate(MAX_WAIT_STACK_FRAMES);
+            stack.shrink_to_fit();
+        }
         let wait = OpenWait {
             start_ns: time_ns,
             stack,
@@ -241,6 +249,15 @@ mod tests {
         // A thread already tracked still starts a new wait.
         pairing.start(0, 4, vec![0x1], HANDLE);
         assert_eq!(pairing.stop(0, 5).map(|w| w.stack), Some(vec![0x1]));
+    }
+
+    #[test]
+    fn a_hostile_stack_is_cut_to_the_frames_kept() {
+        let mut pairing = WaitPairing::default();
+        pairing.start(1, 0, vec![7; 100_000], HANDLE);
+        let wait = pairing.stop(1, 1).expect("paired");
+        assert_eq!(wait.stack.len(), MAX_WAIT_STACK_FRAMES);
+        assert!(wait.stack.capacity() < 100_000, "the rest is freed");
     }
 
     #[test]
