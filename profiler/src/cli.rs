@@ -474,8 +474,9 @@ pub struct RecordArgs {
     /// CLR events to collect from .NET processes over EventPipe, as extra
     /// sample types in the profile: contention (contentions/count,
     /// delay/nanoseconds, with the lock owner on .NET 8+), exceptions
-    /// (exceptions/count, by exception.type), waits (.NET 9+). Sampled per
-    /// minute, with exact totals.
+    /// (exceptions/count, by exception.type), waits (.NET 9+: waits/count,
+    /// wait_delay/nanoseconds, by wait.source). Sampled per minute, with
+    /// exact totals.
     #[arg(
         long,
         value_name = "KINDS",
@@ -496,7 +497,8 @@ pub struct RecordArgs {
     pub exceptions_per_second: Option<u32>,
 
     /// Write one file per kind: <stem>.cpu.pb.gz, <stem>.contention.pb.gz,
-    /// <stem>.exceptions.pb.gz.
+    /// <stem>.exceptions.pb.gz, <stem>.waits.pb.gz, and with --off-cpu or
+    /// --wall <stem>.offcpu.pb.gz, <stem>.wall.pb.gz.
     #[arg(long)]
     pub split: bool,
 

@@ -393,6 +393,31 @@ impl TestProcess {
         Self::start_argv(&format!("fake .NET ({mode})"), &argv, &Launch::default())
     }
 
+    /// A stand-in for a .NET 9 runtime (`tests/fakes/fake_dotnet9.py`: no
+    /// .NET 9 runtime can be installed here) that serves the diagnostic
+    /// protocol and sends the wait-handle events of the JSON `scenario`
+    /// file. Runs as root with the extra `env`, lives `seconds`.
+    pub fn fake_dotnet9(scenario: &Path, seconds: u32, env: &[(&str, &str)]) -> Self {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fakes")
+            .join("fake_dotnet9.py");
+        let argv: Vec<OsString> = [
+            OsString::from("/usr/bin/python3"),
+            script.into_os_string(),
+            scenario.as_os_str().to_owned(),
+            seconds.to_string().into(),
+        ]
+        .into();
+        Self::start_argv(
+            "fake .NET 9",
+            &argv,
+            &Launch {
+                env,
+                ..Launch::default()
+            },
+        )
+    }
+
     /// Starts `argv`, waits for `READY` and checks the printed `PID`.
     fn start_argv(name: &str, argv: &[OsString], launch: &Launch) -> Self {
         let mut command = Command::new(&argv[0]);

@@ -45,7 +45,9 @@ fn assert_contention_matches(runtime: Runtime) {
             "cpu/nanoseconds",
             "contentions/count",
             "delay/nanoseconds",
-            "exceptions/count"
+            "exceptions/count",
+            "waits/count",
+            "wait_delay/nanoseconds"
         ]
     );
     let delay = value_index(&profile, "delay/nanoseconds");

@@ -92,7 +92,9 @@ fn launch_mode_measures_the_cpu_split_of_two_methods() {
             "cpu/nanoseconds",
             "contentions/count",
             "delay/nanoseconds",
-            "exceptions/count"
+            "exceptions/count",
+            "waits/count",
+            "wait_delay/nanoseconds"
         ],
         "sample types (CLR events are on by default)"
     );

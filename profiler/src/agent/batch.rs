@@ -8,7 +8,9 @@
 //! 2. The sample types are grouped by profile type, by name:
 //!    `samples`+`cpu` -> `process_cpu`, `off_cpu`+`wakeup` -> `offcpu`,
 //!    `wall` -> `wall`, `contentions`+`delay` -> `lock`, `exceptions` ->
-//!    `exception`. Other sample types are not shipped.
+//!    `exception`, `waits`+`wait_delay` -> `wait` (whose profile names the
+//!    latter `delay`, [`crate::profile::layout::standalone_sample_type`]).
+//!    Other sample types are not shipped.
 //! 3. Over `max_series` services (a service with its series labels), the
 //!    busiest `max_series - 1` (most samples) keep their names and the
 //!    samples of the rest are shipped as one service,
@@ -25,7 +27,9 @@ use std::{
 };
 
 use super::{ProfileType, ServiceProfile, WindowBatch};
-use crate::profile::{FrameIndex, Profile, ProfileSample};
+use crate::profile::{
+    FrameIndex, Profile, ProfileSample, ValueType, layout::standalone_sample_type,
+};
 
 /// The service of the samples of services over the cap.
 pub const OVERFLOW_SERVICE: &str = "clrbpf-overflow";
@@ -46,6 +50,7 @@ pub fn profile_type_of(sample_type: &str) -> Option<ProfileType> {
         "wall" => ProfileType::Wall,
         "contentions" | "delay" => ProfileType::Lock,
         "exceptions" => ProfileType::Exception,
+        "waits" | "wait_delay" => ProfileType::Wait,
         _ => return None,
     })
 }
@@ -168,7 +173,10 @@ fn project(
     }
     let sample_types = columns
         .iter()
-        .map(|&column| profile.sample_types[column].clone())
+        .map(|&column| {
+            let t = &profile.sample_types[column];
+            ValueType::new(standalone_sample_type(&t.r#type), &t.unit)
+        })
         .collect::<Vec<_>>();
     // The CPU profile opens on CPU time; the others on their last type
     // (delay for locks), as `go tool pprof` would.
@@ -348,5 +356,47 @@ mod tests {
             .flat_map(|p| p.profile.samples.iter().map(|s| s.values[1]))
             .sum();
         assert_eq!(cpu, total_cpu, "no sample lost");
+    }
+
+    #[test]
+    fn waits_ship_as_the_wait_profile_with_their_delay_named_delay() {
+        let mut profile = combined();
+        profile.sample_types.extend([
+            ValueType::new("waits", "count"),
+            ValueType::new("wait_delay", "nanoseconds"),
+        ]);
+        for (index, sample) in profile.samples.iter_mut().enumerate() {
+            sample
+                .values
+                .extend(if index == 1 { [4, 25_000] } else { [0, 0] });
+        }
+        let (batch, _) = window_batch(
+            SystemTime::UNIX_EPOCH,
+            Duration::from_secs(15),
+            &profile,
+            256,
+            |_| {
+                Some(ServiceKey {
+                    service_name: "svc".to_owned(),
+                    labels: Vec::new(),
+                })
+            },
+        );
+        let of = |t: ProfileType| batch.profiles.iter().find(|p| p.profile_type == t);
+        let wait = of(ProfileType::Wait).expect("a wait profile");
+        let types: Vec<(&str, &str)> = wait
+            .profile
+            .sample_types
+            .iter()
+            .map(|t| (&*t.r#type, &*t.unit))
+            .collect();
+        assert_eq!(types, [("waits", "count"), ("delay", "nanoseconds")]);
+        assert_eq!(wait.profile.samples.len(), 1);
+        assert_eq!(wait.profile.samples[0].values, [4, 25_000]);
+        assert_eq!(wait.profile.default_sample_type, Some(1));
+        // The lock profile keeps contention's delay alone.
+        let lock = of(ProfileType::Lock).expect("a lock profile");
+        assert_eq!(lock.profile.samples[0].values, [3, 7_000]);
+        validate(&to_pprof(&wait.profile)).expect("a valid pprof");
     }
 }

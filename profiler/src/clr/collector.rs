@@ -419,7 +419,7 @@ impl ClrCollector {
                 }
                 if let Some(error) = &session_end.error {
                     self.warnings.push(format!(
-                        "pid {}: the CLR event stream broke before the end of the recording ({error}): its exception and contention totals are incomplete",
+                        "pid {}: the CLR event stream broke before the end of the recording ({error}): its exception, contention and wait totals are incomplete",
                         self.pid
                     ));
                     self.incomplete = Some(format!("the event stream broke: {error}"));

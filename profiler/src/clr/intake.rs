@@ -1,16 +1,18 @@
 //! What `record` does with the events of one process's EventPipe session
 //! ([`super::session`]) before they become profile samples: pairs
-//! ContentionStart/Stop per thread into contentions with a duration, counts
-//! every contention and exception exactly (the per-process counters of the
-//! summary), and hands each one to its sampler
+//! ContentionStart/Stop per thread into contentions with a duration, and
+//! WaitHandleWaitStart/Stop (.NET 9+) into waits ([`super::waits`]), counts
+//! every contention, wait and exception exactly (the per-process counters
+//! of the summary), and hands each one to its sampler
 //! ([`crate::profile::clr_sampling`]). The kept events come out weighted,
 //! with raw stacks still to symbolize like CPU samples' user stacks.
 
 use std::collections::HashMap;
 
 use super::{
-    events::{ClrEvent, ContentionStart, ExceptionThrown},
+    events::{ClrEvent, ContentionStart, ExceptionThrown, WaitHandleWaitStart},
     session::SessionEvent,
+    waits::{WaitPairing, WaitSource},
 };
 use crate::profile::{
     Label,
@@ -25,6 +27,8 @@ pub mod clr_label_keys {
     pub const EXCEPTION_TYPE: &str = "exception.type";
     pub const EXCEPTION_MESSAGE: &str = "exception.message";
     pub const LOCK_OWNER_THREAD_ID: &str = "lock.owner.thread.id";
+    /// What a wait-handle wait waited in: `wait_handle` or `monitor_wait`.
+    pub const WAIT_SOURCE: &str = "wait.source";
 }
 
 /// The `exception.type` of exceptions counted while their events were off
@@ -42,6 +46,8 @@ const MAX_MESSAGE_BYTES: usize = 256;
 pub enum ClrSampleKind {
     Contention,
     Exception,
+    /// A wait-handle wait (.NET 9+).
+    Wait,
 }
 
 /// A kept event, still with raw addresses.
@@ -70,6 +76,14 @@ pub struct ClrCounters {
     pub exceptions_without_event: u64,
     /// How many times the exception events were turned off.
     pub exception_backoffs: u64,
+    /// Wait-handle waits (.NET 9+) with a Start and a Stop, and their time.
+    pub waits: u64,
+    pub wait_ns: u64,
+    /// WaitHandleWaitStop without a Start on its thread: not in the totals.
+    pub unpaired_wait_stops: u64,
+    /// Waits with a Start and no Stop (open when the stream ended, or their
+    /// Stop lost): not in the totals ([`super::waits`]).
+    pub unfinished_waits: u64,
 }
 
 impl ClrCounters {
@@ -83,6 +97,10 @@ impl ClrCounters {
             method_loads,
             exceptions_without_event,
             exception_backoffs,
+            waits,
+            wait_ns,
+            unpaired_wait_stops,
+            unfinished_waits,
         } = other;
         self.exceptions += exceptions;
         self.contentions += contentions;
@@ -91,6 +109,10 @@ impl ClrCounters {
         self.method_loads += method_loads;
         self.exceptions_without_event += exceptions_without_event;
         self.exception_backoffs += exception_backoffs;
+        self.waits += waits;
+        self.wait_ns = self.wait_ns.saturating_add(*wait_ns);
+        self.unpaired_wait_stops += unpaired_wait_stops;
+        self.unfinished_waits += unfinished_waits;
     }
 }
 
@@ -107,6 +129,10 @@ pub struct ClrIntake {
     open: HashMap<u64, OpenContention>,
     contention: ContentionSampler<ClrSample>,
     exceptions: ExceptionSampler<ClrSample>,
+    waits: WaitPairing,
+    /// Sampled like contention, with a sampler of its own and the same
+    /// limit.
+    wait_sampler: ContentionSampler<ClrSample>,
     counters: ClrCounters,
 }
 
@@ -126,12 +152,18 @@ impl ClrIntake {
             open: HashMap::new(),
             contention: ContentionSampler::new(contention_limit, window_ns, 0x00c0_ffee),
             exceptions: ExceptionSampler::new(exception_limit, window_ns, 0x0bad_cafe),
+            waits: WaitPairing::default(),
+            wait_sampler: ContentionSampler::new(contention_limit, window_ns, 0x5eed_a175),
             counters: ClrCounters::default(),
         }
     }
 
     pub fn counters(&self) -> ClrCounters {
-        self.counters
+        ClrCounters {
+            unpaired_wait_stops: self.waits.unpaired_stops(),
+            unfinished_waits: self.waits.unfinished(),
+            ..self.counters
+        }
     }
 
     /// Takes one event. Method events are not handled here (they feed the
@@ -217,9 +249,33 @@ impl ClrIntake {
                     ],
                 });
             }
+            ClrEvent::WaitHandleWaitStart(WaitHandleWaitStart { wait_source, .. }) => {
+                let source = WaitSource::from_event(wait_source);
+                self.waits.start(thread_id, time_ns, stack, source);
+            }
+            ClrEvent::WaitHandleWaitStop(_) => self.end_wait(thread_id, time_ns),
             ClrEvent::Method(_) => self.counters.method_loads += 1,
             _ => {}
         }
+    }
+
+    /// A WaitHandleWaitStop: the wait it ends, if its Start was seen, is
+    /// counted and offered to the wait sampler on the Start's stack.
+    fn end_wait(&mut self, thread_id: u64, time_ns: u64) {
+        let Some(wait) = self.waits.stop(thread_id, time_ns) else {
+            return;
+        };
+        self.counters.waits += 1;
+        self.counters.wait_ns = self.counters.wait_ns.saturating_add(wait.duration_ns);
+        self.wait_sampler
+            .offer(wait.end_ns, wait.duration_ns, || ClrSample {
+                kind: ClrSampleKind::Wait,
+                // Its stack is the Start's: named as the code was then.
+                time_ns: wait.start_ns,
+                thread_id: wait.thread_id,
+                stack: wait.stack,
+                labels: vec![Label::str(clr_label_keys::WAIT_SOURCE, wait.source.name())],
+            });
     }
 
     /// Adds `count` exceptions thrown by `time_ns` that the runtime
@@ -252,6 +308,7 @@ impl ClrIntake {
     pub fn take_completed(&mut self) -> Vec<Weighted<ClrSample>> {
         let mut out = self.contention.take_completed();
         out.append(&mut self.exceptions.take_completed());
+        out.append(&mut self.wait_sampler.take_completed());
         out
     }
 
@@ -259,6 +316,7 @@ impl ClrIntake {
     pub fn finish(&mut self) -> Vec<Weighted<ClrSample>> {
         let mut out = self.contention.finish();
         out.append(&mut self.exceptions.finish());
+        out.append(&mut self.wait_sampler.finish());
         out
     }
 }
@@ -348,6 +406,89 @@ mod tests {
             first.item.labels,
             vec![Label::num(clr_label_keys::LOCK_OWNER_THREAD_ID, 77)]
         );
+    }
+
+    fn wait_start(time_ns: u64, tid: u64, source: u8, leaf: u64) -> SessionEvent {
+        SessionEvent {
+            time_ns,
+            thread_id: tid,
+            stack: vec![leaf, 0x9000],
+            event: ClrEvent::WaitHandleWaitStart(WaitHandleWaitStart {
+                wait_source: source,
+                associated_object_id: 0,
+                clr_instance_id: 0,
+            }),
+        }
+    }
+
+    fn wait_stop(time_ns: u64, tid: u64) -> SessionEvent {
+        SessionEvent {
+            time_ns,
+            thread_id: tid,
+            stack: vec![0xdead],
+            event: ClrEvent::WaitHandleWaitStop(crate::clr::events::WaitHandleWaitStop {
+                clr_instance_id: 0,
+            }),
+        }
+    }
+
+    #[test]
+    fn waits_become_samples_on_the_start_stack_with_their_source() {
+        let mut intake = ClrIntake::default();
+        intake.add(wait_stop(50, 3)); // began before the session
+        intake.add(wait_start(100, 1, 0, 0x1000));
+        intake.add(wait_start(120, 2, 1, 0x2000));
+        intake.add(wait_stop(2_120, 2));
+        intake.add(wait_stop(5_100, 1));
+        intake.add(wait_start(6_000, 1, 0, 0x3000)); // cut: never ends
+        let counters = intake.counters();
+        assert_eq!(
+            (counters.waits, counters.wait_ns),
+            (2, 5_000 + 2_000),
+            "exact"
+        );
+        assert_eq!(counters.unpaired_wait_stops, 1);
+        assert_eq!(counters.unfinished_waits, 1);
+        assert_eq!(counters.contentions, 0, "waits are not contentions");
+        let mut out = intake.finish();
+        out.sort_by_key(|w| w.item.thread_id);
+        assert_eq!(out.len(), 2);
+        for (weighted, (tid, delay, leaf, source)) in out.iter().zip([
+            (1, 5_000, 0x1000, "wait_handle"),
+            (2, 2_000, 0x2000, "monitor_wait"),
+        ]) {
+            let Weighted {
+                item,
+                count,
+                delay_ns,
+            } = weighted;
+            assert_eq!((item.kind, item.thread_id), (ClrSampleKind::Wait, tid));
+            assert_eq!((*count, *delay_ns), (1, delay));
+            assert_eq!(item.stack, vec![leaf, 0x9000], "the Start's stack");
+            assert_eq!(
+                item.labels,
+                vec![Label::str(clr_label_keys::WAIT_SOURCE, source)]
+            );
+        }
+    }
+
+    #[test]
+    fn waits_beyond_the_limit_are_sampled_and_upscaled_to_exact_totals() {
+        let mut intake = ClrIntake::new(10, 10, CLR_WINDOW_NS);
+        let mut total = 0;
+        for i in 0..1_000u64 {
+            // 1 ms to 100 ms: several duration buckets.
+            let duration = (i % 100 + 1) * 1_000_000;
+            intake.add(wait_start(i * 200_000_000, i % 7, 0, 0x1000 + i));
+            intake.add(wait_stop(i * 200_000_000 + duration, i % 7));
+            total += duration;
+        }
+        assert_eq!(intake.counters().wait_ns, total);
+        let out = intake.finish();
+        // Four one-minute windows, at most 2 kept per bucket in each.
+        assert!(out.len() <= 4 * 10, "{} kept", out.len());
+        assert_eq!(out.iter().map(|w| w.count).sum::<u64>(), 1_000);
+        assert_eq!(out.iter().map(|w| w.delay_ns).sum::<u64>(), total);
     }
 
     #[test]

@@ -10,3 +10,4 @@ pub mod intake;
 pub mod ipc;
 pub mod nettrace;
 pub mod session;
+pub mod waits;

@@ -741,6 +741,13 @@ mod tests {
             ClrEventKinds::ALL.keywords(Some(9)),
             0x4000 | 0x8000 | 0x10 | 0x8 | 0x400_0000_0000
         );
+        for later in [Some(10), Some(11), None] {
+            assert_ne!(
+                ClrEventKinds::ALL.keywords(later) & keywords::WAIT_HANDLE,
+                0,
+                "{later:?}"
+            );
+        }
         assert_eq!(ClrEventKinds::NONE.keywords(None), 0x18);
     }
 }

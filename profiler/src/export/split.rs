@@ -1,15 +1,18 @@
 //! `--split`: one output file per kind of sample (CPU, off-CPU, wall,
-//! contention, exceptions) cut from the combined profile.
+//! contention, exceptions, waits) cut from the combined profile.
 
 use std::path::{Path, PathBuf};
 
 use super::output::OutputFormat;
-use crate::profile::{Profile, ProfileSample, layout::ValueLayout};
+use crate::profile::{
+    Profile, ProfileSample, ValueType,
+    layout::{ValueLayout, clr_offsets, standalone_sample_type},
+};
 
 /// `--split`: for `out.pb.gz`, `out.cpu.pb.gz` (samples, cpu),
 /// `out.offcpu.pb.gz` (off_cpu, wakeup), `out.wall.pb.gz`,
-/// `out.contention.pb.gz` (contentions, delay) and `out.exceptions.pb.gz`,
-/// those the recording has, with the sample types each keeps (indices
+/// `out.contention.pb.gz` (contentions, delay), `out.exceptions.pb.gz` and
+/// `out.waits.pb.gz` (waits, delay), those the recording has, with the sample types each keeps (indices
 /// into the combined profile) and the one folded stacks and flame graphs
 /// show (an index into the kept ones).
 pub fn split_outputs(
@@ -41,8 +44,10 @@ pub fn split_outputs(
         parts.push(("wall", vec![wall], 0));
     }
     if let Some(clr) = layout.clr {
-        parts.push(("contention", vec![clr, clr + 1], 1));
-        parts.push(("exceptions", vec![clr + 2], 0));
+        use clr_offsets::{CONTENTIONS, DELAY, EXCEPTIONS, WAIT_DELAY, WAITS};
+        parts.push(("contention", vec![clr + CONTENTIONS, clr + DELAY], 1));
+        parts.push(("exceptions", vec![clr + EXCEPTIONS], 0));
+        parts.push(("waits", vec![clr + WAITS, clr + WAIT_DELAY], 1));
     }
     parts
         .into_iter()
@@ -56,13 +61,15 @@ pub fn split_outputs(
         .collect()
 }
 
-/// The part of `profile` with only the sample types `types`, and only the
-/// samples with a value in one of them.
+/// The part of `profile` with only the sample types `types` (named as in
+/// a profile of their kind alone: waits' delay is `delay` there), and only
+/// the samples with a value in one of them.
 pub fn select_sample_types(profile: &Profile, types: &[usize]) -> Profile {
     let mut part = profile.clone();
     part.sample_types = types
         .iter()
-        .filter_map(|&i| profile.sample_types.get(i).cloned())
+        .filter_map(|&i| profile.sample_types.get(i))
+        .map(|t| ValueType::new(standalone_sample_type(&t.r#type), &t.unit))
         .collect();
     part.samples = profile
         .samples
@@ -105,10 +112,36 @@ mod tests {
                 "out.offcpu.pb.gz",
                 "out.wall.pb.gz",
                 "out.contention.pb.gz",
-                "out.exceptions.pb.gz"
+                "out.exceptions.pb.gz",
+                "out.waits.pb.gz"
             ]
         );
         assert_eq!(parts[1].1, vec![2, 3]);
         assert_eq!(parts[4].1, vec![7]);
+        assert_eq!(parts[5].1, vec![8, 9]);
+        assert_eq!(parts[5].2, 1, "folded stacks show the waits' delay");
+    }
+
+    #[test]
+    fn the_waits_part_names_its_delay_as_contention_does() {
+        let mut profile = crate::export::test_profile::profile();
+        let layout = ValueLayout::new(false, false, true);
+        profile.sample_types = layout.types.clone();
+        for sample in &mut profile.samples {
+            sample.values = layout.zeros();
+        }
+        let clr = layout.clr.expect("CLR types");
+        profile.samples[0].values[clr + clr_offsets::WAITS] = 2;
+        profile.samples[0].values[clr + clr_offsets::WAIT_DELAY] = 9_000;
+        let waits = select_sample_types(&profile, &[clr + 3, clr + 4]);
+        let types: Vec<(&str, &str)> = waits
+            .sample_types
+            .iter()
+            .map(|t| (&*t.r#type, &*t.unit))
+            .collect();
+        assert_eq!(types, [("waits", "count"), ("delay", "nanoseconds")]);
+        assert_eq!(waits.samples.len(), 1);
+        assert_eq!(waits.samples[0].values, [2, 9_000]);
+        assert_eq!(waits.period, 0, "no CPU period in a profile of waits");
     }
 }

@@ -9,7 +9,10 @@ use super::tracked::{TrackedProcess, mapped_file};
 use crate::{
     clr::intake::ClrSampleKind,
     process::ProcFs,
-    profile::{Aggregator, Frame, FrameKind, Label, label_keys, layout::ValueLayout},
+    profile::{
+        Aggregator, Frame, FrameKind, Label, label_keys,
+        layout::{ValueLayout, clr_offsets},
+    },
     symbolize::native::NativeSymbolizer,
 };
 
@@ -103,10 +106,14 @@ pub(super) fn add_clr_samples(
         let mut values = layout.zeros();
         match item.kind {
             ClrSampleKind::Contention => {
-                values[clr] = count;
-                values[clr + 1] = delay;
+                values[clr + clr_offsets::CONTENTIONS] = count;
+                values[clr + clr_offsets::DELAY] = delay;
             }
-            ClrSampleKind::Exception => values[clr + 2] = count,
+            ClrSampleKind::Exception => values[clr + clr_offsets::EXCEPTIONS] = count,
+            ClrSampleKind::Wait => {
+                values[clr + clr_offsets::WAITS] = count;
+                values[clr + clr_offsets::WAIT_DELAY] = delay;
+            }
         }
         aggregator.add(stack, labels, &values);
     }

@@ -491,10 +491,11 @@ pub fn print_summary(
         };
         writeln!(
             w,
-            "clrbpf: pid {pid} ({exe_name}): {} exceptions thrown{budget}, {} contentions, {:.1} ms contention time{incomplete}",
+            "clrbpf: pid {pid} ({exe_name}): {} exceptions thrown{budget}, {} contentions, {:.1} ms contention time{}{incomplete}",
             counters.exceptions,
             counters.contentions,
-            counters.contention_ns as f64 / 1e6
+            counters.contention_ns as f64 / 1e6,
+            wait_totals(counters)
         )?;
     }
     if summary.clr.others > 0 {
@@ -505,11 +506,12 @@ pub fn print_summary(
         };
         writeln!(
             w,
-            "clrbpf: {} more .NET processes: {} exceptions thrown, {} contentions, {:.1} ms contention time{incomplete}",
+            "clrbpf: {} more .NET processes: {} exceptions thrown, {} contentions, {:.1} ms contention time{}{incomplete}",
             summary.clr.others,
             counters.exceptions,
             counters.contentions,
-            counters.contention_ns as f64 / 1e6
+            counters.contention_ns as f64 / 1e6,
+            wait_totals(counters)
         )?;
     }
     if summary.outputs.len() > 1 {
@@ -601,6 +603,38 @@ pub fn print_summary(
     Ok(())
 }
 
+/// The wait-handle part of a process's CLR line (`, 3 waits, 250.0 ms
+/// waiting (1 stop without a start, 1 unfinished)`); empty when the
+/// runtime sent no wait events (before .NET 9, or none asked for).
+fn wait_totals(counters: &ClrCounters) -> String {
+    let ClrCounters {
+        waits,
+        wait_ns,
+        unpaired_wait_stops,
+        unfinished_waits,
+        ..
+    } = *counters;
+    if waits + unpaired_wait_stops + unfinished_waits == 0 {
+        return String::new();
+    }
+    let mut uncounted = Vec::new();
+    if unpaired_wait_stops > 0 {
+        uncounted.push(format!("{unpaired_wait_stops} stops without a start"));
+    }
+    if unfinished_waits > 0 {
+        uncounted.push(format!("{unfinished_waits} unfinished"));
+    }
+    let uncounted = if uncounted.is_empty() {
+        String::new()
+    } else {
+        format!(" (not counted: {})", uncounted.join(", "))
+    };
+    format!(
+        ", {waits} waits, {:.1} ms waiting{uncounted}",
+        wait_ns as f64 / 1e6
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -658,6 +692,29 @@ mod tests {
         assert_eq!(rows[1].recorded_ns, 0);
         assert_eq!(rows[0].tid, 7, "most blocked first");
         assert_eq!(&*rows[1].thread_name, "Worker");
+    }
+
+    #[test]
+    fn wait_totals_say_what_was_not_counted() {
+        let none = ClrCounters::default();
+        assert_eq!(wait_totals(&none), "");
+        let counters = ClrCounters {
+            waits: 3,
+            wait_ns: 250_000_000,
+            unpaired_wait_stops: 1,
+            unfinished_waits: 2,
+            ..ClrCounters::default()
+        };
+        assert_eq!(
+            wait_totals(&counters),
+            ", 3 waits, 250.0 ms waiting (not counted: 1 stops without a start, 2 unfinished)"
+        );
+        let clean = ClrCounters {
+            waits: 1,
+            wait_ns: 1_500_000,
+            ..ClrCounters::default()
+        };
+        assert_eq!(wait_totals(&clean), ", 1 waits, 1.5 ms waiting");
     }
 
     #[test]

@@ -9,6 +9,10 @@
 //!   At the end of the window each bucket's exact count and delay are
 //!   apportioned over its kept events (count evenly, delay in proportion to
 //!   each one's duration).
+//! - Wait-handle waits (.NET 9+, [`crate::clr::waits`]): exactly as
+//!   contention, on a [`ContentionSampler`] of their own with the same
+//!   limit, so waits never crowd contentions out of the budget (nor the
+//!   reverse), and each kind's totals stay exact.
 //! - Exceptions: the first exception of each type in a window is always
 //!   kept; the others with a probability a PID controller adjusts every tick
 //!   so that about `limit` are kept per window (a hard cap stops at the
@@ -116,7 +120,7 @@ pub struct Weighted<T> {
     pub item: T,
     /// Events this one stands for.
     pub count: u64,
-    /// Contention delay it stands for (0 for exceptions).
+    /// Contention or wait delay it stands for (0 for exceptions).
     pub delay_ns: u64,
 }
 

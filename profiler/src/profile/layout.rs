@@ -7,12 +7,36 @@
 use super::ValueType;
 
 /// Sample types added after `samples/count` and `cpu/nanoseconds` when CLR
-/// events are collected.
-pub const CLR_SAMPLE_TYPES: [(&str, &str); 3] = [
+/// events are collected. Waits' delay has a name of its own here, so that
+/// `-sample_index=delay` of the combined profile stays contention's; in a
+/// profile of waits alone it is `delay` ([`standalone_sample_type`]).
+pub const CLR_SAMPLE_TYPES: [(&str, &str); 5] = [
     ("contentions", "count"),
     ("delay", "nanoseconds"),
     ("exceptions", "count"),
+    ("waits", "count"),
+    ("wait_delay", "nanoseconds"),
 ];
+
+/// Offsets of the CLR sample types from [`ValueLayout::clr`].
+pub mod clr_offsets {
+    pub const CONTENTIONS: usize = 0;
+    pub const DELAY: usize = 1;
+    pub const EXCEPTIONS: usize = 2;
+    pub const WAITS: usize = 3;
+    pub const WAIT_DELAY: usize = 4;
+}
+
+/// The name of a combined profile's sample type in a profile of its kind
+/// alone (a `--split` file, an agent series): the waits' profile holds
+/// `waits/count` and `delay/nanoseconds`, as contention's does
+/// `contentions/count` and `delay/nanoseconds`.
+pub fn standalone_sample_type(name: &str) -> &str {
+    match name {
+        "wait_delay" => "delay",
+        other => other,
+    }
+}
 
 /// Which value of a profile sample is which: positions in the sample types.
 #[derive(Clone, Debug)]
@@ -23,7 +47,8 @@ pub struct ValueLayout {
     pub off_cpu: Option<usize>,
     pub wakeup: Option<usize>,
     pub wall: Option<usize>,
-    /// First of [`CLR_SAMPLE_TYPES`] (contentions, delay, exceptions).
+    /// First of [`CLR_SAMPLE_TYPES`] (contentions, delay, exceptions, waits,
+    /// wait_delay; offsets in [`clr_offsets`]).
     pub clr: Option<usize>,
 }
 
@@ -89,9 +114,14 @@ mod tests {
                 "wall",
                 "contentions",
                 "delay",
-                "exceptions"
+                "exceptions",
+                "waits",
+                "wait_delay"
             ]
         );
+        assert_eq!(standalone_sample_type("wait_delay"), "delay");
+        assert_eq!(standalone_sample_type("delay"), "delay");
+        assert_eq!(standalone_sample_type("cpu"), "cpu");
         assert_eq!(layout.default_index(), 4);
         assert_eq!(layout.folded_index(), 4);
         let cpu_only = ValueLayout::new(false, false, false);

@@ -1,0 +1,429 @@
+#!/usr/bin/env python3
+"""A stand-in for a .NET 9 runtime that sends wait-handle events.
+
+No .NET 9 runtime can be installed on the test machines (the registries
+carry .NET 8 and .NET Core 3.1 only), so this process plays the part of
+one, at the level clrbpf sees a runtime:
+
+- its mappings name a .NET 9 shared framework
+  (`.../Microsoft.NETCore.App/9.0.0/libcoreclr.so`, and
+  `System.Private.CoreLib.dll`, which says the runtime has started);
+- it serves the diagnostic IPC protocol on the socket CoreCLR creates
+  (`/tmp/dotnet-diagnostic-PID-STARTTICKS-socket`): ProcessInfo2 (product
+  version 9.0.0), EnablePerfMap (writes `/tmp/perf-PID.map` naming the
+  methods of the scenario's stacks, at addresses in an executable
+  anonymous mapping, as JIT code lives), DisablePerfMap, CollectTracing2
+  and StopTracing; anything else gets the runtime's "unknown command";
+- a session whose `Microsoft-Windows-DotNETRuntime` provider asks for the
+  WaitHandle keyword (0x40000000000) at level Verbose gets the scenario's
+  WaitHandleWaitStart (301) / WaitHandleWaitStop (302) events as a
+  NetTrace V4 stream, with the runtime's metadata records, stack blocks
+  and compressed event headers, timestamps in CLOCK_MONOTONIC ns (the
+  runtime's tick clock on Linux). Other sessions get an empty stream.
+  A session ends on StopTracing with the end-of-stream tag, or, with
+  `"end": "cut"`, the stream is cut inside an event block that holds the
+  Stops of the waits still open, and the connection closed.
+
+The scenario (argv[1], JSON) lists the events:
+  {"end": "stop" | "cut",
+   "events": [{"tid": 11, "at_ns": 1000000, "kind": "start",
+               "source": 0 | 1, "stack": ["leaf method", "caller", ...]},
+              {"tid": 11, "at_ns": 121000000, "kind": "stop",
+               "stack": [...]}]}
+Method names are written as the runtime writes them in perf maps
+("void [System.Private.CoreLib] System.Threading.WaitHandle::WaitOne()[Optimized]").
+`at_ns` counts from the moment the session starts.
+
+It prints PID and READY like the C# workloads, `SESSION keywords=0x...
+level=N peer=PID` for every session (PID: the client's), `WAITS_SENT
+peer=PID` once a session's events are written, lives argv[2] seconds and
+removes its socket and files when it ends.
+"""
+
+import ctypes
+import datetime
+import json
+import mmap
+import os
+import shutil
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+
+RUNTIME_PROVIDER = "Microsoft-Windows-DotNETRuntime"
+WAIT_HANDLE_KEYWORD = 0x40000000000
+LEVEL_VERBOSE = 5
+IPC_MAGIC = b"DOTNET_IPC_V1\0"
+UNKNOWN_COMMAND = 0x80131385
+METHOD_SIZE = 0x200
+
+# NetTrace framing (the runtime's FastSerialization tags).
+TAG_NULL_REFERENCE = 1
+TAG_BEGIN_PRIVATE_OBJECT = 5
+TAG_END_OBJECT = 6
+
+
+def utf16z(text):
+    return text.encode("utf-16-le") + b"\0\0"
+
+
+def varuint(value):
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value == 0:
+            out.append(byte)
+            return bytes(out)
+        out.append(byte | 0x80)
+
+
+class Stream:
+    """A NetTrace stream being sent: tracks the absolute offset, which the
+    padding of block objects depends on."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.offset = 0
+
+    def send(self, data):
+        self.conn.sendall(data)
+        self.offset += len(data)
+
+    def head(self, sync_qpc):
+        out = bytearray(b"Nettrace")
+        sig = b"!FastSerialization.1"
+        out += struct.pack("<i", len(sig)) + sig
+        out += bytes([TAG_BEGIN_PRIVATE_OBJECT, TAG_BEGIN_PRIVATE_OBJECT, TAG_NULL_REFERENCE])
+        out += struct.pack("<iii", 4, 4, 5) + b"Trace" + bytes([TAG_END_OBJECT])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        out += struct.pack(
+            "<8H",
+            now.year,
+            now.month,
+            now.isoweekday() % 7,
+            now.day,
+            now.hour,
+            now.minute,
+            now.second,
+            now.microsecond // 1000,
+        )
+        # QPC ticks are CLOCK_MONOTONIC ns on Linux: frequency 1e9.
+        out += struct.pack("<qqIIII", sync_qpc, 1_000_000_000, 8, os.getpid(), os.cpu_count() or 1, 1000)
+        out += bytes([TAG_END_OBJECT])
+        self.send(bytes(out))
+
+    def block(self, type_name, body, cut_at=None):
+        """A block object; with `cut_at`, only its first bytes."""
+        out = bytearray([TAG_BEGIN_PRIVATE_OBJECT, TAG_BEGIN_PRIVATE_OBJECT, TAG_NULL_REFERENCE])
+        name = type_name.encode()
+        out += struct.pack("<iii", 2, 2, len(name)) + name + bytes([TAG_END_OBJECT])
+        out += struct.pack("<i", len(body))
+        out += bytes((4 - ((self.offset + len(out)) & 3)) & 3)
+        out += body + bytes([TAG_END_OBJECT])
+        self.send(bytes(out if cut_at is None else out[:cut_at]))
+
+    def end(self):
+        self.send(bytes([TAG_NULL_REFERENCE]))
+
+
+class BlobBlock:
+    """An EventBlock or MetadataBlock body with header compression."""
+
+    FIELDS = ("metadata_id", "sequence", "capture_thread_id", "processor", "thread_id", "stack_id", "timestamp")
+
+    def __init__(self):
+        self.body = bytearray(struct.pack("<HHqq", 20, 1, 0, 0x7FFF_FFFF_FFFF_FFFF))
+        self.previous = dict.fromkeys(self.FIELDS, 0)
+        self.previous_size = 0
+
+    def blob(self, payload, **spec):
+        p = self.previous
+        s = dict(p, **spec) if spec else dict.fromkeys(self.FIELDS, 0)
+        flags, fields = 0, bytearray()
+        if s["metadata_id"] != p["metadata_id"]:
+            flags |= 0x01
+            fields += varuint(s["metadata_id"])
+        expected = (p["sequence"] + 1) & 0xFFFFFFFF if s["metadata_id"] != 0 else p["sequence"]
+        if (
+            s["sequence"] != expected
+            or s["capture_thread_id"] != p["capture_thread_id"]
+            or s["processor"] != p["processor"]
+        ):
+            flags |= 0x02
+            fields += varuint((s["sequence"] - expected) & 0xFFFFFFFF)
+            fields += varuint(s["capture_thread_id"])
+            fields += varuint(s["processor"])
+        if s["thread_id"] != p["thread_id"]:
+            flags |= 0x04
+            fields += varuint(s["thread_id"])
+        if s["stack_id"] != p["stack_id"]:
+            flags |= 0x08
+            fields += varuint(s["stack_id"])
+        fields += varuint((s["timestamp"] - p["timestamp"]) & 0xFFFF_FFFF_FFFF_FFFF)
+        if len(payload) != self.previous_size:
+            flags |= 0x80
+            fields += varuint(len(payload))
+        self.body += bytes([flags]) + fields + payload
+        self.previous = s
+        self.previous_size = len(payload)
+
+
+def metadata_block():
+    block = BlobBlock()
+    for metadata_id, event_id, name in ((1, 301, "WaitHandleWaitStart"), (2, 302, "WaitHandleWaitStop")):
+        payload = struct.pack("<I", metadata_id) + utf16z(RUNTIME_PROVIDER)
+        # The runtime sends its own events' metadata without field
+        # descriptions: keywords, version 0, level Verbose, no fields.
+        payload += struct.pack("<I", event_id) + utf16z(name)
+        payload += struct.pack("<QIII", WAIT_HANDLE_KEYWORD, 0, LEVEL_VERBOSE, 0)
+        block.blob(payload)
+    return bytes(block.body)
+
+
+class Runtime:
+    def __init__(self, scenario, code_base):
+        self.scenario = scenario
+        names = []
+        for event in scenario["events"]:
+            for name in event.get("stack", []):
+                if name not in names:
+                    names.append(name)
+        self.methods = {name: code_base + i * METHOD_SIZE for i, name in enumerate(names)}
+        self.stops = {}
+        self.lock = threading.Lock()
+        self.next_session = 0x5E55_1000
+
+    def return_address(self, name):
+        return self.methods[name] + 0x40
+
+    def write_perf_map(self):
+        path = f"/tmp/perf-{os.getpid()}.map"
+        with open(path + ".tmp", "w") as f:
+            for name, start in self.methods.items():
+                f.write(f"{start:x} {METHOD_SIZE:x} {name}\n")
+        os.rename(path + ".tmp", path)
+
+    def serve(self, listener):
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=self.answer, args=(conn,), daemon=True).start()
+
+    def answer(self, conn):
+        try:
+            header = recv_exactly(conn, 20)
+            if header[:14] != IPC_MAGIC:
+                return
+            size, command_set, command_id = struct.unpack_from("<HBB", header, 14)
+            payload = recv_exactly(conn, size - 20)
+            command = (command_set, command_id)
+            if command == (0x04, 0x04):
+                reply(conn, self.process_info())
+            elif command == (0x04, 0x05):
+                self.write_perf_map()
+                reply(conn, struct.pack("<I", 0))
+            elif command == (0x04, 0x06):
+                reply(conn, struct.pack("<I", 0))
+            elif command == (0x02, 0x03):
+                self.session(conn, payload)
+            elif command == (0x02, 0x01):
+                (session_id,) = struct.unpack_from("<Q", payload)
+                with self.lock:
+                    stop = self.stops.get(session_id)
+                if stop is not None:
+                    stop.set()
+                reply(conn, struct.pack("<Q", session_id))
+            else:
+                reply(conn, struct.pack("<I", UNKNOWN_COMMAND), ok=False)
+        except (OSError, ValueError, struct.error):
+            pass
+        finally:
+            conn.close()
+
+    def process_info(self):
+        out = struct.pack("<Q", os.getpid()) + os.urandom(16)
+        for text in (" ".join(sys.argv), "Linux", "x64", "Waits", "9.0.0+fake-stand-in"):
+            units = text.encode("utf-16-le") + b"\0\0"
+            out += struct.pack("<I", len(units) // 2) + units
+        return out
+
+    def session(self, conn, payload):
+        keywords, level = 0, 0
+        _buffer_mb, _format, _rundown, count = struct.unpack_from("<IIBI", payload)
+        at = 13
+        for _ in range(count):
+            provider_keywords, provider_level = struct.unpack_from("<QI", payload, at)
+            at += 12
+            name, at = read_string(payload, at)
+            _filter, at = read_string(payload, at)
+            if name == RUNTIME_PROVIDER:
+                keywords, level = provider_keywords, provider_level
+        with self.lock:
+            session_id = self.next_session
+            self.next_session += 1
+            stop = self.stops.setdefault(session_id, threading.Event())
+        # Every session that asks gets the waits, as every session of a
+        # runtime gets the events of its time (other profilers on the host
+        # may open sessions too).
+        wants_waits = keywords & WAIT_HANDLE_KEYWORD and level >= LEVEL_VERBOSE
+        peer, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        print(f"SESSION keywords={keywords:#x} level={level} peer={peer}", flush=True)
+        reply(conn, struct.pack("<Q", session_id))
+        stream = Stream(conn)
+        base = time.monotonic_ns()
+        stream.head(base)
+        if wants_waits:
+            # As a runtime, after the session is set up: the first waits
+            # come a moment later.
+            time.sleep(0.2)
+            # Stack ids and sequence numbers are the session's own.
+            state = {"next_stack_id": 1, "sequences": {}}
+            self.send_waits(stream, base + 200_000_000, state)
+            print(f"WAITS_SENT peer={peer}", flush=True)
+            if self.scenario.get("end") == "cut":
+                self.cut(stream, base + 200_000_000, state)
+                conn.shutdown(socket.SHUT_RDWR)
+                return
+        stop.wait()
+        stream.end()
+
+    def stack_ids(self, events, state):
+        """Stack ids of the events' stacks (0: none), numbered on from the
+        last block's as the runtime does, and their StackBlock."""
+        first = state["next_stack_id"]
+        stacks, ids = [], []
+        for event in events:
+            ips = [self.return_address(name) for name in event.get("stack", [])]
+            if not ips:
+                ids.append(0)
+                continue
+            stacks.append(ips)
+            ids.append(first + len(stacks) - 1)
+        state["next_stack_id"] += len(stacks)
+        body = struct.pack("<II", first, len(stacks))
+        for ips in stacks:
+            body += struct.pack("<I", 8 * len(ips)) + struct.pack(f"<{len(ips)}Q", *ips)
+        return ids, body
+
+    def event_block(self, events, base, state):
+        ids, stack_body = self.stack_ids(events, state)
+        sequences = state["sequences"]
+        block = BlobBlock()
+        for event, stack_id in zip(events, ids):
+            tid = event["tid"]
+            sequences[tid] = sequences.get(tid, 0) + 1
+            if event["kind"] == "start":
+                metadata_id = 1
+                payload = struct.pack("<BQH", event.get("source", 0), 0x7F00_DEAD_0000 + tid, 0)
+            else:
+                metadata_id = 2
+                payload = struct.pack("<H", 0)
+            block.blob(
+                payload,
+                metadata_id=metadata_id,
+                sequence=sequences[tid],
+                capture_thread_id=tid,
+                processor=0,
+                thread_id=tid,
+                stack_id=stack_id,
+                timestamp=base + event["at_ns"],
+            )
+        return stack_body, bytes(block.body)
+
+    def send_waits(self, stream, base, state):
+        stream.block("MetadataBlock", metadata_block())
+        events = sorted(self.scenario["events"], key=lambda e: e["at_ns"])
+        # Several blocks, as a runtime flushes its buffers: a wait may
+        # start in one and end in the next.
+        for chunk in (events[i : i + 3] for i in range(0, len(events), 3)):
+            stack_body, event_body = self.event_block(chunk, base, state)
+            stream.block("StackBlock", stack_body)
+            stream.block("EventBlock", event_body)
+
+    def cut(self, stream, base, state):
+        """An event block holding the Stops of the waits still open, cut
+        halfway: those Stops never arrive."""
+        open_waits = {}
+        for event in sorted(self.scenario["events"], key=lambda e: e["at_ns"]):
+            if event["kind"] == "start":
+                open_waits[event["tid"]] = event
+            else:
+                open_waits.pop(event["tid"], None)
+        last = max(e["at_ns"] for e in self.scenario["events"])
+        stops = [{"tid": tid, "at_ns": last + 1_000_000, "kind": "stop"} for tid in open_waits]
+        _, event_body = self.event_block(stops or [{"tid": 1, "at_ns": last, "kind": "stop"}], base, state)
+        stream.block("EventBlock", event_body, cut_at=len(event_body) // 2)
+
+
+def recv_exactly(conn, n):
+    data = bytearray()
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise ValueError("connection closed")
+        data += chunk
+    return bytes(data)
+
+
+def read_string(payload, at):
+    (count,) = struct.unpack_from("<I", payload, at)
+    at += 4
+    text = payload[at : at + 2 * count].decode("utf-16-le").rstrip("\0")
+    return text, at + 2 * count
+
+
+def reply(conn, payload, ok=True):
+    header = IPC_MAGIC + struct.pack("<HBBH", 20 + len(payload), 0xFF, 0x00 if ok else 0xFF, 0)
+    conn.sendall(header + payload)
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        scenario = json.load(f)
+    seconds = float(sys.argv[2])
+    workdir = tempfile.mkdtemp(prefix="fake-dotnet9-")
+    framework = os.path.join(workdir, "shared", "Microsoft.NETCore.App", "9.0.0")
+    os.makedirs(framework)
+    mappings = []
+    for name in ("libcoreclr.so", "System.Private.CoreLib.dll"):
+        lib = os.path.join(framework, name)
+        with open(lib, "wb") as f:
+            f.write(b"\0" * 4096)
+        fd = os.open(lib, os.O_RDONLY)
+        mappings.append(mmap.mmap(fd, 4096, prot=mmap.PROT_READ | mmap.PROT_EXEC))
+        os.close(fd)
+    # The "JIT code heap": anonymous executable memory the perf map's
+    # methods lie in.
+    code = mmap.mmap(
+        -1,
+        1 << 20,
+        flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+        prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC,
+    )
+    code_base = ctypes.addressof(ctypes.c_char.from_buffer(code))
+    runtime = Runtime(scenario, code_base)
+    stat = open("/proc/self/stat").read()
+    start_ticks = stat.rsplit(")", 1)[1].split()[19]
+    path = f"/tmp/dotnet-diagnostic-{os.getpid()}-{start_ticks}-socket"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(8)
+    threading.Thread(target=runtime.serve, args=(listener,), daemon=True).start()
+    print(f"PID {os.getpid()}", flush=True)
+    print("READY", flush=True)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.unlink(path)
+        for stale in (f"/tmp/perf-{os.getpid()}.map",):
+            if os.path.exists(stale):
+                os.unlink(stale)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
