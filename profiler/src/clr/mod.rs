@@ -9,4 +9,5 @@ pub mod events;
 pub mod intake;
 pub mod ipc;
 pub mod nettrace;
+pub mod perf_map_ledger;
 pub mod session;
