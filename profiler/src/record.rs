@@ -212,6 +212,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     })?;
     let mut pipeline = Pipeline::new(perf_map_attach, clr_events, layout.clone());
     pipeline.keep_perf_files = keep_perf_maps;
+    pipeline.keep_perf_map_ledger_in(unwind_cache_dir.as_deref());
     pipeline.keep_kernel_symbols_in(unwind_cache_dir);
     pipeline.clr.exceptions_per_second = exceptions_per_second;
     pipeline.unwind = match sampler.take_unwind_maps() {

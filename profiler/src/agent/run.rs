@@ -94,6 +94,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     };
     let layout = ValueLayout::new(off_cpu.is_some(), config.wall, config.clr_events.any());
     let mut pipeline = Pipeline::new(true, config.clr_events, layout);
+    pipeline.keep_perf_map_ledger_in(config.unwind_cache_dir.as_deref());
     pipeline.keep_kernel_symbols_in(config.unwind_cache_dir.clone());
     // The runtime's EventCounters come once per window: `dotnet_*` series
     // as fresh as the profiles (every second with an exception budget,

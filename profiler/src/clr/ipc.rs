@@ -1179,6 +1179,11 @@ impl PerfMapAttach {
                 },
             ));
         }
+        // Opened before the request: the process may exit as soon as its
+        // runtime starts writing, and its files are removed through it.
+        // Best effort: without it, removal goes through /proc/PID/root,
+        // which works while the process lives.
+        let root = TargetRoot::open(procfs, pid).ok();
         let enabled_at = SystemTime::now();
         match client.enable_perf_map(PerfMapType::All) {
             Ok(()) => {}
@@ -1197,12 +1202,58 @@ impl PerfMapAttach {
                     PerfMapUnsupported::Refused(error),
                 ));
             }
+            // The request went out and no answer came back (the process
+            // exited while its runtime replayed its methods, or the runtime
+            // is slow): the perf maps may be on and their files written.
+            // Kept as on, they are turned off and removed with the others.
+            Err(
+                e @ (IpcError::Timeout { .. } | IpcError::Io { .. } | IpcError::Response { .. }),
+            ) => {
+                tracing::debug!(pid, error = %e, "no answer to EnablePerfMap: treated as on");
+            }
             Err(e) => return Err(e),
         }
-        // Best effort: without it, removal goes through /proc/PID/root at
-        // the end, which works while the process lives.
-        let root = TargetRoot::open(procfs, pid).ok();
-        Ok(PerfMapAttachOutcome::Enabled(Box::new(Self {
+        Ok(PerfMapAttachOutcome::Enabled(Box::new(Self::taken_over(
+            root,
+            client,
+            &environment,
+            runtime_version,
+            enabled_at,
+        ))))
+    }
+
+    /// Takes over the perf maps an earlier clrbpf turned on in host process
+    /// `pid` at `enabled_at` and could not turn off (it was killed; see
+    /// [`super::perf_map_ledger`]): [`Self::finish`] then does what that
+    /// run's end would have. `None` when the process writes perf maps by
+    /// itself (`DOTNET_PerfMapEnabled`): not ours to turn off.
+    pub fn adopt(
+        procfs: &ProcFs,
+        pid: u32,
+        enabled_at: SystemTime,
+    ) -> Result<Option<Self>, IpcError> {
+        let environment = DotnetEnvironment::read(procfs, pid).map_err(proc_to_ipc)?;
+        if environment.perf_map_enabled.is_some_and(|v| v != 0) {
+            return Ok(None);
+        }
+        let client = DiagnosticClient::discover(procfs, pid)?;
+        Ok(Some(Self::taken_over(
+            TargetRoot::open(procfs, pid).ok(),
+            client,
+            &environment,
+            None,
+            enabled_at,
+        )))
+    }
+
+    fn taken_over(
+        root: Option<TargetRoot>,
+        client: DiagnosticClient,
+        environment: &DotnetEnvironment,
+        runtime_version: Option<String>,
+        enabled_at: SystemTime,
+    ) -> Self {
+        Self {
             ns_pid: client.socket.ns_pid,
             root,
             client,
@@ -1210,7 +1261,7 @@ impl PerfMapAttach {
             runtime_version,
             enabled_at,
             finished: false,
-        })))
+        }
     }
 
     /// The client used to enable the maps.

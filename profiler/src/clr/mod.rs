@@ -9,5 +9,6 @@ pub mod events;
 pub mod intake;
 pub mod ipc;
 pub mod nettrace;
+pub mod perf_map_ledger;
 pub mod session;
 pub mod waits;

@@ -11,9 +11,11 @@
 //!    [`Aggregator`]. CLR events enter there too, as samples of their own
 //!    kinds.
 //! 3. At the end, the .NET processes are restored (perf maps off, the
-//!    perf files clrbpf asked for removed) and the profile goes to the
-//!    export stage; [`summary`] says what was collected.
+//!    perf files clrbpf asked for removed; [`perf_maps`] sees that none is
+//!    forgotten, even by a killed run) and the profile goes to the export
+//!    stage; [`summary`] says what was collected.
 
+pub mod perf_maps;
 pub mod raw_stacks;
 pub mod resolve;
 pub mod summary;
@@ -43,11 +45,7 @@ use crate::{
         Aggregator, Frame, FrameKind, Label, Profile, RawSample, ValueType, label_keys,
         layout::ValueLayout, wait_kind,
     },
-    symbolize::{
-        managed::TargetLocation,
-        native::NativeSymbolizer,
-        perf_files::{PerfFileCleanup, remove_perf_files},
-    },
+    symbolize::{managed::TargetLocation, native::NativeSymbolizer, perf_files::remove_perf_files},
 };
 
 /// How long the end of a recording waits for the EventPipe sessions (all
@@ -122,6 +120,8 @@ pub struct Pipeline {
     lifecycle: VecDeque<crate::bpf::ProcessEvent>,
     /// Whether perf files of processes clrbpf asked for are kept.
     pub(crate) keep_perf_files: bool,
+    /// Abandoned attaches and the ledger of perf maps turned on.
+    perf_maps: perf_maps::PerfMapKeeper,
     /// CPU samples of the current window counted by raw stack, named when
     /// the window closes.
     raw_cpu: RawStacks,
@@ -198,6 +198,7 @@ impl Pipeline {
             ),
             lifecycle: VecDeque::new(),
             keep_perf_files: false,
+            perf_maps: perf_maps::PerfMapKeeper::default(),
             raw_cpu: RawStacks::default(),
             retry: Vec::new(),
             unwind: None,
@@ -215,6 +216,22 @@ impl Pipeline {
     /// `cache_dir` (`--cache-dir`; `None`: the live file every time).
     pub fn keep_kernel_symbols_in(&mut self, cache_dir: Option<std::path::PathBuf>) {
         self.native.keep_kernel_symbols_in(cache_dir);
+    }
+
+    /// Turns off the perf maps that runs killed before their end left on
+    /// (their ledgers in `cache_dir`, `--cache-dir`; `None`: no ledger),
+    /// and writes down this run's there ([`perf_maps`]). Call it before
+    /// the first tick: no runtime has been asked for anything yet.
+    pub fn keep_perf_map_ledger_in(&mut self, cache_dir: Option<&Path>) {
+        let Some(cache_dir) = cache_dir else {
+            return;
+        };
+        for warning in self
+            .perf_maps
+            .recover(&self.procfs, cache_dir, self.attach_perf_maps)
+        {
+            tracing::warn!("{warning}");
+        }
     }
 
     /// Tracks the host's .NET processes that no sample has brought in yet
@@ -426,7 +443,21 @@ impl Pipeline {
         self.process_pending(crate::profile::monotonic_ns().saturating_sub(delay));
         self.send_new_jit_code();
         self.retire_vanished();
+        self.keep_perf_map_ledger();
         self.log_sizes();
+    }
+
+    /// Takes in the abandoned attaches that finished and writes down the
+    /// processes perf maps are on (or asked for) in, if that changed.
+    fn keep_perf_map_ledger(&mut self) {
+        let warnings = self.perf_maps.reap();
+        self.summary.warnings.extend(warnings);
+        let asked = self
+            .processes
+            .values()
+            .filter(|p| p.perf_map.is_some() || p.attach_job.is_some())
+            .map(|p| p.pid);
+        self.perf_maps.sync(&self.procfs, asked);
     }
 
     /// Retires the tracked processes that have had no `/proc` entry at two
@@ -631,14 +662,18 @@ impl Pipeline {
         }
         process.stop_clr(std::time::Instant::now() + CLR_STOP_DEADLINE);
         self.close_clr(&mut process);
-        if let Some(handle) = release_process(&mut self.summary, &mut process, self.keep_perf_files)
-        {
+        if let Some(handle) = release_process(
+            &mut self.summary,
+            &mut self.perf_maps,
+            &mut process,
+            self.keep_perf_files,
+        ) {
             // The process is gone: DisablePerfMap fails at once, and only
             // the files are left to remove.
             let cleanup = handle.finish(self.keep_perf_files);
             self.summary
                 .warnings
-                .extend(perf_file_warnings(pid, &cleanup.files));
+                .extend(perf_maps::file_warnings(pid, &cleanup.files));
         }
         self.native.forget_process(pid);
         if let Some(unwind) = self.unwind.as_ref() {
@@ -908,7 +943,9 @@ impl Pipeline {
     pub fn restore_processes(&mut self, keep_files: bool) {
         let mut detaching = Vec::new();
         for process in self.processes.values_mut() {
-            if let Some(handle) = release_process(&mut self.summary, process, keep_files) {
+            if let Some(handle) =
+                release_process(&mut self.summary, &mut self.perf_maps, process, keep_files)
+            {
                 // Every process at once, on threads of their own: a stopped
                 // or overloaded runtime answers DisablePerfMap late or never.
                 let pid = process.pid;
@@ -923,13 +960,20 @@ impl Pipeline {
                 }
             }
         }
+        // One deadline for these and for the attaches still under way
+        // ([`perf_maps::PerfMapKeeper::abandon`]): what misses it stays in
+        // the ledger, for the next start to turn off.
         let until = std::time::Instant::now() + DETACH_DEADLINE;
-        crate::stop::wait_until(until, || detaching.iter().all(|(_, job)| job.is_finished()));
+        crate::stop::wait_until(until, || {
+            detaching.iter().all(|(_, job)| job.is_finished()) && self.perf_maps.all_finished()
+        });
+        let mut still_on = Vec::new();
         for (pid, job) in detaching {
             if !job.is_finished() {
                 self.summary.warnings.push(format!(
                     "pid {pid}: its runtime did not answer DisablePerfMap in time (stopped or overloaded?): it may keep writing perf maps, and their files stay"
                 ));
+                still_on.push(pid);
                 continue;
             }
             let Ok(cleanup) = job.join() else {
@@ -945,8 +989,11 @@ impl Pipeline {
             }
             self.summary
                 .warnings
-                .extend(perf_file_warnings(pid, &cleanup.files));
+                .extend(perf_maps::file_warnings(pid, &cleanup.files));
         }
+        let warnings = self.perf_maps.drain();
+        self.summary.warnings.extend(warnings);
+        self.perf_maps.sync(&self.procfs, still_on);
     }
 }
 
@@ -957,10 +1004,13 @@ impl Pipeline {
 /// maps clrbpf turned on in it (counted), for the caller to turn off.
 fn release_process(
     summary: &mut RecordSummary,
+    perf_maps: &mut perf_maps::PerfMapKeeper,
     process: &mut TrackedProcess,
     keep_files: bool,
 ) -> Option<crate::clr::ipc::PerfMapAttach> {
-    process.abandon_attach();
+    if let Some(job) = process.abandon_attach() {
+        perf_maps.abandon(process.pid, job, keep_files);
+    }
     summary
         .warnings
         .extend(std::mem::take(&mut process.warnings));
@@ -1003,21 +1053,9 @@ fn remove_launched_perf_files(location: &TargetLocation) -> Vec<String> {
         location.legacy_perf_map_dir.as_path(),
     ];
     match remove_perf_files(&root, &dirs, location.ns_pid, owner, started_at) {
-        Ok(cleanup) => perf_file_warnings(pid, &cleanup),
+        Ok(cleanup) => perf_maps::file_warnings(pid, &cleanup),
         Err(e) => vec![format!("pid {pid}: removing its perf files: {e}")],
     }
-}
-
-/// The summary's warnings about one process's perf files: those that could
-/// not be removed, and one line for those left alone.
-fn perf_file_warnings(pid: u32, cleanup: &PerfFileCleanup) -> Vec<String> {
-    let mut warnings: Vec<String> = cleanup
-        .failed
-        .iter()
-        .map(|(path, e)| format!("pid {pid}: removing {}: {e}", path.display()))
-        .collect();
-    warnings.extend(cleanup.left_alone_warning(pid));
-    warnings
 }
 
 #[cfg(test)]

@@ -273,17 +273,17 @@ impl TrackedProcess {
         }
     }
 
-    /// At the end: an attach still under way is left to finish on its own
-    /// (the client's deadline bounds it; if it turned perf maps on, dropping
-    /// the handle turns them off again) and reported.
-    pub(super) fn abandon_attach(&mut self) {
+    /// At the process's or the run's end: an attach still under way is
+    /// reported and handed back, for the caller to let it finish and undo
+    /// what it did ([`super::perf_maps::PerfMapKeeper::abandon`]).
+    pub(super) fn abandon_attach(&mut self) -> Option<AttachJob> {
         self.poll_attach();
-        if self.attach_job.take().is_some() {
-            self.warnings.push(format!(
-                "pid {}: its runtime had not answered EnablePerfMap when the recording ended: its JIT frames may be unnamed",
-                self.pid
-            ));
-        }
+        let (job, _) = self.attach_job.take()?;
+        self.warnings.push(format!(
+            "pid {}: its runtime had not answered EnablePerfMap when the recording ended: its JIT frames may be unnamed",
+            self.pid
+        ));
+        Some(job)
     }
 
     pub(super) fn refresh_managed(&mut self, force: bool) {

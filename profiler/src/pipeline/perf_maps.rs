@@ -1,0 +1,138 @@
+//! The perf maps the pipeline turned on, from the request to the end:
+//! what [`super::Pipeline`] needs so that none stays on, and no perf file
+//! stays behind, whatever the order in which processes and the run end.
+//!
+//! - An attach still under way when its process exits (or the run ends)
+//!   is not dropped: a thread of its own waits for its answer and, if the
+//!   runtime turned perf maps on, turns them off again and removes the
+//!   files ([`PerfMapKeeper::abandon`]). Dropping it used to turn them off
+//!   but leave the files of a process that had just exited.
+//! - The processes asked are written down in the cache directory
+//!   ([`crate::clr::perf_map_ledger`]) while the run lives, and what a
+//!   killed run left on is undone at the start ([`PerfMapKeeper::recover`]).
+
+use std::{path::Path, thread::JoinHandle};
+
+use super::tracked::AttachJob;
+use crate::{
+    clr::{
+        ipc::{PerfMapAttachOutcome, PerfMapCleanup},
+        perf_map_ledger::{PerfMapLedger, recover},
+    },
+    process::ProcFs,
+    symbolize::perf_files::PerfFileCleanup,
+};
+
+/// A turn-off under way on its own thread: `None` inside when the attach
+/// it waited for had turned nothing on.
+type DetachJob = JoinHandle<Option<PerfMapCleanup>>;
+
+/// See the module doc.
+#[derive(Default)]
+pub struct PerfMapKeeper {
+    ledger: Option<PerfMapLedger>,
+    /// Abandoned attaches, by pid, each finishing on its own thread.
+    detaching: Vec<(u32, DetachJob)>,
+}
+
+impl PerfMapKeeper {
+    /// Undoes what killed runs left on in the ledgers of `cache_dir`, then
+    /// (when this run turns perf maps on) opens this run's ledger there.
+    /// Returns the warnings for the summary.
+    pub fn recover(&mut self, procfs: &ProcFs, cache_dir: &Path, keep_ledger: bool) -> Vec<String> {
+        let recovery = recover(procfs, cache_dir);
+        if recovery.ledgers > 0 {
+            tracing::info!(
+                ledgers = recovery.ledgers,
+                turned_off = ?recovery.turned_off,
+                files_removed = recovery.files_removed,
+                "turned off the perf maps an earlier clrbpf left on when it was killed"
+            );
+        }
+        let mut warnings = recovery.warnings;
+        if keep_ledger {
+            match PerfMapLedger::open(cache_dir) {
+                Ok(ledger) => self.ledger = Some(ledger),
+                Err(e) => warnings.push(format!(
+                    "perf maps turned on are not written down ({e}): if clrbpf is killed, they stay on until its next start with this cache directory"
+                )),
+            }
+        }
+        warnings
+    }
+
+    /// Writes down the processes clrbpf turned perf maps on in, or is
+    /// asking, when that set changed: `pids`, plus the abandoned attaches
+    /// still under way.
+    pub fn sync(&mut self, procfs: &ProcFs, pids: impl IntoIterator<Item = u32>) {
+        let Some(ledger) = self.ledger.as_mut() else {
+            return;
+        };
+        let detaching = self
+            .detaching
+            .iter()
+            .filter(|(_, job)| !job.is_finished())
+            .map(|(pid, _)| *pid);
+        ledger.record(procfs, pids.into_iter().chain(detaching));
+    }
+
+    /// Lets an attach of process `pid` that has not answered yet finish on
+    /// a thread of its own: if it turns perf maps on, they are turned off
+    /// again and, unless `keep_files`, their files removed.
+    pub fn abandon(&mut self, pid: u32, job: AttachJob, keep_files: bool) {
+        let detach = std::thread::Builder::new()
+            .name(format!("clrbpf-detach-{pid}"))
+            .spawn(move || match job.join() {
+                Ok(Ok(PerfMapAttachOutcome::Enabled(handle))) => Some(handle.finish(keep_files)),
+                _ => None,
+            });
+        match detach {
+            Ok(detach) => self.detaching.push((pid, detach)),
+            Err(e) => {
+                tracing::warn!(pid, error = %e, "cannot start a thread to turn perf maps off again")
+            }
+        }
+    }
+
+    /// The abandoned attaches that finished since the last call: the
+    /// warnings about their perf files.
+    pub fn reap(&mut self) -> Vec<String> {
+        let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.detaching)
+            .into_iter()
+            .partition(|(_, job)| job.is_finished());
+        self.detaching = running;
+        done.into_iter()
+            .filter_map(|(pid, job)| Some((pid, job.join().ok()??)))
+            .flat_map(|(pid, cleanup)| file_warnings(pid, &cleanup.files))
+            .collect()
+    }
+
+    /// Whether every abandoned attach has finished.
+    pub fn all_finished(&self) -> bool {
+        self.detaching.iter().all(|(_, job)| job.is_finished())
+    }
+
+    /// At the end: the warnings of the abandoned attaches that finished,
+    /// and one for each still under way (it stays in the ledger).
+    pub fn drain(&mut self) -> Vec<String> {
+        let mut warnings = self.reap();
+        warnings.extend(self.detaching.iter().map(|(pid, _)| {
+            format!(
+                "pid {pid}: its runtime had not answered EnablePerfMap at the end: its perf maps may stay on until clrbpf's next start with this --cache-dir"
+            )
+        }));
+        warnings
+    }
+}
+
+/// The summary's warnings about one process's perf files: those that could
+/// not be removed, and one line for those left alone.
+pub(super) fn file_warnings(pid: u32, cleanup: &PerfFileCleanup) -> Vec<String> {
+    let mut warnings: Vec<String> = cleanup
+        .failed
+        .iter()
+        .map(|(path, e)| format!("pid {pid}: removing {}: {e}", path.display()))
+        .collect();
+    warnings.extend(cleanup.left_alone_warning(pid));
+    warnings
+}
