@@ -348,11 +348,7 @@ pub fn warn_once(pid: u32, kind: OverBudget, message: impl FnOnce() -> String) -
     if warned.len() >= MAX_WARNED || !warned.insert((pid, kind)) {
         return false;
     }
-    tracing::warn!(
-        pid,
-        "{} (over the memory budget: dropped and counted)",
-        message()
-    );
+    tracing::warn!(pid, "{}", message());
     true
 }
 
