@@ -198,17 +198,22 @@ impl Charge {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// Adds `bytes` whatever the pool holds: for what was admitted before
+    /// and given back for a while (see [`Self::release`]).
+    pub fn add_admitted(&mut self, bytes: u64) {
+        let state = self.pool.state();
+        let before = state.used.fetch_add(bytes, Ordering::Relaxed);
+        state.peak.fetch_max(before + bytes, Ordering::Relaxed);
+        self.bytes += bytes;
+    }
 }
 
 impl Clone for Charge {
     fn clone(&self) -> Self {
-        let state = self.pool.state();
-        let before = state.used.fetch_add(self.bytes, Ordering::Relaxed);
-        state.peak.fetch_max(before + self.bytes, Ordering::Relaxed);
-        Self {
-            pool: self.pool,
-            bytes: self.bytes,
-        }
+        let mut clone = Self::new(self.pool);
+        clone.add_admitted(self.bytes);
+        clone
     }
 }
 

@@ -159,10 +159,11 @@ impl TrackedProcess {
             return;
         }
         self.maps_read_at = Some(Instant::now());
-        // The old table's bytes go back to the budget's pool before the new
-        // one is charged.
-        self.mappings = MappingTable::default();
+        // The old table's bytes go back to the budget's pool while the new
+        // one is read (and charged); it is kept if the process is gone.
+        let uncharged = self.mappings.uncharge();
         let Ok(mappings) = procfs.maps(self.pid) else {
+            self.mappings.recharge(uncharged);
             return;
         };
         self.mappings = mappings;

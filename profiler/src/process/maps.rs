@@ -439,6 +439,20 @@ impl MappingTable {
         self.charge.bytes()
     }
 
+    /// Gives the table's bytes back to the pool while a newer table is
+    /// read, so the two are not charged at once; returns them for
+    /// [`Self::recharge`] if the table is kept after all.
+    pub fn uncharge(&mut self) -> u64 {
+        let bytes = self.charge.bytes();
+        self.charge.release(bytes);
+        bytes
+    }
+
+    /// Charges again what [`Self::uncharge`] gave back.
+    pub fn recharge(&mut self, bytes: u64) {
+        self.charge.add_admitted(bytes);
+    }
+
     /// The mapping containing `addr` (binary search).
     pub fn find(&self, addr: u64) -> Option<&Mapping> {
         // First mapping whose end is past addr; it holds addr if it starts at or before it.
@@ -804,9 +818,13 @@ garbage
         let table = MappingTable::parse(input.as_bytes()).expect("parse");
         let charged = table.memory_bytes();
         assert!(charged >= 500 * size_of::<Mapping>() as u64);
-        let copy = table.clone();
+        let mut copy = table.clone();
         assert_eq!(copy.memory_bytes(), charged);
         drop(table);
+        assert_eq!(copy.memory_bytes(), charged);
+        let given_back = copy.uncharge();
+        assert_eq!((given_back, copy.memory_bytes()), (charged, 0));
+        copy.recharge(given_back);
         assert_eq!(copy.memory_bytes(), charged);
     }
 }
