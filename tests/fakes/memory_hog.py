@@ -10,8 +10,7 @@ argv[1] is the attack, argv[2] its size, argv[3] how many seconds to live:
               `MZ` (a PE image to a profiler; nothing on disk).
 
 It then spins on the CPU (so a whole-host profiler samples it), printing PID
-and READY like the C# workloads first. Its files are under a temporary
-directory removed when it ends.
+and READY like the C# workloads first. Its files are removed once mapped.
 """
 
 import ctypes
@@ -84,6 +83,10 @@ def main():
             held = map_sparse(workdir, size)
         else:
             sys.exit(f"unknown attack {attack}")
+        # The mappings keep the files; a test ends this process with
+        # SIGKILL, which runs no cleanup. (Their maps lines end in
+        # " (deleted)", which changes nothing for the attack.)
+        shutil.rmtree(workdir, ignore_errors=True)
         print(f"PID {os.getpid()}", flush=True)
         print(f"MAPPINGS {len(held)}", flush=True)
         print("READY", flush=True)
