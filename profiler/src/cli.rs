@@ -16,6 +16,17 @@ pub struct Cli {
     #[arg(long, global = true, default_value = "warn", env = "CLRBPF_LOG")]
     pub log_level: String,
 
+    /// Memory that profiled processes can make clrbpf hold, in MiB: their
+    /// mapping tables, the parts of their files read for unwind tables,
+    /// their managed symbols and EventPipe streams, each a share of it.
+    /// What would go over is dropped, counted in the summary and on
+    /// /metrics, and warned about once per process. Keep it under the
+    /// agent's container memory limit (the chart does).
+    #[arg(long, global = true, value_name = "MB",
+          default_value_t = crate::memory_budget::DEFAULT_MEMORY_BUDGET_MB,
+          value_parser = clap::value_parser!(u64).range(32..=65_536))]
+    pub memory_budget_mb: u64,
+
     #[command(subcommand)]
     pub command: Command,
 }

@@ -15,6 +15,7 @@ pub mod cli;
 pub mod clr;
 pub mod export;
 pub mod k8s;
+pub mod memory_budget;
 pub mod pipeline;
 pub mod process;
 pub mod profile;

@@ -23,6 +23,9 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    clrbpf::memory_budget::configure(clrbpf::memory_budget::MemoryBudget::from_mb(
+        cli.memory_budget_mb,
+    ));
     match run(cli.command) {
         Ok(code) => code,
         Err(err) => {

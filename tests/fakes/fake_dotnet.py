@@ -7,7 +7,10 @@ it, then misbehaves in one of these ways (argv[1]):
 
   silent  never accepts a connection (its backlog fills up);
   mute    accepts, reads the request, never answers;
-  junk    accepts and answers every request with random bytes, forever.
+  junk    accepts and answers every request with random bytes, forever;
+  metadata  answers a tracing request like a runtime, then streams a valid
+          nettrace stream of nothing but metadata records, each with 256
+          long field names and an id of its own (a few GB if all were kept).
 
 It prints PID and READY like the C# workloads, lives argv[2] seconds and
 removes its socket when it ends.
@@ -17,6 +20,7 @@ import mmap
 import os
 import random
 import socket
+import struct
 import sys
 import tempfile
 import threading
@@ -29,8 +33,101 @@ def serve(listener, mode):
         threading.Thread(target=answer, args=(conn, mode), daemon=True).start()
 
 
+IPC_MAGIC = b"DOTNET_IPC_V1\0"
+# (command set, command id) of CollectTracing 1-5.
+COLLECT_TRACING = {(0x02, n) for n in range(0x02, 0x07)}
+
+
+def ipc_ok(payload):
+    return IPC_MAGIC + struct.pack("<HBBH", 20 + len(payload), 0xFF, 0x00, 0) + payload
+
+
+def utf16z(text):
+    return text.encode("utf-16-le") + b"\0\0"
+
+
+class Nettrace:
+    """A NetTrace V4 stream as a 64-bit Linux runtime writes one."""
+
+    def __init__(self):
+        self.written = 0
+
+    def trace_header(self):
+        out = b"Nettrace" + struct.pack("<i", 20) + b"!FastSerialization.1"
+        out += bytes([5, 5, 1]) + struct.pack("<iii", 4, 4, 5) + b"Trace" + bytes([6])
+        out += struct.pack("<8H", 2026, 11, 2, 17, 10, 30, 15, 250)
+        out += struct.pack("<qqIIII", 1_000_000, 1_000_000_000, 8, os.getpid(), 2, 1_000_000)
+        return self.emit(out + bytes([6]))
+
+    def block(self, name, body):
+        out = bytes([5, 5, 1]) + struct.pack("<iii", 2, 2, len(name)) + name + bytes([6])
+        out += struct.pack("<i", len(body))
+        # The body is aligned to 4 bytes from the start of the stream.
+        out += b"\0" * ((4 - (self.written + len(out)) % 4) % 4)
+        return self.emit(out + body + bytes([6]))
+
+    def emit(self, data):
+        self.written += len(data)
+        return data
+
+
+def varuint(value):
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value == 0:
+            out.append(byte)
+            return bytes(out)
+        out.append(byte | 0x80)
+
+
+def metadata_record(metadata_id, fields_tail):
+    return struct.pack("<I", metadata_id) + fields_tail
+
+
+def metadata_flood(conn):
+    """Metadata blocks of 32 records, each 256 Int32 fields with 200-character
+    names (about 100 KB a record), with new ids, until the reader goes."""
+    tail = utf16z("Flood-Provider") + struct.pack("<I", 1) + utf16z("FloodEvent")
+    tail += struct.pack("<QIII", 0, 0, 4, 256)
+    for field in range(256):
+        tail += struct.pack("<I", 9) + utf16z(f"{field:03}" + "n" * 197)
+    stream = Nettrace()
+    conn.sendall(stream.trace_header())
+    next_id = 1
+    while True:
+        body = bytearray(struct.pack("<HHqq", 20, 1, 0, 2**63 - 1))
+        for _ in range(32):
+            payload = metadata_record(next_id, tail)
+            next_id += 1
+            # Flags: payload size present; timestamp delta 0; the size.
+            body += b"\x80" + varuint(0) + varuint(len(payload)) + payload
+        conn.sendall(stream.block(b"MetadataBlock", bytes(body)))
+
+
+def answer_like_a_runtime(conn):
+    while True:
+        header = conn.recv(20, socket.MSG_WAITALL)
+        if len(header) < 20 or header[:14] != IPC_MAGIC:
+            return
+        size, command_set, command_id = struct.unpack("<HBB", header[14:18])
+        if size > 20:
+            conn.recv(size - 20, socket.MSG_WAITALL)
+        if (command_set, command_id) in COLLECT_TRACING:
+            conn.sendall(ipc_ok(struct.pack("<Q", 0x5E55)))
+            metadata_flood(conn)
+        elif (command_set, command_id) == (0x02, 0x01):
+            conn.sendall(ipc_ok(struct.pack("<Q", 0x5E55)))
+        else:
+            conn.sendall(ipc_ok(struct.pack("<I", 0)))
+
+
 def answer(conn, mode):
     try:
+        if mode == "metadata":
+            answer_like_a_runtime(conn)
+            return
         conn.recv(65536)
         if mode == "mute":
             time.sleep(3600)

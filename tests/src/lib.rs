@@ -418,6 +418,25 @@ impl TestProcess {
         )
     }
 
+    /// `argv` run as `user` (uid and gid, no groups), a process that
+    /// prints `PID` and `READY` like the workloads.
+    pub fn start_as_user(name: &str, argv: &[OsString], user: u32) -> Self {
+        let mut full: Vec<OsString> = [
+            "setpriv",
+            "--reuid",
+            &user.to_string(),
+            "--regid",
+            &user.to_string(),
+            "--clear-groups",
+            "--",
+        ]
+        .into_iter()
+        .map(OsString::from)
+        .collect();
+        full.extend(argv.iter().cloned());
+        Self::start_argv(name, &full, &Launch::default())
+    }
+
     /// Starts `argv`, waits for `READY` and checks the printed `PID`.
     fn start_argv(name: &str, argv: &[OsString], launch: &Launch) -> Self {
         let mut command = Command::new(&argv[0]);

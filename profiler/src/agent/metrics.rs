@@ -192,6 +192,7 @@ impl AgentMetrics {
                 upload_seconds.clone(),
             );
             agent.register_collector(Box::new(SelfCollector));
+            agent.register_collector(Box::new(MemoryBudgetCollector));
         }
         registry.register_collector(Box::new(Arc::clone(&runtime)));
         Self {
@@ -266,6 +267,58 @@ impl AgentMetrics {
 /// Reads the agent's own RSS at each scrape.
 #[derive(Debug)]
 struct SelfCollector;
+
+/// The memory budget ([`crate::memory_budget`]): its size, its pools'
+/// use, and what went over it, read at each scrape.
+#[derive(Debug)]
+struct MemoryBudgetCollector;
+
+impl Collector for MemoryBudgetCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        use crate::memory_budget::{self, Pool};
+        let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let budget = ConstGauge::new(as_i64(memory_budget::current().total_bytes));
+        let metric = encoder.encode_descriptor(
+            "memory_budget",
+            "The memory budget for what profiled processes can make the agent hold (--memory-budget-mb)",
+            Some(&Unit::Bytes),
+            budget.metric_type(),
+        )?;
+        budget.encode(metric)?;
+
+        let mut pools = encoder.encode_descriptor(
+            "memory_budget_pool_used",
+            "Bytes charged now to a pool of the memory budget",
+            Some(&Unit::Bytes),
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (name, pool) in [("mappings", Pool::Mappings), ("nettrace", Pool::Nettrace)] {
+            let (used, _, _) = pool.usage();
+            ConstGauge::new(as_i64(used)).encode(pools.encode_family(&[("pool", name)])?)?;
+        }
+
+        let d = memory_budget::drops().snapshot();
+        let mut dropped = encoder.encode_descriptor(
+            "memory_budget_dropped",
+            "What profiled processes' input would have grown past the memory budget, dropped, by what (mappings, maps_files_truncated, files, file_bytes, nettrace_metadata, nettrace_stack_resets, sessions, managed_symbols)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (what, n) in [
+            ("mappings", d.mappings),
+            ("maps_files_truncated", d.maps_files_truncated),
+            ("files", d.files),
+            ("file_bytes", d.file_bytes),
+            ("nettrace_metadata", d.nettrace_metadata),
+            ("nettrace_stack_resets", d.nettrace_stack_resets),
+            ("sessions", d.sessions),
+            ("managed_symbols", d.managed_symbols),
+        ] {
+            ConstCounter::new(n).encode(dropped.encode_family(&[("what", what)])?)?;
+        }
+        Ok(())
+    }
+}
 
 impl Collector for SelfCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {

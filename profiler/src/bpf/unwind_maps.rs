@@ -60,16 +60,21 @@ use clrbpf_common::{
 };
 
 use super::BpfError;
+use crate::process::maps::MappingTable;
 use crate::unwind::{
     FileIdentity, LoadSegment, RowArena, UnwindTableCache, build_process_mappings,
     disk_cache::{DiskCacheStats, DiskTableCache},
     jit_code::{self, JitCodeRows, JitMethod, MethodFrame, PROLOGUE_BYTES},
-    load_bias, parse_proc_maps,
+    load_bias,
     table::{UnwindTable, build_row_index, pack_index_words, read_build_id, read_elf_file},
 };
 
 /// A process is rescanned at most this often.
 const RESCAN_EVERY: Duration = Duration::from_millis(500);
+/// A process whose maps file did not fit the memory budget is rescanned
+/// at most this often: reading it is slow, and pcs in what was left out
+/// would ask for a rescan at every sample.
+const OVER_BUDGET_RESCAN_EVERY: Duration = Duration::from_secs(10);
 /// For this long after a process is first indexed, it is rescanned every
 /// [`YOUNG_RESCAN_EVERY`] without waiting for a walk to meet an unindexed
 /// pc: a runtime maps its code (.NET's ReadyToRun images, `libclrjit`) in
@@ -285,6 +290,9 @@ struct ProcessIndex {
     scanned_at: Instant,
     /// When the process was first indexed ([`YOUNG_FOR`]).
     first_scanned_at: Instant,
+    /// Its maps file did not fit the memory budget: rescanned at most
+    /// every [`OVER_BUDGET_RESCAN_EVERY`].
+    over_budget: bool,
 }
 
 /// Counters of the userspace side of unwinding.
@@ -410,11 +418,14 @@ impl UnwindMaps {
     /// Re-reads a process's mappings (a sample's pc was in none of them:
     /// `dlopen`, new JIT memory), at most every [`RESCAN_EVERY`].
     pub fn refresh_process(&mut self, pid: u32) -> bool {
-        if self
-            .processes
-            .get(&pid)
-            .is_some_and(|p| p.scanned_at.elapsed() < RESCAN_EVERY)
-        {
+        if self.processes.get(&pid).is_some_and(|p| {
+            let every = if p.over_budget {
+                OVER_BUDGET_RESCAN_EVERY
+            } else {
+                RESCAN_EVERY
+            };
+            p.scanned_at.elapsed() < every
+        }) {
             return true;
         }
         self.scan(pid)
@@ -428,6 +439,7 @@ impl UnwindMaps {
             .iter()
             .filter(|(_, p)| {
                 p.first_scanned_at.elapsed() < YOUNG_FOR
+                    && !p.over_budget
                     && p.scanned_at.elapsed() >= YOUNG_RESCAN_EVERY
             })
             .map(|(pid, _)| *pid)
@@ -660,7 +672,11 @@ impl UnwindMaps {
     }
 
     fn scan(&mut self, pid: u32) -> bool {
-        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        // Read within the memory budget, as the pipeline reads it: a
+        // process controls how long its maps file is.
+        let Ok(maps) = File::open(format!("/proc/{pid}/maps"))
+            .and_then(|f| MappingTable::parse(std::io::BufReader::new(f)))
+        else {
             self.forget_process(pid);
             return false;
         };
@@ -668,11 +684,11 @@ impl UnwindMaps {
         let now = self.clock;
         let mut entries = Vec::new();
         let mut used = HashSet::new();
-        for m in parse_proc_maps(&text) {
-            if !m.executable || m.start >= m.end {
+        for m in maps.iter() {
+            if !m.is_executable() {
                 continue;
             }
-            let table = if m.path.is_empty() || m.path.starts_with('[') {
+            let table = if m.path.as_deref().is_none_or(|p| p.starts_with('[')) {
                 None
             } else {
                 self.table_for_mapping(pid, m.start, m.end)
@@ -732,6 +748,7 @@ impl UnwindMaps {
             entries,
             scanned_at: Instant::now(),
             first_scanned_at,
+            over_budget: maps.stats().over_budget(),
         };
         self.write_index(pid, &index);
         self.processes.insert(pid, index);
@@ -800,7 +817,7 @@ impl UnwindMaps {
             Some(FileState::Table(key)) if self.tables.contains_key(key) => return Some(*key),
             _ => {}
         }
-        let state = self.load_file(&file);
+        let state = self.load_file(pid, &file);
         if self.files.len() >= MAX_KNOWN_FILES {
             self.files
                 .retain(|_, state| matches!(state, FileState::Table(_)));
@@ -812,7 +829,7 @@ impl UnwindMaps {
         }
     }
 
-    fn load_file(&mut self, file: &File) -> FileState {
+    fn load_file(&mut self, pid: u32, file: &File) -> FileState {
         // A file with a build id whose table is loaded, or kept in memory
         // or on disk, needs nothing more read.
         if let Some(identity) = read_build_id(file) {
@@ -824,9 +841,29 @@ impl UnwindMaps {
                 return self.load_table(key, &table);
             }
         }
-        let Ok(data) = read_elf_file(file) else {
-            self.stats.files_without_table += 1;
-            return FileState::NoTable;
+        let data = match read_elf_file(file) {
+            Ok(data) => data,
+            Err(e) => {
+                if let crate::unwind::UnwindTableError::OverBudget { limit }
+                | crate::unwind::UnwindTableError::TooLarge { limit } = e
+                {
+                    let drops = crate::memory_budget::drops();
+                    crate::memory_budget::Drops::count(&drops.files, 1);
+                    let size = file.metadata().map_or(limit, |m| m.len());
+                    crate::memory_budget::Drops::count(&drops.file_bytes, size);
+                    crate::memory_budget::warn_once(
+                        pid,
+                        crate::memory_budget::OverBudget::File,
+                        || {
+                            format!(
+                                "pid {pid} maps an executable file of {size} bytes whose unwind sections are over the {limit}-byte share for one file: its native frames are walked by frame pointers"
+                            )
+                        },
+                    );
+                }
+                self.stats.files_without_table += 1;
+                return FileState::NoTable;
+            }
         };
         let Ok(identity) = FileIdentity::of_elf_bytes(&data) else {
             self.stats.files_without_table += 1;

@@ -335,7 +335,7 @@ impl ClrSession {
             .name(format!("clr-events-{pid}"))
             .spawn(move || {
                 crate::process::priority::enter_background_thread();
-                read_session(stream, kinds, &sender)
+                read_session(pid, stream, kinds, &sender)
             })
             .map_err(|source| IpcError::Io {
                 pid,
@@ -585,6 +585,7 @@ fn stop_in_background(
 
 /// The reader thread: socket -> parser -> decoder -> channel.
 fn read_session(
+    pid: u32,
     mut stream: UnixStream,
     kinds: ClrEventKinds,
     sender: &SyncSender<Vec<SessionMessage>>,
@@ -663,6 +664,20 @@ fn read_session(
             if sender.send(std::mem::take(&mut batch)).is_err() {
                 undelivered += events;
             }
+        }
+        if let Some(super::nettrace::NettraceError::MetadataOverBudget { max_bytes }) =
+            parser.last_soft_error()
+        {
+            let max_bytes = *max_bytes;
+            crate::memory_budget::warn_once(
+                pid,
+                crate::memory_budget::OverBudget::Nettrace,
+                || {
+                    format!(
+                        "pid {pid}'s event stream defines more metadata than its {max_bytes}-byte bound or the budget's share for event streams: records dropped"
+                    )
+                },
+            );
         }
         if let Err(e) = fed {
             error = Some(e.to_string());

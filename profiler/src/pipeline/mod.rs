@@ -194,7 +194,7 @@ impl Pipeline {
             stack: Vec::with_capacity(256),
             user_frames: Vec::with_capacity(256),
             managed_budget: crate::symbolize::managed::ManagedSymbolBudget::new(
-                crate::symbolize::managed::DEFAULT_MANAGED_SYMBOL_BUDGET_BYTES,
+                crate::memory_budget::current().managed_symbol_bytes(),
             ),
             lifecycle: VecDeque::new(),
             keep_perf_files: false,
@@ -345,6 +345,7 @@ impl Pipeline {
             native_files: native.files_evicted,
             native_frames: native.frames_evicted,
         };
+        self.summary.over_budget = crate::memory_budget::drops().snapshot();
     }
 
     /// The end of the recording: stops every session, then adds the kept
@@ -379,6 +380,7 @@ impl Pipeline {
         let Some(mut clr) = process.clr.take() else {
             return;
         };
+        process.clr_slot = None;
         process.refresh_managed(true);
         let Self {
             native,

@@ -33,6 +33,9 @@ pub struct RecordSummary {
     pub processes_vanished: usize,
     /// What the bounded caches let go of to stay within their caps.
     pub evictions: Evictions,
+    /// What targets' input would have grown past the memory budget,
+    /// dropped ([`crate::memory_budget`]).
+    pub over_budget: crate::memory_budget::DropCounts,
     pub kernel_frames: u64,
     pub managed_frames: u64,
     pub native_frames: u64,
@@ -452,6 +455,22 @@ pub fn print_summary(
             e.managed_bytes as f64 / 1048576.0,
             e.native_files,
             e.native_frames
+        )?;
+    }
+    let d = summary.over_budget;
+    if d.any() {
+        writeln!(
+            w,
+            "clrbpf: over the {} MiB memory budget, dropped: {} mappings ({} maps files read in part), {} files for unwind tables ({:.1} MiB), {} managed symbols, {} EventPipe metadata records, {} early stack-cache resets, {} .NET sessions",
+            crate::memory_budget::current().total_bytes >> 20,
+            d.mappings,
+            d.maps_files_truncated,
+            d.files,
+            d.file_bytes as f64 / 1048576.0,
+            d.managed_symbols,
+            d.nettrace_metadata,
+            d.nettrace_stack_resets,
+            d.sessions
         )?;
     }
     if summary.truncated_stacks > 0 || summary.malformed_records > 0 {

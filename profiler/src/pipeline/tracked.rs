@@ -42,6 +42,10 @@ const JIT_CODE_REFRESH_EVERY: Duration = Duration::from_secs(1);
 /// How often a process's mappings are re-read at most when an address is
 /// not covered by the ones we have.
 const MAPS_REFRESH_EVERY: Duration = Duration::from_millis(200);
+/// The same for a process whose mappings did not fit the memory budget:
+/// its file is large (the kernel takes tens of ms per 16 MiB of it) and
+/// addresses in what was left out would ask for it again at every sample.
+const OVER_BUDGET_MAPS_REFRESH_EVERY: Duration = Duration::from_secs(10);
 
 /// What we know of one profiled process.
 pub(super) struct TrackedProcess {
@@ -68,6 +72,8 @@ pub(super) struct TrackedProcess {
     pub(super) warnings: Vec<String>,
     pub(super) jit_module: Arc<Module>,
     pub(super) clr: Option<ClrCollector>,
+    /// The session slot of the memory budget `clr` holds.
+    pub(super) clr_slot: Option<crate::memory_budget::SessionSlot>,
     pub(super) clr_settings: ClrSettings,
     /// CLR events arrived since the perf map was last read.
     pub(super) clr_symbols_stale: bool,
@@ -139,6 +145,7 @@ impl TrackedProcess {
                 has_functions: true,
             }),
             clr: None,
+            clr_slot: None,
             clr_settings,
             clr_symbols_stale: false,
             methods_from_events: false,
@@ -149,17 +156,42 @@ impl TrackedProcess {
     }
 
     pub(super) fn refresh_maps(&mut self, procfs: &ProcFs, native: &mut NativeSymbolizer) {
-        if self
-            .maps_read_at
-            .is_some_and(|t| t.elapsed() < MAPS_REFRESH_EVERY)
-        {
+        let every = if self.mappings.stats().over_budget() {
+            OVER_BUDGET_MAPS_REFRESH_EVERY
+        } else {
+            MAPS_REFRESH_EVERY
+        };
+        if self.maps_read_at.is_some_and(|t| t.elapsed() < every) {
             return;
         }
         self.maps_read_at = Some(Instant::now());
+        // The old table's bytes go back to the budget's pool while the new
+        // one is read (and charged); it is kept if the process is gone.
+        let uncharged = self.mappings.uncharge();
         let Ok(mappings) = procfs.maps(self.pid) else {
+            self.mappings.recharge(uncharged);
             return;
         };
         self.mappings = mappings;
+        let stats = self.mappings.stats();
+        if stats.over_budget() {
+            let (pid, kept) = (self.pid, self.mappings.len());
+            let message = || {
+                format!(
+                    "pid {pid}: its /proc/PID/maps is over the memory budget ({kept} mappings kept, {} dropped{}): frames in the rest are unnamed",
+                    stats.dropped,
+                    if stats.truncated {
+                        ", file read in part"
+                    } else {
+                        ""
+                    }
+                )
+            };
+            if crate::memory_budget::warn_once(pid, crate::memory_budget::OverBudget::Maps, message)
+            {
+                self.warnings.push(message());
+            }
+        }
         // A process is often first seen before it maps libcoreclr.so (the
         // `dotnet` host loads it late), so the runtime is looked for at
         // every refresh until found.
@@ -195,7 +227,27 @@ impl TrackedProcess {
         self.methods_from_events =
             self.attach && !self.launched_here && runtime.major().is_some_and(|m| m < 8);
         let settings = self.clr_settings;
-        if settings.kinds.any() {
+        let slot = settings
+            .kinds
+            .any()
+            .then(crate::memory_budget::SessionSlot::take);
+        if slot.as_ref().is_some_and(Option::is_none) {
+            let message = || {
+                format!(
+                    "pid {pid}: no CLR events: the memory budget's {} EventPipe sessions are all in use (raise --memory-budget-mb)",
+                    crate::memory_budget::current().max_sessions()
+                )
+            };
+            if crate::memory_budget::warn_once(
+                pid,
+                crate::memory_budget::OverBudget::Sessions,
+                message,
+            ) {
+                self.warnings.push(message());
+            }
+        }
+        if let Some(Some(slot)) = slot {
+            self.clr_slot = Some(slot);
             self.clr = Some(
                 ClrCollector::new(
                     pid,

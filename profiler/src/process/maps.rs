@@ -2,19 +2,54 @@
 //! (which file and offset an instruction pointer falls in), for the unwinder
 //! (which ranges are anonymous JIT code) and for .NET detection.
 //!
-//! The file is the kernel's, but its paths are chosen by the process (file
-//! names, `[anon:...]` names set with `prctl`), so every line is bounded in
-//! length, the line count is bounded, and a line that does not parse is
-//! counted and skipped while the rest of the table is kept.
+//! The file is the kernel's, but its lines are the process's to multiply
+//! (a page mapped 60,000 times is a 60,000-line file) and its paths are
+//! chosen by the process (file names of up to 4 KiB, `[anon:...]` names set
+//! with `prctl`). So every line is bounded in length, the bytes read of the
+//! file are bounded ([`MapsLimits`]), paths are interned (one allocation per
+//! distinct path), the mappings and path bytes kept per process are
+//! bounded, and the tables of all processes share one pool of the memory
+//! budget ([`crate::memory_budget::Pool::Mappings`]). What does not fit is
+//! dropped and counted; a line that does not parse is counted and skipped
+//! while the rest of the table is kept.
 
-use std::io::{self, BufRead};
+use std::{
+    collections::HashSet,
+    io::{self, BufRead},
+    sync::Arc,
+};
+
+use crate::memory_budget::{self, Charge, Pool};
 
 /// Lines longer than this are skipped: a path is at most `PATH_MAX` (4096)
 /// bytes, which the kernel may escape (`\n` -> `\012`), plus ~75 bytes of fields.
 const MAX_LINE_BYTES: usize = 4 * 4096 + 128;
-/// At most this many lines are read. `vm.max_map_count` defaults to 65530;
-/// some hosts raise it a few times.
-const MAX_LINES: usize = 1 << 20;
+/// Bounds on what one maps file may make its reader hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapsLimits {
+    /// Bytes of the file read at most. A real process's file is well under
+    /// a MiB (`vm.max_map_count` defaults to 65530 lines of ~100 bytes);
+    /// the kernel takes tens of ms to write each 16 MiB of it.
+    pub max_read_bytes: u64,
+    /// Mappings kept at most.
+    pub max_mappings: usize,
+    /// Bytes of distinct paths kept at most.
+    pub max_path_bytes: usize,
+}
+
+impl Default for MapsLimits {
+    fn default() -> Self {
+        Self {
+            max_read_bytes: 16 << 20,
+            max_mappings: 1 << 16,
+            max_path_bytes: 1 << 20,
+        }
+    }
+}
+
+/// Heap bytes an interned path costs besides its text (the `Arc`'s counts
+/// and the interner's slot).
+const PATH_OVERHEAD_BYTES: usize = 32;
 
 /// Access permissions of a mapping (`rwxp` / `rwxs`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -66,8 +101,9 @@ pub struct Mapping {
     /// As the kernel prints it, in the process's mount namespace: a file
     /// path (maybe ending in ` (deleted)`), a pseudo path (`[vdso]`,
     /// `[heap]`, `[anon:name]`, `/memfd:name (deleted)`), or `None` for
-    /// plain anonymous memory.
-    pub path: Option<String>,
+    /// plain anonymous memory. Interned: every mapping of one file in a
+    /// table shares the allocation.
+    pub path: Option<Arc<str>>,
 }
 
 impl Mapping {
@@ -154,6 +190,13 @@ pub enum MapsLineError {
 /// `start-end perms offset major:minor inode [path]`. The path is the rest
 /// of the line after the inode and its padding, spaces included.
 pub fn parse_maps_line(line: &str) -> Result<Mapping, MapsLineError> {
+    let (mut mapping, path) = parse_line_parts(line)?;
+    mapping.path = (!path.is_empty()).then(|| Arc::from(path));
+    Ok(mapping)
+}
+
+/// A line's mapping without its path, and the path (empty for none).
+fn parse_line_parts(line: &str) -> Result<(Mapping, &str), MapsLineError> {
     let line = line.strip_suffix('\n').unwrap_or(line);
     let mut rest = line;
     let mut next_field = || -> Option<&str> {
@@ -185,7 +228,7 @@ pub fn parse_maps_line(line: &str) -> Result<Mapping, MapsLineError> {
     }
     let inode = inode.parse().map_err(|_| MapsLineError::BadInode)?;
     let path = rest.trim_start_matches(' ');
-    Ok(Mapping {
+    let mapping = Mapping {
         start,
         end,
         perms,
@@ -193,8 +236,9 @@ pub fn parse_maps_line(line: &str) -> Result<Mapping, MapsLineError> {
         dev_major,
         dev_minor,
         inode,
-        path: (!path.is_empty()).then(|| path.to_string()),
-    })
+        path: None,
+    };
+    Ok((mapping, path))
 }
 
 fn parse_hex_u64(s: &str) -> Option<u64> {
@@ -222,31 +266,107 @@ pub struct MapsParseStats {
     pub overlong: u64,
     /// Mappings dropped because they overlap the previous one.
     pub overlapping: u64,
-    /// The line-count bound was hit; later lines were not read.
+    /// Mappings that parsed but were not kept: past [`MapsLimits`] or the
+    /// memory budget's pool of mapping tables.
+    pub dropped: u64,
+    /// The file was read only up to [`MapsLimits::max_read_bytes`]; later
+    /// lines were not read.
     pub truncated: bool,
 }
 
+impl MapsParseStats {
+    /// Something was left out for the memory budget.
+    pub fn over_budget(&self) -> bool {
+        self.truncated || self.dropped > 0
+    }
+}
+
 /// The mappings of one process, sorted by start address, non-overlapping,
-/// with lookup by address.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// with lookup by address. Its bytes are charged to the memory budget's
+/// pool of mapping tables while it lives.
+#[derive(Debug, Clone)]
 pub struct MappingTable {
     mappings: Vec<Mapping>,
     stats: MapsParseStats,
+    charge: Charge,
+}
+
+impl Default for MappingTable {
+    fn default() -> Self {
+        Self {
+            mappings: Vec::new(),
+            stats: MapsParseStats::default(),
+            charge: Charge::new(Pool::Mappings),
+        }
+    }
+}
+
+impl PartialEq for MappingTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.mappings == other.mappings && self.stats == other.stats
+    }
+}
+
+impl Eq for MappingTable {}
+
+/// The distinct paths of one table being read, and what they may cost.
+struct PathInterner {
+    paths: HashSet<Arc<str>>,
+    bytes: usize,
+    max_bytes: usize,
+}
+
+impl PathInterner {
+    /// The interned `path`, or `None` when a new one does not fit the
+    /// table's bound or the pool (charged to `charge`).
+    fn intern(&mut self, path: &str, charge: &mut Charge) -> Option<Arc<str>> {
+        if let Some(known) = self.paths.get(path) {
+            return Some(Arc::clone(known));
+        }
+        let cost = path.len() + PATH_OVERHEAD_BYTES;
+        if self.bytes + cost > self.max_bytes || !charge.try_add(cost as u64) {
+            return None;
+        }
+        self.bytes += cost;
+        let path: Arc<str> = Arc::from(path);
+        self.paths.insert(Arc::clone(&path));
+        Some(path)
+    }
 }
 
 impl MappingTable {
-    /// Reads a maps file. Only I/O errors fail; bad lines are counted in
-    /// [`MappingTable::stats`] and skipped.
-    pub fn parse(mut reader: impl BufRead) -> io::Result<Self> {
+    /// Reads a maps file within the default [`MapsLimits`]. Only I/O
+    /// errors fail; bad lines are counted in [`MappingTable::stats`] and
+    /// skipped.
+    pub fn parse(reader: impl BufRead) -> io::Result<Self> {
+        Self::parse_with(reader, MapsLimits::default())
+    }
+
+    /// [`MappingTable::parse`] within `limits`.
+    pub fn parse_with(mut reader: impl BufRead, limits: MapsLimits) -> io::Result<Self> {
         let mut stats = MapsParseStats::default();
+        let mut charge = Charge::new(Pool::Mappings);
         let mut mappings = Vec::new();
+        let mut paths = PathInterner {
+            paths: HashSet::new(),
+            bytes: 0,
+            max_bytes: limits.max_path_bytes,
+        };
         let mut line = Vec::with_capacity(256);
-        for _ in 0..MAX_LINES {
+        let mut read_bytes = 0u64;
+        loop {
+            if read_bytes >= limits.max_read_bytes {
+                // Bound reached: keep what we have, say there was more.
+                line.clear();
+                stats.truncated = !matches!(
+                    read_bounded_line(&mut reader, &mut line, &mut 0)?,
+                    LineRead::Eof
+                );
+                break;
+            }
             line.clear();
-            match read_bounded_line(&mut reader, &mut line)? {
-                LineRead::Eof => {
-                    return Ok(Self::from_parsed(mappings, stats));
-                }
+            match read_bounded_line(&mut reader, &mut line, &mut read_bytes)? {
+                LineRead::Eof => break,
                 LineRead::Overlong => stats.overlong += 1,
                 LineRead::Line => {
                     if line.is_empty() {
@@ -254,29 +374,47 @@ impl MappingTable {
                     }
                     // Paths may be any bytes; fields must be ASCII.
                     let text = String::from_utf8_lossy(&line);
-                    match parse_maps_line(&text) {
-                        Ok(mapping) => {
-                            stats.lines += 1;
-                            mappings.push(mapping);
-                        }
-                        Err(_) => stats.malformed += 1,
+                    let Ok((mut mapping, path)) = parse_line_parts(&text) else {
+                        stats.malformed += 1;
+                        continue;
+                    };
+                    stats.lines += 1;
+                    let fits = mappings.len() < limits.max_mappings
+                        && charge.try_add(size_of::<Mapping>() as u64);
+                    if !fits {
+                        stats.dropped += 1;
+                        continue;
                     }
+                    if !path.is_empty() {
+                        let Some(path) = paths.intern(path, &mut charge) else {
+                            charge.release(size_of::<Mapping>() as u64);
+                            stats.dropped += 1;
+                            continue;
+                        };
+                        mapping.path = Some(path);
+                    }
+                    mappings.push(mapping);
                 }
             }
         }
-        // Bound reached: keep what we have, say there was more.
-        line.clear();
-        stats.truncated = !matches!(read_bounded_line(&mut reader, &mut line)?, LineRead::Eof);
-        Ok(Self::from_parsed(mappings, stats))
+        mappings.shrink_to_fit();
+        let drops = memory_budget::drops();
+        memory_budget::Drops::count(&drops.mappings, stats.dropped);
+        memory_budget::Drops::count(&drops.maps_files_truncated, u64::from(stats.truncated));
+        Ok(Self::from_parsed(mappings, stats, charge))
     }
 
     /// A table from mappings in any order; overlapping ones after the first
     /// are dropped and counted.
     pub fn from_mappings(mappings: Vec<Mapping>) -> Self {
-        Self::from_parsed(mappings, MapsParseStats::default())
+        Self::from_parsed(
+            mappings,
+            MapsParseStats::default(),
+            Charge::new(Pool::Mappings),
+        )
     }
 
-    fn from_parsed(mut mappings: Vec<Mapping>, mut stats: MapsParseStats) -> Self {
+    fn from_parsed(mut mappings: Vec<Mapping>, mut stats: MapsParseStats, charge: Charge) -> Self {
         // The kernel writes them sorted; a fake or racy file may not.
         mappings.sort_by_key(|m| (m.start, m.end));
         let before = mappings.len();
@@ -289,7 +427,30 @@ impl MappingTable {
             keep
         });
         stats.overlapping += (before - mappings.len()) as u64;
-        Self { mappings, stats }
+        Self {
+            mappings,
+            stats,
+            charge,
+        }
+    }
+
+    /// Bytes charged to the memory budget for this table.
+    pub fn memory_bytes(&self) -> u64 {
+        self.charge.bytes()
+    }
+
+    /// Gives the table's bytes back to the pool while a newer table is
+    /// read, so the two are not charged at once; returns them for
+    /// [`Self::recharge`] if the table is kept after all.
+    pub fn uncharge(&mut self) -> u64 {
+        let bytes = self.charge.bytes();
+        self.charge.release(bytes);
+        bytes
+    }
+
+    /// Charges again what [`Self::uncharge`] gave back.
+    pub fn recharge(&mut self, bytes: u64) {
+        self.charge.add_admitted(bytes);
     }
 
     /// The mapping containing `addr` (binary search).
@@ -340,7 +501,12 @@ enum LineRead {
 
 /// Reads one line into `line` (without the newline), holding at most
 /// [`MAX_LINE_BYTES`]; a longer line is consumed and reported as overlong.
-fn read_bounded_line(reader: &mut impl BufRead, line: &mut Vec<u8>) -> io::Result<LineRead> {
+/// Adds the bytes consumed to `read_bytes`.
+fn read_bounded_line(
+    reader: &mut impl BufRead,
+    line: &mut Vec<u8>,
+    read_bytes: &mut u64,
+) -> io::Result<LineRead> {
     let mut overlong = false;
     let mut read_any = false;
     loop {
@@ -371,6 +537,7 @@ fn read_bounded_line(reader: &mut impl BufRead, line: &mut Vec<u8>) -> io::Resul
         }
         let consumed = chunk.len() + usize::from(found_newline);
         reader.consume(consumed);
+        *read_bytes += consumed as u64;
         if found_newline {
             return Ok(if overlong {
                 LineRead::Overlong
@@ -554,5 +721,110 @@ garbage
             Some("/b")
         );
         assert!(table.find(0x2900).is_none());
+    }
+
+    /// One 2 KiB path mapped many times, as a hostile process can.
+    fn repeated_maps(lines: usize, path: &str) -> String {
+        (0..lines)
+            .map(|i| {
+                let start = 0x1000_0000 + i as u64 * 0x2000;
+                format!(
+                    "{start:x}-{:x} r--p 00000000 fe:00 7 {path}\n",
+                    start + 0x1000
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn paths_are_interned() {
+        let path = format!("/{}", "d/".repeat(1024));
+        let table = MappingTable::parse(repeated_maps(1000, &path).as_bytes()).expect("parse");
+        assert_eq!(table.len(), 1000);
+        let first = table.mappings()[0].path.clone().expect("path");
+        assert!(
+            table
+                .iter()
+                .all(|m| m.path.as_ref().is_some_and(|p| Arc::ptr_eq(p, &first))),
+            "one allocation for every mapping of the file"
+        );
+        // 1000 mappings and one path, not 1000 copies of it (2 MiB).
+        assert!(
+            table.memory_bytes() < 1000 * 80 + 4096,
+            "{}",
+            table.memory_bytes()
+        );
+    }
+
+    #[test]
+    fn mapping_count_and_path_bytes_are_capped_and_counted() {
+        let limits = MapsLimits {
+            max_mappings: 10,
+            ..MapsLimits::default()
+        };
+        let table = MappingTable::parse_with(repeated_maps(25, "/lib/x.so").as_bytes(), limits)
+            .expect("parse");
+        assert_eq!(table.len(), 10);
+        assert_eq!(table.stats().dropped, 15);
+        assert!(table.stats().over_budget());
+
+        // Distinct long paths: only as many as the path bound holds.
+        let input: String = (0..20)
+            .map(|i| {
+                format!(
+                    "{:x}-{:x} r-xp 0 fe:00 {i} /{i}{}\n",
+                    0x1000 * (i + 1),
+                    0x1000 * (i + 1) + 0x800,
+                    "p".repeat(1000)
+                )
+            })
+            .collect();
+        let limits = MapsLimits {
+            max_path_bytes: 5 * 1100,
+            ..MapsLimits::default()
+        };
+        let table = MappingTable::parse_with(input.as_bytes(), limits).expect("parse");
+        assert_eq!(table.len(), 5);
+        assert_eq!(table.stats().dropped, 15);
+    }
+
+    #[test]
+    fn bytes_read_are_capped_at_a_line_boundary() {
+        let input = repeated_maps(100, "/lib/x.so");
+        let line_len = input.find('\n').expect("a line") as u64 + 1;
+        let limits = MapsLimits {
+            max_read_bytes: line_len * 10 + 3,
+            ..MapsLimits::default()
+        };
+        let table = MappingTable::parse_with(input.as_bytes(), limits).expect("parse");
+        // The line that crossed the bound is read whole, then reading stops.
+        assert_eq!(table.len(), 11);
+        assert!(table.stats().truncated);
+        assert!(table.iter().all(|m| m.path.as_deref() == Some("/lib/x.so")));
+        let whole = MappingTable::parse_with(
+            input.as_bytes(),
+            MapsLimits {
+                max_read_bytes: line_len * 100,
+                ..MapsLimits::default()
+            },
+        )
+        .expect("parse");
+        assert_eq!((whole.len(), whole.stats().truncated), (100, false));
+    }
+
+    #[test]
+    fn tables_give_their_bytes_back() {
+        let input = repeated_maps(500, "/lib/y.so");
+        let table = MappingTable::parse(input.as_bytes()).expect("parse");
+        let charged = table.memory_bytes();
+        assert!(charged >= 500 * size_of::<Mapping>() as u64);
+        let mut copy = table.clone();
+        assert_eq!(copy.memory_bytes(), charged);
+        drop(table);
+        assert_eq!(copy.memory_bytes(), charged);
+        let given_back = copy.uncharge();
+        assert_eq!((given_back, copy.memory_bytes()), (charged, 0));
+        copy.recharge(given_back);
+        assert_eq!(copy.memory_bytes(), charged);
     }
 }

@@ -322,6 +322,10 @@ pub struct ManagedSymbolsConfig {
     /// Bytes read per file and refresh; the rest waits for the next one.
     /// Bounds the time of one refresh (a jitdump also carries code bytes).
     pub max_bytes_per_refresh: u64,
+    /// Bytes the process's own tables may take ([`JitCodeIndex::memory_bytes`]);
+    /// later entries are dropped and counted. The entry caps alone would
+    /// let names of 64 KiB each pass the budget a thousandfold.
+    pub max_table_bytes: u64,
 }
 
 impl Default for ManagedSymbolsConfig {
@@ -330,6 +334,7 @@ impl Default for ManagedSymbolsConfig {
             perf_map: PerfMapLimits::default(),
             jitdump: JitDumpLimits::default(),
             max_bytes_per_refresh: 256 * 1024 * 1024,
+            max_table_bytes: u64::MAX,
         }
     }
 }
@@ -358,6 +363,9 @@ pub struct FileRefresh {
     pub status: FileStatus,
     pub bytes_read: u64,
     pub symbols_added: u64,
+    /// Entries dropped because the process's tables were at
+    /// [`ManagedSymbolsConfig::max_table_bytes`].
+    pub symbols_over_budget: u64,
     /// Parsed again from the start: the file was replaced or truncated.
     pub restarted: bool,
 }
@@ -777,9 +785,11 @@ impl ManagedSymbols {
         mut config: ManagedSymbolsConfig,
         budget: &ManagedSymbolBudget,
     ) -> Self {
-        let fits = budget.stats().limit_bytes / TYPICAL_ENTRY_BYTES;
+        let limit_bytes = budget.stats().limit_bytes;
+        let fits = limit_bytes / TYPICAL_ENTRY_BYTES;
         config.perf_map.max_entries = config.perf_map.max_entries.min(fits);
         config.jitdump.max_code_loads = config.jitdump.max_code_loads.min(fits);
+        config.max_table_bytes = config.max_table_bytes.min(limit_bytes);
         let mut symbols = Self::at(location, config);
         let id = budget.join(&symbols.tables);
         symbols.budget = Some((budget.clone(), id));
@@ -841,6 +851,17 @@ impl ManagedSymbols {
             tables.index.commit();
             RefreshStats { perf_map, jitdump }
         };
+        let over = stats.perf_map.symbols_over_budget + stats.jitdump.symbols_over_budget;
+        if over > 0 {
+            use crate::memory_budget::{self, Drops, OverBudget};
+            Drops::count(&memory_budget::drops().managed_symbols, over);
+            let (pid, limit) = (self.location.pid, self.config.max_table_bytes);
+            memory_budget::warn_once(pid, OverBudget::ManagedSymbols, || {
+                format!(
+                    "pid {pid}'s perf map or jitdump names more than the {limit} bytes of managed symbols one process may hold: later methods are unnamed"
+                )
+            });
+        }
         self.charge();
         stats
     }
@@ -982,6 +1003,10 @@ impl ManagedSymbols {
             config.max_bytes_per_refresh,
             |parser, bytes| {
                 parser.feed(bytes, |load| {
+                    if index.memory_bytes() >= config.max_table_bytes {
+                        refresh.symbols_over_budget += 1;
+                        return;
+                    }
                     let valid_from = if load.monotonic_time {
                         load.timestamp_ns
                     } else {
@@ -1044,7 +1069,16 @@ impl ManagedSymbols {
             read_buf,
             config.max_bytes_per_refresh,
             |parser, bytes| {
-                refresh.symbols_added += ingest_perf_map(parser, index, interner, bytes, now_ns);
+                let (added, over) = ingest_perf_map(
+                    parser,
+                    index,
+                    interner,
+                    bytes,
+                    now_ns,
+                    config.max_table_bytes,
+                );
+                refresh.symbols_added += added;
+                refresh.symbols_over_budget += over;
             },
         );
         refresh.status = FileStatus::Read;
@@ -1053,20 +1087,26 @@ impl ManagedSymbols {
     }
 }
 
-/// Parses perf map bytes into the index; returns the symbols added.
+/// Parses perf map bytes into the index while it holds less than
+/// `max_table_bytes`; returns the symbols added and those dropped.
 fn ingest_perf_map(
     parser: &mut PerfMapParser,
     index: &mut JitCodeIndex,
     interner: &mut SymbolInterner,
     bytes: &[u8],
     now_ns: u64,
-) -> u64 {
-    let mut added = 0;
+    max_table_bytes: u64,
+) -> (u64, u64) {
+    let (mut added, mut over) = (0, 0);
     parser.feed(bytes, |entry| {
+        if index.memory_bytes() >= max_table_bytes {
+            over += 1;
+            return;
+        }
         let symbol = ManagedSymbol::from_raw_name(&entry.name, entry.start, entry.size, interner);
         added += u64::from(index.insert(symbol, now_ns));
     });
-    added
+    (added, over)
 }
 
 /// Opens a perf file and decides whether its parser must start over.
@@ -1243,7 +1283,7 @@ pub fn bench_perf_map_load(entries: usize) -> Duration {
     let SymbolTables {
         index, interner, ..
     } = &mut *tables;
-    let added = ingest_perf_map(&mut symbols.perf_map, index, interner, &text, 1);
+    let (added, _) = ingest_perf_map(&mut symbols.perf_map, index, interner, &text, 1, u64::MAX);
     index.commit();
     drop(tables);
     let elapsed = started.elapsed();
@@ -1899,6 +1939,30 @@ mod tests {
         assert_eq!(symbols.refresh(2).perf_map.symbols_added, 1);
         assert_eq!(symbols.refresh(3).perf_map.symbols_added, 1);
         assert_eq!(symbols.len(), 2);
+    }
+
+    #[test]
+    fn one_process_of_long_names_is_bounded_in_bytes() {
+        let target = Target::new();
+        let config = ManagedSymbolsConfig {
+            max_table_bytes: 256 << 10,
+            ..ManagedSymbolsConfig::default()
+        };
+        let mut symbols = ManagedSymbols::at(target.location.clone(), config);
+        // 1,000 distinct names of 4 KiB: about 8 MiB held without the bound.
+        let text: String = (0..1000)
+            .map(|i| format!("{:x} 10 M{i}{}()\n", 0x1000 + i * 0x10, "x".repeat(4096)))
+            .collect();
+        target.append("perf-7.map", text.as_bytes());
+        let refresh = symbols.refresh(1).perf_map;
+        assert!(refresh.symbols_over_budget > 900, "{refresh:?}");
+        assert_eq!(refresh.symbols_added + refresh.symbols_over_budget, 1000);
+        // The entry that crossed the bound is kept whole.
+        assert!(
+            symbols.memory_bytes() < (256 << 10) + (64 << 10),
+            "{}",
+            symbols.memory_bytes()
+        );
     }
 
     #[test]

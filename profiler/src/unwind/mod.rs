@@ -39,8 +39,12 @@ pub enum UnwindTableError {
         #[source]
         source: std::io::Error,
     },
-    #[error("ELF file is larger than the {limit}-byte limit for unwind tables")]
+    #[error("file is larger than the {limit}-byte limit for unwind tables")]
     TooLarge { limit: u64 },
+    #[error(
+        "the parts of the file an unwind table needs are over the memory budget's {limit}-byte share for one file"
+    )]
+    OverBudget { limit: u64 },
     #[error("mapped file is neither ELF nor PE (no magic), so it has no unwind table")]
     NotElf,
     #[error("PE file has no ReadyToRun unwind information: {reason}")]

@@ -389,10 +389,15 @@ pub fn pack_index_words(words: &[u32]) -> Box<[UnwindRow]> {
 /// notes and a few sections (`.eh_frame`, `.debug_frame`, the PLTs), a
 /// small part of a large library: reading `librustc_driver.so` (a quarter
 /// of a GiB) whole to index one compiler process raised clrbpf's RSS by as
-/// much.
+/// much. The bytes read are bounded too ([`FileBytes::read_limit`], the
+/// memory budget's share for one file): a process can map a sparse file of
+/// a GiB that costs it nothing on disk.
 pub struct FileBytes {
     map: Option<std::ptr::NonNull<u8>>,
     len: usize,
+    /// Bytes read into it so far (overlapping reads count twice).
+    read: u64,
+    read_limit: u64,
 }
 
 // SAFETY: the mapping is owned, private and only read through `&self`.
@@ -401,9 +406,14 @@ unsafe impl Sync for FileBytes {}
 
 impl FileBytes {
     /// A zero-filled anonymous mapping of `len` bytes.
-    fn zeroed(len: usize) -> std::io::Result<Self> {
+    fn zeroed(len: usize, read_limit: u64) -> std::io::Result<Self> {
         if len == 0 {
-            return Ok(Self { map: None, len });
+            return Ok(Self {
+                map: None,
+                len,
+                read: 0,
+                read_limit,
+            });
         }
         // SAFETY: a fresh private anonymous mapping; no file, no aliasing.
         let ptr = unsafe {
@@ -422,7 +432,14 @@ impl FileBytes {
         Ok(Self {
             map: std::ptr::NonNull::new(ptr.cast()),
             len,
+            read: 0,
+            read_limit,
         })
+    }
+
+    /// Bytes read into it so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.read
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
@@ -434,7 +451,7 @@ impl FileBytes {
     }
 
     /// Reads `file`'s bytes `[offset, offset + len)`, clipped to the file's
-    /// size, into place.
+    /// size, into place; refuses to read past the read limit.
     fn fill(&mut self, file: &File, offset: u64, len: u64) -> Result<(), UnwindTableError> {
         let size = self.len as u64;
         let start = offset.min(size);
@@ -442,6 +459,13 @@ impl FileBytes {
         if start >= end {
             return Ok(());
         }
+        let read = self.read + (end - start);
+        if read > self.read_limit {
+            return Err(UnwindTableError::OverBudget {
+                limit: self.read_limit,
+            });
+        }
+        self.read = read;
         let range = start as usize..end as usize;
         file.read_exact_at(&mut self.bytes_mut()[range], start)
             .map_err(|source| UnwindTableError::Read { source })
@@ -484,18 +508,29 @@ const UNWIND_SECTIONS: [&[u8]; 5] = [
 /// ELF or PE: .NET 8 maps its JIT code from a memfd (`/memfd:doublemapper`)
 /// sized in gigabytes, which reading whole cost a gigabyte of memory and a
 /// second of CPU per process. A 64-bit little-endian ELF file is read
-/// sparsely ([`FileBytes`]); anything else whole.
+/// sparsely ([`FileBytes`]), a PE image its headers then its sections, and
+/// only if the headers parse (a sparse GiB file starting with `MZ` costs a
+/// page); another ELF file whole. Whatever is read stays within the memory
+/// budget's share for one file ([`crate::memory_budget::MemoryBudget::file_read_bytes`]).
 pub fn read_elf_file(file: &File) -> Result<FileBytes, UnwindTableError> {
-    let (magic, mut data) = start_reading(file)?;
-    if magic == *b"\x7fELF" && read_elf_parts(file, &mut data, true)? {
-        return Ok(data);
+    read_elf_file_within(file, crate::memory_budget::current().file_read_bytes())
+}
+
+/// [`read_elf_file`], reading at most `read_limit` bytes.
+pub fn read_elf_file_within(file: &File, read_limit: u64) -> Result<FileBytes, UnwindTableError> {
+    let (magic, mut data) = start_reading(file, read_limit)?;
+    if magic == *b"\x7fELF" {
+        if !read_elf_parts(file, &mut data, true)? {
+            data.fill(file, 0, data.len() as u64)?;
+        }
+    } else {
+        read_pe_sections(file, &mut data)?;
     }
-    data.fill(file, 0, data.len() as u64)?;
     Ok(data)
 }
 
 /// The magic of an ELF or PE file and an unread [`FileBytes`] of its size.
-fn start_reading(file: &File) -> Result<([u8; 4], FileBytes), UnwindTableError> {
+fn start_reading(file: &File, read_limit: u64) -> Result<([u8; 4], FileBytes), UnwindTableError> {
     let mut magic = [0u8; 4];
     file.read_exact_at(&mut magic, 0)
         .map_err(|source| UnwindTableError::Read { source })?;
@@ -511,9 +546,31 @@ fn start_reading(file: &File) -> Result<([u8; 4], FileBytes), UnwindTableError> 
             limit: MAX_ELF_FILE_BYTES,
         });
     }
-    let data =
-        FileBytes::zeroed(size as usize).map_err(|source| UnwindTableError::Read { source })?;
+    let data = FileBytes::zeroed(size as usize, read_limit)
+        .map_err(|source| UnwindTableError::Read { source })?;
     Ok((magic, data))
+}
+
+/// Reads a 64-bit PE image's headers and, if they parse, the raw data of
+/// its sections (where its ReadyToRun header, runtime functions and unwind
+/// records are), into `data`.
+fn read_pe_sections(file: &File, data: &mut FileBytes) -> Result<(), UnwindTableError> {
+    data.fill(file, 0, u64::from(PE_HEADER_BYTES))?;
+    let sections: Vec<(u64, u64)> = {
+        let pe = object::read::pe::PeFile64::parse(&**data)
+            .map_err(|source| UnwindTableError::Parse { source })?;
+        pe.section_table()
+            .iter()
+            .filter_map(|section| {
+                let (offset, size) = section.pe_file_range();
+                (size > 0).then_some((u64::from(offset), u64::from(size)))
+            })
+            .collect()
+    };
+    for (offset, size) in sections {
+        data.fill(file, offset, size)?;
+    }
+    Ok(())
 }
 
 /// The build id of a 64-bit little-endian ELF file, read from its headers
@@ -523,7 +580,8 @@ fn start_reading(file: &File) -> Result<([u8; 4], FileBytes), UnwindTableError> 
 /// it). `None` for any other file, or one without a build id (its identity
 /// needs those sections).
 pub fn read_build_id(file: &File) -> Option<FileIdentity> {
-    let (magic, mut data) = start_reading(file).ok()?;
+    // Headers, notes and a few debug records: a small, fixed share.
+    let (magic, mut data) = start_reading(file, BUILD_ID_READ_LIMIT).ok()?;
     if magic[..2] == *b"MZ" {
         read_pe_parts(file, &mut data).ok()?;
     } else if !read_elf_parts(file, &mut data, false).ok()? {
@@ -534,6 +592,10 @@ pub fn read_build_id(file: &File) -> Option<FileIdentity> {
         FileIdentity::ContentHash(_) => None,
     }
 }
+
+/// Bytes [`read_build_id`] reads at most (headers, program and section
+/// headers, notes).
+const BUILD_ID_READ_LIMIT: u64 = 4 << 20;
 
 /// Tags a PE image's identity, so it never equals an ELF build id.
 const PE_BUILD_ID_TAG: &[u8] = b"PE:";

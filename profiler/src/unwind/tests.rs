@@ -279,6 +279,43 @@ fn huge_or_foreign_mapped_files_are_refused_before_reading() {
     ));
 }
 
+/// A sparse GiB starting with `MZ` (any process can map one executable at
+/// no cost on disk) is refused after its first page: its headers are no
+/// PE image. Before, it was read whole (1.08 GB of RSS).
+#[test]
+fn a_sparse_file_posing_as_pe_costs_a_page() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("sparse.dll");
+    std::fs::write(&path, b"MZ").expect("magic");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open");
+    file.set_len(1 << 30).expect("sparse 1 GiB");
+    let file = std::fs::File::open(&path).expect("open");
+    assert!(matches!(
+        table::read_elf_file(&file),
+        Err(UnwindTableError::Parse { .. })
+    ));
+    assert!(table::read_build_id(&file).is_none());
+}
+
+/// What is read of one file stays within the read limit (the memory
+/// budget's share for one file): a file whose unwind sections pass it gets
+/// no table rather than the memory.
+#[test]
+fn the_bytes_read_of_a_file_are_bounded() {
+    let file = std::fs::File::open(libc_path()).expect("open libc");
+    let whole = table::read_elf_file(&file).expect("read");
+    assert!(whole.bytes_read() > 4096);
+    assert!(matches!(
+        table::read_elf_file_within(&file, whole.bytes_read() - 1),
+        Err(UnwindTableError::OverBudget { .. })
+    ));
+    let again = table::read_elf_file_within(&file, whole.bytes_read()).expect("within");
+    assert_eq!(&*again, &*whole);
+}
+
 /// An ELF file is read sparsely (headers, notes, unwind sections), and
 /// what is built from it is what the whole file gives.
 #[test]
@@ -1184,6 +1221,28 @@ fn ready_to_run_images_are_identified_from_their_headers() {
             *b ^= 0x5a;
         }
         let _ = table::pe_build_id(&damaged);
+    }
+}
+
+/// A ReadyToRun image is read as its headers and sections, not whole, and
+/// gives the table the whole file gives.
+#[test]
+#[ignore = "needs the .NET runtime `cargo xtask setup` unpacks: run by cargo xtask test"]
+fn ready_to_run_images_are_read_by_section() {
+    for (var, default) in [
+        ("CLRBPF_DOTNET8", "net8/dnv/net/runtime/.net/dotnet"),
+        ("CLRBPF_DOTNET31", "netcore31/dotnetcore2/bin/dotnet"),
+    ] {
+        let path = corelib_of(&dotnet_host(var, default));
+        let whole = std::fs::read(&path).expect("CoreLib");
+        let file = std::fs::File::open(&path).expect("open");
+        let read = table::read_elf_file(&file).expect("read by section");
+        assert!(read.bytes_read() <= whole.len() as u64 + 4096);
+        let expected = UnwindTable::from_elf_bytes(&whole).expect("table");
+        let built = UnwindTable::from_elf_bytes(&read).expect("table");
+        assert_eq!(built.identity(), expected.identity(), "{}", path.display());
+        assert_eq!(built.rows(), expected.rows(), "{}", path.display());
+        assert_eq!(built.segments(), expected.segments(), "{}", path.display());
     }
 }
 

@@ -5,6 +5,8 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use crate::memory_budget::{self, Charge, Pool};
+
 use super::{
     EventMetadata, EventRecord, FieldDescription, NettraceLimits, NettraceStats, ParsedItem,
     SequencePoint, StackBlockInfo,
@@ -232,6 +234,30 @@ pub(crate) struct StreamState {
     last_sequence: HashMap<u64, u32>,
     pub(crate) stats: NettraceStats,
     pub(crate) last_soft_error: Option<NettraceError>,
+    /// Bytes the kept metadata records take ([`metadata_cost`]).
+    metadata_bytes: usize,
+    /// Stack cache frames already charged to `charge`.
+    charged_frames: usize,
+    /// This stream's metadata and stack cache, charged to the memory
+    /// budget's pool for event streams.
+    charge: Charge,
+}
+
+/// Frames of the stack cache charged at a time: a charge per stack block
+/// would be an atomic operation per few stacks.
+const STACK_CHARGE_FRAMES: usize = 64 << 10;
+
+/// Heap bytes a metadata record holds, roughly: its fixed parts, its event
+/// name and every field's name and description.
+fn metadata_cost(event_name: &str, fields: &[FieldDescription]) -> usize {
+    fn fields_cost(fields: &[FieldDescription]) -> usize {
+        fields
+            .iter()
+            .map(|f| size_of::<FieldDescription>() + f.name.len() + fields_cost(&f.fields))
+            .sum()
+    }
+    // The map slot and key besides the record.
+    size_of::<EventMetadata>() + 16 + event_name.len() + fields_cost(fields)
 }
 
 impl StreamState {
@@ -245,6 +271,9 @@ impl StreamState {
             last_sequence: HashMap::new(),
             stats: NettraceStats::default(),
             last_soft_error: None,
+            metadata_bytes: 0,
+            charged_frames: 0,
+            charge: Charge::new(Pool::Nettrace),
         }
     }
 
@@ -391,6 +420,19 @@ impl StreamState {
                 });
                 continue;
             }
+            let cost = metadata_cost(&record.event_name, &record.fields);
+            let freed = self
+                .metadata
+                .get(&record.metadata_id)
+                .map_or(0, |old| metadata_cost(&old.event_name, &old.fields));
+            if !self.admit_metadata(cost, freed) {
+                self.stats.corrupt_metadata += 1;
+                memory_budget::Drops::count(&memory_budget::drops().nettrace_metadata, 1);
+                self.soft_error(NettraceError::MetadataOverBudget {
+                    max_bytes: self.limits.max_metadata_bytes,
+                });
+                continue;
+            }
             let provider = self.intern_provider(&record.provider);
             let meta = EventMetadata {
                 metadata_id: record.metadata_id,
@@ -409,6 +451,38 @@ impl StreamState {
                 on_item(ParsedItem::Metadata(meta));
             }
         }
+    }
+
+    /// Makes room for a metadata record of `cost` bytes that replaces one
+    /// of `freed` bytes, within the stream's bound and the pool; `false`
+    /// (nothing changed) when there is none.
+    fn admit_metadata(&mut self, cost: usize, freed: usize) -> bool {
+        let after = self.metadata_bytes - freed + cost;
+        if after > self.limits.max_metadata_bytes {
+            return false;
+        }
+        if cost > freed && !self.charge.try_add((cost - freed) as u64) {
+            return false;
+        }
+        if freed > cost {
+            self.charge.release((freed - cost) as u64);
+        }
+        self.metadata_bytes = after;
+        true
+    }
+
+    /// Charges the stack cache for `frames` frames in all, in steps of
+    /// [`STACK_CHARGE_FRAMES`]; `false` when the pool has no room.
+    fn charge_stack_frames(&mut self, frames: usize) -> bool {
+        if frames <= self.charged_frames {
+            return true;
+        }
+        let step = (frames - self.charged_frames).max(STACK_CHARGE_FRAMES);
+        if !self.charge.try_add((step * size_of::<u64>()) as u64) {
+            return false;
+        }
+        self.charged_frames += step;
+        true
     }
 
     fn intern_provider(&mut self, name: &str) -> Arc<str> {
@@ -444,11 +518,23 @@ impl StreamState {
                     ));
                 }
                 let frames = size / pointer_size;
-                let cache = &mut self.stacks;
-                if cache.frames.len() + frames > self.limits.max_cached_stack_frames {
-                    cache.clear();
+                let needed = self.stacks.frames.len() + frames;
+                if needed > self.limits.max_cached_stack_frames || !self.charge_stack_frames(needed)
+                {
+                    if needed <= self.limits.max_cached_stack_frames {
+                        memory_budget::Drops::count(
+                            &memory_budget::drops().nettrace_stack_resets,
+                            1,
+                        );
+                    }
+                    self.stacks.clear();
                     self.stats.stack_cache_resets += 1;
+                    if !self.charge_stack_frames(frames) {
+                        // No room even alone: the stack is not kept.
+                        continue;
+                    }
                 }
+                let cache = &mut self.stacks;
                 let start = cache.frames.len();
                 if pointer_size == 8 {
                     cache.frames.extend(bytes.chunks_exact(8).map(|ip| {

@@ -84,6 +84,10 @@ pub enum NettraceError {
     #[error("nettrace stream: more than {max} metadata records")]
     TooManyMetadata { max: usize },
     #[error(
+        "nettrace stream's metadata is over its {max_bytes}-byte bound (or the memory budget's share for event streams): record dropped"
+    )]
+    MetadataOverBudget { max_bytes: usize },
+    #[error(
         "nettrace stream ended at offset {offset} inside an object ({pending_bytes} bytes of it received)"
     )]
     Truncated { offset: u64, pending_bytes: usize },

@@ -56,8 +56,13 @@ pub struct NettraceLimits {
     pub max_block_bytes: usize,
     /// Distinct metadata records kept; more are counted and dropped.
     pub max_metadata: usize,
+    /// Bytes of metadata records kept (names and field descriptions); a
+    /// record past it is counted and dropped. The runtime's own sessions
+    /// hold a few KiB.
+    pub max_metadata_bytes: usize,
     /// Stack frames cached between sequence points; the cache is emptied
-    /// when full (later references count as missing stacks).
+    /// when full, or when the memory budget's share for event streams is
+    /// (later references count as missing stacks).
     pub max_cached_stack_frames: usize,
     /// Capture threads tracked for lost-event counting.
     pub max_tracked_threads: usize,
@@ -68,6 +73,7 @@ impl Default for NettraceLimits {
         Self {
             max_block_bytes: 16 << 20,
             max_metadata: 1 << 16,
+            max_metadata_bytes: 4 << 20,
             max_cached_stack_frames: 4 << 20,
             max_tracked_threads: 1 << 16,
         }

@@ -1024,3 +1024,77 @@ fn replicated_fixture_parses_to_n_times_the_events() {
     assert_eq!(decoded, events);
     assert!(replicate_nettrace(&bytes[..bytes.len() - 1], 2).is_err());
 }
+
+/// A metadata record with `fields` Int32 fields of long names, as a
+/// hostile writer makes them (about 400 bytes of UTF-16 a field).
+fn long_metadata_payload(metadata_id: u32, fields: u32) -> Vec<u8> {
+    use super::writer::utf16z;
+    let mut out = Vec::new();
+    out.extend(metadata_id.to_le_bytes());
+    out.extend(utf16z("Flood"));
+    out.extend(1u32.to_le_bytes());
+    out.extend(utf16z("FloodEvent"));
+    out.extend(0u64.to_le_bytes());
+    out.extend(0u32.to_le_bytes());
+    out.extend(4u32.to_le_bytes());
+    out.extend(fields.to_le_bytes());
+    for field in 0..fields {
+        out.extend(9u32.to_le_bytes());
+        out.extend(utf16z(&format!("{field:03}{}", "n".repeat(197))));
+    }
+    out
+}
+
+#[test]
+fn metadata_bytes_are_bounded_and_counted() {
+    let mut block = BlobBlockWriter::new();
+    for id in 1..=40 {
+        block.blob(BlobSpec::default(), &long_metadata_payload(id, 256));
+    }
+    let mut stream = StreamWriter::new();
+    stream.block(BlockKind::Metadata, &block.finish());
+    let bytes = stream.end();
+    let limits = NettraceLimits {
+        max_metadata_bytes: 1 << 20,
+        ..NettraceLimits::default()
+    };
+    let mut parser = NettraceParser::with_limits(limits);
+    let mut kept = 0;
+    parser
+        .feed(&bytes, &mut |item| {
+            if let ParsedItem::Metadata(m) = item {
+                assert_eq!(m.fields.len(), 256);
+                kept += 1;
+            }
+        })
+        .expect("a valid stream");
+    parser.finish().expect("ended");
+    // A record holds 256 names of 200 bytes and their descriptions: about
+    // 60 KiB, so a MiB holds 15 or 16 of them.
+    assert!((10..20).contains(&kept), "{kept} records kept");
+    assert_eq!(parser.stats().metadata, kept);
+    assert_eq!(parser.stats().corrupt_metadata, 40 - kept);
+    assert!(matches!(
+        parser.last_soft_error(),
+        Some(NettraceError::MetadataOverBudget { .. })
+    ));
+}
+
+#[test]
+fn replacing_a_metadata_record_gives_its_bytes_back() {
+    let mut block = BlobBlockWriter::new();
+    // One id redefined many times: never more than one record held.
+    for _ in 0..40 {
+        block.blob(BlobSpec::default(), &long_metadata_payload(7, 256));
+    }
+    let mut stream = StreamWriter::new();
+    stream.block(BlockKind::Metadata, &block.finish());
+    let limits = NettraceLimits {
+        max_metadata_bytes: 1 << 20,
+        ..NettraceLimits::default()
+    };
+    let mut parser = NettraceParser::with_limits(limits);
+    parser.feed(&stream.end(), &mut |_| {}).expect("valid");
+    assert_eq!(parser.stats().metadata, 40);
+    assert_eq!(parser.stats().corrupt_metadata, 0);
+}
