@@ -36,8 +36,9 @@ Method names are written as the runtime writes them in perf maps
 
 It prints PID and READY like the C# workloads, `SESSION keywords=0x...
 level=N peer=PID` for every session (PID: the client's), `WAITS_SENT
-peer=PID` once a session's events are written, lives argv[2] seconds and
-removes its socket and files when it ends.
+peer=PID` once a session's events are written. It lives argv[2] seconds,
+keeps its files in the directory argv[3] and removes its socket and files
+when it ends (a test that kills it removes the socket).
 """
 
 import ctypes
@@ -384,7 +385,7 @@ def main():
     with open(sys.argv[1]) as f:
         scenario = json.load(f)
     seconds = float(sys.argv[2])
-    workdir = tempfile.mkdtemp(prefix="fake-dotnet9-")
+    workdir = tempfile.mkdtemp(prefix="fake-dotnet9-", dir=sys.argv[3])
     framework = os.path.join(workdir, "shared", "Microsoft.NETCore.App", "9.0.0")
     os.makedirs(framework)
     mappings = []

@@ -300,6 +300,9 @@ pub struct TestProcess {
     pid: u32,
     lines: Arc<Mutex<Vec<String>>>,
     reader: Option<thread::JoinHandle<()>>,
+    /// A stand-in killed on drop leaves its diagnostic socket in `/tmp`:
+    /// removed then.
+    remove_socket: bool,
 }
 
 impl TestProcess {
@@ -396,8 +399,14 @@ impl TestProcess {
     /// A stand-in for a .NET 9 runtime (`tests/fakes/fake_dotnet9.py`: no
     /// .NET 9 runtime can be installed here) that serves the diagnostic
     /// protocol and sends the wait-handle events of the JSON `scenario`
-    /// file. Runs as root with the extra `env`, lives `seconds`.
-    pub fn fake_dotnet9(scenario: &Path, seconds: u32, env: &[(&str, &str)]) -> Self {
+    /// file. Runs as root with the extra `env`, lives `seconds`, keeps its
+    /// files in `dir`.
+    pub fn fake_dotnet9(
+        scenario: &Path,
+        seconds: u32,
+        env: &[(&str, &str)],
+        dir: &TempDir,
+    ) -> Self {
         let script = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("fakes")
             .join("fake_dotnet9.py");
@@ -406,16 +415,19 @@ impl TestProcess {
             script.into_os_string(),
             scenario.as_os_str().to_owned(),
             seconds.to_string().into(),
+            dir.path().as_os_str().to_owned(),
         ]
         .into();
-        Self::start_argv(
+        let mut process = Self::start_argv(
             "fake .NET 9",
             &argv,
             &Launch {
                 env,
                 ..Launch::default()
             },
-        )
+        );
+        process.remove_socket = true;
+        process
     }
 
     /// `argv` run as `user` (uid and gid, no groups), a process that
@@ -477,6 +489,7 @@ impl TestProcess {
             child,
             lines,
             reader: Some(reader),
+            remove_socket: false,
         };
         if ready_rx.recv_timeout(READY_TIMEOUT).is_err() {
             let status = process.child.try_wait().ok().flatten();
@@ -533,6 +546,14 @@ impl Drop for TestProcess {
         // pid namespace, and the workload in it, down with it.
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if self.remove_socket {
+            let prefix = format!("dotnet-diagnostic-{}-", self.pid);
+            for entry in fs::read_dir("/tmp").into_iter().flatten().flatten() {
+                if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = fs::remove_file(entry.path());
+                }
+            }
+        }
     }
 }
 

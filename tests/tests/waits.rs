@@ -190,7 +190,7 @@ fn record_writes_exact_waits_from_a_net9_stand_in() {
     let env = Env::privileged();
     let dir = TempDir::new("waits-record");
     let scenario = write_scenario(&dir, "cut");
-    let fake = TestProcess::fake_dotnet9(&scenario, 120, &[]);
+    let fake = TestProcess::fake_dotnet9(&scenario, 120, &[], &dir);
     let (output, _) = record_pid(
         &env,
         &dir,
@@ -310,8 +310,12 @@ fn agent_ships_exact_waits_of_a_net9_stand_in_as_the_wait_series() {
     let out = dir.join("windows");
     let scenario = write_scenario(&dir, "stop");
     let agent = Agent::start(&env, &out);
-    let fake =
-        TestProcess::fake_dotnet9(&scenario, 120, &[("OTEL_SERVICE_NAME", "waits-stand-in")]);
+    let fake = TestProcess::fake_dotnet9(
+        &scenario,
+        120,
+        &[("OTEL_SERVICE_NAME", "waits-stand-in")],
+        &dir,
+    );
     // The agent looks for new .NET processes every 5 s.
     wait_for_waits_sent(&fake, agent.0.id(), Duration::from_secs(30));
     thread::sleep(Duration::from_secs(1));
