@@ -53,6 +53,8 @@ pub struct AgentMetrics {
     pub unwind_table_bytes: Gauge,
     /// EventCounters payloads that could not be decoded.
     pub runtime_counter_errors: Counter,
+    /// On-demand profiles being taken (`/debug/pprof/profile`).
+    pub pulls_running: Gauge,
     shipped: Family<SinkLabels, Counter>,
     failed: Family<SinkLabels, Counter>,
     dropped: Family<SinkLabels, Counter>,
@@ -114,6 +116,7 @@ impl AgentMetrics {
         let dotnet_processes_tracked = Gauge::default();
         let unwind_table_bytes = Gauge::default();
         let runtime_counter_errors = Counter::default();
+        let pulls_running = Gauge::default();
         let shipped = Family::default();
         let failed = Family::default();
         let dropped = Family::default();
@@ -158,6 +161,11 @@ impl AgentMetrics {
                 runtime_counter_errors.clone(),
             );
             agent.register(
+                "pulls_running",
+                "On-demand profiles being taken (/debug/pprof/profile); a pull ends when its client goes away",
+                pulls_running.clone(),
+            );
+            agent.register(
                 "windows_shipped",
                 "Windows delivered, per sink",
                 shipped.clone(),
@@ -195,6 +203,7 @@ impl AgentMetrics {
             dotnet_processes_tracked,
             unwind_table_bytes,
             runtime_counter_errors,
+            pulls_running,
             shipped,
             failed,
             dropped,
