@@ -55,6 +55,8 @@ pub struct AgentMetrics {
     pub runtime_counter_errors: Counter,
     /// Services shipped as the overflow service (over `--max-services`).
     pub services_over_cap: Counter,
+    /// On-demand profiles being taken (`/debug/pprof/profile`).
+    pub pulls_running: Gauge,
     shipped: Family<SinkLabels, Counter>,
     failed: Family<SinkLabels, Counter>,
     dropped: Family<SinkLabels, Counter>,
@@ -117,6 +119,7 @@ impl AgentMetrics {
         let unwind_table_bytes = Gauge::default();
         let runtime_counter_errors = Counter::default();
         let services_over_cap = Counter::default();
+        let pulls_running = Gauge::default();
         let shipped = Family::default();
         let failed = Family::default();
         let dropped = Family::default();
@@ -166,6 +169,11 @@ impl AgentMetrics {
                 services_over_cap.clone(),
             );
             agent.register(
+                "pulls_running",
+                "On-demand profiles being taken (/debug/pprof/profile); a pull ends when its client goes away",
+                pulls_running.clone(),
+            );
+            agent.register(
                 "windows_shipped",
                 "Windows delivered, per sink",
                 shipped.clone(),
@@ -205,6 +213,7 @@ impl AgentMetrics {
             unwind_table_bytes,
             runtime_counter_errors,
             services_over_cap,
+            pulls_running,
             shipped,
             failed,
             dropped,

@@ -156,6 +156,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         let closed = cuts.cut_due(SystemTime::now(), SYMBOLIZE_DELAY, &mut |from, to| {
             shipper.take(&mut pipeline, clock.span(from, to))
         });
+        metrics
+            .pulls_running
+            .set(i64::try_from(cuts.running_pulls()).unwrap_or(i64::MAX));
         if !closed.is_empty() {
             // The windows shipped before this one are encoded and sent by
             // now: what they held is free.
