@@ -218,22 +218,6 @@ impl Pipeline {
         self.native.keep_kernel_symbols_in(cache_dir);
     }
 
-    /// Turns off the perf maps that runs killed before their end left on
-    /// (their ledgers in `cache_dir`, `--cache-dir`; `None`: no ledger),
-    /// and writes down this run's there ([`perf_maps`]). Call it before
-    /// the first tick: no runtime has been asked for anything yet.
-    pub fn keep_perf_map_ledger_in(&mut self, cache_dir: Option<&Path>) {
-        let Some(cache_dir) = cache_dir else {
-            return;
-        };
-        for warning in self
-            .perf_maps
-            .recover(&self.procfs, cache_dir, self.attach_perf_maps)
-        {
-            tracing::warn!("{warning}");
-        }
-    }
-
     /// Tracks the host's .NET processes that no sample has brought in yet
     /// (an idle service), so that the agent's runtime metrics cover every
     /// .NET process, busy or not. Reads the mappings of processes not
@@ -447,19 +431,6 @@ impl Pipeline {
         self.retire_vanished();
         self.keep_perf_map_ledger();
         self.log_sizes();
-    }
-
-    /// Takes in the abandoned attaches that finished and writes down the
-    /// processes perf maps are on (or asked for) in, if that changed.
-    fn keep_perf_map_ledger(&mut self) {
-        let warnings = self.perf_maps.reap();
-        self.summary.warnings.extend(warnings);
-        let asked = self
-            .processes
-            .values()
-            .filter(|p| p.perf_map.is_some() || p.attach_job.is_some())
-            .map(|p| p.pid);
-        self.perf_maps.sync(&self.procfs, asked);
     }
 
     /// Retires the tracked processes that have had no `/proc` entry at two

@@ -125,6 +125,37 @@ impl PerfMapKeeper {
     }
 }
 
+impl super::Pipeline {
+    /// Turns off the perf maps that runs killed before their end left on
+    /// (their ledgers in `cache_dir`, `--cache-dir`; `None`: no ledger),
+    /// and writes down this run's there (see the module doc). Call it before
+    /// the first tick: no runtime has been asked for anything yet.
+    pub fn keep_perf_map_ledger_in(&mut self, cache_dir: Option<&Path>) {
+        let Some(cache_dir) = cache_dir else {
+            return;
+        };
+        for warning in self
+            .perf_maps
+            .recover(&self.procfs, cache_dir, self.attach_perf_maps)
+        {
+            tracing::warn!("{warning}");
+        }
+    }
+
+    /// Takes in the abandoned attaches that finished and writes down the
+    /// processes perf maps are on (or asked for) in, if that changed.
+    pub(super) fn keep_perf_map_ledger(&mut self) {
+        let warnings = self.perf_maps.reap();
+        self.summary.warnings.extend(warnings);
+        let asked = self
+            .processes
+            .values()
+            .filter(|p| p.perf_map.is_some() || p.attach_job.is_some())
+            .map(|p| p.pid);
+        self.perf_maps.sync(&self.procfs, asked);
+    }
+}
+
 /// The summary's warnings about one process's perf files: those that could
 /// not be removed, and one line for those left alone.
 pub(super) fn file_warnings(pid: u32, cleanup: &PerfFileCleanup) -> Vec<String> {
