@@ -61,7 +61,7 @@ fn render_default_chart() -> RenderedContainer {
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import test_chart
-text, _ = test_chart.render({})
+text, _notes, _token = test_chart.render({})
 (daemonset,) = [o for o in test_chart.objects(text) if o["kind"] == "DaemonSet"]
 print(json.dumps(daemonset["spec"]["template"]["spec"]))
 "#;
