@@ -1281,6 +1281,70 @@ fn cgroup2_root() -> PathBuf {
         .unwrap_or_else(|| panic!("no cgroup2 hierarchy mounted (mounts: {cgroup2:?})"))
 }
 
+/// One HTTP/1.1 request read by a loopback receiver that stands in for a
+/// backend (no Pyroscope or collector server can run here).
+pub struct HttpRequest {
+    /// The request line and headers, lower-cased.
+    pub head: String,
+    pub path: String,
+    pub body: Vec<u8>,
+}
+
+impl HttpRequest {
+    /// Reads a request whose body has a Content-Length; `None` when the
+    /// client goes away first.
+    pub fn read(stream: &mut std::net::TcpStream) -> Option<Self> {
+        use std::io::Read as _;
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+        let mut data = Vec::new();
+        let mut buf = [0u8; 65536];
+        let head_end = loop {
+            if let Some(at) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+            match stream.read(&mut buf) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => data.extend_from_slice(&buf[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&data[..head_end]).to_ascii_lowercase();
+        let mut request = Self {
+            path: head
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or_default()
+                .to_owned(),
+            head,
+            body: Vec::new(),
+        };
+        let length: usize = request
+            .header("content-length:")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        while data.len() < head_end + length {
+            match stream.read(&mut buf) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => data.extend_from_slice(&buf[..n]),
+            }
+        }
+        request.body = data[head_end..head_end + length].to_vec();
+        Some(request)
+    }
+
+    /// A header's value; `name` is lower-case and ends with `:`.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+    }
+
+    pub fn is_gzip(&self) -> bool {
+        self.header("content-encoding:")
+            .is_some_and(|v| v == "gzip")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clrbpf::pprof_proto::{Function, Label, Line, Location, Sample, ValueType};

@@ -17,8 +17,8 @@ use std::{
 };
 
 use clrbpf_integration_tests::{
-    Env, LabelValue, Launch, Runtime, TempDir, TestProcess, assert_some_stack_contains,
-    read_profile, samples, value_index,
+    Env, HttpRequest, LabelValue, Launch, Runtime, TempDir, TestProcess,
+    assert_some_stack_contains, read_profile, samples, value_index,
 };
 use prost::Message as _;
 
@@ -482,38 +482,10 @@ impl Receiver {
 /// Reads one HTTP/1.1 request (a body with Content-Length), answers and
 /// closes the connection.
 fn serve_one(mut stream: TcpStream, fail_until: Instant, keep: &Mutex<Vec<Received>>) {
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
-    let mut data = Vec::new();
-    let mut buf = [0u8; 65536];
-    let head_end = loop {
-        if let Some(at) = data.windows(4).position(|w| w == b"\r\n\r\n") {
-            break at + 4;
-        }
-        match stream.read(&mut buf) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => data.extend_from_slice(&buf[..n]),
-        }
+    let Some(request) = HttpRequest::read(&mut stream) else {
+        return;
     };
-    let head = String::from_utf8_lossy(&data[..head_end]).to_ascii_lowercase();
-    let header = |name: &str| {
-        head.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_owned())
-    };
-    let length: usize = header("content-length:")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    while data.len() < head_end + length {
-        match stream.read(&mut buf) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => data.extend_from_slice(&buf[..n]),
-        }
-    }
-    let path = head
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or_default()
-        .to_owned();
+    let path = request.path.clone();
     let status = if Instant::now() < fail_until {
         500
     } else {
@@ -530,8 +502,8 @@ fn serve_one(mut stream: TcpStream, fail_until: Instant, keep: &Mutex<Vec<Receiv
     );
     keep.lock().expect("receiver lock").push(Received {
         path,
-        body: data[head_end..head_end + length].to_vec(),
-        gzip: header("content-encoding:").is_some_and(|v| v == "gzip"),
+        gzip: request.is_gzip(),
+        body: request.body,
         answered: status,
     });
 }

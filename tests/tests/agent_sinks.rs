@@ -19,7 +19,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use clrbpf_integration_tests::{Env, Launch, Runtime, TempDir, TestProcess, read_profile, samples};
+use clrbpf_integration_tests::{
+    Env, HttpRequest, Launch, Runtime, TempDir, TestProcess, read_profile, samples,
+};
 use prost::Message as _;
 
 /// A running `clrbpf agent` whose log goes to a file (a debug log would
@@ -193,38 +195,10 @@ impl Backend {
 /// Reads one request (a body with Content-Length), answers as told, and
 /// closes the connection.
 fn serve(mut stream: TcpStream, answer: fn(&str) -> Answer, keep: &Mutex<Vec<Request>>) {
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
-    let mut data = Vec::new();
-    let mut buf = [0u8; 65536];
-    let head_end = loop {
-        if let Some(at) = data.windows(4).position(|w| w == b"\r\n\r\n") {
-            break at + 4;
-        }
-        match stream.read(&mut buf) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => data.extend_from_slice(&buf[..n]),
-        }
+    let Some(request) = HttpRequest::read(&mut stream) else {
+        return;
     };
-    let head = String::from_utf8_lossy(&data[..head_end]).to_ascii_lowercase();
-    let header = |name: &str| {
-        head.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_owned())
-    };
-    let length: usize = header("content-length:")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    while data.len() < head_end + length {
-        match stream.read(&mut buf) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => data.extend_from_slice(&buf[..n]),
-        }
-    }
-    let path = head
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or_default()
-        .to_owned();
+    let path = request.path.clone();
     let mut answered_bytes = 0u64;
     let block = vec![b'x'; 64 * 1024];
     match answer(&path) {
@@ -259,8 +233,8 @@ fn serve(mut stream: TcpStream, answer: fn(&str) -> Answer, keep: &Mutex<Vec<Req
     }
     keep.lock().expect("backend lock").push(Request {
         path,
-        body: data[head_end..head_end + length].to_vec(),
-        gzip: header("content-encoding:").is_some_and(|v| v == "gzip"),
+        gzip: request.is_gzip(),
+        body: request.body,
         answered_bytes,
     });
 }
