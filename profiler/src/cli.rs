@@ -91,7 +91,7 @@ pub struct AgentArgs {
     pub upload_interval: std::time::Duration,
 
     /// CLR events to collect from .NET processes (contention, exceptions,
-    /// waits), with per-process rate limits.
+    /// waits, allocations), with per-process rate limits.
     #[arg(
         long,
         value_name = "KINDS",
@@ -112,6 +112,13 @@ pub struct AgentArgs {
     /// the totals exact. 0: no limit.
     #[arg(long, value_name = "N", default_value_t = crate::clr::budget::DEFAULT_EXCEPTIONS_PER_SECOND)]
     pub exceptions_per_second: u32,
+
+    /// Allocation events (with --clr-events ...,allocations) taken with
+    /// their stacks per second and process at most; above it their session
+    /// stops for a back-off and the runtime's alloc-rate counter keeps the
+    /// bytes exact. 0: no limit.
+    #[arg(long, value_name = "N", default_value_t = crate::clr::alloc_session::DEFAULT_ALLOCATIONS_PER_SECOND)]
+    pub allocs_per_second: u32,
 
     /// Also profile off-CPU time (where threads block).
     #[arg(long)]
@@ -486,8 +493,8 @@ pub struct RecordArgs {
     /// sample types in the profile: contention (contentions/count,
     /// delay/nanoseconds, with the lock owner on .NET 8+), exceptions
     /// (exceptions/count, by exception.type), waits (.NET 9+: waits/count,
-    /// wait_delay/nanoseconds, by wait.source). Sampled per minute, with
-    /// exact totals.
+    /// wait_delay/nanoseconds, by wait.source), allocations (as --alloc).
+    /// Sampled per minute, with exact totals.
     #[arg(
         long,
         value_name = "KINDS",
@@ -501,15 +508,29 @@ pub struct RecordArgs {
     pub no_clr_events: bool,
 
     /// Exception events taken with their stacks per second and process at
-    /// most (default: every one). Above it the runtime stops sending them
-    /// for a back-off and its exception counter gives the totals, as the
-    /// agent does by default.
-    #[arg(long, value_name = "N")]
-    pub exceptions_per_second: Option<u32>,
+    /// most. Above it the runtime stops sending them for a back-off and its
+    /// exception counter gives the totals. 0: every one.
+    #[arg(long, value_name = "N", default_value_t = crate::clr::budget::DEFAULT_EXCEPTIONS_PER_SECOND)]
+    pub exceptions_per_second: u32,
+
+    /// Also profile allocations of .NET processes: alloc_samples/count and
+    /// alloc_size/bytes, by allocation.type (also the leaf frame) and
+    /// allocation.heap (soh, loh, poh), from the runtime's allocation
+    /// ticks (one per ~100 KiB allocated) with their stacks.
+    #[arg(long, conflicts_with = "no_clr_events")]
+    pub alloc: bool,
+
+    /// Allocation events taken with their stacks per second and process at
+    /// most. The runtime walks a stack for each one; above this rate their
+    /// session stops for a back-off (10s, doubling up to 5m) and the
+    /// runtime's alloc-rate counter keeps the bytes exact. 0: every one.
+    #[arg(long, value_name = "N", default_value_t = crate::clr::alloc_session::DEFAULT_ALLOCATIONS_PER_SECOND)]
+    pub allocs_per_second: u32,
 
     /// Write one file per kind: <stem>.cpu.pb.gz, <stem>.contention.pb.gz,
-    /// <stem>.exceptions.pb.gz, <stem>.waits.pb.gz, and with --off-cpu or
-    /// --wall <stem>.offcpu.pb.gz, <stem>.wall.pb.gz.
+    /// <stem>.exceptions.pb.gz, <stem>.waits.pb.gz, and with --off-cpu,
+    /// --wall or --alloc <stem>.offcpu.pb.gz, <stem>.wall.pb.gz,
+    /// <stem>.allocations.pb.gz.
     #[arg(long)]
     pub split: bool,
 

@@ -130,6 +130,8 @@ fn run_record(args: RecordArgs) -> anyhow::Result<ExitCode> {
         clr_events,
         no_clr_events,
         exceptions_per_second,
+        alloc,
+        allocs_per_second,
         split,
         off_cpu,
         off_cpu_min,
@@ -148,11 +150,12 @@ fn run_record(args: RecordArgs) -> anyhow::Result<ExitCode> {
         min_ns: (off_cpu_min * 1e6) as u64,
         max_stacks_per_cpu_second: off_cpu_max_stacks,
     });
-    let clr_events = if no_clr_events {
+    let mut clr_events = if no_clr_events {
         ClrEventKinds::NONE
     } else {
         ClrEventKinds::parse(&clr_events).map_err(|e| anyhow::anyhow!("--clr-events: {e}"))?
     };
+    clr_events.allocations |= alloc;
     let format = match format.or_else(|| OutputFormat::from_path(&output)) {
         Some(format) => format,
         None => anyhow::bail!(
@@ -185,7 +188,8 @@ fn run_record(args: RecordArgs) -> anyhow::Result<ExitCode> {
         command,
         verbose: !quiet,
         clr_events,
-        exceptions_per_second: exceptions_per_second.filter(|&n| n > 0),
+        exceptions_per_second: (exceptions_per_second > 0).then_some(exceptions_per_second),
+        allocations_per_second: (allocs_per_second > 0).then_some(allocs_per_second),
         split,
         off_cpu,
         wall,

@@ -73,6 +73,9 @@ pub struct RecordConfig {
     /// Exception events with stacks per second and process at most
     /// ([`crate::clr::budget`]); `None`: every one.
     pub exceptions_per_second: Option<u32>,
+    /// Allocation events with stacks per second and process at most
+    /// ([`crate::clr::alloc_session`]); `None`: every one.
+    pub allocations_per_second: Option<u32>,
     /// One output file per kind (`<stem>.cpu.pb.gz`, ...) instead of one.
     pub split: bool,
     /// Off-CPU intervals of the profiled threads, with their wakers.
@@ -168,6 +171,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         verbose,
         clr_events,
         exceptions_per_second,
+        allocations_per_second,
         split,
         off_cpu,
         wall,
@@ -188,7 +192,8 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     }
     let mut warnings = system::prepare()?;
     warnings.extend(priority_warning);
-    let layout = ValueLayout::new(off_cpu.is_some(), wall, clr_events.any());
+    let layout = ValueLayout::new(off_cpu.is_some(), wall, clr_events.any())
+        .with_allocations(clr_events.allocations);
     // Created now, with their final owner and mode: a bad output path
     // fails here, before anything is recorded.
     let mut sink = FileSink::create(&output, format, split, &layout, sudo_owner())
@@ -215,6 +220,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     pipeline.keep_perf_map_ledger_in(unwind_cache_dir.as_deref());
     pipeline.keep_kernel_symbols_in(unwind_cache_dir);
     pipeline.clr.exceptions_per_second = exceptions_per_second;
+    pipeline.clr.allocations_per_second = allocations_per_second;
     pipeline.unwind = match sampler.take_unwind_maps() {
         Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
         None => None,

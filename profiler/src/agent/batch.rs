@@ -51,6 +51,7 @@ pub fn profile_type_of(sample_type: &str) -> Option<ProfileType> {
         "contentions" | "delay" => ProfileType::Lock,
         "exceptions" => ProfileType::Exception,
         "waits" | "wait_delay" => ProfileType::Wait,
+        "alloc_samples" | "alloc_size" => ProfileType::Memory,
         _ => return None,
     })
 }
@@ -184,11 +185,20 @@ fn project(
         ProfileType::ProcessCpu => sample_types.iter().position(|t| &*t.r#type == "cpu"),
         _ => sample_types.len().checked_sub(1),
     };
+    // Allocation profiles are Pyroscope's `memory` ones: period
+    // `space/bytes` (`memory:alloc_size:bytes:space:bytes`).
+    let (period_type, period) = match profile_type {
+        ProfileType::Memory => {
+            let (name, unit) = crate::profile::layout::ALLOCATION_PERIOD_TYPE;
+            (Some(ValueType::new(name, unit)), 1)
+        }
+        _ => (profile.period_type.clone(), profile.period),
+    };
     Profile {
         sample_types,
         default_sample_type,
-        period_type: profile.period_type.clone(),
-        period: profile.period,
+        period_type,
+        period,
         start_unix_ns: profile.start_unix_ns,
         duration_ns: profile.duration_ns,
         frames,

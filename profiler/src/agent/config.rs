@@ -134,6 +134,8 @@ pub struct AgentConfig {
     pub clr_events: crate::clr::session::ClrEventKinds,
     /// Exception events with stacks per second and process (`None`: all).
     pub exceptions_per_second: Option<u32>,
+    /// Allocation events with stacks per second and process (`None`: all).
+    pub allocations_per_second: Option<u32>,
     pub off_cpu: bool,
     pub wall: bool,
     pub dwarf_unwind: bool,
@@ -164,6 +166,7 @@ impl AgentConfig {
             clr_events,
             no_clr_events,
             exceptions_per_second,
+            allocs_per_second,
             off_cpu,
             wall,
             frame_pointers_only,
@@ -268,6 +271,7 @@ impl AgentConfig {
             upload_interval,
             clr_events,
             exceptions_per_second: (exceptions_per_second > 0).then_some(exceptions_per_second),
+            allocations_per_second: (allocs_per_second > 0).then_some(allocs_per_second),
             off_cpu: off_cpu || wall,
             wall,
             dwarf_unwind: !frame_pointers_only,

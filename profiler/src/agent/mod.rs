@@ -65,16 +65,20 @@ pub enum ProfileType {
     Exception,
     /// Wait-handle waits (.NET 9+).
     Wait,
+    /// Allocations (`alloc_samples/count`, `alloc_size/bytes`), Pyroscope's
+    /// `memory` profile.
+    Memory,
 }
 
 impl ProfileType {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::ProcessCpu,
         Self::Wall,
         Self::OffCpu,
         Self::Lock,
         Self::Exception,
         Self::Wait,
+        Self::Memory,
     ];
 
     /// The profile name: Pyroscope's `__name__` (`process_cpu`, `wall`,
@@ -88,6 +92,7 @@ impl ProfileType {
             Self::Lock => "lock",
             Self::Exception => "exception",
             Self::Wait => "wait",
+            Self::Memory => "memory",
         }
     }
 }

@@ -92,7 +92,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             None
         }
     };
-    let layout = ValueLayout::new(off_cpu.is_some(), config.wall, config.clr_events.any());
+    let layout = ValueLayout::new(off_cpu.is_some(), config.wall, config.clr_events.any())
+        .with_allocations(config.clr_events.allocations);
     let mut pipeline = Pipeline::new(true, config.clr_events, layout);
     pipeline.keep_perf_map_ledger_in(config.unwind_cache_dir.as_deref());
     pipeline.keep_kernel_symbols_in(config.unwind_cache_dir.clone());
@@ -105,6 +106,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             .max(1),
     );
     pipeline.clr.exceptions_per_second = config.exceptions_per_second;
+    pipeline.clr.allocations_per_second = config.allocations_per_second;
     pipeline.unwind = match sampler.take_unwind_maps() {
         Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
         None => None,

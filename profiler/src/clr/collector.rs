@@ -19,6 +19,7 @@
 use std::time::{Duration, Instant};
 
 use super::{
+    alloc_session::{AllocationEvents, AllocationSession, start_allocation_events},
     budget::ExceptionGate,
     counters::{CounterKind, CounterSample, RuntimeCounters},
     events::{ClrEvent, MethodLoad},
@@ -76,6 +77,9 @@ pub struct ClrSettings {
     /// Exception events with stacks per second and process at most
     /// ([`super::budget`]); `None`: every one.
     pub exceptions_per_second: Option<u32>,
+    /// Allocation events with stacks per second and process at most
+    /// ([`super::alloc_session`]); `None`: every one.
+    pub allocations_per_second: Option<u32>,
 }
 
 /// Per-process CLR event collection; see the module documentation.
@@ -105,6 +109,8 @@ pub struct ClrCollector {
     runtime: RuntimeCounters,
     /// Exception events on a session of their own, under a budget.
     exception_events: Option<ExceptionEvents>,
+    /// Allocation events, always on a session of their own.
+    allocation_events: Option<AllocationEvents>,
 }
 
 /// The state of the exception session.
@@ -234,6 +240,7 @@ impl ExceptionEvents {
 struct StartedSessions {
     main: ClrSession,
     exceptions: Option<ClrSession>,
+    allocations: Option<ClrSession>,
 }
 
 type RundownResult = Result<(Vec<MethodLoad>, Option<String>), IpcError>;
@@ -268,7 +275,19 @@ impl ClrCollector {
             counters_interval_sec: None,
             runtime: RuntimeCounters::new(),
             exception_events: None,
+            allocation_events: None,
         }
+    }
+
+    /// Takes allocation events (when asked for) on a session of their own,
+    /// at most `per_second` a second with their stacks (`None`: every
+    /// one); the main session then carries the counters every second,
+    /// whose `alloc-rate` gives the totals.
+    pub fn with_allocation_budget(mut self, per_second: Option<u32>) -> Self {
+        if self.kinds.allocations {
+            self.allocation_events = Some(AllocationEvents::new(per_second, self.runtime_major));
+        }
+        self
     }
 
     /// Takes exception events with stacks at most `per_second` a second
@@ -316,6 +335,13 @@ impl ClrCollector {
                 kinds.exceptions = false;
                 interval = Some(1);
             }
+            if self.allocation_events.is_some() {
+                interval = Some(1);
+            }
+            let allocation_major = self
+                .allocation_events
+                .as_ref()
+                .map(AllocationEvents::runtime_major);
             let (procfs, pid, major) = (procfs.clone(), self.pid, self.runtime_major);
             let exception_session = self.exception_events.is_some();
             match std::thread::Builder::new()
@@ -325,9 +351,16 @@ impl ClrCollector {
                     let exceptions = exception_session
                         .then(|| ClrSession::start_exception_events(&procfs, pid))
                         .transpose()?;
+                    let allocations = allocation_major
+                        .map(|major| start_allocation_events(&procfs, pid, major))
+                        .transpose()?;
                     let main =
                         ClrSession::start_with_counters(&procfs, pid, kinds, major, interval)?;
-                    Ok(StartedSessions { main, exceptions })
+                    Ok(StartedSessions {
+                        main,
+                        exceptions,
+                        allocations,
+                    })
                 }) {
                 Ok(job) => self.state = CollectorState::Starting { since, job },
                 Err(e) => {
@@ -352,13 +385,22 @@ impl ClrCollector {
                 })
             });
             match started {
-                Ok(StartedSessions { main, exceptions }) => {
+                Ok(StartedSessions {
+                    main,
+                    exceptions,
+                    allocations,
+                }) => {
                     self.sessions_started += 1;
                     self.state = CollectorState::Running(Box::new(main));
                     if let (Some(events), Some(session)) =
                         (self.exception_events.as_mut(), exceptions)
                     {
                         events.session = ExceptionSession::Running(Box::new(session));
+                    }
+                    if let (Some(events), Some(session)) =
+                        (self.allocation_events.as_mut(), allocations)
+                    {
+                        events.session = AllocationSession::Running(Box::new(session));
                     }
                     if self.rundown {
                         let (procfs, pid) = (procfs.clone(), self.pid);
@@ -389,6 +431,7 @@ impl ClrCollector {
             end,
             runtime,
             exception_events,
+            allocation_events,
             ..
         } = self;
         let mut taken = 0;
@@ -397,6 +440,9 @@ impl ClrCollector {
             for sample in session.take_counters() {
                 runtime.observe(&sample);
                 if let Some(events) = exception_events.as_mut() {
+                    events.observe_counter(&sample);
+                }
+                if let Some(events) = allocation_events.as_mut() {
                     events.observe_counter(&sample);
                 }
             }
@@ -416,6 +462,9 @@ impl ClrCollector {
                     if let Some(events) = exception_events.as_mut() {
                         events.observe_counter(sample);
                     }
+                    if let Some(events) = allocation_events.as_mut() {
+                        events.observe_counter(sample);
+                    }
                 }
                 if let Some(error) = &session_end.error {
                     self.warnings.push(format!(
@@ -427,7 +476,24 @@ impl ClrCollector {
                 *end = Some(session_end);
             }
         }
-        taken + self.poll_exception_events(procfs)
+        taken + self.poll_exception_events(procfs) + self.poll_allocation_events(procfs)
+    }
+
+    /// Runs the allocation session ([`AllocationEvents::poll`]).
+    fn poll_allocation_events(&mut self, procfs: &ProcFs) -> usize {
+        let main_running = matches!(self.state, CollectorState::Running(_));
+        let main_ended = matches!(self.state, CollectorState::Ended);
+        let Some(events) = self.allocation_events.as_mut() else {
+            return 0;
+        };
+        events.poll(
+            procfs,
+            self.pid,
+            main_running,
+            main_ended,
+            &mut self.intake,
+            &mut self.warnings,
+        )
     }
 
     /// Runs the exception session: starts it once the main one runs and
@@ -628,6 +694,9 @@ impl ClrCollector {
                     if let Some(events) = self.exception_events.as_mut() {
                         events.observe_counter(sample);
                     }
+                    if let Some(events) = self.allocation_events.as_mut() {
+                        events.observe_counter(sample);
+                    }
                 }
                 if let Some(error) = &session_end.error {
                     self.warnings
@@ -652,6 +721,9 @@ impl ClrCollector {
             CollectorState::Waiting { .. } | CollectorState::Ended => {}
         }
         self.stop_exception_events(until);
+        if let Some(events) = self.allocation_events.as_mut() {
+            events.stop(until, &mut self.intake);
+        }
         if let Some(end) = &self.end
             && end.stream.lost_events > 0
         {
@@ -702,6 +774,9 @@ impl ClrCollector {
         {
             session.begin_stop();
         }
+        if let Some(events) = self.allocation_events.as_mut() {
+            events.begin_stop();
+        }
     }
 
     /// Why the totals are incomplete, if they are.
@@ -725,6 +800,10 @@ impl ClrCollector {
                 .exception_events
                 .as_ref()
                 .map_or(0, ExceptionEvents::backoffs),
+            allocation_backoffs: self
+                .allocation_events
+                .as_ref()
+                .map_or(0, AllocationEvents::backoffs),
             ..self.intake.counters()
         }
     }

@@ -14,7 +14,10 @@
 
 use thiserror::Error;
 
-use super::nettrace::{EventRecord, ReadError, reader::ByteReader};
+use super::{
+    allocations,
+    nettrace::{EventRecord, ReadError, reader::ByteReader},
+};
 
 /// The runtime's own provider (JIT, loader, contention, exceptions, waits).
 pub const RUNTIME_PROVIDER: &str = "Microsoft-Windows-DotNETRuntime";
@@ -290,6 +293,8 @@ pub enum ClrEvent {
     Module(ModuleLoad),
     R2REntryPoint(R2REntryPoint),
     Rundown(RundownMarker),
+    /// GCAllocationTick or AllocationSampled ([`super::allocations`]).
+    Allocation(allocations::Allocation),
 }
 
 /// The kinds of [`ClrEvent`], for counting.
@@ -305,10 +310,11 @@ pub enum ClrEventKind {
     Module,
     R2REntryPoint,
     Rundown,
+    Allocation,
 }
 
 impl ClrEventKind {
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::ContentionStart,
         Self::ContentionStop,
         Self::ContentionLockCreated,
@@ -319,6 +325,7 @@ impl ClrEventKind {
         Self::Module,
         Self::R2REntryPoint,
         Self::Rundown,
+        Self::Allocation,
     ];
 
     /// The event's name as the runtime manifest spells it.
@@ -334,6 +341,7 @@ impl ClrEventKind {
             Self::Module => "ModuleLoad",
             Self::R2REntryPoint => "R2RGetEntryPoint",
             Self::Rundown => "DCStartEnd",
+            Self::Allocation => "GCAllocationTick",
         }
     }
 }
@@ -351,6 +359,7 @@ impl ClrEvent {
             Self::Module(_) => ClrEventKind::Module,
             Self::R2REntryPoint(_) => ClrEventKind::R2REntryPoint,
             Self::Rundown(_) => ClrEventKind::Rundown,
+            Self::Allocation(_) => ClrEventKind::Allocation,
         }
     }
 }
@@ -413,6 +422,10 @@ fn decoder_for(provider: &str, event_id: u32, version: u32) -> Option<(ClrEventK
             E::R2R_GET_ENTRY_POINT => (K::R2REntryPoint, r2r_entry_point),
             E::WAIT_HANDLE_WAIT_START => (K::WaitHandleWaitStart, wait_start),
             E::WAIT_HANDLE_WAIT_STOP => (K::WaitHandleWaitStop, wait_stop),
+            allocations::GC_ALLOCATION_TICK if version >= 2 => {
+                (K::Allocation, allocations::allocation_tick)
+            }
+            allocations::ALLOCATION_SAMPLED => (K::Allocation, allocations::allocation_sampled),
             _ => return None,
         })
     } else if provider == RUNDOWN_PROVIDER {

@@ -16,6 +16,7 @@ use super::{
 };
 use crate::profile::{
     Label,
+    alloc_sampling::{AllocationSampler, DEFAULT_ALLOCATION_LIMIT},
     clr_sampling::{
         ContentionSampler, DEFAULT_CONTENTION_LIMIT, DEFAULT_EXCEPTION_LIMIT, ExceptionSampler,
         Weighted,
@@ -29,7 +30,14 @@ pub mod clr_label_keys {
     pub const LOCK_OWNER_THREAD_ID: &str = "lock.owner.thread.id";
     /// What a wait-handle wait waited in: `wait_handle` or `monitor_wait`.
     pub const WAIT_SOURCE: &str = "wait.source";
+    /// The allocated type, as the runtime names it (`System.Byte[]`).
+    pub const ALLOCATION_TYPE: &str = "allocation.type";
+    /// The object heap: `soh`, `loh` (large objects) or `poh` (pinned).
+    pub const ALLOCATION_HEAP: &str = "allocation.heap";
 }
+
+/// The `allocation.type` of an event without a type name.
+pub const UNKNOWN_ALLOCATION_TYPE: &str = "[unknown type]";
 
 /// The `exception.type` of exceptions counted while their events were off
 /// and before any event showed their shape.
@@ -48,6 +56,8 @@ pub enum ClrSampleKind {
     Exception,
     /// A wait-handle wait (.NET 9+).
     Wait,
+    /// An allocation sample ([`crate::profile::alloc_sampling`]).
+    Allocation,
 }
 
 /// A kept event, still with raw addresses.
@@ -84,6 +94,14 @@ pub struct ClrCounters {
     /// Waits with a Start and no Stop (open when the stream ended, or their
     /// Stop lost): not in the totals ([`super::waits`]).
     pub unfinished_waits: u64,
+    /// Allocation events taken, and the bytes they and the runtime's
+    /// counter stand for ([`super::alloc_session`]).
+    pub allocation_events: u64,
+    pub allocated_bytes: u64,
+    /// Of [`Self::allocated_bytes`], those only the counter saw.
+    pub allocated_bytes_without_event: u64,
+    /// How many times the allocation events were turned off.
+    pub allocation_backoffs: u64,
 }
 
 impl ClrCounters {
@@ -101,6 +119,10 @@ impl ClrCounters {
             wait_ns,
             unpaired_wait_stops,
             unfinished_waits,
+            allocation_events,
+            allocated_bytes,
+            allocated_bytes_without_event,
+            allocation_backoffs,
         } = other;
         self.exceptions += exceptions;
         self.contentions += contentions;
@@ -113,6 +135,12 @@ impl ClrCounters {
         self.wait_ns = self.wait_ns.saturating_add(*wait_ns);
         self.unpaired_wait_stops += unpaired_wait_stops;
         self.unfinished_waits += unfinished_waits;
+        self.allocation_events += allocation_events;
+        self.allocated_bytes = self.allocated_bytes.saturating_add(*allocated_bytes);
+        self.allocated_bytes_without_event = self
+            .allocated_bytes_without_event
+            .saturating_add(*allocated_bytes_without_event);
+        self.allocation_backoffs += allocation_backoffs;
     }
 }
 
@@ -133,6 +161,7 @@ pub struct ClrIntake {
     /// Sampled like contention, with a sampler of its own and the same
     /// limit.
     wait_sampler: ContentionSampler<ClrSample>,
+    allocations: AllocationSampler<ClrSample>,
     counters: ClrCounters,
 }
 
@@ -154,6 +183,7 @@ impl ClrIntake {
             exceptions: ExceptionSampler::new(exception_limit, window_ns, 0x0bad_cafe),
             waits: WaitPairing::default(),
             wait_sampler: ContentionSampler::new(contention_limit, window_ns, 0x5eed_a175),
+            allocations: AllocationSampler::new(DEFAULT_ALLOCATION_LIMIT, window_ns, 0xa110_c8ed),
             counters: ClrCounters::default(),
         }
     }
@@ -255,8 +285,64 @@ impl ClrIntake {
             }
             ClrEvent::WaitHandleWaitStop(_) => self.end_wait(thread_id, time_ns),
             ClrEvent::Method(_) => self.counters.method_loads += 1,
+            ClrEvent::Allocation(_) => {
+                self.add_allocation(SessionEvent {
+                    time_ns,
+                    thread_id,
+                    stack,
+                    event,
+                });
+            }
             _ => {}
         }
+    }
+
+    /// Takes one allocation event (other events are ignored); returns the
+    /// bytes it stands for.
+    pub fn add_allocation(&mut self, event: SessionEvent) -> f64 {
+        let SessionEvent {
+            time_ns,
+            thread_id,
+            stack,
+            event: ClrEvent::Allocation(allocation),
+        } = event
+        else {
+            return 0.0;
+        };
+        self.counters.allocation_events += 1;
+        let estimate = self.allocations.offer(time_ns, &allocation, || {
+            let type_name = if allocation.type_name.is_empty() {
+                UNKNOWN_ALLOCATION_TYPE
+            } else {
+                allocation.type_name.as_str()
+            };
+            ClrSample {
+                kind: ClrSampleKind::Allocation,
+                time_ns,
+                thread_id,
+                stack,
+                labels: vec![
+                    Label::str(clr_label_keys::ALLOCATION_TYPE, type_name),
+                    Label::str(clr_label_keys::ALLOCATION_HEAP, allocation.heap.name()),
+                ],
+            }
+        });
+        self.counters.allocated_bytes = self
+            .counters
+            .allocated_bytes
+            .saturating_add(estimate.bytes as u64);
+        estimate.bytes
+    }
+
+    /// Adds `bytes` allocated by `time_ns` that the runtime's counter saw
+    /// while no allocation event stood for them.
+    pub fn add_unobserved_allocations(&mut self, time_ns: u64, bytes: u64) {
+        self.counters.allocated_bytes = self.counters.allocated_bytes.saturating_add(bytes);
+        self.counters.allocated_bytes_without_event = self
+            .counters
+            .allocated_bytes_without_event
+            .saturating_add(bytes);
+        self.allocations.add_unobserved(time_ns, bytes);
     }
 
     /// A WaitHandleWaitStop: the wait it ends, if its Start was seen, is
@@ -302,6 +388,7 @@ impl ClrIntake {
     /// (CLOCK_MONOTONIC), so its samples come out without a later event.
     pub fn close_due(&mut self, now_ns: u64) {
         self.exceptions.close_due(now_ns);
+        self.allocations.close_due(now_ns);
     }
 
     /// Weighted samples of the windows closed so far.
@@ -309,6 +396,7 @@ impl ClrIntake {
         let mut out = self.contention.take_completed();
         out.append(&mut self.exceptions.take_completed());
         out.append(&mut self.wait_sampler.take_completed());
+        out.append(&mut self.allocations.take_completed());
         out
     }
 
@@ -317,6 +405,7 @@ impl ClrIntake {
         let mut out = self.contention.finish();
         out.append(&mut self.exceptions.finish());
         out.append(&mut self.wait_sampler.finish());
+        out.append(&mut self.allocations.finish());
         out
     }
 }

@@ -2,6 +2,8 @@
 //! ProcessInfo, EventPipe sessions) and what is decoded from it: CLR events
 //! for profiles, `System.Runtime` EventCounters for runtime metrics.
 
+pub mod alloc_session;
+pub mod allocations;
 pub mod budget;
 pub mod collector;
 pub mod counters;

@@ -44,16 +44,21 @@ use crate::process::ProcFs;
 
 /// Runtime keywords ([`RUNTIME_PROVIDER`]).
 pub mod keywords {
+    /// GC: `GCAllocationTick` at level Verbose.
+    pub const GC: u64 = 0x1;
     pub const LOADER: u64 = 0x8;
     pub const JIT: u64 = 0x10;
     pub const CONTENTION: u64 = 0x4000;
     pub const EXCEPTION: u64 = 0x8000;
     /// .NET 9+.
     pub const WAIT_HANDLE: u64 = 0x400_0000_0000;
+    /// .NET 10+: `AllocationSampled`.
+    pub const ALLOCATION_SAMPLING: u64 = 0x800_0000_0000;
 }
 
 /// EventPipe levels.
 pub const LEVEL_VERBOSE: u32 = 5;
+pub const LEVEL_INFORMATIONAL: u32 = 4;
 pub const LEVEL_ERROR: u32 = 2;
 /// The runtime's session buffer; events beyond it are dropped (and counted).
 pub const SESSION_BUFFER_MB: u32 = 64;
@@ -79,6 +84,9 @@ pub struct ClrEventKinds {
     pub contention: bool,
     pub exceptions: bool,
     pub waits: bool,
+    /// Allocation samples, on a session of their own
+    /// ([`super::alloc_session`]).
+    pub allocations: bool,
 }
 
 impl ClrEventKinds {
@@ -86,14 +94,17 @@ impl ClrEventKinds {
         contention: true,
         exceptions: true,
         waits: true,
+        allocations: true,
     };
     pub const NONE: Self = Self {
         contention: false,
         exceptions: false,
         waits: false,
+        allocations: false,
     };
 
-    /// Parses `contention,exceptions,waits` (any subset, comma separated).
+    /// Parses `contention,exceptions,waits,allocations` (any subset, comma
+    /// separated).
     pub fn parse(list: &str) -> Result<Self, String> {
         let mut kinds = Self::NONE;
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
@@ -101,9 +112,10 @@ impl ClrEventKinds {
                 "contention" => kinds.contention = true,
                 "exceptions" => kinds.exceptions = true,
                 "waits" => kinds.waits = true,
+                "allocations" => kinds.allocations = true,
                 other => {
                     return Err(format!(
-                        "unknown CLR event kind {other:?}: use contention, exceptions, waits"
+                        "unknown CLR event kind {other:?}: use contention, exceptions, waits, allocations"
                     ));
                 }
             }
@@ -116,19 +128,22 @@ impl ClrEventKinds {
             contention,
             exceptions,
             waits,
+            allocations,
         } = self;
-        contention || exceptions || waits
+        contention || exceptions || waits || allocations
     }
 
     /// The runtime keywords to enable for these kinds on a runtime of
     /// major version `runtime_major` (WaitHandle exists from .NET 9; an
     /// unknown version gets it too, older runtimes ignore unknown bits).
     /// Jit | Loader are always on: method loads name JIT frames.
+    /// Allocations are not among them: their session is their own.
     pub fn keywords(self, runtime_major: Option<u32>) -> u64 {
         let Self {
             contention,
             exceptions,
             waits,
+            allocations: _,
         } = self;
         let mut k = keywords::JIT | keywords::LOADER;
         if contention {
@@ -149,6 +164,7 @@ impl ClrEventKinds {
             ClrEvent::ContentionStart(_) | ClrEvent::ContentionStop(_) => self.contention,
             ClrEvent::ExceptionThrown(_) => self.exceptions,
             ClrEvent::WaitHandleWaitStart(_) | ClrEvent::WaitHandleWaitStop(_) => self.waits,
+            ClrEvent::Allocation(_) => self.allocations,
             ClrEvent::Method(_) => true,
             _ => false,
         }
@@ -321,7 +337,7 @@ impl ClrSession {
         stop_error.map_or(Ok(()), Err)
     }
 
-    fn start_providers(
+    pub(super) fn start_providers(
         procfs: &ProcFs,
         pid: u32,
         kinds: ClrEventKinds,
@@ -743,8 +759,16 @@ mod tests {
             ClrEventKinds {
                 contention: true,
                 exceptions: true,
-                waits: false
+                waits: false,
+                allocations: false,
             }
+        );
+        let allocations = ClrEventKinds::parse("allocations").expect("valid");
+        assert!(allocations.allocations && allocations.any());
+        assert_eq!(
+            allocations.keywords(Some(8)),
+            keywords::JIT | keywords::LOADER,
+            "allocations have a session of their own"
         );
         assert!(ClrEventKinds::parse("locks").is_err());
         assert!(!ClrEventKinds::parse("").expect("empty").any());

@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use super::output::OutputFormat;
 use crate::profile::{
     Profile, ProfileSample, ValueType,
-    layout::{ValueLayout, clr_offsets, standalone_sample_type},
+    layout::{
+        ALLOCATION_PERIOD_TYPE, ALLOCATION_SAMPLE_TYPES, ValueLayout, clr_offsets,
+        standalone_sample_type,
+    },
 };
 
 /// `--split`: for `out.pb.gz`, `out.cpu.pb.gz` (samples, cpu),
@@ -49,6 +52,9 @@ pub fn split_outputs(
         parts.push(("exceptions", vec![clr + EXCEPTIONS], 0));
         parts.push(("waits", vec![clr + WAITS, clr + WAIT_DELAY], 1));
     }
+    if let Some(alloc) = layout.alloc {
+        parts.push(("allocations", vec![alloc, alloc + 1], 1));
+    }
     parts
         .into_iter()
         .map(|(kind, types, index)| {
@@ -89,6 +95,16 @@ pub fn select_sample_types(profile: &Profile, types: &[usize]) -> Profile {
     if !keeps_cpu {
         part.period_type = None;
         part.period = 0;
+    }
+    if part.sample_types.iter().any(|t| {
+        ALLOCATION_SAMPLE_TYPES
+            .iter()
+            .any(|(name, _)| **name == *t.r#type)
+    }) {
+        // Pyroscope's memory profiles: period `space/bytes`, 1.
+        let (period_type, unit) = ALLOCATION_PERIOD_TYPE;
+        part.period_type = Some(ValueType::new(period_type, unit));
+        part.period = 1;
     }
     part
 }

@@ -185,6 +185,7 @@ impl Pipeline {
                 kinds: clr_events,
                 counters_interval_sec: None,
                 exceptions_per_second: None,
+                allocations_per_second: None,
             },
             native: NativeSymbolizer::new(),
             processes: HashMap::new(),

@@ -75,6 +75,11 @@ pub(super) fn add_clr_samples(
             delay_ns,
         } = weighted;
         stack.clear();
+        if let Some(leaf) = allocation_leaf(&item) {
+            // The allocated type as the leaf, as Pyroscope's .NET profiler
+            // shows it, so flame graphs and folded stacks name it.
+            stack.push(aggregator.intern(&Frame::synthetic(leaf)));
+        }
         for &addr in &item.stack {
             let frame = user_frame(native, procfs, process, addr, true, item.time_ns);
             stack.push(aggregator.intern(&frame));
@@ -100,10 +105,19 @@ pub(super) fn add_clr_samples(
         labels.extend(item.labels);
         let count = i64::try_from(count).unwrap_or(i64::MAX);
         let delay = i64::try_from(delay_ns).unwrap_or(i64::MAX);
+        let mut values = layout.zeros();
+        if item.kind == ClrSampleKind::Allocation {
+            let Some(alloc) = layout.alloc else {
+                continue;
+            };
+            values[alloc] = count;
+            values[alloc + 1] = delay;
+            aggregator.add(stack, labels, &values);
+            continue;
+        }
         let Some(clr) = layout.clr else {
             continue;
         };
-        let mut values = layout.zeros();
         match item.kind {
             ClrSampleKind::Contention => {
                 values[clr + clr_offsets::CONTENTIONS] = count;
@@ -114,7 +128,23 @@ pub(super) fn add_clr_samples(
                 values[clr + clr_offsets::WAITS] = count;
                 values[clr + clr_offsets::WAIT_DELAY] = delay;
             }
+            ClrSampleKind::Allocation => {}
         }
         aggregator.add(stack, labels, &values);
     }
+}
+
+/// The type name an allocation sample's leaf frame shows.
+fn allocation_leaf(item: &crate::clr::intake::ClrSample) -> Option<&str> {
+    if item.kind != ClrSampleKind::Allocation {
+        return None;
+    }
+    item.labels.iter().find_map(|label| match &label.value {
+        crate::profile::LabelValue::Str(name)
+            if &*label.key == crate::clr::intake::clr_label_keys::ALLOCATION_TYPE =>
+        {
+            Some(&**name)
+        }
+        _ => None,
+    })
 }

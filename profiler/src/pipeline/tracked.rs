@@ -256,7 +256,8 @@ impl TrackedProcess {
                     self.methods_from_events,
                 )
                 .with_runtime_metrics(settings.counters_interval_sec)
-                .with_exception_budget(settings.exceptions_per_second),
+                .with_exception_budget(settings.exceptions_per_second)
+                .with_allocation_budget(settings.allocations_per_second),
             );
         }
         if !self.attach {

@@ -120,7 +120,8 @@ pub struct Weighted<T> {
     pub item: T,
     /// Events this one stands for.
     pub count: u64,
-    /// Contention or wait delay it stands for (0 for exceptions).
+    /// Contention or wait delay it stands for (0 for exceptions); for
+    /// allocations ([`super::alloc_sampling`]), the bytes it stands for.
     pub delay_ns: u64,
 }
 

@@ -18,6 +18,15 @@ pub const CLR_SAMPLE_TYPES: [(&str, &str); 5] = [
     ("wait_delay", "nanoseconds"),
 ];
 
+/// Sample types of allocation profiles, after Pyroscope's .NET profiler
+/// (`memory:alloc_samples:count:space:bytes` and
+/// `memory:alloc_size:bytes:space:bytes`); their period type is
+/// [`ALLOCATION_PERIOD_TYPE`].
+pub const ALLOCATION_SAMPLE_TYPES: [(&str, &str); 2] =
+    [("alloc_samples", "count"), ("alloc_size", "bytes")];
+/// The period type of a profile of allocations alone.
+pub const ALLOCATION_PERIOD_TYPE: (&str, &str) = ("space", "bytes");
+
 /// Offsets of the CLR sample types from [`ValueLayout::clr`].
 pub mod clr_offsets {
     pub const CONTENTIONS: usize = 0;
@@ -50,6 +59,8 @@ pub struct ValueLayout {
     /// First of [`CLR_SAMPLE_TYPES`] (contentions, delay, exceptions, waits,
     /// wait_delay; offsets in [`clr_offsets`]).
     pub clr: Option<usize>,
+    /// First of [`ALLOCATION_SAMPLE_TYPES`] (alloc_samples, alloc_size).
+    pub alloc: Option<usize>,
 }
 
 impl ValueLayout {
@@ -77,7 +88,21 @@ impl ValueLayout {
             wakeup,
             wall,
             clr,
+            alloc: None,
         }
+    }
+
+    /// Adds the allocation sample types (at the end) when `on`.
+    pub fn with_allocations(mut self, on: bool) -> Self {
+        if on && self.alloc.is_none() {
+            self.alloc = Some(self.types.len());
+            self.types.extend(
+                ALLOCATION_SAMPLE_TYPES
+                    .iter()
+                    .map(|(t, u)| ValueType::new(t, u)),
+            );
+        }
+        self
     }
 
     pub fn zeros(&self) -> Vec<i64> {
@@ -124,6 +149,9 @@ mod tests {
         assert_eq!(standalone_sample_type("cpu"), "cpu");
         assert_eq!(layout.default_index(), 4);
         assert_eq!(layout.folded_index(), 4);
+        let alloc = ValueLayout::new(false, false, true).with_allocations(true);
+        assert_eq!(alloc.alloc, Some(7));
+        assert_eq!(&*alloc.types[8].r#type, "alloc_size");
         let cpu_only = ValueLayout::new(false, false, false);
         assert_eq!(cpu_only.types.len(), 2);
         assert_eq!(cpu_only.default_index(), 1);

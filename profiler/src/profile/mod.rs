@@ -2,6 +2,7 @@
 //! writer in [`crate::export`] reads.
 
 mod aggregate;
+pub mod alloc_sampling;
 pub mod clr_sampling;
 pub mod gc;
 pub mod layout;

@@ -1,0 +1,394 @@
+//! The allocation session of one .NET process: allocation events
+//! ([`super::allocations`]) with their stacks, on an EventPipe session of
+//! their own, under a budget. Driven by the collector
+//! ([`super::collector`]); its events go to the intake
+//! ([`super::intake`]).
+//!
+//! 1. The session enables the runtime provider's GC keyword at Verbose
+//!    (`GCAllocationTick`, before .NET 10) or its AllocationSampling
+//!    keyword at Informational (`AllocationSampled`, .NET 10+; a runtime of
+//!    unknown version gets both: a .NET 10 runtime then sends only
+//!    `AllocationSampled`, an older one ignores the bit). A session of its
+//!    own, because the GC keyword at Verbose brings every verbose GC event
+//!    with it, and so that it can be stopped alone.
+//! 2. The runtime walks the managed stack of every event, about 10,000 a
+//!    second at 1 GB/s. An [`ExceptionGate`] (the exceptions' rate limiter,
+//!    [`super::budget`]) counts the events per second; over the budget the
+//!    session is stopped for the back-off period, then started again.
+//! 3. The totals come from the runtime's `alloc-rate` counter (bytes per
+//!    interval, read every second by the main session): the bytes it saw
+//!    beyond those the events charged are added to the intake once the
+//!    session is off and drained, and take the events' shape
+//!    ([`crate::profile::alloc_sampling`]).
+
+use std::time::Instant;
+
+use super::{
+    allocations::ALLOCATION_SAMPLED_MIN_MAJOR,
+    budget::ExceptionGate,
+    counters::{CounterKind, CounterSample},
+    events::{ClrEvent, RUNTIME_PROVIDER},
+    intake::ClrIntake,
+    ipc::IpcError,
+    session::{
+        ClrEventKinds, ClrSession, LEVEL_INFORMATIONAL, LEVEL_VERBOSE, ProviderConfig,
+        SessionEvent, keywords,
+    },
+};
+use crate::process::ProcFs;
+
+/// The `System.Runtime` counter of bytes allocated per interval.
+const ALLOC_COUNTER: &str = "alloc-rate";
+/// How long a stopped allocation session may take to deliver its last
+/// events.
+const STOP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+/// Default allocation events with stacks per second and process.
+pub const DEFAULT_ALLOCATIONS_PER_SECOND: u32 = 1000;
+
+/// The provider of the allocation session for a runtime of major version
+/// `runtime_major`.
+pub fn allocation_provider(runtime_major: Option<u32>) -> ProviderConfig {
+    let (keywords, level) = match runtime_major {
+        Some(m) if m >= ALLOCATION_SAMPLED_MIN_MAJOR => {
+            (keywords::ALLOCATION_SAMPLING, LEVEL_INFORMATIONAL)
+        }
+        Some(_) => (keywords::GC, LEVEL_VERBOSE),
+        None => (keywords::GC | keywords::ALLOCATION_SAMPLING, LEVEL_VERBOSE),
+    };
+    ProviderConfig {
+        name: RUNTIME_PROVIDER.to_owned(),
+        keywords,
+        level,
+        filter: String::new(),
+    }
+}
+
+/// Starts the allocation session of host process `pid`.
+pub fn start_allocation_events(
+    procfs: &ProcFs,
+    pid: u32,
+    runtime_major: Option<u32>,
+) -> Result<ClrSession, IpcError> {
+    let kinds = ClrEventKinds {
+        allocations: true,
+        ..ClrEventKinds::NONE
+    };
+    ClrSession::start_providers(procfs, pid, kinds, &[allocation_provider(runtime_major)])
+}
+
+/// The state of the allocation session.
+#[derive(Debug)]
+pub(super) enum AllocationSession {
+    /// Not started yet, or stopped over the budget until the gate opens.
+    Off,
+    Starting(std::thread::JoinHandle<Result<ClrSession, IpcError>>),
+    Running(Box<ClrSession>),
+    /// StopTracing sent: its last events are drained until its end.
+    Stopping(Box<ClrSession>, Instant),
+    Ended,
+}
+
+/// Allocation events on a session of their own; see the module
+/// documentation.
+#[derive(Debug)]
+pub struct AllocationEvents {
+    gate: Option<ExceptionGate>,
+    pub(super) session: AllocationSession,
+    runtime_major: Option<u32>,
+    /// When the first `alloc-rate` value was written: the bytes up to then
+    /// are the events' (the session is on from before the counters'), those
+    /// after it the counter's.
+    first_count_ns: Option<u64>,
+    /// Bytes charged by events after the first counter value.
+    observed: f64,
+    /// Bytes the counter saw after its first value.
+    counted: f64,
+    /// Bytes added to the intake without events so far.
+    added: u64,
+}
+
+impl AllocationEvents {
+    /// `per_second`: events with stacks per second at most (`None`: all).
+    pub fn new(per_second: Option<u32>, runtime_major: Option<u32>) -> Self {
+        Self {
+            gate: per_second.map(ExceptionGate::new),
+            session: AllocationSession::Off,
+            runtime_major,
+            first_count_ns: None,
+            observed: 0.0,
+            counted: 0.0,
+            added: 0,
+        }
+    }
+
+    pub(super) fn runtime_major(&self) -> Option<u32> {
+        self.runtime_major
+    }
+
+    pub(super) fn observe_counter(&mut self, sample: &CounterSample) {
+        if sample.name != ALLOC_COUNTER
+            || sample.kind != CounterKind::Sum
+            || !sample.value.is_finite()
+        {
+            return;
+        }
+        if self.first_count_ns.is_none() {
+            self.first_count_ns = Some(sample.time_ns);
+            return;
+        }
+        self.counted += sample.value.max(0.0);
+    }
+
+    /// Hands one event to `intake`; returns whether it went over the
+    /// budget.
+    pub(super) fn take(
+        &mut self,
+        intake: &mut ClrIntake,
+        event: SessionEvent,
+        now_ns: u64,
+        gated: bool,
+    ) -> bool {
+        let ClrEvent::Allocation(_) = &event.event else {
+            return false;
+        };
+        let time_ns = event.time_ns;
+        let bytes = intake.add_allocation(event);
+        let Some(first) = self.first_count_ns else {
+            return false;
+        };
+        if time_ns > first {
+            self.observed += bytes;
+        }
+        gated
+            && self
+                .gate
+                .as_mut()
+                .is_some_and(|g| g.observe(time_ns, now_ns))
+    }
+
+    /// Bytes the counter saw that no event stood for, not added yet. Only
+    /// meaningful while no event is still on its way.
+    pub(super) fn unobserved(&mut self) -> u64 {
+        if self.first_count_ns.is_none() {
+            return 0;
+        }
+        let missing = (self.counted - self.observed).max(0.0) as u64;
+        let missing = missing.saturating_sub(self.added);
+        self.added += missing;
+        missing
+    }
+
+    pub(super) fn gate_is_on(&mut self, now_ns: u64) -> bool {
+        self.gate.as_mut().is_none_or(|g| g.is_on(now_ns))
+    }
+
+    /// How many times the events were turned off over the budget.
+    pub fn backoffs(&self) -> u64 {
+        self.gate.as_ref().map_or(0, ExceptionGate::backoffs)
+    }
+
+    /// One poll: starts the session when due, drains it, stops it over the
+    /// budget, and adds the counter's bytes once it is off.
+    pub(super) fn poll(
+        &mut self,
+        procfs: &ProcFs,
+        pid: u32,
+        main_running: bool,
+        main_ended: bool,
+        intake: &mut ClrIntake,
+        warnings: &mut Vec<String>,
+    ) -> usize {
+        let now_ns = crate::profile::monotonic_ns();
+        let mut taken = 0;
+        let session = std::mem::replace(&mut self.session, AllocationSession::Ended);
+        self.session = match session {
+            AllocationSession::Off if main_ended => AllocationSession::Ended,
+            AllocationSession::Off if main_running && self.gate_is_on(now_ns) => {
+                let (procfs, major) = (procfs.clone(), self.runtime_major);
+                match std::thread::Builder::new()
+                    .name(format!("clrbpf-allocs-{pid}"))
+                    .spawn(move || {
+                        crate::process::priority::enter_background_thread();
+                        start_allocation_events(&procfs, pid, major)
+                    }) {
+                    Ok(job) => AllocationSession::Starting(job),
+                    Err(e) => {
+                        warnings.push(format!(
+                            "pid {pid}: no allocation events: cannot start a thread for their session: {e}"
+                        ));
+                        AllocationSession::Ended
+                    }
+                }
+            }
+            AllocationSession::Starting(job) if job.is_finished() => match job.join() {
+                Ok(Ok(session)) => AllocationSession::Running(Box::new(session)),
+                Ok(Err(e)) => {
+                    warnings.push(format!(
+                        "pid {pid}: no allocation events (their totals still come from the runtime's counter): {e}"
+                    ));
+                    AllocationSession::Ended
+                }
+                Err(_) => AllocationSession::Ended,
+            },
+            AllocationSession::Running(mut session) => {
+                let mut over = false;
+                taken += session.drain(&mut |event| over |= self.take(intake, event, now_ns, true));
+                if over {
+                    tracing::debug!(
+                        pid,
+                        "allocation events over the budget: off for the back-off"
+                    );
+                    session.begin_stop();
+                    AllocationSession::Stopping(session, Instant::now() + STOP_DEADLINE)
+                } else if session.has_ended() {
+                    AllocationSession::Stopping(session, Instant::now())
+                } else {
+                    AllocationSession::Running(session)
+                }
+            }
+            AllocationSession::Stopping(mut session, deadline) => {
+                taken += session.drain(&mut |event| {
+                    self.take(intake, event, now_ns, false);
+                });
+                if session.has_ended() || Instant::now() >= deadline || main_ended {
+                    session.stop(Instant::now(), &mut |event| {
+                        self.take(intake, event, now_ns, false);
+                    });
+                    if main_ended {
+                        AllocationSession::Ended
+                    } else {
+                        refresh_keywords(procfs, pid);
+                        AllocationSession::Off
+                    }
+                } else {
+                    AllocationSession::Stopping(session, deadline)
+                }
+            }
+            other => other,
+        };
+        self.add_unobserved_if_idle(intake, now_ns);
+        taken
+    }
+
+    /// The counter's bytes beyond the events', once no event is on its way.
+    fn add_unobserved_if_idle(&mut self, intake: &mut ClrIntake, now_ns: u64) {
+        if matches!(
+            self.session,
+            AllocationSession::Off | AllocationSession::Ended
+        ) {
+            let missing = self.unobserved();
+            if missing > 0 {
+                intake.add_unobserved_allocations(now_ns, missing);
+            }
+        }
+    }
+
+    /// Stops the session at the end of the recording, takes its last
+    /// events and adds what only the counter saw.
+    pub(super) fn stop(&mut self, until: Instant, intake: &mut ClrIntake) {
+        let session = std::mem::replace(&mut self.session, AllocationSession::Ended);
+        if let AllocationSession::Running(session) | AllocationSession::Stopping(session, _) =
+            session
+        {
+            let now_ns = crate::profile::monotonic_ns();
+            session.stop(until, &mut |event| {
+                self.take(intake, event, now_ns, false);
+            });
+        }
+        self.add_unobserved_if_idle(intake, crate::profile::monotonic_ns());
+    }
+
+    /// Sends StopTracing without waiting ([`Self::stop`] drains).
+    pub(super) fn begin_stop(&mut self) {
+        if let AllocationSession::Running(session) = &mut self.session {
+            session.begin_stop();
+        }
+    }
+}
+
+/// After the session stopped, makes the runtime recompute its keywords
+/// (see [`ClrSession::refresh_runtime_keywords`]): the GC keyword left on
+/// would keep it preparing ticks for nobody.
+fn refresh_keywords(procfs: &ProcFs, pid: u32) {
+    let procfs = procfs.clone();
+    let refresh = std::thread::Builder::new()
+        .name(format!("clrbpf-refresh-{pid}"))
+        .spawn(move || {
+            crate::process::priority::enter_background_thread();
+            if let Err(error) = ClrSession::refresh_runtime_keywords(&procfs, pid) {
+                tracing::debug!(pid, %error, "refreshing the runtime's keywords");
+            }
+        });
+    if let Err(error) = refresh {
+        tracing::debug!(pid, %error, "no thread to refresh the runtime's keywords");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clr::allocations::{Allocation, AllocationHeap, AllocationSource};
+
+    fn rate(value: f64, time_ns: u64) -> CounterSample {
+        CounterSample {
+            name: ALLOC_COUNTER.to_owned(),
+            kind: CounterKind::Sum,
+            value,
+            interval_sec: 1.0,
+            display_units: "B".to_owned(),
+            time_ns,
+        }
+    }
+
+    fn tick(time_ns: u64, amount: u64) -> SessionEvent {
+        SessionEvent {
+            time_ns,
+            thread_id: 1,
+            stack: vec![0x1000],
+            event: ClrEvent::Allocation(Allocation {
+                source: AllocationSource::Tick { amount },
+                heap: AllocationHeap::Small,
+                type_name: "System.Byte[]".to_owned(),
+                type_id: 1,
+                object_size: Some(1_000),
+            }),
+        }
+    }
+
+    #[test]
+    fn providers_follow_the_runtime_version() {
+        let p = allocation_provider(Some(8));
+        assert_eq!((p.keywords, p.level), (keywords::GC, LEVEL_VERBOSE));
+        let p = allocation_provider(Some(10));
+        assert_eq!(
+            (p.keywords, p.level),
+            (keywords::ALLOCATION_SAMPLING, LEVEL_INFORMATIONAL)
+        );
+        assert_eq!(
+            allocation_provider(None).keywords,
+            keywords::GC | keywords::ALLOCATION_SAMPLING
+        );
+    }
+
+    #[test]
+    fn the_counter_fills_in_the_bytes_the_events_missed() {
+        let mut events = AllocationEvents::new(Some(5), Some(8));
+        let mut intake = ClrIntake::default();
+        // Before the counter's first value: the events' bytes, ungated.
+        for t in 0..10 {
+            assert!(!events.take(&mut intake, tick(t, 100_000), 0, true));
+        }
+        events.observe_counter(&rate(123.0, 100));
+        // Then a storm: the 6th event in a second goes over the budget.
+        let over = (101..110).map(|t| events.take(&mut intake, tick(t, 100_000), 0, true));
+        assert_eq!(over.collect::<Vec<_>>().iter().position(|&o| o), Some(5));
+        assert_eq!(events.backoffs(), 1);
+        // The counter saw 5 MB after its first value; the events 0.9 MB.
+        events.observe_counter(&rate(5_000_000.0, 2_000));
+        assert_eq!(events.unobserved(), 4_100_000);
+        assert_eq!(events.unobserved(), 0, "added once");
+        let out = intake.finish();
+        let bytes: u64 = out.iter().map(|w| w.delay_ns).sum();
+        assert_eq!(bytes, 19 * 100_000, "the intake has what was taken");
+    }
+}
