@@ -254,7 +254,9 @@ impl AllocationEvents {
                     session.stop(Instant::now(), &mut |event| {
                         self.take(intake, event, now_ns, false);
                     });
-                    if main_ended {
+                    // Stopped while the gate is open: by its end (the
+                    // process exiting), not over the budget.
+                    if main_ended || self.gate_is_on(now_ns) {
                         AllocationSession::Ended
                     } else {
                         refresh_keywords(procfs, pid);

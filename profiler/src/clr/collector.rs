@@ -579,7 +579,10 @@ impl ClrCollector {
                         lost_events = end.stream.lost_events,
                         "exception session stopped"
                     );
-                    if main_ended {
+                    // Stopped while the gate is open: not over the budget
+                    // but by its end (the process exiting), so not to be
+                    // started again.
+                    if main_ended || events.gate.is_on(now_ns) {
                         ExceptionSession::Ended
                     } else {
                         let (procfs, pid) = (procfs.clone(), *pid);

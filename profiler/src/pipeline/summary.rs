@@ -510,11 +510,12 @@ pub fn print_summary(
         };
         writeln!(
             w,
-            "clrbpf: pid {pid} ({exe_name}): {} exceptions thrown{budget}, {} contentions, {:.1} ms contention time{}{incomplete}",
+            "clrbpf: pid {pid} ({exe_name}): {} exceptions thrown{budget}, {} contentions, {:.1} ms contention time{}{}{incomplete}",
             counters.exceptions,
             counters.contentions,
             counters.contention_ns as f64 / 1e6,
-            wait_totals(counters)
+            wait_totals(counters),
+            allocation_totals(counters)
         )?;
     }
     if summary.clr.others > 0 {
@@ -620,6 +621,35 @@ pub fn print_summary(
         writeln!(w, "clrbpf: warning: {warning}")?;
     }
     Ok(())
+}
+
+/// The allocation part of a process's CLR line (`, 240.5 MB allocated
+/// (2400 allocation events; 120.0 MB counted while their events were off
+/// over the budget, 2 times)`); empty without allocation events.
+fn allocation_totals(counters: &ClrCounters) -> String {
+    let ClrCounters {
+        allocation_events,
+        allocated_bytes,
+        allocated_bytes_without_event,
+        allocation_backoffs,
+        ..
+    } = *counters;
+    if allocation_events == 0 && allocated_bytes == 0 {
+        return String::new();
+    }
+    let mb = |bytes: u64| bytes as f64 / 1e6;
+    let budget = if allocation_backoffs > 0 {
+        format!(
+            "; {:.1} MB counted while their events were off over the budget, {allocation_backoffs} times",
+            mb(allocated_bytes_without_event)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        ", {:.1} MB allocated ({allocation_events} allocation events{budget})",
+        mb(allocated_bytes)
+    )
 }
 
 /// The wait-handle part of a process's CLR line (`, 3 waits, 250.0 ms
