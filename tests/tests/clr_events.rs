@@ -101,7 +101,15 @@ fn net8_exception_counts_are_upscaled_per_type() {
         &[START_DELAY_S, "20000", "300", "1"],
         false,
     );
-    let (output, _) = record_pid(&env, &dir, workload.pid(), &["--split"], "exceptions.pb.gz");
+    // Every event: the per-type upscaling of the sampler alone (the budget,
+    // on by default, has its own tests below).
+    let (output, _) = record_pid(
+        &env,
+        &dir,
+        workload.pid(),
+        &["--split", "--exceptions-per-second", "0"],
+        "exceptions.pb.gz",
+    );
     let (status, lines) = workload.wait(TIMEOUT);
     assert!(status.success(), "workload failed: {lines:?}");
     for kind in ["cpu", "contention"] {
