@@ -248,6 +248,52 @@ mod tests {
     }
 
     #[test]
+    fn allocations_become_pyroscope_memory_profiles() {
+        let mut profile = test_profile::profile();
+        profile.sample_types.extend([
+            ValueType::new("alloc_samples", "count"),
+            ValueType::new("alloc_size", "bytes"),
+        ]);
+        for sample in &mut profile.samples {
+            sample.values.extend([0, 0]);
+        }
+        let n = profile.sample_types.len();
+        profile.samples[0].values[n - 2] = 50;
+        profile.samples[0].values[n - 1] = 102_400;
+        let (batch, _) = window_batch(
+            SystemTime::UNIX_EPOCH,
+            Duration::from_secs(15),
+            &profile,
+            100,
+            |_| {
+                Some(ServiceKey {
+                    service_name: "a".to_owned(),
+                    labels: Vec::new(),
+                })
+            },
+        );
+        let memory = batch
+            .profiles
+            .iter()
+            .find(|p| p.profile_type == ProfileType::Memory)
+            .expect("a memory profile");
+        assert_eq!(memory.profile_type.name(), "memory");
+        let p = &memory.profile;
+        assert_eq!(
+            p.sample_types,
+            [
+                ValueType::new("alloc_samples", "count"),
+                ValueType::new("alloc_size", "bytes")
+            ]
+        );
+        // memory:alloc_size:bytes:space:bytes in Pyroscope.
+        assert_eq!(p.period_type, Some(ValueType::new("space", "bytes")));
+        assert_eq!(p.samples.len(), 1);
+        assert_eq!(p.samples[0].values, [50, 102_400]);
+        validate(&to_pprof(p)).expect("a valid pprof");
+    }
+
+    #[test]
     fn splits_by_service_and_profile_type() {
         let profile = combined();
         let pids: Vec<i64> = profile.samples.iter().filter_map(pid_of).collect();
