@@ -212,3 +212,65 @@ fn net8_allocations_over_the_budget_keep_their_totals() {
         "the events were never turned off: {summary}"
     );
 }
+
+/// The agent with `--clr-events ...,allocations` ships a `memory` profile
+/// per window (directory sink: the same profiles the Pyroscope and OTLP
+/// sinks send) whose bytes add up to the workload's.
+#[test]
+fn agent_ships_allocation_profiles() {
+    let env = Env::privileged();
+    let dir = TempDir::new("agent-allocations");
+    let out = dir.join("windows");
+    let port = 23000 + (std::process::id() % 1000) as u16;
+    let mut agent = std::process::Command::new(&env.clrbpf)
+        .arg("agent")
+        .args(["--upload-interval", "5s", "--clr-events"])
+        .arg("contention,exceptions,waits,allocations")
+        .arg("--output-dir")
+        .arg(&out)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start clrbpf agent");
+    std::thread::sleep(Duration::from_secs(2));
+    // Allocates from 8 s in: the agent looks for new .NET processes every
+    // 5 s.
+    let workload = TestProcess::start(&env, Runtime::Net8, "Allocs", &["8", "6", "40"], false);
+    let pid = workload.pid();
+    let (status, lines) = workload.wait(TIMEOUT);
+    std::thread::sleep(Duration::from_secs(2));
+    // SAFETY: a signal to the agent this test started.
+    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
+    let agent_status = agent.wait().expect("wait for the agent");
+    assert!(status.success(), "workload failed: {lines:?}");
+    assert!(agent_status.success(), "agent exit {agent_status}");
+    let mut total = 0;
+    let mut files = 0;
+    for entry in std::fs::read_dir(&out).expect("the output directory") {
+        let path = entry.expect("an entry").path();
+        if !path.to_string_lossy().contains(".memory.") {
+            continue;
+        }
+        files += 1;
+        let profile = read_profile(&path);
+        assert_eq!(
+            sample_types(&profile),
+            ["alloc_samples/count", "alloc_size/bytes"]
+        );
+        let period = profile.period_type.as_ref().expect("a period type");
+        assert_eq!(string(&profile, period.r#type), "space");
+        for s in samples(&profile).iter().filter(|s| s.pid() == Some(pid)) {
+            total += s.values[1];
+            assert!(s.label("allocation.type").is_some());
+        }
+    }
+    assert!(files > 0, "no memory profile in {}", out.display());
+    let process = value(&lines, "BYTES_PROCESS");
+    let error = (total - process).abs() as f64 / process as f64;
+    assert!(
+        error <= 0.25,
+        "the windows' bytes {total}, the process allocated {process}"
+    );
+}
