@@ -316,7 +316,8 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    // `CLRBPF_BENCH_ONLY=cpu,alloc,steady,churn,storm` runs only those parts.
+    // `CLRBPF_BENCH_ONLY=cpu,alloc,steady,churn,storm,allocstorm` runs only
+    // those parts.
     if let Ok(only) = std::env::var("CLRBPF_BENCH_ONLY") {
         for part in only.split(',') {
             match part.trim() {
@@ -325,9 +326,10 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
                 "storm" => exception_storm(inputs)?,
                 "cpu" => cpu_table(inputs, have_perf)?,
                 "alloc" => crate::bench_alloc::run(inputs)?,
+                "allocstorm" => crate::bench_alloc_storm::run(inputs)?,
                 other => {
                     bail!(
-                        "CLRBPF_BENCH_ONLY: no bench part {other:?} (cpu, alloc, steady, churn, storm)"
+                        "CLRBPF_BENCH_ONLY: no bench part {other:?} (cpu, alloc, steady, churn, storm, allocstorm)"
                     )
                 }
             }
@@ -593,7 +595,8 @@ fn clr_benches(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         "| CLR event intake, parse + decode (median, one core) | {rate} events/s | >= 200000 events/s |"
     );
 
-    exception_storm(inputs)
+    exception_storm(inputs)?;
+    crate::bench_alloc_storm::run(inputs)
 }
 
 /// How the exception storm runs in [`exception_storm`].

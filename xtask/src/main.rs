@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_alloc;
+mod bench_alloc_storm;
 mod bench_churn;
 mod bench_offcpu;
 mod bench_saturated;
