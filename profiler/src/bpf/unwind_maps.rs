@@ -573,6 +573,18 @@ impl UnwindMaps {
         }
     }
 
+    /// Loads `pid`'s JIT table now if its methods changed: the start of a
+    /// recording waits for it, not for [`JIT_REBUILD_EVERY`].
+    pub fn load_jit_table_now(&mut self, pid: u32) {
+        if self
+            .jit
+            .get_mut(&pid)
+            .is_some_and(|j| j.methods.take_changed())
+        {
+            self.load_jit_table(pid);
+        }
+    }
+
     /// Replaces `pid`'s JIT table by one of its current methods: the new
     /// rows are written and the process's index pointed at them before the
     /// old rows are freed.
@@ -1051,6 +1063,11 @@ enum UnwindRequest {
     /// New JIT-compiled code: `(start, end)` ranges, and how many more
     /// ranges were dropped before they were sent.
     JitCode(u32, Vec<JitMethod>, u64),
+    /// The processes known at the start of a recording, in order.
+    Start(Arc<super::start_tables::StartIndexing>),
+    /// Load a process's JIT table now (the start of a recording), then
+    /// set the flag.
+    JitTableNow(u32, Arc<AtomicBool>),
 }
 
 /// What the worker knows when it stops: for the end summary.
@@ -1112,6 +1129,11 @@ impl UnwindWorker {
                             maps.add_jit_code(pid, &ranges);
                             maps.stats.jit_not_decoded += dropped;
                         }
+                        Ok(UnwindRequest::Start(start)) => start.run(&mut maps, &stop_flag),
+                        Ok(UnwindRequest::JitTableNow(pid, done)) => {
+                            maps.load_jit_table_now(pid);
+                            done.store(true, Ordering::Relaxed);
+                        }
                         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
@@ -1152,6 +1174,18 @@ impl UnwindWorker {
             // kernel side then keeps walking by frame pointers.
             let _ = tx.send(request);
         }
+    }
+
+    /// Index the processes known at the start of a recording, in order
+    /// (queued; `start` tells how far the worker has come).
+    pub fn index_at_start(&self, start: Arc<super::start_tables::StartIndexing>) {
+        self.send(UnwindRequest::Start(start));
+    }
+
+    /// Load `pid`'s JIT table from the code sent so far without waiting
+    /// for [`JIT_REBUILD_EVERY`] (queued; `done` is set once it is).
+    pub fn jit_table_now(&self, pid: u32, done: Arc<AtomicBool>) {
+        self.send(UnwindRequest::JitTableNow(pid, done));
     }
 
     /// Index a process seen for the first time (queued; returns at once).
