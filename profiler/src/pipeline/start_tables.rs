@@ -189,7 +189,8 @@ pub async fn wait_for_tables(
     stop: impl Future<Output = &'static str>,
 ) -> (TablesAtStart, Option<&'static str>) {
     let started = Instant::now();
-    let Some(worker) = pipeline.unwind.as_ref() else {
+    let Some(worker) = pipeline.unwind.as_ref().filter(|_| !pids.is_empty()) else {
+        // Launch mode: the command starts after sampling does.
         return (TablesAtStart::default(), None);
     };
     let start = Arc::new(StartIndexing::new(pids, required));
