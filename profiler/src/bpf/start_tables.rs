@@ -7,11 +7,28 @@
 //! pointers and lost the callers of frameless framework code.
 
 use std::sync::{
-    Mutex,
+    Arc, Mutex,
     atomic::{AtomicBool, AtomicU32, Ordering},
 };
 
-use super::UnwindMaps;
+use super::{UnwindMaps, UnwindWorker};
+
+impl UnwindWorker {
+    /// Index the processes known at the start of a recording, in order
+    /// (queued; `start` tells how far the worker has come).
+    pub fn index_at_start(&self, start: Arc<StartIndexing>) {
+        self.run(Box::new(move |maps, stop| start.run(maps, stop)));
+    }
+
+    /// Load `pid`'s JIT table from the code sent so far without waiting
+    /// for its rebuild period (queued; `done` is set once it is).
+    pub fn jit_table_now(&self, pid: u32, done: Arc<AtomicBool>) {
+        self.run(Box::new(move |maps, _| {
+            maps.load_jit_table_now(pid);
+            done.store(true, Ordering::Relaxed);
+        }));
+    }
+}
 
 /// The processes to index before sampling starts, in order, and how far the
 /// worker has come. Shared by the waiting loop and the worker thread.
@@ -86,7 +103,7 @@ impl StartIndexing {
     /// Indexes the processes in order (on the worker's thread) until the
     /// list ends, `stop` is set, or the wait is over and only processes
     /// past [`Self::kept_after_wait`] are left.
-    pub(super) fn run(&self, maps: &mut UnwindMaps, stop: &AtomicBool) {
+    fn run(&self, maps: &mut UnwindMaps, stop: &AtomicBool) {
         for (i, &pid) in self.pids.iter().enumerate() {
             if stop.load(Ordering::Relaxed)
                 || (i >= self.kept_after_wait && self.wait_over.load(Ordering::Relaxed))

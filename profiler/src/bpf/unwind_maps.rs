@@ -573,9 +573,9 @@ impl UnwindMaps {
         }
     }
 
-    /// Loads `pid`'s JIT table now if its methods changed: the start of a
-    /// recording waits for it, not for [`JIT_REBUILD_EVERY`].
-    pub fn load_jit_table_now(&mut self, pid: u32) {
+    /// Loads `pid`'s JIT table now if its methods changed (the start of a
+    /// recording waits for it, not for [`JIT_REBUILD_EVERY`]).
+    pub(super) fn load_jit_table_now(&mut self, pid: u32) {
         if self
             .jit
             .get_mut(&pid)
@@ -1063,12 +1063,12 @@ enum UnwindRequest {
     /// New JIT-compiled code: `(start, end)` ranges, and how many more
     /// ranges were dropped before they were sent.
     JitCode(u32, Vec<JitMethod>, u64),
-    /// The processes known at the start of a recording, in order.
-    Start(Arc<super::start_tables::StartIndexing>),
-    /// Load a process's JIT table now (the start of a recording), then
-    /// set the flag.
-    JitTableNow(u32, Arc<AtomicBool>),
+    /// Work of the start of a recording ([`super::start_tables`]).
+    Run(WorkerJob),
 }
+
+/// Work run on the [`UnwindWorker`]'s thread, with the stop flag.
+pub(super) type WorkerJob = Box<dyn FnOnce(&mut UnwindMaps, &AtomicBool) + Send>;
 
 /// What the worker knows when it stops: for the end summary.
 #[derive(Clone, Debug, Default)]
@@ -1129,11 +1129,7 @@ impl UnwindWorker {
                             maps.add_jit_code(pid, &ranges);
                             maps.stats.jit_not_decoded += dropped;
                         }
-                        Ok(UnwindRequest::Start(start)) => start.run(&mut maps, &stop_flag),
-                        Ok(UnwindRequest::JitTableNow(pid, done)) => {
-                            maps.load_jit_table_now(pid);
-                            done.store(true, Ordering::Relaxed);
-                        }
+                        Ok(UnwindRequest::Run(work)) => work(&mut maps, &stop_flag),
                         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
@@ -1176,16 +1172,10 @@ impl UnwindWorker {
         }
     }
 
-    /// Index the processes known at the start of a recording, in order
-    /// (queued; `start` tells how far the worker has come).
-    pub fn index_at_start(&self, start: Arc<super::start_tables::StartIndexing>) {
-        self.send(UnwindRequest::Start(start));
-    }
-
-    /// Load `pid`'s JIT table from the code sent so far without waiting
-    /// for [`JIT_REBUILD_EVERY`] (queued; `done` is set once it is).
-    pub fn jit_table_now(&self, pid: u32, done: Arc<AtomicBool>) {
-        self.send(UnwindRequest::JitTableNow(pid, done));
+    /// Runs `work` on the thread after the requests queued before it (the
+    /// maps, and the flag [`Self::finish`] sets).
+    pub(super) fn run(&self, work: WorkerJob) {
+        self.send(UnwindRequest::Run(work));
     }
 
     /// Index a process seen for the first time (queued; returns at once).
