@@ -7,7 +7,7 @@
 //! Real `sched_switch` programs and real .NET processes; run by
 //! `cargo xtask test` (root, one test at a time).
 
-use std::collections::HashMap;
+use std::{collections::HashMap, path::Path, time::Duration};
 
 use clrbpf_integration_tests::{
     Env, Runtime, SampleView, TempDir, TestProcess, read_profile, record_pid, samples, value_index,
@@ -120,4 +120,56 @@ fn attached_recording_keeps_the_user_method_from_the_first_wait() {
     for run in 1..=RUNS {
         attach_once(&env, run);
     }
+}
+
+/// Two recordings of one process: the runtime keeps one perf map state per
+/// process, so when the shorter one ends it turns perf maps off for both and
+/// removes the files both read. The longer one must turn them on again (a
+/// read after the removal found nothing, and a whole recording had no
+/// managed name when that read was its first), and still name the user
+/// methods from the files it reads after.
+#[test]
+fn a_recording_turns_perf_maps_on_again_when_another_recording_removes_them() {
+    let env = Env::privileged();
+    let app = TestProcess::start(&env, Runtime::Net8, "Waits", &["60", WAIT_MS], false);
+    let pid = app.pid();
+    let jitdump = format!("/tmp/jit-{pid}.dump");
+    let long_dir = TempDir::new("first-stacks-long");
+    let short_dir = TempDir::new("first-stacks-short");
+    let (long, back_after_short) = std::thread::scope(|scope| {
+        let long = scope.spawn(|| {
+            record_pid(
+                &env,
+                &long_dir,
+                pid,
+                &["--off-cpu", "-d", "8"],
+                "long.pb.gz",
+            )
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        let (short, _) = record_pid(&env, &short_dir, pid, &["-d", "1"], "short.pb.gz");
+        assert!(
+            String::from_utf8_lossy(&short.stderr).contains("turned perf maps on and off again"),
+            "the short recording did not attach:\n{}",
+            String::from_utf8_lossy(&short.stderr)
+        );
+        // The long recording reads its files every 100 ms or so.
+        std::thread::sleep(Duration::from_millis(1500));
+        let back = Path::new(&jitdump).exists();
+        (long.join().expect("the long recording"), back)
+    });
+    let (output, path) = long;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        back_after_short,
+        "{jitdump} was still gone 1.5 s after the short recording ended:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("pid {pid}: its perf files were gone")),
+        "the long recording did not report turning perf maps on again:\n{stderr}"
+    );
+    let profile = read_profile(&path);
+    let all = samples(&profile);
+    let named = all.iter().any(|s| s.stack_contains(&["Waits.WaitMres"]));
+    assert!(named, "no stack names Waits.WaitMres:\n{stderr}");
 }

@@ -168,6 +168,11 @@ impl Pipeline {
             return StartJit::NotManaged;
         }
         process.refresh_managed(true);
+        if process.attach_job.is_some() {
+            // The files were gone (another recorder's end removed them):
+            // perf maps are being turned on again; their methods come then.
+            return StartJit::Waiting;
+        }
         let (ranges, dropped) = process.take_new_jit_code();
         if let Some(unwind) = self.unwind.as_ref() {
             unwind.add_jit_code(pid, ranges, dropped);
