@@ -569,8 +569,8 @@ pub struct RecordArgs {
     pub no_priority_boost: bool,
 
     /// Before sampling starts, wait at most this long for the unwind tables
-    /// of the -p processes (whole host: the running .NET processes first,
-    /// then the others), so that their first stacks are whole. Tables come
+    /// of the -p processes (whole host: the running .NET processes; the
+    /// others are indexed right after), so that their first stacks are whole. Tables come
     /// from --cache-dir, or are built. Processes not ready by then are
     /// walked by frame pointers until they are (named in the summary).
     #[arg(long, value_name = "SECONDS", default_value_t = 5.0,

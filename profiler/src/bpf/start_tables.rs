@@ -35,11 +35,6 @@ impl UnwindWorker {
 #[derive(Debug)]
 pub struct StartIndexing {
     pids: Vec<u32>,
-    /// The first `kept_after_wait` pids are indexed even after the wait
-    /// ended ([`Self::end_wait`]); the others are left to their first
-    /// sample then (whole-host mode's processes that are not .NET).
-    kept_after_wait: usize,
-    wait_over: AtomicBool,
     /// The process being indexed now (0: none).
     current: AtomicU32,
     /// Whether the worker is through the list (or stopped in it).
@@ -48,15 +43,11 @@ pub struct StartIndexing {
 }
 
 impl StartIndexing {
-    /// `pids` in the order to index them; the first `kept_after_wait` are
-    /// indexed in any case.
-    pub fn new(pids: Vec<u32>, kept_after_wait: usize) -> Self {
-        let kept_after_wait = kept_after_wait.min(pids.len());
+    /// `pids` in the order to index them.
+    pub fn new(pids: Vec<u32>) -> Self {
         Self {
             done: Mutex::new(Vec::with_capacity(pids.len())),
             pids,
-            kept_after_wait,
-            wait_over: AtomicBool::new(false),
             current: AtomicU32::new(0),
             finished: AtomicBool::new(false),
         }
@@ -65,17 +56,6 @@ impl StartIndexing {
     /// Every process to index, in order.
     pub fn pids(&self) -> &[u32] {
         &self.pids
-    }
-
-    /// How many of [`Self::pids`] must be ready before sampling starts.
-    pub fn kept_after_wait(&self) -> usize {
-        self.kept_after_wait
-    }
-
-    /// The recording stops waiting: the processes past
-    /// [`Self::kept_after_wait`] not indexed yet are skipped.
-    pub fn end_wait(&self) {
-        self.wait_over.store(true, Ordering::Relaxed);
     }
 
     /// The pids indexed so far (gone processes included: nothing is left
@@ -94,20 +74,16 @@ impl StartIndexing {
         Some(self.current.load(Ordering::Relaxed)).filter(|&pid| pid != 0)
     }
 
-    /// Whether the worker went through the whole list, or every process
-    /// that must be ready is.
+    /// Whether the worker went through the whole list (or was stopped).
     pub fn is_finished(&self) -> bool {
         self.finished.load(Ordering::Relaxed)
     }
 
     /// Indexes the processes in order (on the worker's thread) until the
-    /// list ends, `stop` is set, or the wait is over and only processes
-    /// past [`Self::kept_after_wait`] are left.
+    /// list ends or `stop` is set.
     fn run(&self, maps: &mut UnwindMaps, stop: &AtomicBool) {
-        for (i, &pid) in self.pids.iter().enumerate() {
-            if stop.load(Ordering::Relaxed)
-                || (i >= self.kept_after_wait && self.wait_over.load(Ordering::Relaxed))
-            {
+        for &pid in &self.pids {
+            if stop.load(Ordering::Relaxed) {
                 break;
             }
             self.current.store(pid, Ordering::Relaxed);
@@ -127,11 +103,10 @@ mod tests {
 
     #[test]
     fn the_list_keeps_its_order_and_bound() {
-        let start = StartIndexing::new(vec![5, 6, 7], 1);
+        let start = StartIndexing::new(vec![5, 6, 7]);
         assert_eq!(start.pids(), &[5, 6, 7]);
         assert!(!start.is_finished() && start.current().is_none());
         start.done.lock().expect("unpoisoned").push(5);
         assert_eq!((start.done(), start.done_count()), (vec![5], 1));
-        assert_eq!(StartIndexing::new(vec![1], 9).kept_after_wait(), 1);
     }
 }

@@ -10,9 +10,10 @@
 //! ([`TablesAtStart`]).
 //!
 //! Order: the `-p` targets first, then (whole-host mode) the .NET
-//! processes, then the other processes with code. Past the bound, the
-//! first two kinds are still indexed first thing after the start; the
-//! others are left to their first sample, as processes that start later.
+//! processes, then the other processes with code. Sampling waits for the
+//! first two kinds only; the worker goes on through the others after it
+//! started. A .NET runtime whose perf map answer takes longer than
+//! [`JIT_ATTACH_WAIT`] is not waited for.
 
 use std::{
     io::Write as _,
@@ -32,11 +33,16 @@ use crate::{
 /// Default of `record --start-wait`.
 pub const DEFAULT_START_WAIT: Duration = Duration::from_secs(5);
 
+/// How long the start waits for a .NET runtime to answer its perf map
+/// request (a .NET 8 app answers and replays its methods in well under a
+/// second).
+const JIT_ATTACH_WAIT: Duration = Duration::from_secs(1);
+
 /// How often the waiting loop looks at the worker (and redraws progress).
 const POLL_EVERY: Duration = Duration::from_millis(20);
 
 /// The processes to index before sampling, in order, and how many of the
-/// first must be ready ([`StartIndexing::kept_after_wait`]).
+/// first must be ready before sampling starts.
 pub fn start_targets(procfs: &ProcFs, pids: &[u32], whole_host: bool) -> (Vec<u32>, usize) {
     let mut ordered: Vec<u32> = Vec::with_capacity(pids.len());
     for &pid in pids {
@@ -87,7 +93,7 @@ pub struct TablesAtStart {
     /// `-p` targets and .NET processes whose tables were not loaded yet
     /// (pid, name): their first stacks were walked by frame pointers.
     pub not_ready: Vec<(u32, String)>,
-    /// Whole-host mode's other processes left to their first sample.
+    /// Whole-host mode's other processes, indexed after sampling started.
     pub left_to_first_sample: usize,
 }
 
@@ -106,7 +112,7 @@ impl TablesAtStart {
         );
         if self.left_to_first_sample > 0 {
             line.push_str(&format!(
-                "; {} other processes were indexed at their first sample",
+                "; {} other processes were indexed after sampling started",
                 self.left_to_first_sample
             ));
         }
@@ -198,9 +204,13 @@ pub async fn wait_for_tables(
         // Launch mode: the command starts after sampling does.
         return (TablesAtStart::default(), None);
     };
-    let start = Arc::new(StartIndexing::new(pids, required));
+    // Every process is indexed, in order; sampling waits only for the
+    // first `required` (the -p targets and the .NET processes): a
+    // whole-host start does not wait for every process on the host.
+    let required = required.min(pids.len());
+    let start = Arc::new(StartIndexing::new(pids));
     worker.index_at_start(Arc::clone(&start));
-    let mut jit_waiting: Vec<u32> = start.pids()[..start.kept_after_wait()].to_vec();
+    let mut jit_waiting: Vec<u32> = start.pids()[..required].to_vec();
     for &pid in &jit_waiting {
         pipeline.track(pid);
     }
@@ -221,11 +231,15 @@ pub async fn wait_for_tables(
                 false
             }
         });
-        let jit_ready = jit_waiting.is_empty()
+        // A runtime that has not answered its perf map request by now is
+        // not waited for (a hostile or stuck diagnostic socket must not
+        // hold the start): its methods come when it answers.
+        let jit_ready = (jit_waiting.is_empty() || started.elapsed() >= JIT_ATTACH_WAIT)
             && jit_loading
                 .iter()
                 .all(|(_, done)| done.load(Ordering::Relaxed));
-        if (start.is_finished() && jit_ready) || started.elapsed() >= limit {
+        let required_done = start.is_finished() || start.done_count() >= required;
+        if (required_done && jit_ready) || started.elapsed() >= limit {
             break;
         }
         tokio::select! {
@@ -250,7 +264,6 @@ pub async fn wait_for_tables(
             let _ = err.flush();
         }
     }
-    start.end_wait();
     if drawn {
         eprint!("\r{:110}\r", "");
     }
@@ -261,7 +274,7 @@ pub async fn wait_for_tables(
                 .iter()
                 .any(|(p, done)| p == pid && !done.load(Ordering::Relaxed))
     };
-    let not_ready: Vec<(u32, String)> = start.pids()[..start.kept_after_wait()]
+    let not_ready: Vec<(u32, String)> = start.pids()[..required]
         .iter()
         .filter(|pid| !done.contains(pid) || jit_late(pid))
         .map(|&pid| {

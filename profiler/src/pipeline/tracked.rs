@@ -380,7 +380,9 @@ impl TrackedProcess {
             self.perf_maps_reenabled,
             self.perf_maps_reenabled_at.map(|t| t.elapsed()),
         );
-        if !perf_files_vanished(stats, self.perf_map.is_some(), last) {
+        // A process that exited has no files to read either: nothing vanished.
+        let alive = std::path::Path::new(&format!("/proc/{}/root", self.pid)).exists();
+        if !alive || !perf_files_vanished(stats, self.perf_map.is_some(), last) {
             return;
         }
         let Some(mut handle) = self.perf_map.take() else {
@@ -399,9 +401,14 @@ impl TrackedProcess {
             .name(format!("clrbpf-attach-{pid}"))
             .spawn(move || {
                 crate::process::priority::enter_background_thread();
-                handle
-                    .reenable()
-                    .map(|()| PerfMapAttachOutcome::Enabled(Box::new(handle)))
+                // The handle is kept whatever the answer: it is what removes
+                // the files clrbpf made the runtime write when the
+                // recording ends (a process that exited meanwhile cannot
+                // answer, and its files must still go).
+                if let Err(error) = handle.reenable() {
+                    tracing::debug!(pid, %error, "perf maps not turned on again");
+                }
+                Ok(PerfMapAttachOutcome::Enabled(Box::new(handle)))
             });
         match job {
             Ok(job) => self.attach_job = Some((job, None)),
