@@ -24,13 +24,14 @@ use anyhow::{Context as _, bail};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
-    bpf::{OffCpuConfig, Sampler, SamplerConfig, UnwindWorker, system},
-    clr::session::ClrEventKinds,
+    bpf::{Sampler, SamplerConfig, UnwindWorker, system},
+    cli::RecordArgs,
     export::{
         frame_names::{FrameNames, apply_frame_names},
         output::{OutputFormat, sudo_owner},
-        sink::{FileSink, ProfileSink as _},
+        sink::{ClosedWindow, FileSink, ProfileSink as _},
     },
+    pipeline::driver::SamplingConfig,
     pipeline::{
         Pipeline, WindowSpan,
         summary::{RecordSummary, Warnings, add_still_blocked, off_cpu_threads},
@@ -57,32 +58,100 @@ pub struct RecordConfig {
     pub frame_names: FrameNames,
     pub keep_perf_maps: bool,
     pub perf_map_attach: bool,
-    /// Walk user stacks with `.eh_frame` unwind tables in the kernel.
-    pub dwarf_unwind: bool,
-    /// Kernel memory for unwind tables, allocated in full at load when
-    /// [`Self::dwarf_unwind`] is on.
-    pub unwind_table_memory_bytes: u64,
-    /// Where unwind tables and this boot's kallsyms are kept between
-    /// runs (`None`: nowhere).
-    pub unwind_cache_dir: Option<PathBuf>,
+    /// What is collected besides CPU samples, and how stacks are walked.
+    pub sampling: SamplingConfig,
     pub command: Vec<OsString>,
-    /// Progress line and summary on stderr.
-    pub verbose: bool,
-    /// CLR events collected from .NET processes (none: no EventPipe session).
-    pub clr_events: ClrEventKinds,
+    /// What is printed on stderr: a progress line and the summary, with
+    /// clrbpf's own figures or not.
+    pub report: Report,
     /// Exception events with stacks per second and process at most
     /// ([`crate::clr::budget`]); `None`: every one.
     pub exceptions_per_second: Option<u32>,
     /// One output file per kind (`<stem>.cpu.pb.gz`, ...) instead of one.
     pub split: bool,
-    /// Off-CPU intervals of the profiled threads, with their wakers.
-    pub off_cpu: Option<OffCpuConfig>,
-    /// A `wall/nanoseconds` sample type: CPU plus off-CPU time per thread
-    /// (needs [`Self::off_cpu`]).
-    pub wall: bool,
     /// Raise clrbpf's priority ([`crate::process::priority`]), with this
     /// nice value for its background threads (`None`: leave it).
     pub nice: Option<i32>,
+}
+
+/// What `record` prints on stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Report {
+    /// Nothing but errors (`--quiet`).
+    Quiet,
+    /// A progress line on a terminal, and the summary.
+    Summary,
+    /// The summary with clrbpf's own figures too (`--verbose`).
+    Verbose,
+}
+
+/// Longest `--duration`: about ten years; for longer, leave it out and stop
+/// with Ctrl-C.
+const MAX_DURATION_SECONDS: f64 = 315_360_000.0;
+
+impl RecordConfig {
+    /// Checks every option of `clrbpf record`.
+    pub fn from_args(args: RecordArgs) -> anyhow::Result<Self> {
+        let RecordArgs {
+            pids,
+            all,
+            frequency,
+            duration,
+            output,
+            format,
+            frame_names,
+            keep_perf_maps,
+            no_perf_map_attach,
+            dwarf_unwind: _,
+            exceptions_per_second,
+            split,
+            sampling,
+            nice,
+            no_priority_boost,
+            quiet,
+            verbose,
+            command,
+        } = args;
+        let sampling = SamplingConfig::from_args(sampling)?;
+        let format = match format.or_else(|| OutputFormat::from_path(&output)) {
+            Some(format) => format,
+            None => bail!(
+                "cannot tell the output format from {}: use an extension (.pb.gz, .folded, .svg) or --format",
+                output.display()
+            ),
+        };
+        let duration = match duration {
+            Some(d) if !(d.is_finite() && d > 0.0) => {
+                bail!("--duration must be a positive number of seconds")
+            }
+            Some(d) if d > MAX_DURATION_SECONDS => bail!(
+                "--duration {d} is longer than {MAX_DURATION_SECONDS} seconds (ten years): leave it out to record until Ctrl-C"
+            ),
+            d => d.map(Duration::from_secs_f64),
+        };
+        let report = match (quiet, verbose) {
+            (true, _) => Report::Quiet,
+            (false, false) => Report::Summary,
+            (false, true) => Report::Verbose,
+        };
+        Ok(Self {
+            pids,
+            all,
+            frequency_hz: frequency,
+            duration,
+            output,
+            format,
+            frame_names,
+            keep_perf_maps,
+            perf_map_attach: !no_perf_map_attach,
+            sampling,
+            command,
+            report,
+            exceptions_per_second: exceptions_per_second.filter(|&n| n > 0),
+            split,
+            nice: (!no_priority_boost).then_some(nice),
+        })
+    }
 }
 
 /// The invoking user under sudo: (uid, gid, name).
@@ -161,21 +230,22 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         frame_names,
         keep_perf_maps,
         perf_map_attach,
+        sampling,
+        command,
+        report,
+        exceptions_per_second,
+        split,
+        nice,
+    } = config;
+    let verbose = report != Report::Quiet;
+    let SamplingConfig {
+        clr_events,
+        off_cpu,
+        wall,
         dwarf_unwind,
         unwind_table_memory_bytes,
         unwind_cache_dir,
-        command,
-        verbose,
-        clr_events,
-        exceptions_per_second,
-        split,
-        off_cpu,
-        wall,
-        nice,
-    } = config;
-    if wall && off_cpu.is_none() {
-        bail!("--wall needs off-CPU time: add --off-cpu");
-    }
+    } = sampling;
     // This thread drains the rings: it must keep up on a saturated host.
     let priority_warning =
         nice.and_then(|nice| crate::process::priority::boost_sampling_thread(nice).err());
@@ -368,7 +438,12 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         .push(format!("frequency {frequency_hz} Hz"));
     apply_frame_names(&mut profile, frame_names);
     profile.main_module = application.finish();
-    sink.write_window(&profile).context("write the profile")?;
+    let window = ClosedWindow {
+        profile,
+        start: UNIX_EPOCH + Duration::from_nanos(u64::try_from(start_unix_ns).unwrap_or(0)),
+        duration: elapsed,
+    };
+    sink.submit(window).context("write the profile")?;
     summary.outputs = sink.written().to_vec();
     Ok(summary)
 }

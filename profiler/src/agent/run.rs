@@ -18,7 +18,6 @@
 //!    exits 0. SIGHUP reloads nothing and is ignored.
 
 use std::{
-    collections::HashMap,
     sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -30,21 +29,19 @@ use tokio::{
 };
 
 use super::{
-    ProfileSink as _,
-    batch::{ServiceKey, window_batch},
-    config::{AgentConfig, build_sinks, service_name},
-    cuts::{Cuts, LoopPuller, PullRequest, Window},
+    config::{AgentConfig, build_sinks},
+    cuts::{Cuts, LoopPuller, PullRequest},
     http::{AgentHealth, HttpState, PullEndpoint, PullProfiler},
     metrics::AgentMetrics,
     queue::RetryPolicy,
-    series_keys,
     server::{HttpServer, ServerLimits},
+    ship::ServiceSinks,
 };
 use crate::{
-    bpf::{OffCpuConfig, Sampler, SamplerConfig, UnwindWorker, system},
+    bpf::{Sampler, SamplerConfig, UnwindWorker, system},
+    export::sink::{ClosedWindow, ProfileSink as _},
     pipeline::{Pipeline, SYMBOLIZE_DELAY, WindowSpan},
-    process::ProcFs,
-    profile::{LabelValue, Profile, ProfileSample, label_keys, layout::ValueLayout},
+    profile::Profile,
 };
 
 /// How often the loop runs, as in `record`.
@@ -66,19 +63,14 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let sinks = build_sinks(&config, &metrics, RetryPolicy::default())?;
     let (http, mut pulls) = start_http(&config, &metrics, &health)?;
 
-    // `record`'s defaults: every wait of 1 ms or more, at most 2000 stacks
-    // per CPU per second.
-    let off_cpu = (config.off_cpu || config.wall).then_some(OffCpuConfig {
-        min_ns: 1_000_000,
-        max_stacks_per_cpu_second: 2000,
-    });
+    let sampling = &config.sampling;
     let mut sampler = Sampler::start(&SamplerConfig {
         frequency_hz: config.frequency_hz,
         target_pids: None,
-        user_unwind: config.dwarf_unwind,
-        unwind_table_memory_bytes: config.unwind_table_memory_bytes,
-        unwind_cache_dir: config.unwind_cache_dir.clone(),
-        off_cpu,
+        user_unwind: sampling.dwarf_unwind,
+        unwind_table_memory_bytes: sampling.unwind_table_memory_bytes,
+        unwind_cache_dir: sampling.unwind_cache_dir.clone(),
+        off_cpu: sampling.off_cpu,
         ..SamplerConfig::default()
     })?;
     health.set_bpf_attached(true);
@@ -92,10 +84,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             None
         }
     };
-    let layout = ValueLayout::new(off_cpu.is_some(), config.wall, config.clr_events.any());
-    let mut pipeline = Pipeline::new(true, config.clr_events, layout);
-    pipeline.keep_perf_map_ledger_in(config.unwind_cache_dir.as_deref());
-    pipeline.keep_kernel_symbols_in(config.unwind_cache_dir.clone());
+    let mut pipeline = Pipeline::new(true, sampling.clr_events, sampling.layout());
+    pipeline.keep_perf_map_ledger_in(sampling.unwind_cache_dir.as_deref());
+    pipeline.keep_kernel_symbols_in(sampling.unwind_cache_dir.clone());
     // The runtime's EventCounters come once per window: `dotnet_*` series
     // as fresh as the profiles (every second with an exception budget,
     // whose totals come from the exception counter).
@@ -116,10 +107,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         config.selection.clone(),
     );
     let mut shipper = Shipper {
-        config: &config,
-        sinks: &sinks,
+        sinks: ServiceSinks::new(
+            sinks,
+            metrics.clone(),
+            config.selection.clone(),
+            config.max_services,
+        ),
         metrics: &metrics,
-        services: ServiceNames::default(),
         period_ns: sampler.period_ns,
         samples_cut: 0,
     };
@@ -159,11 +153,6 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         metrics
             .pulls_running
             .set(i64::try_from(cuts.running_pulls()).unwrap_or(i64::MAX));
-        if !closed.is_empty() {
-            // The windows shipped before this one are encoded and sent by
-            // now: what they held is free.
-            crate::release_freed_heap();
-        }
         for window in closed {
             shipper.ship(window);
         }
@@ -195,7 +184,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     pipeline.restore_processes(false);
     // The sinks and the HTTP connections share the grace period: a client
     // holding a connection open cannot hold the exit.
-    let (report, ()) = tokio::join!(sinks.flush(config.grace_period), http.stop());
+    let (report, ()) = tokio::join!(shipper.sinks.flush(config.grace_period), http.stop());
     if report.abandoned > 0 {
         tracing::warn!(
             windows = report.abandoned,
@@ -258,15 +247,6 @@ fn raise_open_files_limit() {
     }
 }
 
-/// The Kubernetes labels a sample carries that name its series too.
-const K8S_SERIES_KEYS: [&str; 5] = [
-    series_keys::K8S_NAMESPACE_NAME,
-    series_keys::K8S_POD_NAME,
-    series_keys::K8S_POD_UID,
-    series_keys::K8S_CONTAINER_NAME,
-    series_keys::K8S_NODE_NAME,
-];
-
 /// How often the agent looks for .NET processes that no sample brought in
 /// (idle services still get their `dotnet_*` series).
 const DISCOVER_EVERY: Duration = Duration::from_secs(5);
@@ -320,10 +300,8 @@ fn update_metrics(
 
 /// What closing a window needs besides the pipeline.
 struct Shipper<'a> {
-    config: &'a AgentConfig,
-    sinks: &'a super::queue::FanOut,
+    sinks: ServiceSinks,
     metrics: &'a AgentMetrics,
-    services: ServiceNames,
     period_ns: u64,
     /// The pipeline's sample count at the last cut.
     samples_cut: u64,
@@ -350,46 +328,10 @@ impl Shipper<'_> {
 
     /// Submits a closed window's profiles, one per service and profile
     /// type.
-    fn ship(&mut self, window: Window) {
-        let Window {
-            profile,
-            start,
-            duration,
-        } = window;
-        let (services, selection) = (&mut self.services, &self.config.selection);
-        let (batch, overflowed) = window_batch(
-            start,
-            duration,
-            &profile,
-            self.config.max_services,
-            |sample| services.key_of(sample, selection),
-        );
-        if overflowed > 0 {
-            self.metrics.services_over_cap.inc_by(overflowed as u64);
-            tracing::warn!(
-                services = overflowed,
-                max = self.config.max_services,
-                "more services in this window than --max-services: the least busy were shipped as `{}`",
-                super::batch::OVERFLOW_SERVICE
-            );
-        }
-        tracing::debug!(
-            profiles = batch.profiles.len(),
-            ?start,
-            ?duration,
-            "window closed"
-        );
-        self.services.forget_unseen();
-        self.sinks.submit(Arc::new(batch));
+    fn ship(&mut self, window: ClosedWindow) {
+        // Never fails: the queues drop what they cannot deliver.
+        let _ = self.sinks.submit(window);
     }
-}
-
-/// The entry assembly of a `dotnet` command line (`dotnet [options]
-/// App.dll args`): the first argument ending in `.dll`, without it.
-fn entry_assembly(cmdline: &[String]) -> Option<String> {
-    let dll = cmdline.iter().skip(1).find(|arg| arg.ends_with(".dll"))?;
-    let name = dll.rsplit('/').next()?.strip_suffix(".dll")?;
-    (!name.is_empty()).then(|| name.to_owned())
 }
 
 /// CLOCK_MONOTONIC (the clock of sample times) against the wall clock, to
@@ -431,223 +373,9 @@ impl Clock {
     }
 }
 
-/// The service of each process, named once (its environment is read when
-/// its first sample of a window is split out) and forgotten when a window
-/// has none of its samples.
-///
-/// A series is named by the service, the executable and the pod: never by
-/// a pid or a container id, which change with every restart (a new series
-/// each time, the old ones left to the backend's retention). Those stay
-/// labels of the samples inside the profile. A process gone before its
-/// executable was read is `unknown_service`, as OpenTelemetry names a
-/// service nobody named, not a series of its own.
-#[derive(Default)]
-struct ServiceNames {
-    by_pid: HashMap<u32, Option<ServiceKey>>,
-    seen: std::collections::HashSet<u32>,
-    procfs: ProcFs,
-}
-
-/// OpenTelemetry's `service.name` when none is set.
-const UNKNOWN_SERVICE: &str = "unknown_service";
-
-impl ServiceNames {
-    fn key_of(
-        &mut self,
-        sample: &ProfileSample,
-        selection: &super::config::ProcessSelection,
-    ) -> Option<ServiceKey> {
-        let mut pid = None;
-        let mut executable = None;
-        let mut container = None;
-        let mut pod_service = None;
-        // The pod's labels, as the pipeline put them on the sample (k8s/):
-        // the same OpenTelemetry keys name the series.
-        let mut k8s: Vec<(&'static str, Arc<str>)> = Vec::new();
-        for label in &sample.labels {
-            match (&*label.key, &label.value) {
-                (label_keys::PROCESS_PID, LabelValue::Num { value, .. }) => {
-                    pid = u32::try_from(*value).ok()
-                }
-                (label_keys::PROCESS_EXECUTABLE_NAME, LabelValue::Str(s)) => {
-                    executable = Some(s.clone())
-                }
-                (label_keys::CONTAINER_ID, LabelValue::Str(s)) => container = Some(s.clone()),
-                (label_keys::SERVICE_NAME, LabelValue::Str(s)) => pod_service = Some(s.clone()),
-                (key, LabelValue::Str(s)) => {
-                    if let Some(series_key) = K8S_SERIES_KEYS.iter().find(|k| **k == key) {
-                        k8s.push((series_key, s.clone()));
-                    }
-                }
-                _ => {}
-            }
-        }
-        let pid = pid?;
-        self.seen.insert(pid);
-        let procfs = &self.procfs;
-        self.by_pid
-            .entry(pid)
-            .or_insert_with(|| {
-                // The pipeline's stand-in for a name it could not read.
-                let executable = executable
-                    .as_deref()
-                    .filter(|name| *name != crate::pipeline::tracked::unknown_exe_name(pid));
-                let namespace = k8s
-                    .iter()
-                    .find(|(k, _)| *k == series_keys::K8S_NAMESPACE_NAME)
-                    .map(|(_, v)| &**v);
-                if !selection.selects(
-                    executable.unwrap_or(UNKNOWN_SERVICE),
-                    container.as_deref(),
-                    namespace,
-                ) {
-                    return None;
-                }
-                let environ = procfs.environ(pid).unwrap_or_default();
-                // `dotnet App.dll`: the service is the entry assembly.
-                let entry_assembly = (executable == Some("dotnet"))
-                    .then(|| procfs.process_info(pid).ok())
-                    .flatten()
-                    .and_then(|info| entry_assembly(&info.cmdline));
-                let program = entry_assembly.as_deref().or(executable);
-                let mut labels = Vec::new();
-                if let Some(executable) = executable {
-                    labels.push((
-                        series_keys::PROCESS_EXECUTABLE_NAME.to_owned(),
-                        executable.to_owned(),
-                    ));
-                }
-                labels.extend(k8s.iter().map(|(k, v)| ((*k).to_owned(), v.to_string())));
-                Some(ServiceKey {
-                    service_name: service_name(
-                        &environ,
-                        pod_service.as_deref(),
-                        program.unwrap_or(UNKNOWN_SERVICE),
-                    ),
-                    labels,
-                })
-            })
-            .clone()
-    }
-
-    /// Drops the names of processes that had no sample in the last window.
-    fn forget_unseen(&mut self) {
-        let seen = std::mem::take(&mut self.seen);
-        self.by_pid.retain(|pid, _| seen.contains(pid));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_entry_assembly_names_a_dotnet_process() {
-        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        assert_eq!(
-            entry_assembly(&args(&[
-                "/usr/bin/dotnet",
-                "/srv/app/Shop.Api.dll",
-                "--port",
-                "80"
-            ])),
-            Some("Shop.Api".to_owned())
-        );
-        assert_eq!(
-            entry_assembly(&args(&[
-                "dotnet",
-                "exec",
-                "--runtimeconfig",
-                "x.json",
-                "App.dll"
-            ])),
-            Some("App".to_owned())
-        );
-        assert_eq!(entry_assembly(&args(&["dotnet", "run"])), None);
-    }
-
-    #[test]
-    fn a_pods_samples_name_their_series_and_are_selected_by_namespace() {
-        use crate::profile::Label;
-        let sample = |namespace: &str| ProfileSample {
-            stack: Vec::new(),
-            values: vec![1],
-            labels: vec![
-                // A pid that does not exist: its environment reads empty.
-                Label::num(label_keys::PROCESS_PID, i64::from(u32::MAX - 1)),
-                Label::str(label_keys::PROCESS_EXECUTABLE_NAME, "dotnet"),
-                Label::str(label_keys::K8S_NAMESPACE_NAME, namespace),
-                Label::str(label_keys::K8S_POD_NAME, "api-7d9f"),
-                Label::str(label_keys::SERVICE_NAME, "shop-api"),
-                Label::str(label_keys::THREAD_NAME, "worker"),
-            ],
-        };
-        let everything = super::super::config::ProcessSelection::default();
-        let mut names = ServiceNames::default();
-        let key = names.key_of(&sample("shop"), &everything).expect("kept");
-        assert_eq!(key.service_name, "shop-api", "the pod's service name");
-        assert!(key.labels.contains(&(
-            series_keys::K8S_NAMESPACE_NAME.to_owned(),
-            "shop".to_owned()
-        )));
-        assert!(
-            key.labels
-                .contains(&(series_keys::K8S_POD_NAME.to_owned(), "api-7d9f".to_owned()))
-        );
-        assert!(!key.labels.iter().any(|(k, _)| k == "thread.name"));
-        assert!(
-            !key.labels.iter().any(|(k, _)| k == label_keys::PROCESS_PID),
-            "a pid names no series: {:?}",
-            key.labels
-        );
-
-        let only_shop = super::super::config::ProcessSelection {
-            k8s_namespaces: vec!["shop".into()],
-            ..Default::default()
-        };
-        assert!(
-            ServiceNames::default()
-                .key_of(&sample("shop"), &only_shop)
-                .is_some()
-        );
-        assert!(
-            ServiceNames::default()
-                .key_of(&sample("billing"), &only_shop)
-                .is_none()
-        );
-    }
-
-    /// Processes gone before their name was read share one service, and
-    /// neither a pid nor a container id names a series.
-    #[test]
-    fn short_lived_processes_do_not_make_a_series_each() {
-        use crate::profile::Label;
-        let everything = super::super::config::ProcessSelection::default();
-        let mut names = ServiceNames::default();
-        let mut keys = std::collections::BTreeSet::new();
-        for pid in [u32::MAX - 10, u32::MAX - 11, u32::MAX - 12] {
-            let sample = ProfileSample {
-                stack: Vec::new(),
-                values: vec![1],
-                labels: vec![
-                    Label::num(label_keys::PROCESS_PID, i64::from(pid)),
-                    Label::str(
-                        label_keys::PROCESS_EXECUTABLE_NAME,
-                        crate::pipeline::tracked::unknown_exe_name(pid),
-                    ),
-                    Label::str(label_keys::CONTAINER_ID, format!("{pid:064x}")),
-                ],
-            };
-            keys.insert(names.key_of(&sample, &everything).expect("kept"));
-        }
-        assert_eq!(
-            keys.into_iter().collect::<Vec<_>>(),
-            [ServiceKey {
-                service_name: UNKNOWN_SERVICE.to_owned(),
-                labels: Vec::new(),
-            }]
-        );
-    }
 
     #[test]
     fn window_bounds_map_to_sample_time() {

@@ -15,6 +15,7 @@
 //!    forgotten, even by a killed run) and the profile goes to the export
 //!    stage; [`summary`] says what was collected.
 
+pub mod driver;
 pub mod perf_maps;
 pub mod raw_stacks;
 pub mod resolve;
