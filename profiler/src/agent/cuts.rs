@@ -26,6 +26,7 @@ use crate::{
         ExportError,
         sink::{ClosedWindow, ProfileSink},
     },
+    pipeline::{SYMBOLIZE_DELAY, driver::WindowPolicy},
     profile::{Aggregator, Profile, ProfileSample},
 };
 
@@ -331,7 +332,7 @@ impl Cuts {
     /// At the end: the last part up to `end`; the pulls still running get
     /// what they have (a shorter profile); the last window is returned.
     pub fn finish(
-        mut self,
+        &mut self,
         end: SystemTime,
         take: &mut impl FnMut(SystemTime, SystemTime) -> Profile,
     ) -> ClosedWindow {
@@ -349,6 +350,26 @@ impl Cuts {
             answer(pull, span);
         }
         self.close_window(end)
+    }
+}
+
+impl WindowPolicy for Cuts {
+    /// The cuts whose point is [`SYMBOLIZE_DELAY`] ago: the samples
+    /// before it are all in.
+    fn due(
+        &mut self,
+        now: SystemTime,
+        take: &mut dyn FnMut(SystemTime, SystemTime) -> Profile,
+    ) -> Vec<ClosedWindow> {
+        self.cut_due(now, SYMBOLIZE_DELAY, &mut |from, to| take(from, to))
+    }
+
+    fn last(
+        &mut self,
+        end: SystemTime,
+        take: &mut dyn FnMut(SystemTime, SystemTime) -> Profile,
+    ) -> ClosedWindow {
+        self.finish(end, &mut |from, to| take(from, to))
     }
 }
 
