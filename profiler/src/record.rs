@@ -36,6 +36,7 @@ use crate::{
         driver::{
             Cutter, Driver, DriverSetup, Front, OneWindow, SamplingConfig, StopSignal, prepare_host,
         },
+        start_tables,
         summary::{RecordSummary, Warnings},
     },
     process::{ProcFs, main_module::ApplicationModule},
@@ -72,6 +73,9 @@ pub struct RecordConfig {
     /// Raise clrbpf's priority ([`crate::process::priority`]), with this
     /// nice value for its background threads (`None`: leave it).
     pub nice: Option<i32>,
+    /// How long the start may wait for the unwind tables of the processes
+    /// known then ([`crate::pipeline::start_tables`]).
+    pub start_wait: Duration,
 }
 
 /// What `record` prints on stderr.
@@ -108,6 +112,7 @@ impl RecordConfig {
             sampling,
             nice,
             no_priority_boost,
+            start_wait,
             quiet,
             verbose,
             command,
@@ -150,6 +155,7 @@ impl RecordConfig {
             exceptions_per_second: exceptions_per_second.filter(|&n| n > 0),
             split,
             nice: (!no_priority_boost).then_some(nice),
+            start_wait: Duration::from_secs_f64(start_wait),
         })
     }
 }
@@ -236,7 +242,9 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         exceptions_per_second,
         split,
         nice,
+        start_wait,
     } = config;
+    let record_started_ns = crate::profile::monotonic_ns();
     for &pid in &pids {
         if !process_exists(pid) {
             bail!(
@@ -266,9 +274,16 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         counters_interval_sec: None,
         count_still_blocked: true,
     })?;
+    let progress = report != Report::Quiet && std::io::stderr().is_terminal();
+    // The processes known now get their unwind tables before the first
+    // sample: their first stacks are whole.
+    let targets = start_tables::start_targets(&ProcFs::default(), &pids, whole_host);
+    let stopped_early = driver
+        .wait_for_start_tables(targets, start_wait, progress)
+        .await;
+    driver.start_sampling()?;
     driver.track(&pids);
-    driver.start_sampling();
-    let child = if command.is_empty() {
+    let child = if command.is_empty() || stopped_early.is_some() {
         None
     } else {
         let child = spawn_command(&command)?;
@@ -292,7 +307,8 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         duration,
         pids,
         started: Instant::now(),
-        progress: (report != Report::Quiet && std::io::stderr().is_terminal()).then(Instant::now),
+        progress: progress.then(Instant::now),
+        record_started_ns,
         policy: OneWindow {
             start: driver.started_at(),
         },
@@ -303,7 +319,10 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
             main_module: None,
         },
     };
-    let stopped_by = driver.run(&mut front).await;
+    let stopped_by = match stopped_early {
+        Some(reason) => reason,
+        None => driver.run(&mut front).await,
+    };
     let mut summary = driver.finish(&mut front, stopped_by)?;
     summary.command_status = front.command_status;
     let mut warnings = Warnings::from(host_warnings);
@@ -323,6 +342,9 @@ struct RecordFront {
     duration: Option<Duration>,
     pids: Vec<u32>,
     started: Instant,
+    /// When `record` started, in sample time: the summary says how long
+    /// after it the first sample came.
+    record_started_ns: u64,
     /// When the progress line was last written (`None`: no progress line).
     progress: Option<Instant>,
     /// The module of the application profiled (the command or the first
@@ -357,6 +379,7 @@ impl Front for RecordFront {
     }
 
     fn after_tick(&mut self, cutter: &mut Cutter<'_>, _sampler: &Sampler) -> Option<&'static str> {
+        cutter.pipeline().note_first_sample(self.record_started_ns);
         self.application.poll(&ProcFs::default());
         if self
             .command_exited_at

@@ -76,6 +76,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         ),
         count_still_blocked: false,
     })?;
+    driver.start_sampling()?;
     health.set_bpf_attached(true);
     // The run time of the BPF programs (`clrbpf_agent_bpf_run_seconds`) is
     // counted by the kernel only while stats are on: on while this fd is
@@ -87,7 +88,6 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             None
         }
     };
-    driver.start_sampling();
     let mut front = AgentFront {
         cuts: Cuts::new(
             SystemTime::now(),

@@ -2,9 +2,12 @@
 //! agent both run, from the kernel's rings to the sinks.
 //!
 //! 1. [`prepare_host`]: raise clrbpf's priority, check the host.
-//! 2. [`Driver::load`]: load the BPF programs ([`Sampler::start`]), make
+//! 2. [`Driver::load`]: load the BPF programs ([`Sampler::load`]), make
 //!    the [`Pipeline`] and its unwind-table thread ([`UnwindWorker`]),
-//!    install the stop signals (Ctrl-C, SIGTERM).
+//!    install the stop signals (Ctrl-C, SIGTERM); `record` then waits for
+//!    the tables of the processes known at start
+//!    ([`Driver::wait_for_start_tables`]) before
+//!    [`Driver::start_sampling`] attaches the sampling programs.
 //! 3. [`Driver::run`]: every tick, or when the ring wakes it,
 //!    [`Pipeline::tick`] drains, learns processes and symbolizes; the
 //!    command's [`Front`] takes its own events (the launched command's exit,
@@ -32,7 +35,7 @@ use anyhow::Context as _;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::{
-    Pipeline, WindowSpan,
+    Pipeline, WindowSpan, start_tables,
     summary::{RecordSummary, add_still_blocked, off_cpu_threads},
 };
 use crate::{
@@ -198,7 +201,7 @@ impl Driver {
             count_still_blocked,
         } = setup;
         tracing::debug!("loading the BPF programs");
-        let mut sampler = Sampler::start(&SamplerConfig {
+        let mut sampler = Sampler::load(&SamplerConfig {
             frequency_hz,
             target_pids,
             user_unwind: sampling.dwarf_unwind,
@@ -239,11 +242,45 @@ impl Driver {
         }
     }
 
-    /// Samples are taken from now on: the start of the first window.
-    pub fn start_sampling(&mut self) {
+    /// Before sampling starts, waits at most `limit` for the unwind tables
+    /// of `targets` ([`start_tables::start_targets`]), so that their first
+    /// stacks are whole, drawing progress on stderr when `progress`.
+    /// Returns the stop signal's reason if one came meanwhile.
+    pub async fn wait_for_start_tables(
+        &mut self,
+        targets: (Vec<u32>, usize),
+        limit: Duration,
+        progress: bool,
+    ) -> Option<&'static str> {
+        self.pipeline.unwind.as_ref()?;
+        let Self {
+            pipeline,
+            sigint,
+            sigterm,
+            ..
+        } = self;
+        let stop = async {
+            tokio::select! {
+                _ = sigint.recv() => "Ctrl-C",
+                _ = sigterm.recv() => "SIGTERM",
+            }
+        };
+        let (tables, stopped) =
+            start_tables::wait_for_tables(pipeline, targets, limit, progress, stop).await;
+        tracing::debug!(?tables, "unwind tables at start");
+        pipeline.summary.warnings.extend(tables.warning());
+        pipeline.summary.tables_at_start = Some(tables);
+        stopped
+    }
+
+    /// Attaches the sampling programs: samples are taken from now on, the
+    /// start of the first window.
+    pub fn start_sampling(&mut self) -> anyhow::Result<()> {
+        self.sampler.start_sampling()?;
         self.clock = Clock::now();
         self.started = Instant::now();
         tracing::debug!("sampling started");
+        Ok(())
     }
 
     /// When sampling started, on the wall clock.
@@ -387,6 +424,20 @@ impl Pipeline {
     /// Kernel memory the unwind tables take (`None`: frame pointers only).
     pub fn unwind_table_bytes(&self) -> Option<u64> {
         self.unwind.as_ref().map(UnwindWorker::kernel_memory_bytes)
+    }
+
+    /// Notes when the first sample came, after `since_ns` (sample time),
+    /// for the summary. The samples are held back [`super::SYMBOLIZE_DELAY`]
+    /// before they are added: the first ones are still pending.
+    pub fn note_first_sample(&mut self, since_ns: u64) {
+        if self.summary.first_sample_after.is_none() {
+            self.summary.first_sample_after = self
+                .pending
+                .iter()
+                .map(|s| s.time_ns)
+                .min()
+                .map(|t| Duration::from_nanos(t.saturating_sub(since_ns)));
+        }
     }
 
     /// Stops the unwind-table thread and takes its report into the
