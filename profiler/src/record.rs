@@ -283,6 +283,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         .await;
     driver.start_sampling()?;
     driver.track(&pids);
+    let started = Instant::now();
     let child = if command.is_empty() || stopped_early.is_some() {
         None
     } else {
@@ -306,7 +307,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         command_status: None,
         duration,
         pids,
-        started: Instant::now(),
+        started,
         progress: progress.then(Instant::now),
         record_started_ns,
         policy: OneWindow {
