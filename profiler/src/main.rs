@@ -6,12 +6,9 @@ use std::{process::ExitCode, time::Duration};
 use anyhow::Context as _;
 use clap::Parser as _;
 use clrbpf::{
-    bpf::OffCpuConfig,
     cli::{Cli, Command, RecordArgs},
-    clr::session::ClrEventKinds,
-    export::output::OutputFormat,
     pipeline::summary::print_summary,
-    record::{RecordConfig, record},
+    record::{RecordConfig, Report, record},
 };
 
 fn main() -> ExitCode {
@@ -105,101 +102,18 @@ fn run_agent(args: clrbpf::cli::AgentArgs) -> anyhow::Result<()> {
     runtime.block_on(clrbpf::agent::run::run(config))
 }
 
-/// Longest `--off-cpu-min` (the kernel side's keep rule takes up to 2^32 ns).
-const MAX_OFF_CPU_MIN_MS: f64 = 4000.0;
-/// Longest `--duration`: about ten years; for longer, leave it out and stop
-/// with Ctrl-C.
-const MAX_DURATION_SECONDS: f64 = 315_360_000.0;
-
 fn run_record(args: RecordArgs) -> anyhow::Result<ExitCode> {
-    let RecordArgs {
-        pids,
-        all,
-        frequency,
-        duration,
-        output,
-        format,
-        frame_names,
-        keep_perf_maps,
-        no_perf_map_attach,
-        frame_pointers_only,
-        dwarf_unwind: _,
-        unwind_table_memory_mb,
-        cache_dir,
-        no_cache,
-        clr_events,
-        no_clr_events,
-        exceptions_per_second,
-        split,
-        off_cpu,
-        off_cpu_min,
-        off_cpu_max_stacks,
-        wall,
-        nice,
-        no_priority_boost,
-        start_wait,
-        quiet,
-        command,
-    } = args;
-    if !(off_cpu_min.is_finite() && off_cpu_min > 0.0 && off_cpu_min <= MAX_OFF_CPU_MIN_MS) {
-        anyhow::bail!("--off-cpu-min must be more than 0 and at most {MAX_OFF_CPU_MIN_MS} ms");
-    }
-    // --wall is CPU plus off-CPU time: it turns off-CPU on.
-    let off_cpu = (off_cpu || wall).then_some(OffCpuConfig {
-        min_ns: (off_cpu_min * 1e6) as u64,
-        max_stacks_per_cpu_second: off_cpu_max_stacks,
-    });
-    let clr_events = if no_clr_events {
-        ClrEventKinds::NONE
-    } else {
-        ClrEventKinds::parse(&clr_events).map_err(|e| anyhow::anyhow!("--clr-events: {e}"))?
-    };
-    let format = match format.or_else(|| OutputFormat::from_path(&output)) {
-        Some(format) => format,
-        None => anyhow::bail!(
-            "cannot tell the output format from {}: use an extension (.pb.gz, .folded, .svg) or --format",
-            output.display()
-        ),
-    };
-    let duration = match duration {
-        Some(d) if !(d.is_finite() && d > 0.0) => {
-            anyhow::bail!("--duration must be a positive number of seconds")
-        }
-        Some(d) if d > MAX_DURATION_SECONDS => anyhow::bail!(
-            "--duration {d} is longer than {MAX_DURATION_SECONDS} seconds (ten years): leave it out to record until Ctrl-C"
-        ),
-        d => d.map(Duration::from_secs_f64),
-    };
-    let config = RecordConfig {
-        pids,
-        all,
-        frequency_hz: frequency,
-        duration,
-        output: output.clone(),
-        format,
-        frame_names,
-        keep_perf_maps,
-        perf_map_attach: !no_perf_map_attach,
-        dwarf_unwind: !frame_pointers_only,
-        unwind_table_memory_bytes: unwind_table_memory_mb << 20,
-        unwind_cache_dir: (!no_cache).then_some(cache_dir),
-        command,
-        verbose: !quiet,
-        clr_events,
-        exceptions_per_second: exceptions_per_second.filter(|&n| n > 0),
-        split,
-        off_cpu,
-        wall,
-        nice: (!no_priority_boost).then_some(nice),
-        start_wait: Duration::from_secs_f64(start_wait),
-    };
+    let config = RecordConfig::from_args(args)?;
+    let (output, report) = (config.output.clone(), config.report);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("start the runtime")?;
     let summary = runtime.block_on(record(config))?;
-    if !quiet {
-        print_summary(&summary, &output, std::io::stderr().lock()).context("write the summary")?;
+    if report != Report::Quiet {
+        let verbose = report == Report::Verbose;
+        print_summary(&summary, &output, verbose, std::io::stderr().lock())
+            .context("write the summary")?;
     }
     Ok(summary.command_status.map_or(ExitCode::SUCCESS, |status| {
         ExitCode::from(exit_code_of(status))

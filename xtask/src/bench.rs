@@ -168,7 +168,7 @@ fn run_profiled(
         Mode::Baseline => None,
         Mode::Clrbpf | Mode::ClrbpfFramePointers => Some(
             Command::new(inputs.clrbpf)
-                .args(["record", "-a", "-F", "99"])
+                .args(["record", "-v", "-a", "-F", "99"])
                 .args(mode.clrbpf_flags().unwrap_or_default())
                 .arg("-o")
                 .arg(inputs.scratch.join("bench.pb.gz"))
@@ -554,7 +554,7 @@ fn unwind_memory_rows(
         );
     }
     let out = Command::new(inputs.clrbpf)
-        .args(["record", "-F", "99", "-o"])
+        .args(["record", "-v", "-F", "99", "-o"])
         .arg(inputs.scratch.join("one.pb.gz"))
         .arg("--")
         .arg(inputs.dotnet8)
