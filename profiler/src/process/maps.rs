@@ -404,16 +404,6 @@ impl MappingTable {
         Ok(Self::from_parsed(mappings, stats, charge))
     }
 
-    /// A table from mappings in any order; overlapping ones after the first
-    /// are dropped and counted.
-    pub fn from_mappings(mappings: Vec<Mapping>) -> Self {
-        Self::from_parsed(
-            mappings,
-            MapsParseStats::default(),
-            Charge::new(Pool::Mappings),
-        )
-    }
-
     fn from_parsed(mut mappings: Vec<Mapping>, mut stats: MapsParseStats, charge: Charge) -> Self {
         // The kernel writes them sorted; a fake or racy file may not.
         mappings.sort_by_key(|m| (m.start, m.end));

@@ -279,12 +279,6 @@ impl UnwindTable {
             + size_of_val::<[LoadSegment]>(segments)
     }
 
-    /// Row slots the table takes in the kernel's row array: rows, then the
-    /// row index.
-    pub fn kernel_slots(&self) -> usize {
-        self.rows.len() + self.index_slots.len()
-    }
-
     /// The load bias of a mapping of this file at `map_start` from file
     /// offset `map_offset` (as in `/proc/PID/maps`): a pc in the mapping is
     /// at ELF virtual address `pc - bias` (wrapping). `None` when no

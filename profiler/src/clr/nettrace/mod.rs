@@ -29,7 +29,9 @@
 //! (`dotnet-trace collect-linux`) and NetPerf (V3) are rejected; metadata
 //! field descriptions and V5 tags are not parsed.
 
-mod bench;
+/// Intake throughput, for `cargo xtask bench` (the `bench` example).
+#[cfg(any(test, feature = "bench"))]
+pub mod bench;
 mod blocks;
 mod error;
 mod framing;
@@ -41,7 +43,6 @@ pub(crate) mod writer;
 
 use std::sync::Arc;
 
-pub use bench::{bench_clr_event_intake, bench_nettrace_parse, replicate_nettrace};
 pub use error::{BlockKind, NettraceError};
 pub use reader::ReadError;
 
