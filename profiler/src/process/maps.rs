@@ -137,6 +137,7 @@ impl Mapping {
     }
 
     /// The file was deleted or replaced after it was mapped.
+    #[cfg(test)]
     pub fn is_deleted(&self) -> bool {
         self.path
             .as_deref()

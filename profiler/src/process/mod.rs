@@ -243,6 +243,7 @@ impl ProcFs {
     /// The value of environment variable `name` of `pid`, as it was at exec
     /// (`/proc/PID/environ` does not see later `setenv`). Only the first
     /// 1 MiB of the environment is searched.
+    #[cfg(test)]
     pub fn environ_var(&self, pid: u32, name: &str) -> Result<Option<String>, ProcError> {
         let (environ, _) = self.read_pid_file(pid, "environ", ENVIRON_MAX_BYTES)?;
         Ok(environ_lookup(&environ, name))

@@ -209,6 +209,7 @@ pub struct PerfDirs {
 /// `perf-NSPID.map` and `jit-NSPID.dump`: the value of
 /// `DOTNET_PerfMapJitDumpPath` (or `COMPlus_PerfMapJitDumpPath`) in the
 /// process's initial environment, else `/tmp`. See [`target_perf_dirs`].
+#[cfg(test)]
 pub fn target_tmp_dir(pid: u32) -> PathBuf {
     target_perf_dirs(pid).perf_dir
 }

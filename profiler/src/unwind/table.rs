@@ -881,6 +881,7 @@ impl UnwindTableCache {
     }
 
     /// Identities evicted (or refused) since the last call.
+    #[cfg(test)]
     pub fn take_evicted(&mut self) -> Vec<FileIdentity> {
         std::mem::take(&mut self.evicted)
     }
@@ -902,6 +903,7 @@ impl UnwindTableCache {
     }
 
     /// Changes the capacity, evicting at once if the cache no longer fits.
+    #[cfg(test)]
     pub fn set_capacity_bytes(&mut self, capacity_bytes: usize) {
         self.capacity_bytes = capacity_bytes;
         while self.size_bytes > self.capacity_bytes {

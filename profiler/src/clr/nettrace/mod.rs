@@ -187,6 +187,7 @@ impl TraceHeader {
 
     /// An event timestamp as nanoseconds since the Unix epoch, through the
     /// header's sync point.
+    #[cfg(test)]
     pub fn ticks_to_unix_ns(&self, ticks: i64) -> Option<i64> {
         let since_sync = (i128::from(ticks) - i128::from(self.sync_time_qpc)) * 1_000_000_000
             / i128::from(self.qpc_frequency.max(1));
@@ -274,6 +275,7 @@ pub struct EventRecord<'a> {
 
 impl EventRecord<'_> {
     /// A copy that outlives the callback.
+    #[cfg(test)]
     pub fn to_owned_record(&self) -> OwnedEventRecord {
         let &Self {
             metadata_id,
@@ -560,6 +562,7 @@ impl NettraceParser {
         &self.state.stats
     }
 
+    #[cfg(test)]
     pub fn trace_header(&self) -> Option<&TraceHeader> {
         self.trace.as_ref()
     }
@@ -569,6 +572,7 @@ impl NettraceParser {
     }
 
     /// Bytes currently buffered for an incomplete object.
+    #[cfg(test)]
     pub fn buffered_bytes(&self) -> usize {
         self.pending.len()
     }
