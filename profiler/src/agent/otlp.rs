@@ -157,7 +157,8 @@ impl WindowUploader for OtlpUploader {
 
 /// Compresses a request body (OTLP/HTTP: `Content-Encoding: gzip`, which
 /// collectors and Pyroscope accept; 2.8x smaller on the synthetic window
-/// of `measure_window_encoding`, more on real, repetitive stacks).
+/// of `a_large_window_encodes_with_each_frame_once`, more on real,
+/// repetitive stacks).
 fn gzip(body: &[u8]) -> std::io::Result<Vec<u8>> {
     use std::io::Write as _;
     let mut encoder = flate2::write::GzEncoder::new(
