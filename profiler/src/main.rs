@@ -121,6 +121,7 @@ fn run_record(args: RecordArgs) -> anyhow::Result<ExitCode> {
         wall,
         nice,
         no_priority_boost,
+        start_wait,
         quiet,
         command,
     } = args;
@@ -174,6 +175,7 @@ fn run_record(args: RecordArgs) -> anyhow::Result<ExitCode> {
         off_cpu,
         wall,
         nice: (!no_priority_boost).then_some(nice),
+        start_wait: Duration::from_secs_f64(start_wait),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

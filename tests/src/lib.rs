@@ -9,6 +9,9 @@
 //! missing, and [`must_have_privileges`] panics when the machine cannot run
 //! BPF: a privileged test never skips silently.
 
+pub mod agent;
+pub mod http;
+
 use std::{
     collections::BTreeSet,
     env,

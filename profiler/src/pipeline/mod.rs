@@ -18,6 +18,7 @@
 pub mod perf_maps;
 pub mod raw_stacks;
 pub mod resolve;
+pub mod start_tables;
 pub mod summary;
 pub mod tracked;
 
