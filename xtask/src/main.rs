@@ -12,6 +12,7 @@ mod bench_saturated;
 mod bench_steady;
 mod chart;
 mod cmd;
+mod limits;
 mod setup;
 mod workloads;
 
@@ -75,6 +76,9 @@ enum Task {
     /// time per sample, CPU and memory of clrbpf, perf map load time) and
     /// print one table (needs root).
     Bench,
+    /// List production functions over 120 lines and files over 1,200
+    /// lines in profiler/src (test code excluded); fails when there is one.
+    Limits,
 }
 
 /// Where things are in the repository.
@@ -139,6 +143,7 @@ fn main() -> ExitCode {
         Task::Test => test(&repo),
         Task::Demo => demo(&repo),
         Task::Bench => bench(&repo),
+        Task::Limits => limits::check(&repo.root.join("profiler/src")),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
