@@ -362,7 +362,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     let memory_line = String::from_utf8_lossy(&memory.stdout);
     let figures = memory_line.split(": ").nth(1).unwrap_or("?").trim();
     println!(
-        "| managed symbols, 6 x 200,000 perf map entries, default budget | {figures} | RSS <= estimate |"
+        "| managed symbols, 6 x 200,000 perf map entries, default budget | {figures} | estimate within 10% of RSS |"
     );
     clr_benches(inputs)?;
     crate::bench_offcpu::run(inputs, have_perf)?;
