@@ -146,6 +146,12 @@ pub fn bench_managed_symbol_memory(
         ..ManagedSymbolsConfig::default()
     };
     let budget = budget_bytes.map(super::ManagedSymbolBudget::new);
+    let procfs = crate::process::ProcFs::default();
+    let resident_bytes = || {
+        procfs
+            .resident_bytes("self")
+            .ok_or_else(|| std::io::Error::other("no resident set in /proc/self/statm"))
+    };
     let before = resident_bytes()?;
     let mut all: Vec<ManagedSymbols> = locations
         .into_iter()
@@ -163,15 +169,4 @@ pub fn bench_managed_symbol_memory(
         estimated_bytes: all.iter().map(ManagedSymbols::memory_bytes).sum(),
         entries_held: all.iter().map(ManagedSymbols::len).sum(),
     })
-}
-
-/// This process's resident set (`/proc/self/statm`, pages of 4 KiB).
-fn resident_bytes() -> std::io::Result<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm")?;
-    statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(|pages| pages * 4096)
-        .ok_or_else(|| std::io::Error::other("no resident pages in /proc/self/statm"))
 }
