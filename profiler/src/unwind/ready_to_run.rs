@@ -367,7 +367,6 @@ fn function_rows(
 /// `UNWIND_INFO` bytes (without following a chain: a chained entry starts
 /// from the entry state), `None` for an info that does not decode. For the
 /// fuzz target: every pc in `begin..begin + len`, sorted, never a panic.
-#[cfg(test)]
 pub fn rows_of_unwind_info(bytes: &[u8], begin: u64, len: u64) -> Option<Vec<UnwindRow>> {
     let mut info = decode_unwind_info(bytes).ok()?;
     info.chained = None;
