@@ -52,25 +52,6 @@ pub enum Command {
     Ps,
     /// Report the kernel features clrbpf uses.
     SystemInfo,
-    /// Time loading a perf map of N entries (for `cargo xtask bench`).
-    #[command(hide = true)]
-    BenchPerfMap {
-        #[arg(long, default_value_t = 100_000)]
-        entries: usize,
-        #[arg(long, default_value_t = 11)]
-        runs: usize,
-    },
-    /// Time parsing and decoding a nettrace capture (gzip or raw), repeated
-    /// COPIES times, on one core (for `cargo xtask bench`).
-    #[command(hide = true)]
-    BenchClrIntake {
-        #[arg(long)]
-        file: PathBuf,
-        #[arg(long, default_value_t = 200)]
-        copies: usize,
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
-    },
 }
 
 /// Options of `clrbpf agent`. Durations are written `500ms`, `10s`, `1m`,

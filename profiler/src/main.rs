@@ -64,22 +64,6 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             clrbpf::bpf::system::print_system_info(std::io::stdout().lock()).context("write")?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::BenchClrIntake { file, copies, runs } => {
-            bench_clr_intake(&file, copies, runs)?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::BenchPerfMap { entries, runs } => {
-            let mut times: Vec<Duration> = (0..runs.max(1))
-                .map(|_| clrbpf::symbolize::bench_perf_map_load(entries))
-                .collect();
-            times.sort();
-            println!(
-                "perf map load, {entries} entries: median {:.2} ms over {} runs",
-                times[times.len() / 2].as_secs_f64() * 1e3,
-                times.len()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
     }
 }
 
@@ -129,34 +113,4 @@ fn exit_code_of(status: std::process::ExitStatus) -> u8 {
         (None, Some(signal)) => (128 + signal).clamp(0, 255) as u8,
         (None, None) => 1,
     }
-}
-
-fn bench_clr_intake(file: &std::path::Path, copies: usize, runs: usize) -> anyhow::Result<()> {
-    use std::io::Read as _;
-    let raw = std::fs::read(file).with_context(|| format!("read {}", file.display()))?;
-    let capture = if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(raw.as_slice())
-            .read_to_end(&mut out)
-            .with_context(|| format!("gunzip {}", file.display()))?;
-        out
-    } else {
-        raw
-    };
-    let stream = clrbpf::clr::nettrace::replicate_nettrace(&capture, copies.max(1))
-        .with_context(|| format!("replicate {}", file.display()))?;
-    let mut rates = Vec::new();
-    let mut events = 0;
-    for _ in 0..runs.max(1) {
-        let (n, elapsed) = clrbpf::clr::nettrace::bench_clr_event_intake(&stream);
-        events = n;
-        rates.push(n as f64 / elapsed.as_secs_f64().max(1e-9));
-    }
-    rates.sort_by(f64::total_cmp);
-    println!(
-        "clr event intake: median {:.0} events/s over {} runs of {events} events, one core",
-        rates[rates.len() / 2],
-        rates.len()
-    );
-    Ok(())
 }

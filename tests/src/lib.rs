@@ -32,6 +32,8 @@ use std::{
 use clrbpf::pprof_proto::Profile;
 use prost::Message as _;
 
+pub mod replay;
+
 /// Path of the `clrbpf` binary under test (`target/release/clrbpf`).
 pub const ENV_BIN: &str = "CLRBPF_BIN";
 /// The .NET 8 `dotnet` host.

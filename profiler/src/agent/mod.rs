@@ -150,12 +150,6 @@ impl WindowBatch {
         })
     }
 
-    /// The window end in nanoseconds since the Unix epoch.
-    pub fn end_unix_ns(&self) -> i64 {
-        self.start_unix_ns()
-            .saturating_add(i64::try_from(self.duration.as_nanos()).unwrap_or(i64::MAX))
-    }
-
     /// `profile` with the window's time range filled in where it has none.
     pub(crate) fn timed(&self, profile: &Profile) -> Profile {
         let mut profile = profile.clone();
