@@ -1,7 +1,7 @@
 //! The `clrbpf` binary: parse arguments, build the configuration, run, map
 //! errors to an exit code.
 
-use std::{process::ExitCode, time::Duration};
+use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser as _;
