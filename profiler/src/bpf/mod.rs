@@ -318,20 +318,17 @@ pub struct OffCpuTotals {
 /// at once; a lost off-CPU record must not leave them forever).
 const MAX_HELD_WAKERS: usize = 4096;
 
-impl Sampler {
-    /// Loads the programs, fills the target set, and attaches everything.
-    pub fn start(config: &SamplerConfig) -> Result<Self, BpfError> {
-        let mut sampler = Self::load(config)?;
-        sampler.start_sampling()?;
-        Ok(sampler)
-    }
+/// The eBPF object loaded with what is fixed at load time: its globals and
+/// its map sizes, from the sampler's configuration.
+struct LoadedObject {
+    ebpf: Ebpf,
+    period_ns: u64,
+    off_cpu_min_ns: u64,
+    unwind_chunks: u32,
+}
 
-    /// Loads the programs, fills the target set and follows the process
-    /// tree, but takes no sample yet: [`Self::start_sampling`] attaches the
-    /// sampling programs. Between the two, the unwind tables of the
-    /// processes known at start can be loaded ([`Self::take_unwind_maps`]),
-    /// so that their first stacks are walked with them.
-    pub fn load(config: &SamplerConfig) -> Result<Self, BpfError> {
+impl LoadedObject {
+    fn load(config: &SamplerConfig) -> Result<Self, BpfError> {
         if EBPF_OBJECT.is_empty() {
             return Err(BpfError::NoObject);
         }
@@ -354,7 +351,7 @@ impl Sampler {
                 .max(1),
         )
         .unwrap_or(u32::MAX);
-        let mut ebpf = EbpfLoader::new()
+        let ebpf = EbpfLoader::new()
             .override_global(names::GLOBAL_FILTER_PIDS, &filter, true)
             .override_global(names::GLOBAL_SELF_TGID, &self_tgid, true)
             .override_global(names::GLOBAL_ON_CPU_PERIOD_NS, &period_ns, true)
@@ -378,7 +375,35 @@ impl Sampler {
             )
             .load(EBPF_OBJECT)
             .map_err(|source| BpfError::Load { source })?;
+        Ok(Self {
+            ebpf,
+            period_ns,
+            off_cpu_min_ns,
+            unwind_chunks,
+        })
+    }
+}
 
+impl Sampler {
+    /// Loads the programs, fills the target set, and attaches everything.
+    pub fn start(config: &SamplerConfig) -> Result<Self, BpfError> {
+        let mut sampler = Self::load(config)?;
+        sampler.start_sampling()?;
+        Ok(sampler)
+    }
+
+    /// Loads the programs, fills the target set and follows the process
+    /// tree, but takes no sample yet: [`Self::start_sampling`] attaches the
+    /// sampling programs. Between the two, the unwind tables of the
+    /// processes known at start can be loaded ([`Self::take_unwind_maps`]),
+    /// so that their first stacks are walked with them.
+    pub fn load(config: &SamplerConfig) -> Result<Self, BpfError> {
+        let LoadedObject {
+            mut ebpf,
+            period_ns,
+            off_cpu_min_ns,
+            unwind_chunks,
+        } = LoadedObject::load(config)?;
         let mut targets: HashMap<MapData, u32, u8> = take_map(&mut ebpf, names::MAP_TARGET_PIDS)?;
         for &pid in config.target_pids.iter().flatten() {
             targets.insert(pid, 1, 0).map_err(|source| BpfError::Map {
