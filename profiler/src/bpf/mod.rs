@@ -4,14 +4,16 @@
 //! [`RawSample`]s and [`ProcessEvent`]s (exits and execs, in order with the
 //! samples) for the rest of the pipeline.
 
+pub mod start_tables;
 pub mod system;
 pub mod unwind_maps;
+mod unwind_rows;
 
 pub use unwind_maps::{UnwindMaps, UnwindMapsStats, UnwindMemory, UnwindReport, UnwindWorker};
 
 use std::{
     fs, io,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd},
+    os::fd::{AsFd, AsRawFd},
     sync::Arc,
     time::Instant,
 };
@@ -153,6 +155,8 @@ pub struct KernelCounters {
     pub forks_followed: u64,
     pub user_stacks_unwound: u64,
     pub unwind_process_unknown: u64,
+    /// Waker stacks walked by frame pointers: their process had no index.
+    pub waker_process_unknown: u64,
     pub user_regs_unavailable: u64,
     pub off_cpu_blocked: u64,
     pub off_cpu_intervals: u64,
@@ -205,17 +209,11 @@ pub struct ProcessEventAt {
     pub samples_before: usize,
 }
 
-/// Process events [`Sampler::drain`] keeps for [`Sampler::take_process_events`]
-/// at most; past it the oldest are dropped and counted.
-const MAX_QUEUED_PROCESS_EVENTS: usize = 65_536;
-
 /// Userspace counts of process events.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcessEventCounts {
     pub exits: u64,
     pub execs: u64,
-    /// Dropped from the queue of [`Sampler::drain`] because nobody took them.
-    pub dropped: u64,
 }
 
 /// Run-time statistics of one BPF program from the kernel's BPF stats
@@ -235,14 +233,15 @@ pub struct Sampler {
     ebpf: Ebpf,
     /// The perf event period as the kernel side stamps it, in nanoseconds.
     pub period_ns: u64,
+    frequency_hz: u64,
+    /// Whether [`Self::start_sampling`] has attached the sampling programs.
+    sampling: bool,
     pub cpus: Vec<u32>,
     thread_names: std::collections::HashMap<[u8; 16], Arc<str>>,
     unwind_maps: Option<UnwindMaps>,
     /// Processes with samples whose pc was in no indexed mapping.
     rescan: std::collections::HashSet<u32>,
     off_cpu: Option<OffCpuMaps>,
-    /// Events read by [`Self::drain`], for [`Self::take_process_events`].
-    process_events: std::collections::VecDeque<ProcessEvent>,
     process_event_counts: ProcessEventCounts,
 }
 
@@ -319,9 +318,17 @@ pub struct OffCpuTotals {
 /// at once; a lost off-CPU record must not leave them forever).
 const MAX_HELD_WAKERS: usize = 4096;
 
-impl Sampler {
-    /// Loads the programs, fills the target set, and attaches everything.
-    pub fn start(config: &SamplerConfig) -> Result<Self, BpfError> {
+/// The eBPF object loaded with what is fixed at load time: its globals and
+/// its map sizes, from the sampler's configuration.
+struct LoadedObject {
+    ebpf: Ebpf,
+    period_ns: u64,
+    off_cpu_min_ns: u64,
+    unwind_chunks: u32,
+}
+
+impl LoadedObject {
+    fn load(config: &SamplerConfig) -> Result<Self, BpfError> {
         if EBPF_OBJECT.is_empty() {
             return Err(BpfError::NoObject);
         }
@@ -344,7 +351,7 @@ impl Sampler {
                 .max(1),
         )
         .unwrap_or(u32::MAX);
-        let mut ebpf = EbpfLoader::new()
+        let ebpf = EbpfLoader::new()
             .override_global(names::GLOBAL_FILTER_PIDS, &filter, true)
             .override_global(names::GLOBAL_SELF_TGID, &self_tgid, true)
             .override_global(names::GLOBAL_ON_CPU_PERIOD_NS, &period_ns, true)
@@ -368,7 +375,35 @@ impl Sampler {
             )
             .load(EBPF_OBJECT)
             .map_err(|source| BpfError::Load { source })?;
+        Ok(Self {
+            ebpf,
+            period_ns,
+            off_cpu_min_ns,
+            unwind_chunks,
+        })
+    }
+}
 
+impl Sampler {
+    /// Loads the programs, fills the target set, and attaches everything.
+    pub fn start(config: &SamplerConfig) -> Result<Self, BpfError> {
+        let mut sampler = Self::load(config)?;
+        sampler.start_sampling()?;
+        Ok(sampler)
+    }
+
+    /// Loads the programs, fills the target set and follows the process
+    /// tree, but takes no sample yet: [`Self::start_sampling`] attaches the
+    /// sampling programs. Between the two, the unwind tables of the
+    /// processes known at start can be loaded ([`Self::take_unwind_maps`]),
+    /// so that their first stacks are walked with them.
+    pub fn load(config: &SamplerConfig) -> Result<Self, BpfError> {
+        let LoadedObject {
+            mut ebpf,
+            period_ns,
+            off_cpu_min_ns,
+            unwind_chunks,
+        } = LoadedObject::load(config)?;
         let mut targets: HashMap<MapData, u32, u8> = take_map(&mut ebpf, names::MAP_TARGET_PIDS)?;
         for &pid in config.target_pids.iter().flatten() {
             targets.insert(pid, 1, 0).map_err(|source| BpfError::Map {
@@ -420,16 +455,11 @@ impl Sampler {
                 min_ns: off_cpu_min_ns,
                 exited: ExitedThreads::default(),
             };
-            for (program, name) in [
-                (names::PROG_OFF_CPU_WAKING, "sched_waking"),
-                (names::PROG_OFF_CPU_SWITCH, "sched_switch"),
-            ] {
+            for program in [names::PROG_OFF_CPU_WAKING, names::PROG_OFF_CPU_SWITCH] {
                 let tp: &mut TracePoint = program_mut(&mut ebpf, program)?;
                 let started = Instant::now();
                 load_program(program, tp.load())?;
                 log_verified(program, tp.info(), started);
-                tp.attach("sched", name)
-                    .map_err(|source| BpfError::Program { program, source })?;
             }
             Some(maps)
         } else {
@@ -441,29 +471,51 @@ impl Sampler {
         let started = Instant::now();
         load_program(names::PROG_ON_CPU_SAMPLE, prog.load())?;
         log_verified(names::PROG_ON_CPU_SAMPLE, prog.info(), started);
-        for &cpu in &cpus {
-            prog.attach(
-                PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                PerfEventScope::AllProcessesOneCpu { cpu },
-                SamplePolicy::Frequency(config.frequency_hz),
-                false,
-            )
-            .map_err(|source| BpfError::PerfEvent { cpu, source })?;
-        }
         Ok(Self {
             samples,
             targets,
             counters,
             ebpf,
             period_ns,
+            frequency_hz: config.frequency_hz,
+            sampling: false,
             cpus,
             thread_names: Default::default(),
             unwind_maps,
             rescan: Default::default(),
             off_cpu,
-            process_events: Default::default(),
             process_event_counts: ProcessEventCounts::default(),
         })
+    }
+
+    /// Attaches the sampling programs loaded by [`Self::load`]: off-CPU
+    /// switches (when configured) and the `cpu-clock` event on every
+    /// online CPU. No effect the second time.
+    pub fn start_sampling(&mut self) -> Result<(), BpfError> {
+        if std::mem::replace(&mut self.sampling, true) {
+            return Ok(());
+        }
+        if self.off_cpu.is_some() {
+            for (program, name) in [
+                (names::PROG_OFF_CPU_WAKING, "sched_waking"),
+                (names::PROG_OFF_CPU_SWITCH, "sched_switch"),
+            ] {
+                let tp: &mut TracePoint = program_mut(&mut self.ebpf, program)?;
+                tp.attach("sched", name)
+                    .map_err(|source| BpfError::Program { program, source })?;
+            }
+        }
+        let prog: &mut PerfEvent = program_mut(&mut self.ebpf, names::PROG_ON_CPU_SAMPLE)?;
+        for &cpu in &self.cpus {
+            prog.attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Frequency(self.frequency_hz),
+                false,
+            )
+            .map_err(|source| BpfError::PerfEvent { cpu, source })?;
+        }
+        Ok(())
     }
 
     /// Adds a process to the profiled set (no effect in whole-host mode).
@@ -508,37 +560,6 @@ impl Sampler {
     pub fn remove_target(&mut self, pid: u32) {
         // Absent is fine: the exit tracepoint may have removed it already.
         let _ = self.targets.remove(&pid);
-    }
-
-    /// The ring buffer's descriptor, to wait on with epoll / `AsyncFd`.
-    pub fn ring_fd(&self) -> RawFd {
-        self.samples.as_raw_fd()
-    }
-
-    pub fn ring_as_fd(&self) -> BorrowedFd<'_> {
-        self.samples.as_fd()
-    }
-
-    /// Moves every sample waiting in the ring buffer into `out`; returns how
-    /// many records were malformed (and skipped). Process events read on the
-    /// way wait for [`Self::take_process_events`]; [`Self::drain_with_events`]
-    /// gives them in place instead.
-    pub fn drain(&mut self, out: &mut Vec<RawSample>) -> u64 {
-        let mut events = Vec::new();
-        let malformed = self.drain_with_events(out, &mut events);
-        for at in events {
-            if self.process_events.len() >= MAX_QUEUED_PROCESS_EVENTS {
-                self.process_events.pop_front();
-                self.process_event_counts.dropped += 1;
-            }
-            self.process_events.push_back(at.event);
-        }
-        malformed
-    }
-
-    /// Process events [`Self::drain`] read since the last call, oldest first.
-    pub fn take_process_events(&mut self) -> Vec<ProcessEvent> {
-        self.process_events.drain(..).collect()
     }
 
     pub fn process_event_counts(&self) -> ProcessEventCounts {
@@ -644,6 +665,7 @@ impl Sampler {
             forks_followed: get(Counter::ForksFollowed),
             user_stacks_unwound: get(Counter::UserStacksUnwound),
             unwind_process_unknown: get(Counter::UnwindProcessUnknown),
+            waker_process_unknown: get(Counter::WakerProcessUnknown),
             user_regs_unavailable: get(Counter::UserRegsUnavailable),
             off_cpu_blocked: get(Counter::OffCpuBlocked),
             off_cpu_intervals: get(Counter::OffCpuIntervals),

@@ -318,13 +318,13 @@ impl ClrCollector {
             .then_some(&mut self.runtime)
     }
 
-    /// Starts the session if due, then takes what it delivered. Method
-    /// load events go to `on_method` (with their time), the others to the
-    /// intake. Returns the number of events taken.
-    pub fn poll(&mut self, procfs: &ProcFs, on_method: &mut impl FnMut(&MethodLoad, u64)) -> usize {
+    /// Waiting for the socket: starts the session on a thread of its own
+    /// (connecting may block), at most every [`RETRY_EVERY`]. `false` when
+    /// the next try is not due yet: nothing else to do then.
+    fn start_if_due(&mut self, procfs: &ProcFs) -> bool {
         if let CollectorState::Waiting { since, last_try } = &mut self.state {
             if last_try.is_some_and(|t| t.elapsed() < RETRY_EVERY) {
-                return 0;
+                return false;
             }
             *last_try = Some(Instant::now());
             let since = *since;
@@ -371,6 +371,12 @@ impl ClrCollector {
                 }
             }
         }
+        true
+    }
+
+    /// The session thread finished: runs its session, waits again for a
+    /// socket not there yet, or gives up with a warning.
+    fn take_started(&mut self, procfs: &ProcFs) {
         if matches!(&self.state, CollectorState::Starting { job, .. } if job.is_finished()) {
             let CollectorState::Starting { since, job } =
                 std::mem::replace(&mut self.state, CollectorState::Ended)
@@ -424,6 +430,16 @@ impl ClrCollector {
                 }
             }
         }
+    }
+
+    /// Starts the session if due, then takes what it delivered. Method
+    /// load events go to `on_method` (with their time), the others to the
+    /// intake. Returns the number of events taken.
+    pub fn poll(&mut self, procfs: &ProcFs, on_method: &mut impl FnMut(&MethodLoad, u64)) -> usize {
+        if !self.start_if_due(procfs) {
+            return 0;
+        }
+        self.take_started(procfs);
         self.collect_rundown(None, on_method);
         let Self {
             state,

@@ -1264,6 +1264,22 @@ impl PerfMapAttach {
         }
     }
 
+    /// Turns perf maps off and on again: the runtime creates its files anew
+    /// and replays every method compiled so far into them. For when the
+    /// files were removed under a running recording: another recorder
+    /// attached to the same process (a second clrbpf) ends by turning the
+    /// runtime's perf maps off and removing the files, which are the same
+    /// files (the runtime keeps one perf map state per process, not one
+    /// per client). Enabling alone is not enough: a runtime still enabled
+    /// goes on writing to the removed files.
+    pub fn reenable(&mut self) -> Result<(), IpcError> {
+        // An error here is normal: the other recorder may have turned them
+        // off already.
+        let _ = self.client.disable_perf_map();
+        self.enabled_at = SystemTime::now();
+        self.client.enable_perf_map(PerfMapType::All)
+    }
+
     /// The client used to enable the maps.
     pub fn client(&self) -> &DiagnosticClient {
         &self.client
@@ -2138,404 +2154,46 @@ mod tests {
             Some(CommandId::DISABLE_PERF_MAP)
         );
     }
-}
-
-/// Checks against real .NET runtimes (`cargo xtask test` runs them; by hand:
-/// `cargo test -p clrbpf --lib clr::ipc::real_runtime -- --ignored`).
-///
-/// They need `mcs` (Debian `mono-mcs`) and the runtimes `cargo xtask setup`
-/// unpacks: `$CLRBPF_DOTNET8` (default
-/// `target/runtimes/net8/dnv/net/runtime/.net/dotnet`, .NET 8.0.4) and
-/// `$CLRBPF_DOTNET31` (default `target/runtimes/netcore31/dotnetcore2/bin/dotnet`,
-/// .NET Core 3.1). Each test compiles a small C# program, starts it
-/// *without* `DOTNET_PerfMapEnabled`, waits until its hot method has been
-/// JIT-compiled, and talks to it through [`DiagnosticClient`]. They touch
-/// only the process they started and its own files in `/tmp`.
-#[cfg(test)]
-mod real_runtime {
-    use super::*;
-    use std::{
-        io::{BufRead, BufReader},
-        process::{Child, Command, Stdio},
-    };
-
-    const APP: &str = r#"
-using System;
-using System.Threading;
-public static class Hot {
-    public static long Spin(long n) {
-        long s = 0;
-        for (long i = 0; i < n; i++) { s += i ^ (s >> 3); }
-        return s;
-    }
-    public static void Main() {
-        long t = Spin(100000);
-        Console.WriteLine("ready " + System.Diagnostics.Process.GetCurrentProcess().Id + " " + t);
-        Console.Out.Flush();
-        while (true) { t += Spin(100000); Thread.Sleep(10); }
-    }
-}
-"#;
-
-    #[derive(Clone, Copy)]
-    enum Runtime {
-        Net8,
-        NetCore31,
-    }
-
-    impl Runtime {
-        fn dotnet(self) -> PathBuf {
-            let (var, default) = match self {
-                Runtime::Net8 => ("CLRBPF_DOTNET8", "net8/dnv/net/runtime/.net/dotnet"),
-                Runtime::NetCore31 => ("CLRBPF_DOTNET31", "netcore31/dotnetcore2/bin/dotnet"),
-            };
-            std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
-                Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("../target/runtimes")
-                    .join(default)
-            })
-        }
-
-        fn runtime_config(self) -> &'static str {
-            match self {
-                Runtime::Net8 => {
-                    r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.0"}}}"#
-                }
-                Runtime::NetCore31 => {
-                    r#"{"runtimeOptions":{"tfm":"netcoreapp3.1","framework":{"name":"Microsoft.NETCore.App","version":"3.1.0"},"configProperties":{"System.Globalization.Invariant":true}}}"#
-                }
-            }
-        }
-    }
-
-    /// A running test program, killed on drop.
-    struct DotnetApp {
-        child: Child,
-        _dir: tempfile::TempDir,
-    }
-
-    impl DotnetApp {
-        /// Compiles and starts the program; returns once `Hot.Spin` ran.
-        fn start(runtime: Runtime, env: &[(&str, &str)]) -> Self {
-            let dir = tempfile::tempdir().expect("tempdir");
-            fs_write(&dir.path().join("App.cs"), APP);
-            fs_write(
-                &dir.path().join("App.runtimeconfig.json"),
-                runtime.runtime_config(),
-            );
-            let status = Command::new("mcs")
-                .arg("-out:App.dll")
-                .arg("App.cs")
-                .current_dir(dir.path())
-                .status()
-                .expect("run mcs (Debian package mono-mcs)");
-            assert!(status.success(), "mcs failed");
-            let dotnet = runtime.dotnet();
-            let mut command = Command::new(&dotnet);
-            command
-                .arg("App.dll")
-                .current_dir(dir.path())
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit());
-            for prefix in ["DOTNET_", "COMPlus_"] {
-                for name in ["PerfMapEnabled", "EnableDiagnostics", "PerfMapJitDumpPath"] {
-                    command.env_remove(format!("{prefix}{name}"));
-                }
-            }
-            command.env_remove("TMPDIR");
-            command.envs(env.iter().copied());
-            let mut child = command
-                .spawn()
-                .unwrap_or_else(|e| panic!("start {}: {e}", dotnet.display()));
-            let stdout = child.stdout.take().expect("piped stdout");
-            let mut line = String::new();
-            BufReader::new(stdout)
-                .read_line(&mut line)
-                .expect("read the program's first line");
-            let app = Self { child, _dir: dir };
-            assert!(
-                line.starts_with("ready "),
-                "program did not start: {line:?}"
-            );
-            app
-        }
-
-        fn pid(&self) -> u32 {
-            self.child.id()
-        }
-
-        fn is_running(&mut self) -> bool {
-            matches!(self.child.try_wait(), Ok(None))
-        }
-
-        /// The runtime creates its socket early in startup, before Main; wait
-        /// for it anyway, a loaded machine can be slow.
-        fn client(&self) -> DiagnosticClient {
-            let procfs = ProcFs::default();
-            let mut last = None;
-            for _ in 0..200 {
-                match DiagnosticClient::discover(&procfs, self.pid()) {
-                    Ok(client) => return client,
-                    Err(e) => last = Some(e),
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            panic!("no diagnostic socket for {}: {last:?}", self.pid());
-        }
-    }
-
-    impl Drop for DotnetApp {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-
-    fn fs_write(path: &Path, content: &str) {
-        std::fs::write(path, content).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-    }
-
-    /// Waits until `path` contains `needle` (the runtime writes the replay
-    /// before it answers, but give a slow machine some slack).
-    /// Up to 20 s: the runtime writes the replay on its own schedule, and a
-    /// loaded 2-core CI machine can be slow to get to it.
-    fn wait_for_content(path: &Path, needle: &str) -> String {
-        let mut content = String::new();
-        for _ in 0..400 {
-            content = std::fs::read_to_string(path).unwrap_or_default();
-            if content.contains(needle) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        content
-    }
-
-    fn remove_stale(pid: u32) {
-        for name in perf_files::perf_file_names(pid) {
-            let _ = std::fs::remove_file(Path::new("/tmp").join(name));
-        }
-    }
 
     #[test]
-    #[ignore = "needs a .NET runtime: run by cargo xtask test"]
-    fn net8_enable_perf_map_replays_compiled_methods() {
-        let app = DotnetApp::start(Runtime::Net8, &[]);
-        let pid = app.pid();
-        remove_stale(pid);
-        let perf_map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
-        assert!(!perf_map.exists(), "perf map before enabling");
-        let client = app.client();
-        client
-            .enable_perf_map(PerfMapType::All)
-            .expect("EnablePerfMap");
-        // Hot.Spin was compiled before the attach: only the replay can list it.
-        let content = wait_for_content(&perf_map, "Hot::Spin");
-        assert!(
-            content.contains("Hot::Spin"),
-            "perf map without Hot::Spin:\n{content}"
+    fn reenabling_turns_perf_maps_off_then_on_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (procfs, tmp) = fake_target(dir.path(), "/tmp", "");
+        let server = serve(
+            bind_in(&tmp, "dotnet-diagnostic-7-100-socket"),
+            vec![
+                ok_reply(&process_info_payload(Some(("App", "8.0.4")))),
+                ok_reply(&0u32.to_le_bytes()),
+                // The other recorder turned them off already: refused.
+                error_reply(0x8013_1384),
+                ok_reply(&0u32.to_le_bytes()),
+                ok_reply(&0u32.to_le_bytes()),
+            ],
         );
-        assert!(Path::new(&format!("/tmp/jit-{pid}.dump")).exists());
-        client.disable_perf_map().expect("DisablePerfMap");
-        remove_stale(pid);
-    }
-
-    #[test]
-    #[ignore = "needs a .NET runtime: run by cargo xtask test"]
-    fn net8_perf_map_attach_and_cleanup() {
-        let mut app = DotnetApp::start(Runtime::Net8, &[]);
-        let pid = app.pid();
-        remove_stale(pid);
-        let _ = app.client();
-        let outcome = PerfMapAttach::attach(&ProcFs::default(), pid).expect("attach");
-        let PerfMapAttachOutcome::Enabled(attach) = outcome else {
-            panic!("expected perf maps enabled, got {outcome:?}");
+        let outcome = PerfMapAttach::attach(&procfs, 5).expect("attach");
+        let PerfMapAttachOutcome::Enabled(mut attach) = outcome else {
+            panic!("expected enabled, got {outcome:?}");
         };
-        assert!(
-            attach
-                .runtime_version()
-                .is_some_and(|v| v.starts_with("8.0.")),
-            "{:?}",
-            attach.runtime_version()
-        );
-        let perf_map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
-        let content = wait_for_content(&perf_map, "Hot::Spin");
-        assert!(
-            content.contains("Hot::Spin"),
-            "perf map without Hot::Spin:\n{content}"
-        );
-        let cleanup = attach.finish(false);
-        assert!(cleanup.disable.is_ok(), "{:?}", cleanup.disable);
-        assert!(cleanup.files.failed.is_empty(), "{:?}", cleanup.files);
-        assert!(!perf_map.exists(), "perf map left behind");
-        assert!(!Path::new(&format!("/tmp/jit-{pid}.dump")).exists());
-        assert!(
-            cleanup
-                .files
-                .removed
-                .iter()
-                .any(|p| p.ends_with(format!("perf-{pid}.map"))),
-            "{:?}",
-            cleanup.files
-        );
-        assert!(app.is_running(), "the target died");
-    }
-
-    #[test]
-    #[ignore = "needs a .NET runtime: run by cargo xtask test"]
-    fn net8_perf_map_attach_respects_the_environment() {
-        let app = DotnetApp::start(Runtime::Net8, &[("DOTNET_PerfMapEnabled", "3")]);
-        let _ = app.client();
-        let outcome = PerfMapAttach::attach(&ProcFs::default(), app.pid()).expect("attach");
-        assert!(
-            matches!(outcome, PerfMapAttachOutcome::AlreadyEnabled { setting: 3 }),
-            "{outcome:?}"
-        );
-        remove_stale(app.pid());
-    }
-
-    #[test]
-    #[ignore = "needs a .NET runtime: run by cargo xtask test"]
-    fn net8_process_info_through_a_long_tmpdir() {
-        // The runtime binds its socket here, so this path must stay under
-        // 108 bytes; /proc/PID/root in front pushes ours over.
-        let base = tempfile::tempdir().expect("tempdir");
-        let budget = 107usize.saturating_sub(base.path().as_os_str().len() + 48);
-        let tmpdir = base.path().join("t".repeat(budget.max(1)));
-        std::fs::create_dir(&tmpdir).expect("mkdir");
-        let tmpdir_str = tmpdir.to_str().expect("utf-8 temp dir");
-        let app = DotnetApp::start(Runtime::Net8, &[("TMPDIR", tmpdir_str)]);
-        let client = app.client();
-        assert!(
-            client
-                .socket_path()
-                .starts_with(format!("/proc/{}/root", app.pid())),
-            "{}",
-            client.socket_path().display()
-        );
-        assert!(
-            client.socket_path().as_os_str().len() > 108,
-            "path {} is short enough for sun_path: the test proves nothing",
-            client.socket_path().display()
-        );
-        let info = client.process_info().expect("ProcessInfo2");
-        assert_eq!(info.pid, u64::from(app.pid()));
-        assert!(
-            info.command_line.contains("App.dll"),
-            "{}",
-            info.command_line
-        );
-        assert_eq!(info.os, "Linux");
-        assert!(!info.arch.is_empty());
-        assert_eq!(info.managed_entrypoint_assembly.as_deref(), Some("App"));
+        let first = attach.enabled_at;
+        attach
+            .reenable()
+            .expect("re-enabled despite the refused disable");
+        assert!(attach.enabled_at >= first);
+        drop(attach);
+        let commands: Vec<CommandId> = server
+            .join()
+            .expect("server")
+            .into_iter()
+            .map(|(c, _)| c)
+            .collect();
         assert_eq!(
-            info.runtime_major(),
-            Some(8),
-            "{:?}",
-            info.clr_product_version
+            commands[1..],
+            [
+                CommandId::ENABLE_PERF_MAP,
+                CommandId::DISABLE_PERF_MAP,
+                CommandId::ENABLE_PERF_MAP,
+                CommandId::DISABLE_PERF_MAP,
+            ]
         );
-    }
-
-    /// A real session: the runtime's event clock is CLOCK_MONOTONIC (the
-    /// clock of BPF samples), on .NET 8 and 3.1, and the rundown lists the
-    /// method compiled before it.
-    #[test]
-    #[ignore = "needs a .NET runtime: run by cargo xtask test"]
-    fn real_sessions_use_the_monotonic_clock_and_rundown_lists_methods() {
-        use crate::clr::session::{ClrEventKinds, ClrSession, method_rundown};
-        for runtime in [Runtime::Net8, Runtime::NetCore31] {
-            let mut app = DotnetApp::start(runtime, &[]);
-            let _ = app.client();
-            let procfs = ProcFs::default();
-            let session =
-                ClrSession::start(&procfs, app.pid(), ClrEventKinds::ALL, None).expect("start");
-            let (methods, error) =
-                method_rundown(&procfs, app.pid(), Duration::from_secs(10)).expect("rundown");
-            assert!(error.is_none(), "{error:?}");
-            assert!(
-                methods
-                    .iter()
-                    .any(|m| m.display_name().contains("Hot::Spin")),
-                "rundown without Hot::Spin ({} methods)",
-                methods.len()
-            );
-            std::thread::sleep(Duration::from_millis(300));
-            let (end, stop_error) =
-                session.stop(Instant::now() + Duration::from_secs(5), &mut |_| {});
-            assert!(stop_error.is_none(), "{stop_error:?}");
-            assert!(end.error.is_none(), "{:?}", end.error);
-            let skew = end.clock_skew_ns.expect("a trace header");
-            assert!(
-                skew.abs() < 2_000_000_000,
-                "event clock {skew} ns away from CLOCK_MONOTONIC"
-            );
-            assert!(app.is_running(), "the target died");
-        }
-    }
-
-    #[test]
-    #[ignore = "needs a .NET runtime: run by cargo xtask test"]
-    fn netcore31_has_no_process_info_and_no_perf_map_command() {
-        let mut app = DotnetApp::start(Runtime::NetCore31, &[]);
-        let client = app.client();
-        let err = client.process_info().expect_err("3.1 has no ProcessInfo");
-        assert_eq!(
-            err.runtime_error(),
-            Some(RuntimeError::UnknownCommand),
-            "{err:?}"
-        );
-        let outcome = PerfMapAttach::attach(&ProcFs::default(), app.pid()).expect("attach");
-        let PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { version }) = outcome
-        else {
-            panic!("expected unsupported, got {outcome:?}");
-        };
-        assert!(
-            version.as_deref().is_some_and(|v| v.starts_with("3.1.")),
-            "{version:?}"
-        );
-        assert!(app.is_running(), "the target died");
-    }
-
-    #[test]
-    #[ignore = "needs a .NET runtime: run by cargo xtask test"]
-    fn ps_lists_net8_and_netcore31_processes() {
-        let net8 = DotnetApp::start(Runtime::Net8, &[]);
-        let net31 = DotnetApp::start(Runtime::NetCore31, &[("DOTNET_PerfMapEnabled", "1")]);
-        let _ = (net8.client(), net31.client());
-        let rows = crate::process::ps::dotnet_processes(&ProcFs::default());
-        let row = |pid: u32| {
-            rows.iter()
-                .find(|r| r.pid == pid)
-                .unwrap_or_else(|| panic!("pid {pid} missing from {rows:#?}"))
-        };
-        let row8 = row(net8.pid());
-        assert_eq!(row8.runtime_version.as_deref(), Some("8.0.4"));
-        assert!(!row8.perf_map_enabled);
-        assert!(row8.diagnostic_socket.is_some());
-        assert!(
-            row8.command_line.contains("App.dll"),
-            "{}",
-            row8.command_line
-        );
-        let row31 = row(net31.pid());
-        assert!(
-            row31
-                .runtime_version
-                .as_deref()
-                .is_some_and(|v| v.starts_with("3.1.")),
-            "{row31:?}"
-        );
-        assert!(row31.perf_map_enabled);
-        let mut table = Vec::new();
-        crate::process::ps::print_ps_table(&rows, &mut table).expect("print");
-        let table = String::from_utf8(table).expect("utf-8");
-        assert!(
-            table
-                .lines()
-                .any(|l| l.trim_start().starts_with(&net8.pid().to_string())),
-            "{table}"
-        );
-        remove_stale(net31.pid());
     }
 }

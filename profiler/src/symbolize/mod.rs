@@ -18,5 +18,3 @@ pub mod native;
 pub mod perf_files;
 pub mod perf_map;
 pub mod target_fs;
-
-pub use managed::bench_perf_map_load;
