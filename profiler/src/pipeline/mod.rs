@@ -15,11 +15,13 @@
 //!    forgotten, even by a killed run) and the profile goes to the export
 //!    stage; [`summary`] says what was collected.
 
+mod labels;
 pub mod perf_maps;
 pub mod raw_stacks;
 pub mod resolve;
 pub mod summary;
 pub mod tracked;
+mod wakers;
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -29,7 +31,7 @@ use std::{
 
 use self::{
     raw_stacks::RawStacks,
-    resolve::{add_clr_samples, user_frame},
+    resolve::add_clr_samples,
     summary::{ClrProcessTotals, RecordSummary},
     tracked::TrackedProcess,
 };
@@ -41,11 +43,13 @@ use crate::{
         session::ClrEventKinds,
     },
     process::{ProcFs, dotnet::DotnetRuntime, list_pids, root::TargetRoot},
-    profile::{
-        Aggregator, Frame, FrameKind, Label, Profile, RawSample, ValueType, label_keys,
-        layout::ValueLayout, wait_kind,
+    profile::{Aggregator, Profile, RawSample, ValueType, label_keys, layout::ValueLayout},
+    symbolize::{
+        managed::TargetLocation,
+        native::NativeSymbolizer,
+        perf_files::remove_perf_files,
+        stack::{FrameCounts, StackNamer},
     },
-    symbolize::{managed::TargetLocation, native::NativeSymbolizer, perf_files::remove_perf_files},
 };
 
 /// How long the end of a recording waits for the EventPipe sessions (all
@@ -111,7 +115,8 @@ pub struct Pipeline {
     pub(crate) pending: VecDeque<RawSample>,
     pub(crate) summary: RecordSummary,
     pub(crate) stack: Vec<u32>,
-    pub(crate) user_frames: Vec<Arc<Frame>>,
+    /// Names one raw stack at a time.
+    namer: StackNamer,
     /// Memory for managed symbols, shared by every process: the least
     /// recently used processes' tables go first.
     managed_budget: crate::symbolize::managed::ManagedSymbolBudget,
@@ -129,8 +134,6 @@ pub struct Pipeline {
     pub(crate) retry: Vec<RawSample>,
     pub(crate) unwind: Option<UnwindWorker>,
     pub(crate) layout: ValueLayout,
-    /// Kernel frame names of the sample being added (for `wait.kind`).
-    pub(crate) kernel_names: Vec<Arc<str>>,
     /// Thread names seen in samples, for the off-CPU totals.
     pub(crate) thread_names: HashMap<u32, Arc<str>>,
     /// Off-CPU nanoseconds (upscaled) and waits the profile holds, per tid.
@@ -156,9 +159,6 @@ const VANISHED_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs
 /// How many scans a process that shows no .NET runtime gets (a `dotnet`
 /// host maps `libcoreclr.so` a moment after it starts).
 const DOTNET_SCANS: u8 = 3;
-
-/// Threads whose off-CPU time the summary reports one by one.
-const MAX_OFF_CPU_THREADS: usize = 131_072;
 
 impl Pipeline {
     /// How many processes have been seen.
@@ -192,7 +192,7 @@ impl Pipeline {
             pending: VecDeque::new(),
             summary: RecordSummary::default(),
             stack: Vec::with_capacity(256),
-            user_frames: Vec::with_capacity(256),
+            namer: StackNamer::default(),
             managed_budget: crate::symbolize::managed::ManagedSymbolBudget::new(
                 crate::memory_budget::current().managed_symbol_bytes(),
             ),
@@ -203,7 +203,6 @@ impl Pipeline {
             retry: Vec::new(),
             unwind: None,
             layout,
-            kernel_names: Vec::with_capacity(128),
             thread_names: HashMap::new(),
             off_cpu_recorded: HashMap::new(),
             dotnet_scanned: HashMap::new(),
@@ -736,179 +735,28 @@ impl Pipeline {
             summary,
             stack,
             procfs,
-            user_frames,
+            namer,
             retry,
             layout,
-            kernel_names,
-            thread_names,
-            off_cpu_recorded,
             ..
         } = self;
-        user_frames.clear();
-        if let Some(process) = processes.get_mut(&sample.pid) {
-            for (i, &addr) in sample.user_stack.iter().enumerate() {
-                let is_return_address = i > 0;
-                user_frames.push(user_frame(
-                    native,
-                    procfs,
-                    process,
-                    addr,
-                    is_return_address,
-                    sample.time_ns,
-                ));
-            }
-            let unresolved_jit = process.managed.is_some()
-                && user_frames
-                    .iter()
-                    .any(|f| f.kind == FrameKind::Unknown && f.module.is_none());
-            if unresolved_jit && !final_pass && retry.len() < MAX_RETRY_SAMPLES {
-                retry.push(sample.clone());
-                return;
-            }
-        }
-        let Some(process) = processes.get(&sample.pid) else {
+        let Some(process) = processes.get_mut(&sample.pid) else {
             return;
         };
+        let unnamed_jit = namer.name_user(native, procfs, process, sample);
+        if unnamed_jit && !final_pass && retry.len() < MAX_RETRY_SAMPLES {
+            retry.push(sample.clone());
+            return;
+        }
         summary.samples += count;
-        stack.clear();
-        kernel_names.clear();
-        for &addr in &sample.kernel_stack {
-            let frame = native.symbolize_kernel(addr);
-            summary.kernel_frames += count;
-            if sample.off_cpu.is_some() {
-                kernel_names.push(frame.name.clone());
-            }
-            stack.push(aggregator.intern(&frame));
+        let counts = namer.intern(native, sample, aggregator, stack).times(count);
+        count_frames(summary, counts);
+        let thread_name = sample.off_cpu.is_none().then_some(&sample.thread_name);
+        let labels = labels::sample_labels(process, i64::from(sample.tid), thread_name);
+        match &sample.off_cpu {
+            None => aggregator.add(stack, labels, &layout.on_cpu(count, sample.value)),
+            Some(off_cpu) => self.add_off_cpu(sample, off_cpu, labels),
         }
-        if sample.kernel_stack_truncated {
-            stack.push(aggregator.intern(&Frame::synthetic("[truncated kernel stack]")));
-        }
-        for frame in user_frames.iter() {
-            match (frame.kind, &frame.module) {
-                (FrameKind::Managed, _) => summary.managed_frames += count,
-                (FrameKind::Native, _) => summary.native_frames += count,
-                (_, Some(_)) => summary.unnamed_frames += count,
-                (_, None) => summary.unknown_frames += count,
-            }
-            stack.push(aggregator.intern(frame));
-        }
-        if sample.user_stack_truncated {
-            summary.truncated_stacks += count;
-            stack.push(aggregator.intern(&Frame::synthetic("[truncated]")));
-        }
-        crate::profile::gc::add_gc_root(&sample.thread_name, stack, aggregator);
-        let mut labels = vec![
-            Label::num(label_keys::PROCESS_PID, i64::from(sample.pid)),
-            Label::str(
-                label_keys::PROCESS_EXECUTABLE_NAME,
-                process.exe_name.clone(),
-            ),
-            Label::num(label_keys::THREAD_ID, i64::from(sample.tid)),
-            Label::str(label_keys::THREAD_NAME, sample.thread_name.clone()),
-        ];
-        if let Some(id) = &process.container_id {
-            labels.push(Label::str(label_keys::CONTAINER_ID, id.clone()));
-        }
-        labels.extend(process.pod.iter().flat_map(|pod| pod.sample_labels()));
-        let value = i64::try_from(sample.value).unwrap_or(i64::MAX);
-        let mut values = layout.zeros();
-        let Some(off_cpu) = &sample.off_cpu else {
-            values[layout.samples] = i64::try_from(count).unwrap_or(i64::MAX);
-            values[layout.cpu] = value;
-            if let Some(wall) = layout.wall {
-                values[wall] = value;
-            }
-            aggregator.add(stack, labels, &values);
-            return;
-        };
-        // The latest name: a new thread blocks before it names itself.
-        // Both per-thread tables are bounded: past the bound, new threads
-        // are counted under tid 0 and go unnamed in the summary.
-        let tid =
-            if thread_names.len() < MAX_OFF_CPU_THREADS || thread_names.contains_key(&sample.tid) {
-                thread_names.insert(sample.tid, sample.thread_name.clone());
-                sample.tid
-            } else {
-                0
-            };
-        let waker_kernel: Vec<Arc<Frame>> = off_cpu
-            .waker_kernel_stack
-            .iter()
-            .map(|&addr| native.symbolize_kernel(addr))
-            .collect();
-        let kind = wait_kind::classify(
-            off_cpu.syscall,
-            wait_kind::woken_by_timer(waker_kernel.iter().map(|f| &*f.name)),
-            kernel_names.iter().map(|n| &**n),
-        );
-        labels.push(Label::str(label_keys::WAIT_KIND, kind.name()));
-        if let Some(at) = layout.off_cpu {
-            values[at] = value;
-        }
-        if let Some(wall) = layout.wall {
-            values[wall] = value;
-        }
-        if off_cpu.stack_not_taken {
-            stack.insert(
-                0,
-                aggregator.intern(&Frame::synthetic("[stack not taken: --off-cpu-max-stacks]")),
-            );
-        }
-        let recorded = off_cpu_recorded.entry(tid).or_default();
-        recorded.0 += sample.value;
-        recorded.1 += 1;
-        let Some(wakeup) = layout.wakeup else {
-            aggregator.add(stack, labels, &values);
-            return;
-        };
-        let blocked = stack.clone();
-        aggregator.add(stack, labels.clone(), &values);
-        if off_cpu.waker.is_none() && waker_kernel.is_empty() {
-            return;
-        }
-        // As bcc's offwaketime: the waker's stack, root first, on top of a
-        // `--` frame on top of the blocked stack, so a flame graph reads
-        // "blocked in X (below), released by Y (above)".
-        stack.clear();
-        let in_interrupt = wait_kind::woken_in_interrupt(waker_kernel.iter().map(|f| &*f.name));
-        match &off_cpu.waker {
-            Some(waker) if !in_interrupt => {
-                stack.push(aggregator.intern(&Frame::synthetic(&format!(
-                    "{} (pid {})",
-                    waker.thread_name, waker.pid
-                ))));
-                if let Some(process) = processes.get_mut(&waker.pid) {
-                    for (i, &addr) in waker.user_stack.iter().enumerate().rev() {
-                        let frame =
-                            user_frame(native, procfs, process, addr, i > 0, sample.time_ns);
-                        stack.push(aggregator.intern(&frame));
-                    }
-                } else {
-                    stack.push(aggregator.intern(&Frame::synthetic("[process not profiled]")));
-                }
-                labels.push(Label::num(
-                    label_keys::WAKER_PROCESS_PID,
-                    i64::from(waker.pid),
-                ));
-                labels.push(Label::num(
-                    label_keys::WAKER_THREAD_ID,
-                    i64::from(waker.tid),
-                ));
-                labels.push(Label::str(
-                    label_keys::WAKER_THREAD_NAME,
-                    waker.thread_name.clone(),
-                ));
-            }
-            _ => stack.push(aggregator.intern(&Frame::synthetic("[interrupt]"))),
-        }
-        for frame in waker_kernel.iter().rev() {
-            stack.push(aggregator.intern(frame));
-        }
-        stack.push(aggregator.intern(&Frame::synthetic("--")));
-        stack.extend_from_slice(&blocked);
-        let mut waker_values = layout.zeros();
-        waker_values[wakeup] = value;
-        aggregator.add(stack, labels, &waker_values);
     }
 
     /// Turns perf maps off again in the processes where we turned them on,
@@ -968,6 +816,24 @@ impl Pipeline {
         self.summary.warnings.extend(warnings);
         self.perf_maps.sync(&self.procfs, still_on);
     }
+}
+
+/// Adds how one stack's frames were named to the summary.
+fn count_frames(summary: &mut RecordSummary, counts: FrameCounts) {
+    let FrameCounts {
+        kernel,
+        managed,
+        native,
+        unnamed,
+        unknown,
+        truncated_stacks,
+    } = counts;
+    summary.kernel_frames += kernel;
+    summary.managed_frames += managed;
+    summary.native_frames += native;
+    summary.unnamed_frames += unnamed;
+    summary.unknown_frames += unknown;
+    summary.truncated_stacks += truncated_stacks;
 }
 
 /// What ends with a process, at its exit or at the end of the recording,

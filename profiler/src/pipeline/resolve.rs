@@ -1,59 +1,53 @@
-//! Stack resolution: the addresses of a raw sample (or of a CLR event's
-//! stack) to frames, managed first (the process's JIT code index, at the
-//! sample's time), then native (the mapping's file, through blazesym), with
-//! the mappings re-read once when an address falls in none of them.
+//! CLR events into the profile: each kept event's stack named like a CPU
+//! sample's user stack, at the event's time ([`crate::symbolize::stack`]),
+//! and added with its exact share ([`crate::profile::clr_sampling`]).
 
 use std::sync::Arc;
 
-use super::tracked::{TrackedProcess, mapped_file};
+use super::{
+    labels,
+    tracked::{TrackedProcess, mapped_file},
+};
 use crate::{
-    clr::intake::ClrSampleKind,
+    clr::intake::{ClrSample, ClrSampleKind},
     process::ProcFs,
-    profile::{
-        Aggregator, Frame, FrameKind, Label, label_keys,
-        layout::{ValueLayout, clr_offsets},
+    profile::{Aggregator, Frame, FrameKind, clr_sampling::Weighted, layout::ValueLayout},
+    symbolize::{
+        native::{MappedFile, NativeSymbolizer},
+        stack::{ProcessCode, user_frame},
     },
-    symbolize::native::NativeSymbolizer,
 };
 
-pub(super) fn user_frame(
-    native: &mut NativeSymbolizer,
-    procfs: &ProcFs,
-    process: &mut TrackedProcess,
-    addr: u64,
-    is_return_address: bool,
-    time_ns: u64,
-) -> Arc<Frame> {
-    let lookup = if is_return_address {
-        addr.saturating_sub(1)
-    } else {
-        addr
-    };
-    if let Some(managed) = process.managed.as_ref()
-        && let Some(symbol) = managed.lookup(lookup, time_ns)
-    {
-        return Arc::new(Frame {
+impl ProcessCode for TrackedProcess {
+    fn runtime_frame(&self, lookup: u64, addr: u64, time_ns: u64) -> Option<Arc<Frame>> {
+        let symbol = self.managed.as_ref()?.lookup(lookup, time_ns)?;
+        Some(Arc::new(Frame {
             kind: FrameKind::Managed,
             name: symbol.short_name.clone(),
             system_name: (symbol.raw_name != symbol.short_name).then(|| symbol.raw_name.clone()),
             jit_tier: symbol.jit_tier,
-            module: Some(process.jit_module.clone()),
+            module: Some(self.jit_module.clone()),
             address: addr,
             file: symbol.assembly,
             line: 0,
             inlined: Vec::new(),
-        });
+        }))
     }
-    if process.mapping_for(addr).is_none() {
-        process.refresh_maps(procfs, native);
+
+    fn has_runtime(&self) -> bool {
+        self.managed.is_some()
     }
-    let pid = process.pid;
-    match process.mapping_for(addr) {
-        Some(m) => match mapped_file(pid, m) {
-            Some(mapped) => native.symbolize_user(&mapped, addr, is_return_address),
-            None => Arc::new(crate::symbolize::native::unnamed_frame(None, addr, 0)),
-        },
-        None => Arc::new(crate::symbolize::native::unnamed_frame(None, addr, 0)),
+
+    fn mapped_file(
+        &mut self,
+        addr: u64,
+        procfs: &ProcFs,
+        native: &mut NativeSymbolizer,
+    ) -> Option<MappedFile<'_>> {
+        if self.mapping_for(addr).is_none() {
+            self.refresh_maps(procfs, native);
+        }
+        mapped_file(self.pid, self.mapping_for(addr)?)
     }
 }
 
@@ -66,14 +60,19 @@ pub(super) fn add_clr_samples(
     aggregator: &mut Aggregator,
     stack: &mut Vec<u32>,
     process: &mut TrackedProcess,
-    kept: Vec<crate::profile::clr_sampling::Weighted<crate::clr::intake::ClrSample>>,
+    kept: Vec<Weighted<ClrSample>>,
 ) {
     for weighted in kept {
-        let crate::profile::clr_sampling::Weighted {
+        let Weighted {
             item,
             count,
             delay_ns,
         } = weighted;
+        let values = match item.kind {
+            ClrSampleKind::Contention => layout.contention(count, delay_ns),
+            ClrSampleKind::Exception => layout.exception(count),
+            ClrSampleKind::Wait => layout.wait(count, delay_ns),
+        };
         stack.clear();
         for &addr in &item.stack {
             let frame = user_frame(native, procfs, process, addr, true, item.time_ns);
@@ -82,39 +81,12 @@ pub(super) fn add_clr_samples(
         if item.stack.is_empty() {
             stack.push(aggregator.intern(&Frame::synthetic("[no stack]")));
         }
-        let mut labels = vec![
-            Label::num(label_keys::PROCESS_PID, i64::from(process.pid)),
-            Label::str(
-                label_keys::PROCESS_EXECUTABLE_NAME,
-                process.exe_name.clone(),
-            ),
-            Label::num(
-                label_keys::THREAD_ID,
-                i64::try_from(item.thread_id).unwrap_or(i64::MAX),
-            ),
-        ];
-        if let Some(id) = &process.container_id {
-            labels.push(Label::str(label_keys::CONTAINER_ID, id.clone()));
-        }
-        labels.extend(process.pod.iter().flat_map(|pod| pod.sample_labels()));
+        let tid = i64::try_from(item.thread_id).unwrap_or(i64::MAX);
+        let mut labels = labels::sample_labels(process, tid, None);
         labels.extend(item.labels);
-        let count = i64::try_from(count).unwrap_or(i64::MAX);
-        let delay = i64::try_from(delay_ns).unwrap_or(i64::MAX);
-        let Some(clr) = layout.clr else {
+        let Some(values) = values else {
             continue;
         };
-        let mut values = layout.zeros();
-        match item.kind {
-            ClrSampleKind::Contention => {
-                values[clr + clr_offsets::CONTENTIONS] = count;
-                values[clr + clr_offsets::DELAY] = delay;
-            }
-            ClrSampleKind::Exception => values[clr + clr_offsets::EXCEPTIONS] = count,
-            ClrSampleKind::Wait => {
-                values[clr + clr_offsets::WAITS] = count;
-                values[clr + clr_offsets::WAIT_DELAY] = delay;
-            }
-        }
         aggregator.add(stack, labels, &values);
     }
 }
