@@ -226,6 +226,9 @@ pub enum Counter {
     ProcessExecs = 17,
     /// Process events dropped because the ring buffer was full.
     ProcessEventsLost = 18,
+    /// Waker stacks of a process with no mapping index (outside the
+    /// profiled set, or not indexed yet): walked by frame pointers.
+    WakerProcessUnknown = 19,
 }
 
 /// Slots of the `UNWIND_ERRORS` map: one per `UnwindError` number.

@@ -123,7 +123,9 @@ fn try_on_cpu_sample(ctx: &PerfEventContext) -> Result<(), i64> {
     let Some(event) = unwind::EVENT_SCRATCH.get_ptr_mut(0) else {
         return Ok(());
     };
-    let user = stacks::user_stack_for(tgid, || unwind::user_regs(ctx));
+    let user = stacks::user_stack_for(tgid, Counter::UnwindProcessUnknown, || {
+        unwind::user_regs(ctx)
+    });
     // SAFETY: a per-CPU scratch record, only this program on this CPU uses
     // it (see `stacks::take_stacks`); every field read by userspace is
     // written before output.

@@ -223,7 +223,7 @@ fn switch_out(ctx: &TracePointContext) -> Result<(), i64> {
         let Some(regs) = read_user_regs(saved) else {
             return Ok(());
         };
-        let user = stacks::user_stack_for(tgid, || Some(regs));
+        let user = stacks::user_stack_for(tgid, Counter::UnwindProcessUnknown, || Some(regs));
         stacks::take_stacks(ctx, event, SampleKind::OffCpu, tgid, tid, user);
         (*event).syscall = syscall;
         (*event).stack_p = p;
@@ -448,7 +448,11 @@ fn try_off_cpu_waking(ctx: &TracePointContext) -> Result<(), i64> {
         };
         // A kernel thread (or an interrupt over one) has no user stack.
         let user = match saved_user_frame() {
-            Some((saved, _)) => stacks::user_stack_for(waker_pid, || read_user_regs(saved)),
+            Some((saved, _)) => {
+                stacks::user_stack_for(waker_pid, Counter::WakerProcessUnknown, || {
+                    read_user_regs(saved)
+                })
+            }
             None => stacks::UserStack::Skip,
         };
         // SAFETY: the per-CPU scratch record, see `stacks::take_stacks`.

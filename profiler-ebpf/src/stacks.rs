@@ -43,14 +43,19 @@ pub enum UserStack {
 
 /// How to take the user stack of process `tgid`: the unwind tables when
 /// they are on and userspace indexed it, from the registers `regs` gives
-/// (`None`: unreadable, counted); else frame pointers.
+/// (`None`: unreadable, counted); else frame pointers, counted in
+/// `unknown` (a profiled process not indexed yet, or a waker's process).
 #[inline(always)]
-pub fn user_stack_for(tgid: u32, regs: impl FnOnce() -> Option<UnwindRegs>) -> UserStack {
+pub fn user_stack_for(
+    tgid: u32,
+    unknown: Counter,
+    regs: impl FnOnce() -> Option<UnwindRegs>,
+) -> UserStack {
     if USER_UNWIND.load() == 0 {
         return UserStack::FramePointers;
     }
     let Some(mappings) = unwind::process_mappings(tgid) else {
-        count(Counter::UnwindProcessUnknown);
+        count(unknown);
         return UserStack::FramePointers;
     };
     match regs() {

@@ -308,6 +308,18 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     Ok(duration)
 }
 
+/// `--start-wait`: seconds from 0 to 600.
+fn parse_start_wait(text: &str) -> Result<f64, String> {
+    let seconds: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| "must be a number of seconds".to_owned())?;
+    if !(0.0..=600.0).contains(&seconds) {
+        return Err("must be from 0 to 600 seconds".to_owned());
+    }
+    Ok(seconds)
+}
+
 /// `--upload-interval`: a duration from 5 s to 5 min.
 fn parse_upload_interval(text: &str) -> Result<std::time::Duration, String> {
     let duration = parse_duration(text)?;
@@ -555,6 +567,15 @@ pub struct RecordArgs {
     /// Keep clrbpf's scheduling priority as it was started.
     #[arg(long, conflicts_with = "nice")]
     pub no_priority_boost: bool,
+
+    /// Before sampling starts, wait at most this long for the unwind tables
+    /// of the -p processes (whole host: the running .NET processes; the
+    /// others are indexed right after), so that their first stacks are whole. Tables come
+    /// from --cache-dir, or are built. Processes not ready by then are
+    /// walked by frame pointers until they are (named in the summary).
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0,
+          value_parser = parse_start_wait)]
+    pub start_wait: f64,
 
     /// No progress line and no summary.
     #[arg(short, long)]

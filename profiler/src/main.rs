@@ -137,6 +137,7 @@ fn run_record(args: RecordArgs) -> anyhow::Result<ExitCode> {
         wall,
         nice,
         no_priority_boost,
+        start_wait,
         quiet,
         command,
     } = args;
@@ -190,6 +191,7 @@ fn run_record(args: RecordArgs) -> anyhow::Result<ExitCode> {
         off_cpu,
         wall,
         nice: (!no_priority_boost).then_some(nice),
+        start_wait: Duration::from_secs_f64(start_wait),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -32,7 +32,7 @@ use crate::{
         sink::{FileSink, ProfileSink as _},
     },
     pipeline::{
-        Pipeline, WindowSpan,
+        Pipeline, WindowSpan, start_tables,
         summary::{RecordSummary, Warnings, add_still_blocked, off_cpu_threads},
     },
     process::ProcFs,
@@ -83,6 +83,9 @@ pub struct RecordConfig {
     /// Raise clrbpf's priority ([`crate::process::priority`]), with this
     /// nice value for its background threads (`None`: leave it).
     pub nice: Option<i32>,
+    /// How long the start may wait for the unwind tables of the processes
+    /// known then ([`crate::pipeline::start_tables`]).
+    pub start_wait: Duration,
 }
 
 /// The invoking user under sudo: (uid, gid, name).
@@ -172,7 +175,9 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         off_cpu,
         wall,
         nice,
+        start_wait,
     } = config;
+    let record_started_ns = crate::profile::monotonic_ns();
     if wall && off_cpu.is_none() {
         bail!("--wall needs off-CPU time: add --off-cpu");
     }
@@ -201,7 +206,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         initial_targets.push(std::process::id());
     }
     tracing::debug!("loading the BPF programs");
-    let mut sampler = Sampler::start(&SamplerConfig {
+    let mut sampler = Sampler::load(&SamplerConfig {
         frequency_hz,
         target_pids: (!whole_host).then_some(initial_targets),
         user_unwind: dwarf_unwind,
@@ -219,6 +224,28 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
         None => None,
     };
+    let mut sigint = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
+    let progress = verbose && std::io::stderr().is_terminal();
+    // The processes known now get their unwind tables before the first
+    // sample: their first stacks are whole.
+    let mut stopped_early = None;
+    if pipeline.unwind.is_some() {
+        let targets = start_tables::start_targets(&ProcFs::default(), &pids, whole_host);
+        let stop = async {
+            tokio::select! {
+                _ = sigint.recv() => "Ctrl-C",
+                _ = sigterm.recv() => "SIGTERM",
+            }
+        };
+        let (tables, stopped) =
+            start_tables::wait_for_tables(&mut pipeline, targets, start_wait, progress, stop).await;
+        tracing::debug!(?tables, "unwind tables at start");
+        pipeline.summary.warnings.extend(tables.warning());
+        pipeline.summary.tables_at_start = Some(tables);
+        stopped_early = stopped;
+    }
+    sampler.start_sampling()?;
     for &pid in &pids {
         pipeline.track(pid);
     }
@@ -229,7 +256,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     let start_mono_ns = crate::profile::monotonic_ns();
     tracing::debug!("sampling started");
 
-    let mut child = if command.is_empty() {
+    let mut child = if command.is_empty() || stopped_early.is_some() {
         None
     } else {
         let child = spawn_command(&command)?;
@@ -247,11 +274,8 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         .or(pids.first().copied());
     let mut application = ApplicationModule::new(&ProcFs::default(), app_pid);
 
-    let mut sigint = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let progress = verbose && std::io::stderr().is_terminal();
     let mut last_progress = Instant::now();
     let mut raw = Vec::with_capacity(4096);
     let mut command_exited_at: Option<Instant> = None;
@@ -261,6 +285,9 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         tracing::debug!(%error, "the sample ring cannot be polled: drained on the timer only");
     }
     let stopped_by = loop {
+        if let Some(reason) = stopped_early {
+            break reason;
+        }
         tokio::select! {
             _ = tick.tick() => {}
             () = async { ring.as_ref().expect("guarded").woken().await }, if ring.is_ok() => {}
@@ -278,6 +305,16 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
             }
         }
         pipeline.tick(&mut sampler, &mut raw);
+        if pipeline.summary.first_sample_after.is_none() {
+            // Held back SYMBOLIZE_DELAY before they are added: the first
+            // samples are still pending here.
+            pipeline.summary.first_sample_after = pipeline
+                .pending
+                .iter()
+                .map(|s| s.time_ns)
+                .min()
+                .map(|t| Duration::from_nanos(t.saturating_sub(record_started_ns)));
+        }
         application.poll(&ProcFs::default());
         if command_exited_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE) {
             break "command exited";

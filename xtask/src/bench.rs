@@ -316,7 +316,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    // `CLRBPF_BENCH_ONLY=cpu,alloc,steady,churn,storm` runs only those parts.
+    // `CLRBPF_BENCH_ONLY=cpu,alloc,steady,churn,storm,first` runs only those parts.
     if let Ok(only) = std::env::var("CLRBPF_BENCH_ONLY") {
         for part in only.split(',') {
             match part.trim() {
@@ -325,9 +325,10 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
                 "storm" => exception_storm(inputs)?,
                 "cpu" => cpu_table(inputs, have_perf)?,
                 "alloc" => crate::bench_alloc::run(inputs)?,
+                "first" => crate::bench_first::run(inputs)?,
                 other => {
                     bail!(
-                        "CLRBPF_BENCH_ONLY: no bench part {other:?} (cpu, alloc, steady, churn, storm)"
+                        "CLRBPF_BENCH_ONLY: no bench part {other:?} (cpu, alloc, steady, churn, storm, first)"
                     )
                 }
             }
@@ -337,6 +338,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     cpu_table(inputs, have_perf)?;
     crate::bench_alloc::run(inputs)?;
     crate::bench_steady::run(inputs, have_perf)?;
+    crate::bench_first::run(inputs)?;
 
     let perf_map = Command::new(inputs.clrbpf)
         .args(["bench-perf-map", "--entries", "100000"])

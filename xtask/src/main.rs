@@ -6,6 +6,7 @@
 mod bench;
 mod bench_alloc;
 mod bench_churn;
+mod bench_first;
 mod bench_offcpu;
 mod bench_saturated;
 mod bench_steady;

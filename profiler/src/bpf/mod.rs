@@ -4,6 +4,7 @@
 //! [`RawSample`]s and [`ProcessEvent`]s (exits and execs, in order with the
 //! samples) for the rest of the pipeline.
 
+pub mod start_tables;
 pub mod system;
 pub mod unwind_maps;
 
@@ -153,6 +154,8 @@ pub struct KernelCounters {
     pub forks_followed: u64,
     pub user_stacks_unwound: u64,
     pub unwind_process_unknown: u64,
+    /// Waker stacks walked by frame pointers: their process had no index.
+    pub waker_process_unknown: u64,
     pub user_regs_unavailable: u64,
     pub off_cpu_blocked: u64,
     pub off_cpu_intervals: u64,
@@ -235,6 +238,9 @@ pub struct Sampler {
     ebpf: Ebpf,
     /// The perf event period as the kernel side stamps it, in nanoseconds.
     pub period_ns: u64,
+    frequency_hz: u64,
+    /// Whether [`Self::start_sampling`] has attached the sampling programs.
+    sampling: bool,
     pub cpus: Vec<u32>,
     thread_names: std::collections::HashMap<[u8; 16], Arc<str>>,
     unwind_maps: Option<UnwindMaps>,
@@ -322,6 +328,17 @@ const MAX_HELD_WAKERS: usize = 4096;
 impl Sampler {
     /// Loads the programs, fills the target set, and attaches everything.
     pub fn start(config: &SamplerConfig) -> Result<Self, BpfError> {
+        let mut sampler = Self::load(config)?;
+        sampler.start_sampling()?;
+        Ok(sampler)
+    }
+
+    /// Loads the programs, fills the target set and follows the process
+    /// tree, but takes no sample yet: [`Self::start_sampling`] attaches the
+    /// sampling programs. Between the two, the unwind tables of the
+    /// processes known at start can be loaded ([`Self::take_unwind_maps`]),
+    /// so that their first stacks are walked with them.
+    pub fn load(config: &SamplerConfig) -> Result<Self, BpfError> {
         if EBPF_OBJECT.is_empty() {
             return Err(BpfError::NoObject);
         }
@@ -420,16 +437,11 @@ impl Sampler {
                 min_ns: off_cpu_min_ns,
                 exited: ExitedThreads::default(),
             };
-            for (program, name) in [
-                (names::PROG_OFF_CPU_WAKING, "sched_waking"),
-                (names::PROG_OFF_CPU_SWITCH, "sched_switch"),
-            ] {
+            for program in [names::PROG_OFF_CPU_WAKING, names::PROG_OFF_CPU_SWITCH] {
                 let tp: &mut TracePoint = program_mut(&mut ebpf, program)?;
                 let started = Instant::now();
                 load_program(program, tp.load())?;
                 log_verified(program, tp.info(), started);
-                tp.attach("sched", name)
-                    .map_err(|source| BpfError::Program { program, source })?;
             }
             Some(maps)
         } else {
@@ -441,21 +453,14 @@ impl Sampler {
         let started = Instant::now();
         load_program(names::PROG_ON_CPU_SAMPLE, prog.load())?;
         log_verified(names::PROG_ON_CPU_SAMPLE, prog.info(), started);
-        for &cpu in &cpus {
-            prog.attach(
-                PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                PerfEventScope::AllProcessesOneCpu { cpu },
-                SamplePolicy::Frequency(config.frequency_hz),
-                false,
-            )
-            .map_err(|source| BpfError::PerfEvent { cpu, source })?;
-        }
         Ok(Self {
             samples,
             targets,
             counters,
             ebpf,
             period_ns,
+            frequency_hz: config.frequency_hz,
+            sampling: false,
             cpus,
             thread_names: Default::default(),
             unwind_maps,
@@ -464,6 +469,36 @@ impl Sampler {
             process_events: Default::default(),
             process_event_counts: ProcessEventCounts::default(),
         })
+    }
+
+    /// Attaches the sampling programs loaded by [`Self::load`]: off-CPU
+    /// switches (when configured) and the `cpu-clock` event on every
+    /// online CPU. No effect the second time.
+    pub fn start_sampling(&mut self) -> Result<(), BpfError> {
+        if std::mem::replace(&mut self.sampling, true) {
+            return Ok(());
+        }
+        if self.off_cpu.is_some() {
+            for (program, name) in [
+                (names::PROG_OFF_CPU_WAKING, "sched_waking"),
+                (names::PROG_OFF_CPU_SWITCH, "sched_switch"),
+            ] {
+                let tp: &mut TracePoint = program_mut(&mut self.ebpf, program)?;
+                tp.attach("sched", name)
+                    .map_err(|source| BpfError::Program { program, source })?;
+            }
+        }
+        let prog: &mut PerfEvent = program_mut(&mut self.ebpf, names::PROG_ON_CPU_SAMPLE)?;
+        for &cpu in &self.cpus {
+            prog.attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Frequency(self.frequency_hz),
+                false,
+            )
+            .map_err(|source| BpfError::PerfEvent { cpu, source })?;
+        }
+        Ok(())
     }
 
     /// Adds a process to the profiled set (no effect in whole-host mode).
@@ -644,6 +679,7 @@ impl Sampler {
             forks_followed: get(Counter::ForksFollowed),
             user_stacks_unwound: get(Counter::UserStacksUnwound),
             unwind_process_unknown: get(Counter::UnwindProcessUnknown),
+            waker_process_unknown: get(Counter::WakerProcessUnknown),
             user_regs_unavailable: get(Counter::UserRegsUnavailable),
             off_cpu_blocked: get(Counter::OffCpuBlocked),
             off_cpu_intervals: get(Counter::OffCpuIntervals),

@@ -573,6 +573,18 @@ impl UnwindMaps {
         }
     }
 
+    /// Loads `pid`'s JIT table now if its methods changed (the start of a
+    /// recording waits for it, not for [`JIT_REBUILD_EVERY`]).
+    pub(super) fn load_jit_table_now(&mut self, pid: u32) {
+        if self
+            .jit
+            .get_mut(&pid)
+            .is_some_and(|j| j.methods.take_changed())
+        {
+            self.load_jit_table(pid);
+        }
+    }
+
     /// Replaces `pid`'s JIT table by one of its current methods: the new
     /// rows are written and the process's index pointed at them before the
     /// old rows are freed.
@@ -1051,7 +1063,12 @@ enum UnwindRequest {
     /// New JIT-compiled code: `(start, end)` ranges, and how many more
     /// ranges were dropped before they were sent.
     JitCode(u32, Vec<JitMethod>, u64),
+    /// Work of the start of a recording ([`super::start_tables`]).
+    Run(WorkerJob),
 }
+
+/// Work run on the [`UnwindWorker`]'s thread, with the stop flag.
+pub(super) type WorkerJob = Box<dyn FnOnce(&mut UnwindMaps, &AtomicBool) + Send>;
 
 /// What the worker knows when it stops: for the end summary.
 #[derive(Clone, Debug, Default)]
@@ -1112,6 +1129,7 @@ impl UnwindWorker {
                             maps.add_jit_code(pid, &ranges);
                             maps.stats.jit_not_decoded += dropped;
                         }
+                        Ok(UnwindRequest::Run(work)) => work(&mut maps, &stop_flag),
                         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
@@ -1152,6 +1170,12 @@ impl UnwindWorker {
             // kernel side then keeps walking by frame pointers.
             let _ = tx.send(request);
         }
+    }
+
+    /// Runs `work` on the thread after the requests queued before it (the
+    /// maps, and the flag [`Self::finish`] sets).
+    pub(super) fn run(&self, work: WorkerJob) {
+        self.send(UnwindRequest::Run(work));
     }
 
     /// Index a process seen for the first time (queued; returns at once).

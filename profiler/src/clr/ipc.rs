@@ -1264,6 +1264,22 @@ impl PerfMapAttach {
         }
     }
 
+    /// Turns perf maps off and on again: the runtime creates its files anew
+    /// and replays every method compiled so far into them. For when the
+    /// files were removed under a running recording: another recorder
+    /// attached to the same process (a second clrbpf) ends by turning the
+    /// runtime's perf maps off and removing the files, which are the same
+    /// files (the runtime keeps one perf map state per process, not one
+    /// per client). Enabling alone is not enough: a runtime still enabled
+    /// goes on writing to the removed files.
+    pub fn reenable(&mut self) -> Result<(), IpcError> {
+        // An error here is normal: the other recorder may have turned them
+        // off already.
+        let _ = self.client.disable_perf_map();
+        self.enabled_at = SystemTime::now();
+        self.client.enable_perf_map(PerfMapType::All)
+    }
+
     /// The client used to enable the maps.
     pub fn client(&self) -> &DiagnosticClient {
         &self.client
@@ -2136,6 +2152,48 @@ mod tests {
         assert_eq!(
             requests.last().map(|(c, _)| *c),
             Some(CommandId::DISABLE_PERF_MAP)
+        );
+    }
+
+    #[test]
+    fn reenabling_turns_perf_maps_off_then_on_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (procfs, tmp) = fake_target(dir.path(), "/tmp", "");
+        let server = serve(
+            bind_in(&tmp, "dotnet-diagnostic-7-100-socket"),
+            vec![
+                ok_reply(&process_info_payload(Some(("App", "8.0.4")))),
+                ok_reply(&0u32.to_le_bytes()),
+                // The other recorder turned them off already: refused.
+                error_reply(0x8013_1384),
+                ok_reply(&0u32.to_le_bytes()),
+                ok_reply(&0u32.to_le_bytes()),
+            ],
+        );
+        let outcome = PerfMapAttach::attach(&procfs, 5).expect("attach");
+        let PerfMapAttachOutcome::Enabled(mut attach) = outcome else {
+            panic!("expected enabled, got {outcome:?}");
+        };
+        let first = attach.enabled_at;
+        attach
+            .reenable()
+            .expect("re-enabled despite the refused disable");
+        assert!(attach.enabled_at >= first);
+        drop(attach);
+        let commands: Vec<CommandId> = server
+            .join()
+            .expect("server")
+            .into_iter()
+            .map(|(c, _)| c)
+            .collect();
+        assert_eq!(
+            commands[1..],
+            [
+                CommandId::ENABLE_PERF_MAP,
+                CommandId::DISABLE_PERF_MAP,
+                CommandId::ENABLE_PERF_MAP,
+                CommandId::DISABLE_PERF_MAP,
+            ]
         );
     }
 }

@@ -19,6 +19,7 @@ mod labels;
 pub mod perf_maps;
 pub mod raw_stacks;
 pub mod resolve;
+pub mod start_tables;
 pub mod summary;
 pub mod tracked;
 mod wakers;

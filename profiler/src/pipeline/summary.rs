@@ -64,6 +64,11 @@ pub struct RecordSummary {
     pub off_cpu_other_threads: (u64, OffCpuThreadTotals),
     /// BPF stats of the `sched_switch` program (every switch on the host).
     pub off_cpu_bpf_stats: ProgramStats,
+    /// The unwind tables loaded before sampling started (`None`: frame
+    /// pointers only).
+    pub tables_at_start: Option<super::start_tables::TablesAtStart>,
+    /// How long after `record` started its first sample was taken.
+    pub first_sample_after: Option<Duration>,
 }
 
 /// What the bounded caches evicted during a recording (the unwind tables'
@@ -568,6 +573,17 @@ pub fn print_summary(
             summary.bpf_stats.run_time_ns as f64 / summary.bpf_stats.run_count as f64 / 1000.0
         )?;
     }
+    let tables = summary
+        .tables_at_start
+        .as_ref()
+        .and_then(|t| t.summary_line());
+    let first = summary
+        .first_sample_after
+        .map(|d| format!("first sample {:.2} s after the start", d.as_secs_f64()));
+    let start: Vec<String> = tables.into_iter().chain(first).collect();
+    if !start.is_empty() {
+        writeln!(w, "clrbpf: {}", start.join("; "))?;
+    }
     if let Some(unwind) = &summary.unwind {
         let errors: Vec<String> = unwind
             .errors
@@ -578,7 +594,7 @@ pub fn print_summary(
         let memory = &unwind.memory;
         writeln!(
             w,
-            "clrbpf: unwind tables {:.1} MiB in {} files, {} processes indexed ({:.1} MiB allocated, cap {:.0} MiB); {} user stacks walked with them, {} by frame pointers (process not indexed yet); walks ended early: {}",
+            "clrbpf: unwind tables {:.1} MiB in {} files, {} processes indexed ({:.1} MiB allocated, cap {:.0} MiB); {} user stacks walked with them, {} by frame pointers (process not indexed yet){}; walks ended early: {}",
             memory.table_bytes as f64 / 1048576.0,
             memory.tables,
             unwind.stats.processes_indexed,
@@ -586,6 +602,10 @@ pub fn print_summary(
             memory.capacity_bytes as f64 / 1048576.0,
             summary.kernel.user_stacks_unwound,
             summary.kernel.unwind_process_unknown,
+            match summary.kernel.waker_process_unknown {
+                0 => String::new(),
+                n => format!(", {n} wakers' stacks in processes without tables"),
+            },
             if errors.is_empty() {
                 "none".to_owned()
             } else {

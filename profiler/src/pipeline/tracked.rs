@@ -21,7 +21,7 @@ use crate::{
     },
     profile::Module,
     symbolize::{
-        managed::{ManagedSymbolBudget, ManagedSymbols},
+        managed::{FileStatus, ManagedSymbolBudget, ManagedSymbols, RefreshStats},
         native::{FileKey, MappedFile, NativeSymbolizer},
     },
     unwind::jit_code::JitMethod,
@@ -83,6 +83,10 @@ pub(super) struct TrackedProcess {
     /// not started yet ([`DotnetRuntime::started`]): it is looked at again
     /// on every tick until it has.
     pub(super) runtime_starting_since: Option<Instant>,
+    /// Times the perf maps clrbpf turned on were turned on again after
+    /// their files vanished ([`Self::reenable_if_files_vanished`]).
+    pub(super) perf_maps_reenabled: u32,
+    pub(super) perf_maps_reenabled_at: Option<Instant>,
 }
 
 /// How long a runtime that maps no `System.Private.CoreLib.dll` (a
@@ -150,6 +154,8 @@ impl TrackedProcess {
             clr_symbols_stale: false,
             methods_from_events: false,
             runtime_starting_since: None,
+            perf_maps_reenabled: 0,
+            perf_maps_reenabled_at: None,
         };
         process.refresh_maps(procfs, native);
         process
@@ -357,6 +363,59 @@ impl TrackedProcess {
             symbols = managed.len(),
             "read perf map and jitdump"
         );
+        self.reenable_if_files_vanished(&stats);
+    }
+
+    /// The perf maps clrbpf turned on are there for the whole recording
+    /// (the runtime creates the jitdump before it answers EnablePerfMap and
+    /// never removes it): a missing jitdump means another recorder attached
+    /// to the same process turned them off and removed the files (a second
+    /// clrbpf ending; the runtime keeps one perf map state per process).
+    /// Left so, no method would be named again for the rest of the
+    /// recording, and a read made before the files came back would find
+    /// nothing at all. Turned off and on again from a thread (the runtime
+    /// replays every method into new files), a few times at most.
+    fn reenable_if_files_vanished(&mut self, stats: &RefreshStats) {
+        let last = (
+            self.perf_maps_reenabled,
+            self.perf_maps_reenabled_at.map(|t| t.elapsed()),
+        );
+        // A process that exited has no files to read either: nothing vanished.
+        let alive = std::path::Path::new(&format!("/proc/{}/root", self.pid)).exists();
+        if !alive || !perf_files_vanished(stats, self.perf_map.is_some(), last) {
+            return;
+        }
+        let Some(mut handle) = self.perf_map.take() else {
+            return;
+        };
+        self.perf_maps_reenabled += 1;
+        self.perf_maps_reenabled_at = Some(Instant::now());
+        let pid = self.pid;
+        tracing::debug!(pid, "perf files vanished: turning perf maps on again");
+        if self.perf_maps_reenabled == 1 {
+            self.warnings.push(format!(
+                "pid {pid}: its perf files were gone after clrbpf turned perf maps on (removed by another recorder attached to it?): turned on again; methods compiled in between may be unnamed"
+            ));
+        }
+        let job = std::thread::Builder::new()
+            .name(format!("clrbpf-attach-{pid}"))
+            .spawn(move || {
+                crate::process::priority::enter_background_thread();
+                // The handle is kept whatever the answer: it is what removes
+                // the files clrbpf made the runtime write when the
+                // recording ends (a process that exited meanwhile cannot
+                // answer, and its files must still go).
+                if let Err(error) = handle.reenable() {
+                    tracing::debug!(pid, %error, "perf maps not turned on again");
+                }
+                Ok(PerfMapAttachOutcome::Enabled(Box::new(handle)))
+            });
+        match job {
+            Ok(job) => self.attach_job = Some((job, None)),
+            Err(e) => self
+                .warnings
+                .push(format!("pid {pid}: could not turn perf maps on again: {e}")),
+        }
     }
 
     /// The methods compiled since the last call, and how many more were
@@ -431,6 +490,23 @@ impl TrackedProcess {
     }
 }
 
+/// How many times the perf maps of one process are turned on again, and
+/// how far apart at least: each time, the runtime replays every method.
+const MAX_PERF_MAP_REENABLES: u32 = 3;
+const PERF_MAP_REENABLE_EVERY: Duration = Duration::from_secs(5);
+
+/// Whether a refresh found the files of perf maps clrbpf turned on (`ours`)
+/// gone: the jitdump (always written with type All) is missing. `last` is
+/// how many times they were turned on again so far and how long ago the
+/// last was: bounded, so a runtime that cannot write its files is not
+/// asked again and again.
+fn perf_files_vanished(stats: &RefreshStats, ours: bool, last: (u32, Option<Duration>)) -> bool {
+    let (done, since) = last;
+    ours && stats.jitdump.status == FileStatus::Missing
+        && done < MAX_PERF_MAP_REENABLES
+        && since.is_none_or(|since| since >= PERF_MAP_REENABLE_EVERY)
+}
+
 /// Names a method from a MethodLoad or rundown event, as a perf map line
 /// would (so frames look the same whichever source named them).
 fn add_event_method(
@@ -495,4 +571,52 @@ fn same_mount_namespace(pid: u32) -> bool {
     };
     let theirs = ns(&format!("/proc/{pid}/ns/mnt"));
     theirs.is_some() && theirs == ns("/proc/self/ns/mnt")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::symbolize::managed::FileRefresh;
+
+    fn jitdump(status: FileStatus) -> RefreshStats {
+        RefreshStats {
+            jitdump: FileRefresh {
+                status,
+                ..FileRefresh::default()
+            },
+            ..RefreshStats::default()
+        }
+    }
+
+    #[test]
+    fn perf_maps_are_turned_on_again_only_when_ours_and_gone() {
+        let gone = jitdump(FileStatus::Missing);
+        assert!(perf_files_vanished(&gone, true, (0, None)));
+        // Not turned on by clrbpf (set by the environment, or not .NET 8).
+        assert!(!perf_files_vanished(&gone, false, (0, None)));
+        // A runtime that cannot write them is not asked again and again.
+        let long_ago = Some(PERF_MAP_REENABLE_EVERY);
+        assert!(perf_files_vanished(&gone, true, (1, long_ago)));
+        assert!(!perf_files_vanished(
+            &gone,
+            true,
+            (1, Some(Duration::from_secs(1)))
+        ));
+        assert!(!perf_files_vanished(
+            &gone,
+            true,
+            (MAX_PERF_MAP_REENABLES, long_ago)
+        ));
+        for status in [
+            FileStatus::Read,
+            FileStatus::Stale,
+            FileStatus::Failed,
+            FileStatus::Stopped,
+        ] {
+            assert!(
+                !perf_files_vanished(&jitdump(status), true, (0, None)),
+                "{status:?}"
+            );
+        }
+    }
 }

@@ -1907,6 +1907,52 @@ mod tests {
     }
 
     #[test]
+    fn a_removed_jitdump_is_reported_missing_and_read_again_when_recreated() {
+        // Another recorder attached to the same process ends: it turns the
+        // runtime's perf maps off and removes the files under this reader.
+        let target = Target::new();
+        let mut symbols = target.symbols();
+        let mut bytes = jitdump_header();
+        bytes.extend(code_load(
+            100,
+            0x1000,
+            16,
+            "void [A] A::F()[OptimizedTier1]",
+        ));
+        target.append("jit-7.dump", &bytes);
+        assert_eq!(symbols.refresh(200).jitdump.symbols_added, 1);
+        std::fs::remove_file(target.host_path("jit-7.dump")).expect("rm");
+        let stats = symbols.refresh(300);
+        assert_eq!(
+            stats.jitdump.status,
+            FileStatus::Missing,
+            "what the pipeline re-enables on"
+        );
+        // Turned on again: a new file with every method replayed.
+        let mut bytes = jitdump_header();
+        bytes.extend(code_load(
+            400,
+            0x1000,
+            16,
+            "void [A] A::F()[OptimizedTier1]",
+        ));
+        bytes.extend(code_load(
+            400,
+            0x2000,
+            16,
+            "void [A] A::G()[OptimizedTier1]",
+        ));
+        target.append("jit-7.dump", &bytes);
+        let stats = symbols.refresh(500);
+        assert!(stats.jitdump.restarted);
+        assert_eq!(stats.jitdump.symbols_added, 2);
+        assert_eq!(
+            lookup_name(&symbols, 0x2000, 500).as_deref(),
+            Some("void [A] A::G()[OptimizedTier1]")
+        );
+    }
+
+    #[test]
     fn a_symlinked_perf_map_is_not_followed() {
         let target = Target::new();
         let outside = target
