@@ -23,12 +23,12 @@ use super::{
     counters::{CounterKind, CounterSample, RuntimeCounters},
     events::{ClrEvent, MethodLoad},
     intake::{ClrCounters, ClrIntake, ClrSample},
-    ipc::IpcError,
+    ipc::{DiagnosticPort, IpcError},
     session::{
         ClrEventKinds, ClrSession, SessionEnd, SessionEvent, WAIT_HANDLE_MIN_MAJOR, method_rundown,
     },
 };
-use crate::{process::ProcFs, profile::clr_sampling::Weighted};
+use crate::profile::clr_sampling::Weighted;
 
 /// How long a missing diagnostic socket is waited for after the runtime
 /// was seen.
@@ -82,6 +82,8 @@ pub struct ClrSettings {
 #[derive(Debug)]
 pub struct ClrCollector {
     pid: u32,
+    /// The runtime's diagnostic socket.
+    port: DiagnosticPort,
     kinds: ClrEventKinds,
     runtime_major: Option<u32>,
     state: CollectorState,
@@ -239,8 +241,14 @@ struct StartedSessions {
 type RundownResult = Result<(Vec<MethodLoad>, Option<String>), IpcError>;
 
 impl ClrCollector {
-    /// For host process `pid`, whose runtime was just seen.
-    pub fn new(pid: u32, kinds: ClrEventKinds, runtime_major: Option<u32>, rundown: bool) -> Self {
+    /// For the process of `port`, whose runtime was just seen.
+    pub fn new(
+        port: DiagnosticPort,
+        kinds: ClrEventKinds,
+        runtime_major: Option<u32>,
+        rundown: bool,
+    ) -> Self {
+        let pid = port.pid();
         // Said once, when the runtime is found: not a problem to fix, and
         // a host of .NET 8 services would otherwise hear it at every exit.
         if kinds.waits && runtime_major.is_some_and(|m| m < WAIT_HANDLE_MIN_MAJOR) {
@@ -251,6 +259,7 @@ impl ClrCollector {
         }
         Self {
             pid,
+            port,
             kinds,
             runtime_major,
             state: CollectorState::Waiting {
@@ -302,7 +311,7 @@ impl ClrCollector {
     /// Starts the session if due, then takes what it delivered. Method
     /// load events go to `on_method` (with their time), the others to the
     /// intake. Returns the number of events taken.
-    pub fn poll(&mut self, procfs: &ProcFs, on_method: &mut impl FnMut(&MethodLoad, u64)) -> usize {
+    pub fn poll(&mut self, on_method: &mut impl FnMut(&MethodLoad, u64)) -> usize {
         if let CollectorState::Waiting { since, last_try } = &mut self.state {
             if last_try.is_some_and(|t| t.elapsed() < RETRY_EVERY) {
                 return 0;
@@ -316,17 +325,17 @@ impl ClrCollector {
                 kinds.exceptions = false;
                 interval = Some(1);
             }
-            let (procfs, pid, major) = (procfs.clone(), self.pid, self.runtime_major);
+            let (port, pid, major) = (self.port.clone(), self.pid, self.runtime_major);
             let exception_session = self.exception_events.is_some();
             match std::thread::Builder::new()
                 .name(format!("clrbpf-session-{pid}"))
                 .spawn(move || {
                     crate::process::priority::enter_background_thread();
+                    let client = port.client()?;
                     let exceptions = exception_session
-                        .then(|| ClrSession::start_exception_events(&procfs, pid))
+                        .then(|| ClrSession::start_exception_events(&client))
                         .transpose()?;
-                    let main =
-                        ClrSession::start_with_counters(&procfs, pid, kinds, major, interval)?;
+                    let main = ClrSession::start_with_counters(&client, kinds, major, interval)?;
                     Ok(StartedSessions { main, exceptions })
                 }) {
                 Ok(job) => self.state = CollectorState::Starting { since, job },
@@ -361,10 +370,10 @@ impl ClrCollector {
                         events.session = ExceptionSession::Running(Box::new(session));
                     }
                     if self.rundown {
-                        let (procfs, pid) = (procfs.clone(), self.pid);
+                        let port = self.port.clone();
                         self.rundown_job = Some(std::thread::spawn(move || {
                             crate::process::priority::enter_background_thread();
-                            method_rundown(&procfs, pid, RUNDOWN_DEADLINE)
+                            method_rundown(&port.client()?, RUNDOWN_DEADLINE)
                         }));
                     }
                 }
@@ -427,17 +436,18 @@ impl ClrCollector {
                 *end = Some(session_end);
             }
         }
-        taken + self.poll_exception_events(procfs)
+        taken + self.poll_exception_events()
     }
 
     /// Runs the exception session: starts it once the main one runs and
     /// whenever the gate opens, drains it, stops it over the budget, and
     /// adds the exceptions only the counter saw once it is off and drained.
-    fn poll_exception_events(&mut self, procfs: &ProcFs) -> usize {
+    fn poll_exception_events(&mut self) -> usize {
         let main_running = matches!(self.state, CollectorState::Running(_));
         let main_ended = matches!(self.state, CollectorState::Ended);
         let Self {
             pid,
+            port,
             intake,
             exception_events,
             warnings,
@@ -459,12 +469,12 @@ impl ClrCollector {
         let next = match session {
             ExceptionSession::Off if main_ended => ExceptionSession::Ended,
             ExceptionSession::Off if main_running && events.gate.is_on(now_ns) => {
-                let (procfs, pid) = (procfs.clone(), *pid);
+                let (port, pid) = (port.clone(), *pid);
                 match std::thread::Builder::new()
                     .name(format!("clrbpf-exceptions-{pid}"))
                     .spawn(move || {
                         crate::process::priority::enter_background_thread();
-                        ClrSession::start_exception_events(&procfs, pid)
+                        ClrSession::start_exception_events(&port.client()?)
                     }) {
                     Ok(job) => ExceptionSession::Starting(job),
                     Err(e) => {
@@ -516,12 +526,15 @@ impl ClrCollector {
                     if main_ended {
                         ExceptionSession::Ended
                     } else {
-                        let (procfs, pid) = (procfs.clone(), *pid);
+                        let (port, pid) = (port.clone(), *pid);
                         let refresh = std::thread::Builder::new()
                             .name(format!("clrbpf-refresh-{pid}"))
                             .spawn(move || {
                                 crate::process::priority::enter_background_thread();
-                                if let Err(error) = ClrSession::refresh_runtime_keywords(&procfs, pid)
+                                let refreshed = port
+                                    .client()
+                                    .and_then(|client| ClrSession::refresh_runtime_keywords(&client));
+                                if let Err(error) = refreshed
                                 {
                                     tracing::debug!(pid, %error, "refreshing the runtime's keywords");
                                 }

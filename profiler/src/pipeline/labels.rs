@@ -32,6 +32,25 @@ pub(super) fn sample_labels(
     labels
 }
 
+/// The pod's labels of a process's runtime metrics (the agent's
+/// `dotnet_*` series): `namespace`, `pod`, `container`.
+pub(super) fn metric_k8s_labels(process: &TrackedProcess) -> Vec<(&'static str, String)> {
+    process
+        .pod
+        .iter()
+        .flat_map(|pod| pod.pairs())
+        .filter_map(|(key, value)| {
+            let name = match key {
+                label_keys::K8S_NAMESPACE_NAME => "namespace",
+                label_keys::K8S_POD_NAME => "pod",
+                label_keys::K8S_CONTAINER_NAME => "container",
+                _ => return None,
+            };
+            Some((name, value.to_string()))
+        })
+        .collect()
+}
+
 /// What a wakeup's sample adds: the thread that woke the blocked one.
 pub(super) fn push_waker_labels(labels: &mut Vec<Label>, waker: &Waker) {
     labels.push(Label::num(

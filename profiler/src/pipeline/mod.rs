@@ -26,7 +26,6 @@ mod wakers;
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
-    path::Path,
     sync::Arc,
 };
 
@@ -39,16 +38,17 @@ use self::{
 use crate::{
     bpf::UnwindWorker,
     clr::{
-        collector::{ClrCollector, ClrSettings},
+        collector::ClrSettings,
         counters::{ProcessRuntimeMetrics, ProcessUsage},
+        instance::{DotnetDetached, DotnetEventsEnd},
+        perf_map_attach::PerfMapAttach,
         session::ClrEventKinds,
     },
-    process::{ProcFs, dotnet::DotnetRuntime, list_pids, root::TargetRoot},
-    profile::{Aggregator, Profile, RawSample, ValueType, label_keys, layout::ValueLayout},
+    process::{ProcFs, list_pids},
+    profile::{Aggregator, Profile, RawSample, ValueType, layout::ValueLayout},
+    runtime::{RuntimeInstance, RuntimeLoader},
     symbolize::{
-        managed::TargetLocation,
         native::NativeSymbolizer,
-        perf_files::remove_perf_files,
         stack::{FrameCounts, StackNamer},
     },
 };
@@ -173,7 +173,7 @@ impl Pipeline {
         let dotnet = self
             .processes
             .values()
-            .filter(|p| p.managed.is_some())
+            .filter(|p| p.runtime().is_some_and(RuntimeInstance::names_code))
             .count();
         (self.processes.len(), dotnet)
     }
@@ -236,10 +236,11 @@ impl Pipeline {
                 continue;
             }
             *scans += 1;
+            let loader = self.loader();
             let is_dotnet = self
                 .procfs
                 .maps(pid)
-                .is_ok_and(|maps| DotnetRuntime::detect(&maps).is_some());
+                .is_ok_and(|maps| loader.recognises(&maps));
             if is_dotnet {
                 self.dotnet_scanned.remove(&pid);
                 self.track(pid);
@@ -257,26 +258,14 @@ impl Pipeline {
         self.processes
             .values_mut()
             .filter_map(|process| {
-                let pid = process.pid;
-                let counters = process.clr.as_mut()?.runtime_counters()?;
+                let (pid, executable) = (process.pid, process.exe_name.to_string());
+                let k8s = labels::metric_k8s_labels(process);
+                let counters = process.runtime_mut()?.runtime_counters()?;
                 counters.set_usage(ProcessUsage::read(procfs, pid));
                 Some(ProcessRuntimeMetrics {
                     pid,
-                    executable: process.exe_name.to_string(),
-                    k8s: process
-                        .pod
-                        .iter()
-                        .flat_map(|pod| pod.pairs())
-                        .filter_map(|(key, value)| {
-                            let name = match key {
-                                label_keys::K8S_NAMESPACE_NAME => "namespace",
-                                label_keys::K8S_POD_NAME => "pod",
-                                label_keys::K8S_CONTAINER_NAME => "container",
-                                _ => return None,
-                            };
-                            Some((name, value.to_string()))
-                        })
-                        .collect(),
+                    executable,
+                    k8s,
                     snapshot: counters.snapshot().clone(),
                 })
             })
@@ -285,14 +274,8 @@ impl Pipeline {
 
     pub fn track(&mut self, pid: u32) {
         if !self.processes.contains_key(&pid) {
-            let process = TrackedProcess::discover(
-                &self.procfs,
-                pid,
-                &mut self.native,
-                self.attach_perf_maps,
-                self.clr,
-                self.managed_budget.clone(),
-            );
+            let loader = self.loader();
+            let process = TrackedProcess::discover(&self.procfs, pid, &mut self.native, loader);
             self.processes.insert(pid, process);
             self.summary.processes += 1;
             if let Some(unwind) = self.unwind.as_ref() {
@@ -301,8 +284,17 @@ impl Pipeline {
         }
     }
 
-    /// Looks again at runtimes still starting, then starts, drains (and
-    /// notices the end of) every EventPipe session.
+    /// What a process's runtime is recognised by, and asked for.
+    fn loader(&self) -> tracked::Loader {
+        crate::clr::instance::DotnetLoader {
+            attach: self.attach_perf_maps,
+            clr: self.clr,
+            managed_budget: self.managed_budget.clone(),
+        }
+    }
+
+    /// Looks again at runtimes still starting, then polls every runtime
+    /// (its perf map attach, its EventPipe sessions).
     pub fn poll_clr(&mut self) {
         let Self {
             processes,
@@ -311,11 +303,15 @@ impl Pipeline {
             ..
         } = self;
         for process in processes.values_mut() {
-            if process.runtime_starting_since.is_some() {
+            if process
+                .runtime()
+                .is_some_and(RuntimeInstance::needs_mappings)
+            {
                 process.refresh_maps(procfs, native);
             }
-            process.poll_attach();
-            process.poll_clr(procfs);
+            if let Some(runtime) = process.runtime_mut() {
+                runtime.poll();
+            }
         }
     }
 
@@ -340,34 +336,28 @@ impl Pipeline {
         // against one deadline: the end of a recording waits for the
         // slowest runtime once, not for each in turn.
         for process in self.processes.values_mut() {
-            if let Some(clr) = process.clr.as_mut() {
-                clr.begin_stop();
+            if let Some(runtime) = process.runtime_mut() {
+                runtime.begin_stop();
             }
         }
         let until = std::time::Instant::now() + CLR_STOP_DEADLINE;
-        for process in self.processes.values_mut() {
-            process.stop_clr(until);
-        }
-        let pids: Vec<u32> = self.processes.keys().copied().collect();
-        for pid in pids {
-            if let Some(mut process) = self.processes.remove(&pid) {
-                self.close_clr(&mut process);
-                self.processes.insert(pid, process);
-            }
+        let ended: Vec<(u32, DotnetEventsEnd)> = self
+            .processes
+            .iter_mut()
+            .filter_map(|(&pid, process)| Some((pid, process.runtime_mut()?.stop_events(until)?)))
+            .collect();
+        for (pid, end) in ended {
+            self.close_clr(pid, end);
         }
     }
 
     /// Takes a stopped (or ended) session's totals into the summary and
     /// adds its kept CLR samples, symbolized at their own times and
     /// weighted so the totals are exact.
-    fn close_clr(&mut self, process: &mut TrackedProcess) {
-        let Some(mut clr) = process.clr.take() else {
-            return;
-        };
-        process.clr_slot = None;
-        process.refresh_managed(true);
+    fn close_clr(&mut self, pid: u32, end: DotnetEventsEnd) {
         let Self {
             native,
+            processes,
             aggregator,
             summary,
             stack,
@@ -375,16 +365,24 @@ impl Pipeline {
             layout,
             ..
         } = self;
-        summary.warnings.extend(clr.take_warnings());
-        if clr.had_session() {
+        let Some(process) = processes.get_mut(&pid) else {
+            return;
+        };
+        process.refresh_names(true);
+        let DotnetEventsEnd {
+            warnings,
+            totals,
+            kept,
+        } = end;
+        summary.warnings.extend(warnings);
+        if let Some((counters, incomplete)) = totals {
             summary.clr.push(ClrProcessTotals {
-                pid: process.pid,
+                pid,
                 exe_name: process.exe_name.clone(),
-                counters: clr.counters(),
-                incomplete: clr.incomplete().map(str::to_owned),
+                counters,
+                incomplete,
             });
         }
-        let kept = clr.finish();
         add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
     }
 
@@ -401,11 +399,11 @@ impl Pipeline {
             ..
         } = self;
         for process in processes.values_mut() {
-            let Some(kept) = process.clr.as_mut().map(ClrCollector::take_completed) else {
+            let Some(kept) = process.runtime_mut().map(RuntimeInstance::take_events) else {
                 continue;
             };
             if !kept.is_empty() {
-                process.refresh_managed(true);
+                process.refresh_names(true);
                 add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
             }
         }
@@ -494,14 +492,16 @@ impl Pipeline {
     /// Without the worker (frame pointers only), the ranges are dropped.
     fn send_new_jit_code(&mut self) {
         for (pid, process) in &mut self.processes {
+            let runtime = process.runtime_mut();
             match self.unwind.as_ref() {
                 Some(unwind) => {
-                    let (ranges, dropped) = process.take_new_jit_code();
+                    let (ranges, dropped) =
+                        runtime.map_or((Vec::new(), 0), |r| r.take_new_code(true));
                     unwind.add_jit_code(*pid, ranges, dropped);
                 }
                 None => {
-                    if let Some(managed) = process.managed.as_mut() {
-                        managed.take_new_code();
+                    if let Some(runtime) = runtime {
+                        runtime.take_new_code(false);
                     }
                 }
             }
@@ -559,7 +559,7 @@ impl Pipeline {
             .collect();
         for pid in due {
             if let Some(p) = self.processes.get_mut(&pid) {
-                p.refresh_managed(false);
+                p.refresh_names(false);
             }
         }
         while self.pending.front().is_some_and(|s| s.time_ns < until_ns) {
@@ -622,19 +622,25 @@ impl Pipeline {
         // Its CPU stacks of this window are named now, while its symbols
         // and files are still there.
         if let Some(process) = self.processes.get_mut(&pid) {
-            process.refresh_managed(true);
+            process.refresh_names(true);
         }
         for stack in self.raw_cpu.take_pid(pid) {
             self.add_counted(&stack.sample, stack.count, true);
         }
+        let end = self
+            .processes
+            .get_mut(&pid)
+            .and_then(TrackedProcess::runtime_mut)
+            .and_then(|runtime| {
+                runtime.begin_stop();
+                runtime.stop_events(std::time::Instant::now() + CLR_STOP_DEADLINE)
+            });
+        if let Some(end) = end {
+            self.close_clr(pid, end);
+        }
         let Some(mut process) = self.processes.remove(&pid) else {
             return;
         };
-        if let Some(clr) = process.clr.as_mut() {
-            clr.begin_stop();
-        }
-        process.stop_clr(std::time::Instant::now() + CLR_STOP_DEADLINE);
-        self.close_clr(&mut process);
         if let Some(handle) = release_process(
             &mut self.summary,
             &mut self.perf_maps,
@@ -644,9 +650,7 @@ impl Pipeline {
             // The process is gone: DisablePerfMap fails at once, and only
             // the files are left to remove.
             let cleanup = handle.finish(self.keep_perf_files);
-            self.summary
-                .warnings
-                .extend(perf_maps::file_warnings(pid, &cleanup.files));
+            self.summary.warnings.extend(cleanup.files.warnings(pid));
         }
         self.native.forget_process(pid);
         if let Some(unwind) = self.unwind.as_ref() {
@@ -690,7 +694,7 @@ impl Pipeline {
         let pids: HashSet<u32> = stacks.iter().map(|s| s.sample.pid).collect();
         for pid in pids {
             if let Some(process) = self.processes.get_mut(&pid) {
-                process.refresh_managed(true);
+                process.refresh_names(true);
             }
         }
         for stack in &stacks {
@@ -708,7 +712,7 @@ impl Pipeline {
     /// every sample symbolized, the held-back ones included.
     pub fn process_all(&mut self) {
         for process in self.processes.values_mut() {
-            process.refresh_managed(true);
+            process.refresh_names(true);
         }
         let pending: Vec<RawSample> = self.pending.drain(..).collect();
         let retry = std::mem::take(&mut self.retry);
@@ -809,9 +813,7 @@ impl Pipeline {
                     .warnings
                     .push(format!("pid {pid}: turning perf maps off again: {e}"));
             }
-            self.summary
-                .warnings
-                .extend(perf_maps::file_warnings(pid, &cleanup.files));
+            self.summary.warnings.extend(cleanup.files.warnings(pid));
         }
         let warnings = self.perf_maps.drain();
         self.summary.warnings.extend(warnings);
@@ -838,69 +840,37 @@ fn count_frames(summary: &mut RecordSummary, counts: FrameCounts) {
 }
 
 /// What ends with a process, at its exit or at the end of the recording,
-/// besides its perf maps: an attach still under way is abandoned, its
-/// warnings and perf-file problems go to the summary, and the perf files of
-/// a process the command launched are removed unless kept. Returns the perf
-/// maps clrbpf turned on in it (counted), for the caller to turn off.
+/// besides its perf maps: its runtime detaches (an attach still under way
+/// is abandoned, the perf files of a process the command launched are
+/// removed unless kept), and its warnings go to the summary. Returns the
+/// perf maps clrbpf turned on in it (counted), for the caller to turn off.
 fn release_process(
     summary: &mut RecordSummary,
     perf_maps: &mut perf_maps::PerfMapKeeper,
     process: &mut TrackedProcess,
     keep_files: bool,
-) -> Option<crate::clr::ipc::PerfMapAttach> {
-    if let Some(job) = process.abandon_attach() {
-        perf_maps.abandon(process.pid, job, keep_files);
-    }
+) -> Option<PerfMapAttach> {
     summary
         .warnings
         .extend(std::mem::take(&mut process.warnings));
-    if let Some(problems) = process.managed.as_ref().and_then(|m| m.errors().problems()) {
-        summary.warnings.push(format!(
-            "pid {}: some managed frames may be unnamed: {problems}",
-            process.pid
-        ));
+    let pid = process.pid;
+    let DotnetDetached {
+        attach_job,
+        perf_maps: handle,
+        warnings,
+    } = process.runtime_mut()?.detach(keep_files);
+    if let Some(job) = attach_job {
+        perf_maps.abandon(pid, job, keep_files);
     }
-    if !keep_files
-        && process.launched_here
-        && let Some(managed) = process.managed.as_ref()
-    {
-        summary
-            .warnings
-            .extend(remove_launched_perf_files(managed.location()));
-    }
-    let handle = process.perf_map.take();
+    summary.warnings.extend(warnings);
     summary.perf_maps_enabled += usize::from(handle.is_some());
     handle
-}
-
-/// Removes the perf files of a process the launched command started. The
-/// process may be gone, and /proc/PID/root with it: it shared our mount
-/// namespace, so our root is its root. Its files were all written after it
-/// started. Returns the warnings.
-fn remove_launched_perf_files(location: &TargetLocation) -> Vec<String> {
-    let pid = location.pid;
-    let (Some(owner), Some(started_at)) = (&location.owner, location.started_at) else {
-        return vec![format!(
-            "pid {pid}: its perf files were left in place: its user or start time could not be read"
-        )];
-    };
-    let root = match TargetRoot::at_host_path(Path::new("/")) {
-        Ok(root) => root,
-        Err(e) => return vec![format!("pid {pid}: removing its perf files: {e}")],
-    };
-    let dirs = [
-        location.perf_dir.as_path(),
-        location.legacy_perf_map_dir.as_path(),
-    ];
-    match remove_perf_files(&root, &dirs, location.ns_pid, owner, started_at) {
-        Ok(cleanup) => perf_maps::file_warnings(pid, &cleanup),
-        Err(e) => vec![format!("pid {pid}: removing its perf files: {e}")],
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::label_keys;
 
     /// A fake kernel: samples handed out in the order given, a few per
     /// drain, as ticks would.

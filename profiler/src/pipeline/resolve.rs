@@ -2,54 +2,13 @@
 //! sample's user stack, at the event's time ([`crate::symbolize::stack`]),
 //! and added with its exact share ([`crate::profile::clr_sampling`]).
 
-use std::sync::Arc;
-
-use super::{
-    labels,
-    tracked::{TrackedProcess, mapped_file},
-};
+use super::{labels, tracked::TrackedProcess};
 use crate::{
     clr::intake::{ClrSample, ClrSampleKind},
     process::ProcFs,
-    profile::{Aggregator, Frame, FrameKind, clr_sampling::Weighted, layout::ValueLayout},
-    symbolize::{
-        native::{MappedFile, NativeSymbolizer},
-        stack::{ProcessCode, user_frame},
-    },
+    profile::{Aggregator, Frame, clr_sampling::Weighted, layout::ValueLayout},
+    symbolize::{native::NativeSymbolizer, stack::user_frame},
 };
-
-impl ProcessCode for TrackedProcess {
-    fn runtime_frame(&self, lookup: u64, addr: u64, time_ns: u64) -> Option<Arc<Frame>> {
-        let symbol = self.managed.as_ref()?.lookup(lookup, time_ns)?;
-        Some(Arc::new(Frame {
-            kind: FrameKind::Managed,
-            name: symbol.short_name.clone(),
-            system_name: (symbol.raw_name != symbol.short_name).then(|| symbol.raw_name.clone()),
-            jit_tier: symbol.jit_tier,
-            module: Some(self.jit_module.clone()),
-            address: addr,
-            file: symbol.assembly,
-            line: 0,
-            inlined: Vec::new(),
-        }))
-    }
-
-    fn has_runtime(&self) -> bool {
-        self.managed.is_some()
-    }
-
-    fn mapped_file(
-        &mut self,
-        addr: u64,
-        procfs: &ProcFs,
-        native: &mut NativeSymbolizer,
-    ) -> Option<MappedFile<'_>> {
-        if self.mapping_for(addr).is_none() {
-            self.refresh_maps(procfs, native);
-        }
-        mapped_file(self.pid, self.mapping_for(addr)?)
-    }
-}
 
 /// Symbolizes weighted CLR samples (their stacks like CPU samples' user
 /// stacks, at the event's time) and adds them with their exact shares.

@@ -489,13 +489,11 @@ public static class GcApp {
             let pid = app.child.id();
             let mut session = None;
             for _ in 0..100 {
-                match ClrSession::start_with_counters(
-                    &procfs,
-                    pid,
-                    ClrEventKinds::NONE,
-                    None,
-                    Some(1),
-                ) {
+                let started =
+                    crate::clr::ipc::DiagnosticClient::discover(&procfs, pid).and_then(|client| {
+                        ClrSession::start_with_counters(&client, ClrEventKinds::NONE, None, Some(1))
+                    });
+                match started {
                     Ok(started) => {
                         session = Some(started);
                         break;
