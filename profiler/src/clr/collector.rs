@@ -229,6 +229,26 @@ impl ExceptionEvents {
     }
 }
 
+/// [`ClrSession::refresh_runtime_keywords`] from a thread of its own, after
+/// the exception session stopped.
+fn refresh_keywords_in_background(port: DiagnosticPort) {
+    let pid = port.pid();
+    let refresh = std::thread::Builder::new()
+        .name(format!("clrbpf-refresh-{pid}"))
+        .spawn(move || {
+            crate::process::priority::enter_background_thread();
+            let refreshed = port
+                .client()
+                .and_then(|client| ClrSession::refresh_runtime_keywords(&client));
+            if let Err(error) = refreshed {
+                tracing::debug!(pid, %error, "refreshing the runtime's keywords");
+            }
+        });
+    if let Err(error) = refresh {
+        tracing::debug!(pid, %error, "no thread to refresh the runtime's keywords");
+    }
+}
+
 /// The main session and, with an exception budget, the exception session,
 /// started in that order's reverse: the exception events are on before
 /// the counters' baseline is taken (see [`ExceptionEvents`]).
@@ -312,85 +332,10 @@ impl ClrCollector {
     /// load events go to `on_method` (with their time), the others to the
     /// intake. Returns the number of events taken.
     pub fn poll(&mut self, on_method: &mut impl FnMut(&MethodLoad, u64)) -> usize {
-        if let CollectorState::Waiting { since, last_try } = &mut self.state {
-            if last_try.is_some_and(|t| t.elapsed() < RETRY_EVERY) {
-                return 0;
-            }
-            *last_try = Some(Instant::now());
-            let since = *since;
-            let (mut kinds, mut interval) = (self.kinds, self.counters_interval_sec);
-            if self.exception_events.is_some() {
-                // Exceptions on their own session; their totals from the
-                // counter, read every second.
-                kinds.exceptions = false;
-                interval = Some(1);
-            }
-            let (port, pid, major) = (self.port.clone(), self.pid, self.runtime_major);
-            let exception_session = self.exception_events.is_some();
-            match std::thread::Builder::new()
-                .name(format!("clrbpf-session-{pid}"))
-                .spawn(move || {
-                    crate::process::priority::enter_background_thread();
-                    let client = port.client()?;
-                    let exceptions = exception_session
-                        .then(|| ClrSession::start_exception_events(&client))
-                        .transpose()?;
-                    let main = ClrSession::start_with_counters(&client, kinds, major, interval)?;
-                    Ok(StartedSessions { main, exceptions })
-                }) {
-                Ok(job) => self.state = CollectorState::Starting { since, job },
-                Err(e) => {
-                    self.warnings.push(format!(
-                        "pid {pid}: no CLR events: cannot start a thread for the session: {e}"
-                    ));
-                    self.state = CollectorState::Ended;
-                }
-            }
+        if !self.start_if_due() {
+            return 0;
         }
-        if matches!(&self.state, CollectorState::Starting { job, .. } if job.is_finished()) {
-            let CollectorState::Starting { since, job } =
-                std::mem::replace(&mut self.state, CollectorState::Ended)
-            else {
-                unreachable!("matched above");
-            };
-            let started = job.join().unwrap_or_else(|_| {
-                Err(IpcError::Io {
-                    pid: self.pid,
-                    command: super::ipc::CommandId::COLLECT_TRACING_2,
-                    source: std::io::Error::other("the session thread panicked"),
-                })
-            });
-            match started {
-                Ok(StartedSessions { main, exceptions }) => {
-                    self.sessions_started += 1;
-                    self.state = CollectorState::Running(Box::new(main));
-                    if let (Some(events), Some(session)) =
-                        (self.exception_events.as_mut(), exceptions)
-                    {
-                        events.session = ExceptionSession::Running(Box::new(session));
-                    }
-                    if self.rundown {
-                        let port = self.port.clone();
-                        self.rundown_job = Some(std::thread::spawn(move || {
-                            crate::process::priority::enter_background_thread();
-                            method_rundown(&port.client()?, RUNDOWN_DEADLINE)
-                        }));
-                    }
-                }
-                Err(IpcError::SocketNotFound { .. }) if since.elapsed() < SOCKET_WAIT => {
-                    self.state = CollectorState::Waiting {
-                        since,
-                        last_try: Some(Instant::now()),
-                    };
-                }
-                Err(e) => {
-                    self.warnings.push(format!(
-                        "pid {}: no CLR events (lock contention, exceptions): {e}; CPU profiling goes on",
-                        self.pid
-                    ));
-                }
-            }
-        }
+        self.take_started();
         self.collect_rundown(None, on_method);
         let Self {
             state,
@@ -437,6 +382,97 @@ impl ClrCollector {
             }
         }
         taken + self.poll_exception_events()
+    }
+
+    /// While waiting for the runtime's socket, starts the sessions from a
+    /// thread every [`RETRY_EVERY`]; returns false when the next try is
+    /// not due yet (nothing else to poll).
+    fn start_if_due(&mut self) -> bool {
+        if let CollectorState::Waiting { since, last_try } = &mut self.state {
+            if last_try.is_some_and(|t| t.elapsed() < RETRY_EVERY) {
+                return false;
+            }
+            *last_try = Some(Instant::now());
+            let since = *since;
+            let (mut kinds, mut interval) = (self.kinds, self.counters_interval_sec);
+            if self.exception_events.is_some() {
+                // Exceptions on their own session; their totals from the
+                // counter, read every second.
+                kinds.exceptions = false;
+                interval = Some(1);
+            }
+            let (port, pid, major) = (self.port.clone(), self.pid, self.runtime_major);
+            let exception_session = self.exception_events.is_some();
+            match std::thread::Builder::new()
+                .name(format!("clrbpf-session-{pid}"))
+                .spawn(move || {
+                    crate::process::priority::enter_background_thread();
+                    let client = port.client()?;
+                    let exceptions = exception_session
+                        .then(|| ClrSession::start_exception_events(&client))
+                        .transpose()?;
+                    let main = ClrSession::start_with_counters(&client, kinds, major, interval)?;
+                    Ok(StartedSessions { main, exceptions })
+                }) {
+                Ok(job) => self.state = CollectorState::Starting { since, job },
+                Err(e) => {
+                    self.warnings.push(format!(
+                        "pid {pid}: no CLR events: cannot start a thread for the session: {e}"
+                    ));
+                    self.state = CollectorState::Ended;
+                }
+            }
+        }
+        true
+    }
+
+    /// Takes the started sessions once their thread is done (and starts
+    /// the rundown), or waits for the socket a little longer.
+    fn take_started(&mut self) {
+        if matches!(&self.state, CollectorState::Starting { job, .. } if job.is_finished()) {
+            let CollectorState::Starting { since, job } =
+                std::mem::replace(&mut self.state, CollectorState::Ended)
+            else {
+                unreachable!("matched above");
+            };
+            let started = job.join().unwrap_or_else(|_| {
+                Err(IpcError::Io {
+                    pid: self.pid,
+                    command: super::ipc::CommandId::COLLECT_TRACING_2,
+                    source: std::io::Error::other("the session thread panicked"),
+                })
+            });
+            match started {
+                Ok(StartedSessions { main, exceptions }) => {
+                    self.sessions_started += 1;
+                    self.state = CollectorState::Running(Box::new(main));
+                    if let (Some(events), Some(session)) =
+                        (self.exception_events.as_mut(), exceptions)
+                    {
+                        events.session = ExceptionSession::Running(Box::new(session));
+                    }
+                    if self.rundown {
+                        let port = self.port.clone();
+                        self.rundown_job = Some(std::thread::spawn(move || {
+                            crate::process::priority::enter_background_thread();
+                            method_rundown(&port.client()?, RUNDOWN_DEADLINE)
+                        }));
+                    }
+                }
+                Err(IpcError::SocketNotFound { .. }) if since.elapsed() < SOCKET_WAIT => {
+                    self.state = CollectorState::Waiting {
+                        since,
+                        last_try: Some(Instant::now()),
+                    };
+                }
+                Err(e) => {
+                    self.warnings.push(format!(
+                        "pid {}: no CLR events (lock contention, exceptions): {e}; CPU profiling goes on",
+                        self.pid
+                    ));
+                }
+            }
+        }
     }
 
     /// Runs the exception session: starts it once the main one runs and
@@ -526,22 +562,7 @@ impl ClrCollector {
                     if main_ended {
                         ExceptionSession::Ended
                     } else {
-                        let (port, pid) = (port.clone(), *pid);
-                        let refresh = std::thread::Builder::new()
-                            .name(format!("clrbpf-refresh-{pid}"))
-                            .spawn(move || {
-                                crate::process::priority::enter_background_thread();
-                                let refreshed = port
-                                    .client()
-                                    .and_then(|client| ClrSession::refresh_runtime_keywords(&client));
-                                if let Err(error) = refreshed
-                                {
-                                    tracing::debug!(pid, %error, "refreshing the runtime's keywords");
-                                }
-                            });
-                        if let Err(error) = refresh {
-                            tracing::debug!(pid, %error, "no thread to refresh the runtime's keywords");
-                        }
+                        refresh_keywords_in_background(port.clone());
                         ExceptionSession::Off
                     }
                 } else {

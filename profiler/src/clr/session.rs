@@ -578,6 +578,22 @@ fn stop_in_background(
     std::thread::spawn(move || client.stop_tracing(session_id))
 }
 
+/// How far the runtime's event clock is from CLOCK_MONOTONIC (the clock of
+/// BPF samples), from the trace header's sync time; warned about when it
+/// is clearly not the same clock.
+fn clock_skew_ns_of(h: &TraceHeader) -> Option<i64> {
+    let clock_skew_ns = h
+        .ticks_to_ns(h.sync_time_qpc)
+        .map(|t| t as i64 - crate::profile::monotonic_ns() as i64);
+    if clock_skew_ns.is_some_and(|skew| skew.abs() > 10_000_000_000) {
+        tracing::warn!(
+            ?clock_skew_ns,
+            "the runtime's event clock is not CLOCK_MONOTONIC: CLR event times are off"
+        );
+    }
+    clock_skew_ns
+}
+
 /// The reader thread: socket -> parser -> decoder -> channel.
 fn read_session(
     pid: u32,
@@ -608,15 +624,7 @@ fn read_session(
         let fed = parser.feed(&buf[..n], &mut |item| match item {
             ParsedItem::Trace(h) => {
                 header = Some(*h);
-                clock_skew_ns = h
-                    .ticks_to_ns(h.sync_time_qpc)
-                    .map(|t| t as i64 - crate::profile::monotonic_ns() as i64);
-                if clock_skew_ns.is_some_and(|skew| skew.abs() > 10_000_000_000) {
-                    tracing::warn!(
-                        ?clock_skew_ns,
-                        "the runtime's event clock is not CLOCK_MONOTONIC: CLR event times are off"
-                    );
-                }
+                clock_skew_ns = clock_skew_ns_of(h);
             }
             ParsedItem::Metadata(metadata) => counter_decoder.on_metadata(metadata),
             ParsedItem::Event(record) => {

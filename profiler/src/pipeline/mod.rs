@@ -2,14 +2,16 @@
 //! aggregated, symbolized samples out.
 //!
 //! 1. [`Pipeline::accept`] takes the raw samples a tick drained and learns
-//!    each new process once ([`tracked::TrackedProcess`]: mappings, .NET
-//!    runtime, perf maps, EventPipe session).
+//!    each new process once ([`tracked::TrackedProcess`]: who it is, its
+//!    mappings, and its runtime behind the seam of [`crate::runtime`]: for
+//!    .NET, perf maps and EventPipe session).
 //! 2. [`Pipeline::process_pending`] symbolizes them a little after they
 //!    were taken (the runtime writes a method's perf map line right after
-//!    compiling it): [`resolve`] turns addresses into frames, and each
-//!    sample becomes labels and values ([`crate::profile::layout`]) in the
-//!    [`Aggregator`]. CLR events enter there too, as samples of their own
-//!    kinds.
+//!    compiling it): [`crate::symbolize::stack`] turns a raw stack into
+//!    frames, `labels` gives it its labels and the value layout
+//!    ([`crate::profile::layout`]) its values in the [`Aggregator`];
+//!    off-CPU samples and their wakers are composed in `wakers`. CLR
+//!    events enter there too, as samples of their own kinds ([`resolve`]).
 //! 3. At the end, the .NET processes are restored (perf maps off, the
 //!    perf files clrbpf asked for removed; [`perf_maps`] sees that none is
 //!    forgotten, even by a killed run) and the profile goes to the export
