@@ -15,13 +15,14 @@
 //!    it asked of the runtime ([`RuntimeInstance::stop_events`],
 //!    [`RuntimeInstance::detach`]).
 //!
-//! How an instance names frames (its name sources) is its own business.
+//! `clrbpf ps` asks the loader alone ([`RuntimeLoader::describe`]). How an
+//! instance names frames (its name sources) is its own business.
 //! .NET is the one runtime today: [`crate::clr::instance`].
 
-use std::{sync::Arc, time::Instant};
+use std::{path::PathBuf, sync::Arc, time::Instant};
 
 use crate::{
-    process::{MappingTable, ProcFs},
+    process::{MappingTable, ProcFs, ProcessInfo},
     profile::Frame,
     unwind::jit_code::JitMethod,
 };
@@ -37,6 +38,18 @@ pub struct ProcessContext<'a> {
     pub launched_here: bool,
 }
 
+/// What `clrbpf ps` shows of the runtime in a process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeSummary {
+    /// `"8.0.4"`; `None` if nothing told.
+    pub version: Option<String>,
+    /// The runtime writes the files its frames are named from already
+    /// (for .NET, perf maps), without clrbpf asking.
+    pub names_written: bool,
+    /// Host path of the socket the runtime is controlled through, if found.
+    pub control_socket: Option<PathBuf>,
+}
+
 /// Recognises a runtime in a process; see the module doc.
 pub trait RuntimeLoader {
     type Instance: RuntimeInstance;
@@ -47,6 +60,15 @@ pub trait RuntimeLoader {
     /// runtime; `None` when they do not (yet).
     fn load(&self, process: &ProcessContext<'_>, mappings: &MappingTable)
     -> Option<Self::Instance>;
+    /// What `clrbpf ps` shows of the runtime in process `info` (whose
+    /// mappings are `mappings`), asking nothing of it but its version;
+    /// `None` when it runs none.
+    fn describe(
+        &self,
+        procfs: &ProcFs,
+        info: &ProcessInfo,
+        mappings: &MappingTable,
+    ) -> Option<RuntimeSummary>;
 }
 
 /// One runtime in one process; see the module doc.

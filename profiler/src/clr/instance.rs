@@ -30,9 +30,9 @@ use super::{
     perf_map_attach::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
 };
 use crate::{
-    process::{MappingTable, dotnet::DotnetRuntime, root::TargetRoot},
+    process::{MappingTable, ProcFs, ProcessInfo, dotnet::DotnetRuntime, root::TargetRoot},
     profile::{Frame, FrameKind, Module, clr_sampling::Weighted},
-    runtime::{ProcessContext, RuntimeInstance, RuntimeLoader},
+    runtime::{ProcessContext, RuntimeInstance, RuntimeLoader, RuntimeSummary},
     symbolize::{
         managed::{FileStatus, ManagedSymbolBudget, ManagedSymbols, RefreshStats, TargetLocation},
         perf_files::remove_perf_files,
@@ -72,11 +72,35 @@ pub struct DotnetLoader {
     pub managed_budget: ManagedSymbolBudget,
 }
 
+impl DotnetLoader {
+    /// A loader that asks runtimes for nothing, for `clrbpf ps`.
+    pub fn for_listing() -> Self {
+        Self {
+            attach: false,
+            clr: ClrSettings {
+                kinds: super::session::ClrEventKinds::NONE,
+                counters_interval_sec: None,
+                exceptions_per_second: None,
+            },
+            managed_budget: ManagedSymbolBudget::new(0),
+        }
+    }
+}
+
 impl RuntimeLoader for DotnetLoader {
     type Instance = DotnetInstance;
 
     fn recognises(&self, mappings: &MappingTable) -> bool {
         DotnetRuntime::detect(mappings).is_some()
+    }
+
+    fn describe(
+        &self,
+        procfs: &ProcFs,
+        info: &ProcessInfo,
+        mappings: &MappingTable,
+    ) -> Option<RuntimeSummary> {
+        super::describe::describe(procfs, info, mappings)
     }
 
     fn load(

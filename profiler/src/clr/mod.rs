@@ -7,6 +7,7 @@
 pub mod budget;
 pub mod collector;
 pub mod counters;
+mod describe;
 pub mod events;
 pub mod instance;
 pub mod intake;
