@@ -758,8 +758,8 @@ impl Pipeline {
         summary.samples += count;
         let counts = namer.intern(native, sample, aggregator, stack).times(count);
         count_frames(summary, counts);
-        let thread_name = sample.off_cpu.is_none().then_some(&sample.thread_name);
-        let labels = labels::sample_labels(process, i64::from(sample.tid), thread_name);
+        let tid = i64::from(sample.tid);
+        let labels = labels::sample_labels(process, tid, Some(&sample.thread_name));
         match &sample.off_cpu {
             None => aggregator.add(stack, labels, &layout.on_cpu(count, sample.value)),
             Some(off_cpu) => self.add_off_cpu(sample, off_cpu, labels),
@@ -1054,6 +1054,77 @@ mod tests {
         assert_eq!(pipeline.summary.processes_vanished, 1);
         assert_eq!(pipeline.summary.processes_exited, 1);
         assert_eq!(pipeline.summary.samples, 1, "its stack was named first");
+    }
+
+    #[test]
+    fn an_off_cpu_sample_and_its_waker_carry_their_labels_values_and_stacks() {
+        let layout = ValueLayout::new(true, false, false);
+        let mut pipeline = Pipeline::new(false, ClrEventKinds::NONE, layout);
+        let mut sample = cpu_sample(10, 7, vec![0x1000]);
+        sample.kind = clrbpf_common::SampleKind::OffCpu;
+        sample.value = 5_000;
+        sample.off_cpu = Some(crate::profile::OffCpuDetail {
+            interval_ns: 5_000,
+            syscall: None,
+            woken_tid: 0,
+            waker: Some(crate::profile::Waker {
+                pid: u32::MAX - 2,
+                tid: 9,
+                thread_name: "releaser".into(),
+                user_stack: vec![0x2000],
+            }),
+            waker_kernel_stack: Vec::new(),
+            stack_not_taken: false,
+        });
+        pipeline.accept(&mut vec![sample]);
+        let profile = pipeline.take_window(
+            WindowSpan {
+                start_ns: 0,
+                end_ns: 100,
+                start_unix_ns: 0,
+            },
+            1,
+        );
+        let keys = |s: &crate::profile::ProfileSample| -> Vec<String> {
+            s.labels.iter().map(|l| l.key.to_string()).collect()
+        };
+        let [blocked, woken] = &profile.samples[..] else {
+            panic!("two samples: {:?}", profile.samples);
+        };
+        assert_eq!(blocked.values, [0, 0, 5_000, 0]);
+        assert_eq!(
+            keys(blocked),
+            [
+                label_keys::PROCESS_PID,
+                label_keys::PROCESS_EXECUTABLE_NAME,
+                label_keys::THREAD_ID,
+                label_keys::THREAD_NAME,
+                label_keys::WAIT_KIND,
+            ]
+        );
+        assert_eq!(woken.values, [0, 0, 0, 5_000]);
+        assert_eq!(
+            keys(woken)[5..],
+            [
+                label_keys::WAKER_PROCESS_PID,
+                label_keys::WAKER_THREAD_ID,
+                label_keys::WAKER_THREAD_NAME,
+            ]
+        );
+        let names: Vec<&str> = woken
+            .stack
+            .iter()
+            .map(|&f| &*profile.frames[f as usize].name)
+            .collect();
+        assert_eq!(
+            names[..3],
+            [
+                &*format!("releaser (pid {})", u32::MAX - 2),
+                "[process not profiled]",
+                "--"
+            ]
+        );
+        assert_eq!(names.len(), 3 + blocked.stack.len());
     }
 
     #[test]
