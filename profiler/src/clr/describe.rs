@@ -10,7 +10,7 @@
 
 use std::{ffi::OsStr, time::Duration};
 
-use super::ipc::{DiagnosticClient, DiagnosticSocket, choose_socket, diagnostic_sockets_in};
+use super::ipc::{DiagnosticClient, find_diagnostic_socket};
 use crate::{
     process::{
         MappingTable, ProcFs, ProcessInfo,
@@ -33,9 +33,7 @@ pub(super) fn describe(
     let runtime = DotnetRuntime::detect(mappings);
     let environment = DotnetEnvironment::read(procfs, pid).unwrap_or_default();
     let root = TargetRoot::open(procfs, pid).ok();
-    let socket = root
-        .as_ref()
-        .and_then(|root| find_socket(root, &environment.tmpdir, info));
+    let socket = find_diagnostic_socket(procfs, pid).ok();
     // Without a runtime mapping only a socket made by this very process
     // (its start time is in the name) says it is .NET.
     let socket_is_exact = socket
@@ -62,22 +60,6 @@ pub(super) fn describe(
         version,
         names_written,
         control_socket: socket.map(|s| s.host_path),
-    })
-}
-
-fn find_socket(root: &TargetRoot, tmpdir: &str, info: &ProcessInfo) -> Option<DiagnosticSocket> {
-    let listing = root
-        .open_dir(tmpdir)
-        .and_then(|dir| diagnostic_sockets_in(&dir))
-        .unwrap_or_default();
-    let chosen = choose_socket(&listing, info.ns_pid, Some(info.start_time_ticks))?;
-    Some(DiagnosticSocket {
-        host_path: root.display_path(tmpdir).join(&chosen.name),
-        dir_in_root: tmpdir.to_string(),
-        name: chosen.name.clone(),
-        ns_pid: info.ns_pid,
-        disambiguation_key: chosen.disambiguation_key,
-        modified: chosen.modified,
     })
 }
 
