@@ -52,25 +52,6 @@ pub enum Command {
     Ps,
     /// Report the kernel features clrbpf uses.
     SystemInfo,
-    /// Time loading a perf map of N entries (for `cargo xtask bench`).
-    #[command(hide = true)]
-    BenchPerfMap {
-        #[arg(long, default_value_t = 100_000)]
-        entries: usize,
-        #[arg(long, default_value_t = 11)]
-        runs: usize,
-    },
-    /// Time parsing and decoding a nettrace capture (gzip or raw), repeated
-    /// COPIES times, on one core (for `cargo xtask bench`).
-    #[command(hide = true)]
-    BenchClrIntake {
-        #[arg(long)]
-        file: PathBuf,
-        #[arg(long, default_value_t = 200)]
-        copies: usize,
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
-    },
 }
 
 /// Options of `clrbpf agent`. Durations are written `500ms`, `10s`, `1m`,
@@ -90,21 +71,6 @@ pub struct AgentArgs {
           value_parser = parse_upload_interval)]
     pub upload_interval: std::time::Duration,
 
-    /// CLR events to collect from .NET processes (contention, exceptions,
-    /// waits), with per-process rate limits.
-    #[arg(
-        long,
-        value_name = "KINDS",
-        default_value = "contention,exceptions,waits",
-        conflicts_with = "no_clr_events"
-    )]
-    pub clr_events: String,
-
-    /// No EventPipe session for CLR events (CPU samples and runtime
-    /// counters only).
-    #[arg(long)]
-    pub no_clr_events: bool,
-
     /// Exception events taken with their stacks per second and process at
     /// most. The runtime walks a stack for each one it sends; above this
     /// rate it is told to stop sending them for a back-off (10s, doubling
@@ -113,38 +79,8 @@ pub struct AgentArgs {
     #[arg(long, value_name = "N", default_value_t = crate::clr::budget::DEFAULT_EXCEPTIONS_PER_SECOND)]
     pub exceptions_per_second: u32,
 
-    /// Also profile off-CPU time (where threads block).
-    #[arg(long)]
-    pub off_cpu: bool,
-
-    /// Also profile wall time (CPU plus off-CPU per thread; implies
-    /// --off-cpu).
-    #[arg(long)]
-    pub wall: bool,
-
-    /// Walk user stacks by frame pointers only (no .eh_frame unwind tables).
-    #[arg(long)]
-    pub frame_pointers_only: bool,
-
-    /// Kernel memory unwind tables may take at most (allocated in 1.5 MiB
-    /// chunks as tables are loaded).
-    #[arg(long, value_name = "MB", default_value_t = 64,
-          value_parser = clap::value_parser!(u64).range(1..=4096))]
-    pub unwind_table_memory_mb: u64,
-
-    /// Where unwind tables (and this boot's kernel symbols) are kept
-    /// between runs, so the next run does not build them again: a
-    /// directory of clrbpf's own (created mode 0700; not used unless owned
-    /// by the user clrbpf runs as and closed to others), at most 256 MiB of
-    /// tables, oldest removed first.
-    #[arg(long, value_name = "DIR", default_value = crate::unwind::disk_cache::DEFAULT_DIR,
-          env = "CLRBPF_CACHE_DIR")]
-    pub cache_dir: PathBuf,
-
-    /// Build unwind tables and read kallsyms every run; keep nothing
-    /// between runs.
-    #[arg(long)]
-    pub no_cache: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
 
     /// Only processes whose executable name (comm or file name) is NAME
     /// (repeatable). Without any selection option: every process.
@@ -409,6 +345,89 @@ fn parse_k8s_namespace(text: &str) -> Result<String, String> {
     }
 }
 
+/// Options `record` and `agent` share: what is collected besides CPU
+/// samples, and how stacks are walked. Checked into
+/// [`crate::pipeline::driver::SamplingConfig`].
+#[derive(Debug, clap::Args)]
+pub struct SamplingArgs {
+    /// CLR events to collect from .NET processes over EventPipe, as extra
+    /// sample types in the profile: contention (contentions/count,
+    /// delay/nanoseconds, with the lock owner on .NET 8+), exceptions
+    /// (exceptions/count, by exception.type), waits (.NET 9+: waits/count,
+    /// wait_delay/nanoseconds, by wait.source). Sampled per minute, with
+    /// exact totals.
+    #[arg(
+        long,
+        value_name = "KINDS",
+        default_value = "contention,exceptions,waits",
+        conflicts_with = "no_clr_events"
+    )]
+    pub clr_events: String,
+
+    /// No EventPipe session for CLR events: CPU samples only (and, in the
+    /// agent, the runtime counters).
+    #[arg(long)]
+    pub no_clr_events: bool,
+
+    /// Also record off-CPU time: where the profiled threads block (locks,
+    /// sleeps, I/O, page faults), for how long, and who woke them. Adds the
+    /// sample types off_cpu/nanoseconds (the stack at the moment a thread
+    /// blocked, labelled wait.kind) and wakeup/nanoseconds (the waker's
+    /// stack on top of the blocked one, as bcc's offwaketime).
+    #[arg(long)]
+    pub off_cpu: bool,
+
+    /// Off-CPU intervals at least this long (milliseconds) are all kept;
+    /// shorter ones are sampled with probability interval/min and weighted
+    /// min, so totals stay exact on average while the records stay few.
+    #[arg(long, value_name = "MS", default_value_t = 1.0)]
+    pub off_cpu_min: f64,
+
+    /// Most stacks taken per CPU per second when threads block (each costs
+    /// a stack walk in the kernel, a few microseconds). Above it, stacks are
+    /// taken at random with the probability that keeps to it, and the waits
+    /// that have one are upscaled by its inverse; every wait still counts in
+    /// the exact per-thread totals.
+    #[arg(long, value_name = "N", default_value_t = 2000,
+          value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
+    pub off_cpu_max_stacks: u64,
+
+    /// Wall time: a wall/nanoseconds sample type with each thread's CPU
+    /// plus off-CPU time, the view that shows where a thread's whole time
+    /// went (implies --off-cpu; shown first by pprof viewers).
+    #[arg(long)]
+    pub wall: bool,
+
+    /// Walk user stacks by frame pointers only: native code built without
+    /// them (glibc, most distribution binaries) then loses frames. By
+    /// default they are walked in the kernel with unwind tables built from
+    /// each file's `.eh_frame`.
+    #[arg(long, visible_alias = "no-dwarf-unwind")]
+    pub frame_pointers_only: bool,
+
+    /// Kernel memory unwind tables may take at most (unless
+    /// --frame-pointers-only): allocated in 1.5 MiB chunks as tables are
+    /// loaded (24 bytes per table row); at the cap the least-recently-used
+    /// tables are evicted.
+    #[arg(long, value_name = "MB", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub unwind_table_memory_mb: u64,
+
+    /// Where unwind tables (and this boot's kernel symbols) are kept
+    /// between runs, so the next run does not build them again: a
+    /// directory of clrbpf's own (created mode 0700; not used unless owned
+    /// by the user clrbpf runs as and closed to others), at most 256 MiB of
+    /// tables, oldest removed first.
+    #[arg(long, value_name = "DIR", default_value = crate::unwind::disk_cache::DEFAULT_DIR,
+          env = "CLRBPF_CACHE_DIR")]
+    pub cache_dir: PathBuf,
+
+    /// Build unwind tables and read kallsyms every run; keep nothing
+    /// between runs.
+    #[arg(long)]
+    pub no_cache: bool,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct RecordArgs {
     /// Profile this process (repeatable); stops when all of them exit.
@@ -460,57 +479,10 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_perf_map_attach: bool,
 
-    /// Walk user stacks by frame pointers only: native code built without
-    /// them (glibc, most distribution binaries) then loses frames. By
-    /// default they are walked in the kernel with unwind tables built from
-    /// each file's `.eh_frame`.
-    #[arg(long, visible_alias = "no-dwarf-unwind")]
-    pub frame_pointers_only: bool,
-
     /// Accepted for scripts written when DWARF unwinding was opt-in; it is
     /// the default now.
     #[arg(long, hide = true, conflicts_with = "frame_pointers_only")]
     pub dwarf_unwind: bool,
-
-    /// Kernel memory unwind tables may take at most (unless
-    /// --frame-pointers-only): allocated in 1.5 MiB chunks as tables are
-    /// loaded (24 bytes per table row); at the cap the least-recently-used
-    /// tables are evicted.
-    #[arg(long, value_name = "MB", default_value_t = 64,
-          value_parser = clap::value_parser!(u64).range(1..=4096))]
-    pub unwind_table_memory_mb: u64,
-
-    /// Where unwind tables (and this boot's kernel symbols) are kept
-    /// between runs, so the next run does not build them again: a
-    /// directory of clrbpf's own (created mode 0700; not used unless owned
-    /// by the user clrbpf runs as and closed to others), at most 256 MiB of
-    /// tables, oldest removed first.
-    #[arg(long, value_name = "DIR", default_value = crate::unwind::disk_cache::DEFAULT_DIR,
-          env = "CLRBPF_CACHE_DIR")]
-    pub cache_dir: PathBuf,
-
-    /// Build unwind tables and read kallsyms every run; keep nothing
-    /// between runs.
-    #[arg(long)]
-    pub no_cache: bool,
-
-    /// CLR events to collect from .NET processes over EventPipe, as extra
-    /// sample types in the profile: contention (contentions/count,
-    /// delay/nanoseconds, with the lock owner on .NET 8+), exceptions
-    /// (exceptions/count, by exception.type), waits (.NET 9+: waits/count,
-    /// wait_delay/nanoseconds, by wait.source). Sampled per minute, with
-    /// exact totals.
-    #[arg(
-        long,
-        value_name = "KINDS",
-        default_value = "contention,exceptions,waits",
-        conflicts_with = "no_clr_events"
-    )]
-    pub clr_events: String,
-
-    /// No EventPipe session: CPU samples only.
-    #[arg(long)]
-    pub no_clr_events: bool,
 
     /// Exception events taken with their stacks per second and process at
     /// most (default: every one). Above it the runtime stops sending them
@@ -525,34 +497,8 @@ pub struct RecordArgs {
     #[arg(long)]
     pub split: bool,
 
-    /// Also record off-CPU time: where the profiled threads block (locks,
-    /// sleeps, I/O, page faults), for how long, and who woke them. Adds the
-    /// sample types off_cpu/nanoseconds (the stack at the moment a thread
-    /// blocked, labelled wait.kind) and wakeup/nanoseconds (the waker's
-    /// stack on top of the blocked one, as bcc's offwaketime).
-    #[arg(long)]
-    pub off_cpu: bool,
-
-    /// Off-CPU intervals at least this long (milliseconds) are all kept;
-    /// shorter ones are sampled with probability interval/min and weighted
-    /// min, so totals stay exact on average while the records stay few.
-    #[arg(long, value_name = "MS", default_value_t = 1.0)]
-    pub off_cpu_min: f64,
-
-    /// Most stacks taken per CPU per second when threads block (each costs
-    /// a stack walk in the kernel, a few microseconds). Above it, stacks are
-    /// taken at random with the probability that keeps to it, and the waits
-    /// that have one are upscaled by its inverse; every wait still counts in
-    /// the exact per-thread totals.
-    #[arg(long, value_name = "N", default_value_t = 2000,
-          value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
-    pub off_cpu_max_stacks: u64,
-
-    /// Wall time: a wall/nanoseconds sample type with each thread's CPU
-    /// plus off-CPU time, the view that shows where a thread's whole time
-    /// went (implies --off-cpu; shown first by pprof viewers).
-    #[arg(long)]
-    pub wall: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
 
     /// clrbpf raises its own priority so that it keeps up, and loses no
     /// samples, on the saturated hosts where a profile is most needed: the
@@ -580,6 +526,12 @@ pub struct RecordArgs {
     /// No progress line and no summary.
     #[arg(short, long)]
     pub quiet: bool,
+
+    /// Add clrbpf's own figures to the summary: BPF time per sample,
+    /// unwind tables and their cache, JIT prologues decoded, cache
+    /// evictions.
+    #[arg(short, long, conflicts_with = "quiet")]
+    pub verbose: bool,
 
     /// The command to run and profile.
     #[arg(last = true, value_name = "COMMAND")]

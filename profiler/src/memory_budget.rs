@@ -246,11 +246,6 @@ impl SessionSlot {
             }
         }
     }
-
-    /// Sessions held now.
-    pub fn in_use() -> usize {
-        SESSIONS.load(Ordering::Relaxed)
-    }
 }
 
 impl Drop for SessionSlot {

@@ -1,46 +1,48 @@
-//! `clrbpf record`: wires the stages together for one recording.
+//! `clrbpf record`: one recording, driven by the
+//! [driver](crate::pipeline::driver) with one window and a file sink.
 //!
-//! 1. Check the host ([`crate::bpf::system::prepare`]), load and attach the
-//!    kernel side with the chosen target set.
+//! 1. Check the options ([`RecordConfig::from_args`]) and the host, create
+//!    the output files (a bad path fails before anything is recorded),
+//!    load the kernel side with the chosen target set.
 //! 2. Optionally launch the command (as the invoking user, with
 //!    `DOTNET_PerfMapEnabled=1`); the kernel side follows its children.
-//! 3. Every tick, drain raw samples; learn each new process once (name,
-//!    container, mappings, .NET runtime; for a running .NET 8+ process, ask
-//!    it for perf maps over its diagnostic socket); symbolize samples a
-//!    little after they were taken, so the perf map lines for code JIT-ted
-//!    just before a sample have been written; aggregate.
-//! 4. On duration, Ctrl-C, SIGTERM, the command's exit or the exit of every
-//!    `-p` process: drain what is left, restore the .NET processes, write
-//!    the profile, print the summary.
+//! 3. The driver's loop runs until the duration, Ctrl-C, SIGTERM, the
+//!    command's exit or the exit of every `-p` process ([`RecordFront`]),
+//!    with a progress line on a terminal.
+//! 4. The driver drains what is left and restores the .NET processes; the
+//!    one window ([`OneWindow`]) is written ([`RecordOutput`]) and the
+//!    summary returned for printing.
 
 use std::{
     ffi::{CStr, CString, OsString},
     io::{IsTerminal as _, Write as _},
     path::PathBuf,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{Context as _, bail};
-use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
-    bpf::{OffCpuConfig, Sampler, SamplerConfig, UnwindWorker, system},
-    clr::session::ClrEventKinds,
+    bpf::Sampler,
+    cli::RecordArgs,
     export::{
+        ExportError,
         frame_names::{FrameNames, apply_frame_names},
         output::{OutputFormat, sudo_owner},
-        sink::{FileSink, ProfileSink as _},
+        sink::{ClosedWindow, FileSink, ProfileSink},
     },
     pipeline::{
-        Pipeline, WindowSpan, start_tables,
-        summary::{RecordSummary, Warnings, add_still_blocked, off_cpu_threads},
+        driver::{
+            Cutter, Driver, DriverSetup, Front, OneWindow, SamplingConfig, StopSignal, prepare_host,
+        },
+        start_tables,
+        summary::{RecordSummary, Warnings},
     },
-    process::ProcFs,
-    process::main_module::ApplicationModule,
-    profile::layout::ValueLayout,
+    process::{ProcFs, main_module::ApplicationModule},
+    profile::Module,
 };
 
-const TICK: Duration = Duration::from_millis(50);
 /// After the command exits, keep draining this long for its last samples.
 const EXIT_GRACE: Duration = Duration::from_millis(100);
 
@@ -57,35 +59,105 @@ pub struct RecordConfig {
     pub frame_names: FrameNames,
     pub keep_perf_maps: bool,
     pub perf_map_attach: bool,
-    /// Walk user stacks with `.eh_frame` unwind tables in the kernel.
-    pub dwarf_unwind: bool,
-    /// Kernel memory for unwind tables, allocated in full at load when
-    /// [`Self::dwarf_unwind`] is on.
-    pub unwind_table_memory_bytes: u64,
-    /// Where unwind tables and this boot's kallsyms are kept between
-    /// runs (`None`: nowhere).
-    pub unwind_cache_dir: Option<PathBuf>,
+    /// What is collected besides CPU samples, and how stacks are walked.
+    pub sampling: SamplingConfig,
     pub command: Vec<OsString>,
-    /// Progress line and summary on stderr.
-    pub verbose: bool,
-    /// CLR events collected from .NET processes (none: no EventPipe session).
-    pub clr_events: ClrEventKinds,
+    /// What is printed on stderr: a progress line and the summary, with
+    /// clrbpf's own figures or not.
+    pub report: Report,
     /// Exception events with stacks per second and process at most
     /// ([`crate::clr::budget`]); `None`: every one.
     pub exceptions_per_second: Option<u32>,
     /// One output file per kind (`<stem>.cpu.pb.gz`, ...) instead of one.
     pub split: bool,
-    /// Off-CPU intervals of the profiled threads, with their wakers.
-    pub off_cpu: Option<OffCpuConfig>,
-    /// A `wall/nanoseconds` sample type: CPU plus off-CPU time per thread
-    /// (needs [`Self::off_cpu`]).
-    pub wall: bool,
     /// Raise clrbpf's priority ([`crate::process::priority`]), with this
     /// nice value for its background threads (`None`: leave it).
     pub nice: Option<i32>,
     /// How long the start may wait for the unwind tables of the processes
     /// known then ([`crate::pipeline::start_tables`]).
     pub start_wait: Duration,
+}
+
+/// What `record` prints on stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Report {
+    /// Nothing but errors (`--quiet`).
+    Quiet,
+    /// A progress line on a terminal, and the summary.
+    Summary,
+    /// The summary with clrbpf's own figures too (`--verbose`).
+    Verbose,
+}
+
+/// Longest `--duration`: about ten years; for longer, leave it out and stop
+/// with Ctrl-C.
+const MAX_DURATION_SECONDS: f64 = 315_360_000.0;
+
+impl RecordConfig {
+    /// Checks every option of `clrbpf record`.
+    pub fn from_args(args: RecordArgs) -> anyhow::Result<Self> {
+        let RecordArgs {
+            pids,
+            all,
+            frequency,
+            duration,
+            output,
+            format,
+            frame_names,
+            keep_perf_maps,
+            no_perf_map_attach,
+            dwarf_unwind: _,
+            exceptions_per_second,
+            split,
+            sampling,
+            nice,
+            no_priority_boost,
+            start_wait,
+            quiet,
+            verbose,
+            command,
+        } = args;
+        let sampling = SamplingConfig::from_args(sampling)?;
+        let format = match format.or_else(|| OutputFormat::from_path(&output)) {
+            Some(format) => format,
+            None => bail!(
+                "cannot tell the output format from {}: use an extension (.pb.gz, .folded, .svg) or --format",
+                output.display()
+            ),
+        };
+        let duration = match duration {
+            Some(d) if !(d.is_finite() && d > 0.0) => {
+                bail!("--duration must be a positive number of seconds")
+            }
+            Some(d) if d > MAX_DURATION_SECONDS => bail!(
+                "--duration {d} is longer than {MAX_DURATION_SECONDS} seconds (ten years): leave it out to record until Ctrl-C"
+            ),
+            d => d.map(Duration::from_secs_f64),
+        };
+        let report = match (quiet, verbose) {
+            (true, _) => Report::Quiet,
+            (false, false) => Report::Summary,
+            (false, true) => Report::Verbose,
+        };
+        Ok(Self {
+            pids,
+            all,
+            frequency_hz: frequency,
+            duration,
+            output,
+            format,
+            frame_names,
+            keep_perf_maps,
+            perf_map_attach: !no_perf_map_attach,
+            sampling,
+            command,
+            report,
+            exceptions_per_second: exceptions_per_second.filter(|&n| n > 0),
+            split,
+            nice: (!no_priority_boost).then_some(nice),
+            start_wait: Duration::from_secs_f64(start_wait),
+        })
+    }
 }
 
 /// The invoking user under sudo: (uid, gid, name).
@@ -164,26 +236,15 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         frame_names,
         keep_perf_maps,
         perf_map_attach,
-        dwarf_unwind,
-        unwind_table_memory_bytes,
-        unwind_cache_dir,
+        sampling,
         command,
-        verbose,
-        clr_events,
+        report,
         exceptions_per_second,
         split,
-        off_cpu,
-        wall,
         nice,
         start_wait,
     } = config;
     let record_started_ns = crate::profile::monotonic_ns();
-    if wall && off_cpu.is_none() {
-        bail!("--wall needs off-CPU time: add --off-cpu");
-    }
-    // This thread drains the rings: it must keep up on a saturated host.
-    let priority_warning =
-        nice.and_then(|nice| crate::process::priority::boost_sampling_thread(nice).err());
     for &pid in &pids {
         if !process_exists(pid) {
             bail!(
@@ -191,12 +252,10 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
             );
         }
     }
-    let mut warnings = system::prepare()?;
-    warnings.extend(priority_warning);
-    let layout = ValueLayout::new(off_cpu.is_some(), wall, clr_events.any());
+    let host_warnings = prepare_host(nice)?;
     // Created now, with their final owner and mode: a bad output path
     // fails here, before anything is recorded.
-    let mut sink = FileSink::create(&output, format, split, &layout, sudo_owner())
+    let file = FileSink::create(&output, format, split, &sampling.layout(), sudo_owner())
         .with_context(|| format!("cannot write the profile to {}", output.display()))?;
     let whole_host = all || (pids.is_empty() && command.is_empty());
     let mut initial_targets = pids.clone();
@@ -205,66 +264,35 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         // until the child is in the set means none of its children escape.
         initial_targets.push(std::process::id());
     }
-    tracing::debug!("loading the BPF programs");
-    let mut sampler = Sampler::load(&SamplerConfig {
+    let mut driver = Driver::load(DriverSetup {
+        sampling,
         frequency_hz,
         target_pids: (!whole_host).then_some(initial_targets),
-        user_unwind: dwarf_unwind,
-        unwind_table_memory_bytes,
-        unwind_cache_dir: unwind_cache_dir.clone(),
-        off_cpu,
-        ..SamplerConfig::default()
+        attach_perf_maps: perf_map_attach,
+        keep_perf_maps,
+        exceptions_per_second,
+        counters_interval_sec: None,
+        count_still_blocked: true,
     })?;
-    let mut pipeline = Pipeline::new(perf_map_attach, clr_events, layout.clone());
-    pipeline.keep_perf_files = keep_perf_maps;
-    pipeline.keep_perf_map_ledger_in(unwind_cache_dir.as_deref());
-    pipeline.keep_kernel_symbols_in(unwind_cache_dir);
-    pipeline.clr.exceptions_per_second = exceptions_per_second;
-    pipeline.unwind = match sampler.take_unwind_maps() {
-        Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
-        None => None,
-    };
-    let mut sigint = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
-    let progress = verbose && std::io::stderr().is_terminal();
+    let progress = report != Report::Quiet && std::io::stderr().is_terminal();
     // The processes known now get their unwind tables before the first
     // sample: their first stacks are whole.
-    let mut stopped_early = None;
-    if pipeline.unwind.is_some() {
-        let targets = start_tables::start_targets(&ProcFs::default(), &pids, whole_host);
-        let stop = async {
-            tokio::select! {
-                _ = sigint.recv() => "Ctrl-C",
-                _ = sigterm.recv() => "SIGTERM",
-            }
-        };
-        let (tables, stopped) =
-            start_tables::wait_for_tables(&mut pipeline, targets, start_wait, progress, stop).await;
-        tracing::debug!(?tables, "unwind tables at start");
-        pipeline.summary.warnings.extend(tables.warning());
-        pipeline.summary.tables_at_start = Some(tables);
-        stopped_early = stopped;
-    }
-    sampler.start_sampling()?;
-    for &pid in &pids {
-        pipeline.track(pid);
-    }
-    let start_unix_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64);
+    let targets = start_tables::start_targets(&ProcFs::default(), &pids, whole_host);
+    let stopped_early = driver
+        .wait_for_start_tables(targets, start_wait, progress)
+        .await;
+    driver.start_sampling()?;
+    driver.track(&pids);
     let started = Instant::now();
-    let start_mono_ns = crate::profile::monotonic_ns();
-    tracing::debug!("sampling started");
-
-    let mut child = if command.is_empty() || stopped_early.is_some() {
+    let child = if command.is_empty() || stopped_early.is_some() {
         None
     } else {
         let child = spawn_command(&command)?;
         if let Some(pid) = child.id()
             && !whole_host
         {
-            sampler.add_target(pid)?;
-            sampler.remove_target(std::process::id());
+            driver.sampler().add_target(pid)?;
+            driver.sampler().remove_target(std::process::id());
         }
         Some(child)
     };
@@ -272,142 +300,159 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         .as_ref()
         .and_then(|c| c.id())
         .or(pids.first().copied());
-    let mut application = ApplicationModule::new(&ProcFs::default(), app_pid);
+    let mut front = RecordFront {
+        application: ApplicationModule::new(&ProcFs::default(), app_pid),
+        child,
+        command_exited_at: None,
+        command_status: None,
+        duration,
+        pids,
+        started,
+        progress: progress.then(Instant::now),
+        record_started_ns,
+        policy: OneWindow {
+            start: driver.started_at(),
+        },
+        output: RecordOutput {
+            file,
+            frame_names,
+            frequency_hz,
+            main_module: None,
+        },
+    };
+    let stopped_by = match stopped_early {
+        Some(reason) => reason,
+        None => driver.run(&mut front).await,
+    };
+    let mut summary = driver.finish(&mut front, stopped_by)?;
+    summary.command_status = front.command_status;
+    let mut warnings = Warnings::from(host_warnings);
+    warnings.append(&mut summary.warnings);
+    summary.warnings = warnings;
+    summary.outputs = front.output.file.written().to_vec();
+    Ok(summary)
+}
 
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_progress = Instant::now();
-    let mut raw = Vec::with_capacity(4096);
-    let mut command_exited_at: Option<Instant> = None;
+/// `record`'s part of the loop: the launched command, the `-p`
+/// processes, the duration and the progress line.
+struct RecordFront {
+    child: Option<tokio::process::Child>,
+    /// When the command exited: the loop drains [`EXIT_GRACE`] longer.
+    command_exited_at: Option<Instant>,
+    command_status: Option<std::process::ExitStatus>,
+    duration: Option<Duration>,
+    pids: Vec<u32>,
+    started: Instant,
+    /// When `record` started, in sample time: the summary says how long
+    /// after it the first sample came.
+    record_started_ns: u64,
+    /// When the progress line was last written (`None`: no progress line).
+    progress: Option<Instant>,
+    /// The module of the application profiled (the command or the first
+    /// `-p` process), for the profile's main mapping.
+    application: ApplicationModule,
+    policy: OneWindow,
+    output: RecordOutput,
+}
 
-    let ring = sampler.ring_wakeups();
-    if let Err(error) = &ring {
-        tracing::debug!(%error, "the sample ring cannot be polled: drained on the timer only");
-    }
-    let stopped_by = loop {
-        if let Some(reason) = stopped_early {
-            break reason;
+impl Front for RecordFront {
+    async fn event(&mut self) {
+        match self.child.as_mut() {
+            Some(child) if self.command_exited_at.is_none() => {
+                self.command_status = child.wait().await.ok();
+                self.command_exited_at = Some(Instant::now());
+            }
+            _ => std::future::pending().await,
         }
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = async { ring.as_ref().expect("guarded").woken().await }, if ring.is_ok() => {}
-            _ = sigint.recv() => break "Ctrl-C",
-            _ = sigterm.recv() => {
-                if let Some(child) = child.as_mut() {
+    }
+
+    fn stop_signal(&mut self, signal: StopSignal) -> &'static str {
+        match signal {
+            StopSignal::Interrupt => "Ctrl-C",
+            StopSignal::Terminate => {
+                if let Some(child) = self.child.as_mut() {
                     // Best effort: the command may have exited already.
                     let _ = child.start_kill();
                 }
-                break "SIGTERM";
-            }
-            status = async { child.as_mut().expect("guarded").wait().await }, if child.is_some() && command_exited_at.is_none() => {
-                pipeline.summary.command_status = status.ok();
-                command_exited_at = Some(Instant::now());
+                "SIGTERM"
             }
         }
-        pipeline.tick(&mut sampler, &mut raw);
-        if pipeline.summary.first_sample_after.is_none() {
-            // Held back SYMBOLIZE_DELAY before they are added: the first
-            // samples are still pending here.
-            pipeline.summary.first_sample_after = pipeline
-                .pending
-                .iter()
-                .map(|s| s.time_ns)
-                .min()
-                .map(|t| Duration::from_nanos(t.saturating_sub(record_started_ns)));
+    }
+
+    fn after_tick(&mut self, cutter: &mut Cutter<'_>, _sampler: &Sampler) -> Option<&'static str> {
+        cutter.pipeline().note_first_sample(self.record_started_ns);
+        self.application.poll(&ProcFs::default());
+        if self
+            .command_exited_at
+            .is_some_and(|t| t.elapsed() >= EXIT_GRACE)
+        {
+            return Some("command exited");
         }
-        application.poll(&ProcFs::default());
-        if command_exited_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE) {
-            break "command exited";
+        if self.duration.is_some_and(|d| self.started.elapsed() >= d) {
+            return Some("duration");
         }
-        if duration.is_some_and(|d| started.elapsed() >= d) {
-            break "duration";
+        if self.child.is_none()
+            && !self.pids.is_empty()
+            && !self.pids.iter().any(|&p| process_exists(p))
+        {
+            return Some("processes exited");
         }
-        if child.is_none() && !pids.is_empty() && !pids.iter().any(|&p| process_exists(p)) {
-            break "processes exited";
-        }
-        if progress && last_progress.elapsed() >= Duration::from_secs(1) {
-            last_progress = Instant::now();
+        if let Some(last) = self.progress
+            && last.elapsed() >= Duration::from_secs(1)
+        {
+            self.progress = Some(Instant::now());
+            let pipeline = cutter.pipeline();
             let mut err = std::io::stderr().lock();
             let _ = write!(
                 err,
                 "\rclrbpf: recording {:>5.1} s, {} samples, {} processes (Ctrl-C to stop) ",
-                started.elapsed().as_secs_f64(),
+                self.started.elapsed().as_secs_f64(),
                 pipeline.samples_seen(),
                 pipeline.process_count()
             );
             let _ = err.flush();
         }
-    };
-    // From here on, a second Ctrl-C or SIGTERM ends every wait on the
-    // targets at once; the profile is still written.
-    if let Err(e) = crate::stop::arm_second_request() {
-        tracing::debug!(error = %e, "no handler for a second stop request");
+        None
     }
-    if progress {
-        eprint!("\r{:80}\r", "");
-    }
-    let elapsed = started.elapsed();
-    tracing::debug!(?elapsed, "sampling stopped");
-    pipeline.pull(&mut sampler, &mut raw);
-    let mut blocked_now = sampler.still_blocked(crate::profile::monotonic_ns());
-    let mut off_cpu_totals = sampler.off_cpu_totals();
-    add_still_blocked(&mut off_cpu_totals.threads, &blocked_now);
-    pipeline.accept(&mut blocked_now);
-    pipeline.summary.kernel = sampler.counters();
-    pipeline.summary.bpf_stats = sampler.on_cpu_program_stats();
-    pipeline.summary.off_cpu_bpf_stats = sampler.off_cpu_program_stats();
-    if let Some(unwind) = pipeline.unwind.take() {
-        pipeline.summary.unwind = unwind.finish();
-        if pipeline.summary.unwind.is_none() {
-            pipeline.summary.warnings.push(
-                "the unwind-table thread was still building tables when the recording ended (a saturated host?): stacks of the processes it had not indexed were walked by frame pointers".to_owned(),
-            );
+
+    fn stopped(&mut self) {
+        if self.progress.is_some() {
+            eprint!("\r{:80}\r", "");
         }
     }
-    let period_ns = sampler.period_ns;
-    drop(ring);
-    drop(sampler);
-    tracing::debug!("finishing CLR sessions and symbolizing");
-    pipeline.finish_clr();
-    pipeline.process_all();
-    pipeline.restore_processes(keep_perf_maps);
 
-    pipeline.count_evictions();
-    let mut summary = std::mem::take(&mut pipeline.summary);
-    summary.off_cpu_other_threads = (off_cpu_totals.other_threads, off_cpu_totals.others);
-    summary.off_cpu_threads = off_cpu_threads(
-        off_cpu_totals.threads,
-        &pipeline.thread_names,
-        &pipeline.off_cpu_recorded,
-    );
-    summary.duration = elapsed;
-    summary.samples_lost = summary.kernel.samples_lost;
-    summary.stopped_by = stopped_by;
-    let mut warnings = Warnings::from(warnings);
-    warnings.append(&mut summary.warnings);
-    summary.warnings = warnings;
+    fn finish(&mut self, cutter: &mut Cutter<'_>, end: SystemTime) -> anyhow::Result<()> {
+        let application = std::mem::replace(
+            &mut self.application,
+            ApplicationModule::new(&ProcFs::default(), None),
+        );
+        self.output.main_module = application.finish();
+        cutter.cut_last(&mut self.policy, &mut self.output, end)
+    }
+}
 
-    // One window: the sampled span.
-    let elapsed_ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-    let mut profile = pipeline.take_window(
-        WindowSpan {
-            start_ns: start_mono_ns,
-            end_ns: start_mono_ns.saturating_add(elapsed_ns),
-            start_unix_ns,
-        },
-        period_ns,
-    );
-    profile
-        .comments
-        .push(format!("clrbpf {}", env!("CARGO_PKG_VERSION")));
-    profile
-        .comments
-        .push(format!("frequency {frequency_hz} Hz"));
-    apply_frame_names(&mut profile, frame_names);
-    profile.main_module = application.finish();
-    sink.write_window(&profile).context("write the profile")?;
-    summary.outputs = sink.written().to_vec();
-    Ok(summary)
+/// `record`'s sink: the output files, with the profile's comments, frame
+/// names and main module set.
+struct RecordOutput {
+    file: FileSink,
+    frame_names: FrameNames,
+    frequency_hz: u64,
+    main_module: Option<Arc<Module>>,
+}
+
+impl ProfileSink for RecordOutput {
+    fn submit(&mut self, mut window: ClosedWindow) -> Result<(), ExportError> {
+        let profile = &mut window.profile;
+        profile
+            .comments
+            .push(format!("clrbpf {}", env!("CARGO_PKG_VERSION")));
+        profile
+            .comments
+            .push(format!("frequency {} Hz", self.frequency_hz));
+        apply_frame_names(profile, self.frame_names);
+        profile.main_module = self.main_module.take();
+        self.file.submit(window)
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,8 @@ import tempfile
 import threading
 import time
 
+from wire import utf16z, varuint
+
 
 def serve(listener, mode):
     while True:
@@ -41,9 +43,6 @@ COLLECT_TRACING = {(0x02, n) for n in range(0x02, 0x07)}
 def ipc_ok(payload):
     return IPC_MAGIC + struct.pack("<HBBH", 20 + len(payload), 0xFF, 0x00, 0) + payload
 
-
-def utf16z(text):
-    return text.encode("utf-16-le") + b"\0\0"
 
 
 class Nettrace:
@@ -70,16 +69,6 @@ class Nettrace:
         self.written += len(data)
         return data
 
-
-def varuint(value):
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value == 0:
-            out.append(byte)
-            return bytes(out)
-        out.append(byte | 0x80)
 
 
 def metadata_record(metadata_id, fields_tail):

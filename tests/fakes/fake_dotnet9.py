@@ -54,6 +54,8 @@ import tempfile
 import threading
 import time
 
+from wire import utf16z, varuint
+
 RUNTIME_PROVIDER = "Microsoft-Windows-DotNETRuntime"
 WAIT_HANDLE_KEYWORD = 0x40000000000
 LEVEL_VERBOSE = 5
@@ -67,19 +69,6 @@ TAG_BEGIN_PRIVATE_OBJECT = 5
 TAG_END_OBJECT = 6
 
 
-def utf16z(text):
-    return text.encode("utf-16-le") + b"\0\0"
-
-
-def varuint(value):
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value == 0:
-            out.append(byte)
-            return bytes(out)
-        out.append(byte | 0x80)
 
 
 class Stream:

@@ -9,6 +9,9 @@
 //! missing, and [`must_have_privileges`] panics when the machine cannot run
 //! BPF: a privileged test never skips silently.
 
+pub mod agent;
+pub mod http;
+
 use std::{
     collections::BTreeSet,
     env,
@@ -28,6 +31,8 @@ use std::{
 
 use clrbpf::pprof_proto::Profile;
 use prost::Message as _;
+
+pub mod replay;
 
 /// Path of the `clrbpf` binary under test (`target/release/clrbpf`).
 pub const ENV_BIN: &str = "CLRBPF_BIN";

@@ -5,116 +5,22 @@
 //! endpoint, and SIGTERM.
 
 use std::{
-    ffi::OsStr,
     fs,
-    io::{Read as _, Write as _},
-    net::{TcpListener, TcpStream},
+    io::Write as _,
     path::PathBuf,
     process::{Command, Stdio},
-    sync::{Arc, Mutex},
     thread,
     time::{Duration, Instant},
 };
 
 use clrbpf_integration_tests::{
-    Env, HttpRequest, LabelValue, Launch, Runtime, TempDir, TestProcess,
-    assert_some_stack_contains, read_profile, samples, value_index,
+    Env, LabelValue, Launch, Runtime, TempDir, TestProcess,
+    agent::TestAgent,
+    assert_some_stack_contains,
+    http::{self, Answer, Backend},
+    read_profile, samples, value_index,
 };
 use prost::Message as _;
-
-/// A running `clrbpf agent` on a loopback port of its own, killed if a
-/// failing test leaves it running.
-struct Agent {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl Agent {
-    /// `clrbpf agent --listen 127.0.0.1:PORT ARGS...`, PORT chosen from
-    /// `base` and this test process's pid.
-    fn start(env: &Env, base: u16, args: &[&OsStr]) -> Self {
-        let port = base + (std::process::id() % 1000) as u16;
-        let child = Command::new(&env.clrbpf)
-            .arg("agent")
-            .args(args)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start clrbpf agent");
-        Self { child, port }
-    }
-
-    /// SIGTERM, then its exit within 30 s, which must be 0; returns its
-    /// log.
-    fn stop(mut self) -> String {
-        // SAFETY: kill has no memory preconditions; the pid is our child.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let stopped = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                break status;
-            }
-            assert!(
-                stopped.elapsed() < Duration::from_secs(30),
-                "the agent still runs 30 s after SIGTERM"
-            );
-            thread::sleep(Duration::from_millis(50));
-        };
-        let mut stderr = String::new();
-        if let Some(mut pipe) = self.child.stderr.take() {
-            let _ = pipe.read_to_string(&mut stderr);
-        }
-        assert!(status.success(), "agent exit {status}:\n{stderr}");
-        stderr
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `GET path` on the agent's endpoint: (status, body).
-fn http_get(port: u16, path: &str) -> (u16, String) {
-    let (status, body) = http_get_bytes(port, path);
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
-
-/// [`http_get`] with the body as bytes (a pprof file).
-fn http_get_bytes(port: u16, path: &str) -> (u16, Vec<u8>) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the agent");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut reply = Vec::new();
-    let _ = stream.read_to_end(&mut reply);
-    let split = reply
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or(reply.len());
-    let head = String::from_utf8_lossy(&reply[..split]).into_owned();
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    assert!(
-        !head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked"),
-        "the test client reads whole bodies only: {head}"
-    );
-    (status, reply.get(split + 4..).unwrap_or_default().to_vec())
-}
 
 /// Windows arrive at the interval with consecutive time ranges, named by
 /// the service the process declares, with the hot method named; the
@@ -134,9 +40,9 @@ fn agent_ships_windows_per_service_and_flushes_on_sigterm() {
     );
     let dir = TempDir::new("agent");
     let out = dir.join("windows");
-    let agent = Agent::start(
+    let agent = TestAgent::start(
         &env,
-        17000,
+        &dir,
         &[
             "--upload-interval".as_ref(),
             "5s".as_ref(),
@@ -144,11 +50,11 @@ fn agent_ships_windows_per_service_and_flushes_on_sigterm() {
             out.as_os_str(),
         ],
     );
-    let port = agent.port;
+    let port = agent.port();
     thread::sleep(Duration::from_secs(13));
-    let (health, _) = http_get(port, "/healthz");
-    let (ready, _) = http_get(port, "/readyz");
-    let (metrics_status, metrics) = http_get(port, "/metrics");
+    let (health, _) = http::get_text(port, "/healthz");
+    let (ready, _) = http::get_text(port, "/readyz");
+    let (metrics_status, metrics) = http::get_text(port, "/metrics");
     agent.stop();
     assert_eq!((health, ready, metrics_status), (200, 200, 200));
     assert!(
@@ -191,9 +97,9 @@ fn assert_agent_bounds_an_exception_storm(runtime: Runtime) {
     let env = Env::privileged();
     let dir = TempDir::new(&format!("agent-storm-{runtime:?}"));
     let out = dir.join("windows");
-    let agent = Agent::start(
+    let agent = TestAgent::start(
         &env,
-        21000,
+        &dir,
         &[
             "--upload-interval".as_ref(),
             "5s".as_ref(),
@@ -339,9 +245,9 @@ fn agent_serves_runtime_metrics_and_profiles_on_demand() {
     let env = Env::privileged();
     let dir = TempDir::new("agent-metrics");
     let windows = dir.join("windows");
-    let agent = Agent::start(
+    let agent = TestAgent::start(
         &env,
-        18000,
+        &dir,
         &[
             "--upload-interval".as_ref(),
             "5s".as_ref(),
@@ -350,14 +256,14 @@ fn agent_serves_runtime_metrics_and_profiles_on_demand() {
             "--enable-pull".as_ref(),
         ],
     );
-    let port = agent.port;
+    let port = agent.port();
     thread::sleep(Duration::from_secs(3));
     let hot = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
     // Idle 10 s (the agent's session starts and the counters take their
     // baseline), 30 collections, then idle while they are reported.
     let gc = TestProcess::start(&env, Runtime::Net8, "GcCounts", &["10", "30", "40"], false);
 
-    let (pull_status, pulled) = http_get_bytes(port, "/debug/pprof/profile?seconds=3");
+    let (pull_status, pulled) = http::get(port, "/debug/pprof/profile?seconds=3", &[]);
     assert_eq!(pull_status, 200, "{}", String::from_utf8_lossy(&pulled));
     let pulled_path = dir.join("pulled.pb.gz");
     fs::write(&pulled_path, &pulled).expect("write the pulled profile");
@@ -388,7 +294,7 @@ fn agent_serves_runtime_metrics_and_profiles_on_demand() {
     };
     // Two counter intervals, so the collections are reported.
     thread::sleep(Duration::from_secs(11));
-    let (status, text) = http_get(port, "/metrics");
+    let (status, text) = http::get_text(port, "/metrics");
     assert_eq!(status, 200);
     let rows = parse_metrics(&text);
     let value = |name: &str, want: &[(&str, &str)]| -> Option<f64> {
@@ -437,85 +343,6 @@ fn agent_serves_runtime_metrics_and_profiles_on_demand() {
     drop(gc);
 }
 
-/// A request the loopback receiver got.
-struct Received {
-    path: String,
-    body: Vec<u8>,
-    gzip: bool,
-    answered: u16,
-}
-
-/// A loopback HTTP server standing in for Pyroscope and an OpenTelemetry
-/// collector (neither can be installed here): it keeps every request for
-/// the test to decode with the published message types, and answers 500
-/// until `fail_until`, 200 after.
-struct Receiver {
-    port: u16,
-    received: Arc<Mutex<Vec<Received>>>,
-}
-
-impl Receiver {
-    fn start(fail_until: Instant) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the receiver");
-        let port = listener.local_addr().expect("its address").port();
-        let received = Arc::new(Mutex::new(Vec::new()));
-        let keep = Arc::clone(&received);
-        thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let keep = Arc::clone(&keep);
-                thread::spawn(move || serve_one(stream, fail_until, &keep));
-            }
-        });
-        Self { port, received }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn take(&self) -> Vec<Received> {
-        std::mem::take(&mut *self.received.lock().expect("receiver lock"))
-    }
-}
-
-/// Reads one HTTP/1.1 request (a body with Content-Length), answers and
-/// closes the connection.
-fn serve_one(mut stream: TcpStream, fail_until: Instant, keep: &Mutex<Vec<Received>>) {
-    let Some(request) = HttpRequest::read(&mut stream) else {
-        return;
-    };
-    let path = request.path.clone();
-    let status = if Instant::now() < fail_until {
-        500
-    } else {
-        200
-    };
-    let reason = if status == 200 {
-        "OK"
-    } else {
-        "Internal Server Error"
-    };
-    let _ = write!(
-        stream,
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/proto\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    keep.lock().expect("receiver lock").push(Received {
-        path,
-        gzip: request.is_gzip(),
-        body: request.body,
-        answered: status,
-    });
-}
-
-fn gunzip(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(bytes)
-        .read_to_end(&mut out)
-        .expect("gunzip");
-    out
-}
-
 /// CPU nanoseconds of `pid` in a pprof profile.
 fn cpu_of(profile: &clrbpf::pprof_proto::Profile, pid: u32) -> i64 {
     let cpu = value_index(profile, "cpu/nanoseconds");
@@ -546,12 +373,19 @@ fn agent_ships_to_pyroscope_and_otlp_through_a_receiver_outage() {
         },
     );
     let outage = Duration::from_secs(30);
-    let receiver = Receiver::start(Instant::now() + outage);
+    let fail_until = Instant::now() + outage;
+    let receiver = Backend::start(move |_| {
+        Answer::Status(if Instant::now() < fail_until {
+            500
+        } else {
+            200
+        })
+    });
     let dir = TempDir::new("agent-sinks");
     let url = receiver.url();
-    let agent = Agent::start(
+    let agent = TestAgent::start(
         &env,
-        19000,
+        &dir,
         &[
             "--upload-interval".as_ref(),
             "5s".as_ref(),
@@ -561,7 +395,7 @@ fn agent_ships_to_pyroscope_and_otlp_through_a_receiver_outage() {
             url.as_ref(),
         ],
     );
-    let port = agent.port;
+    let port = agent.port();
     // `record` of the same process for 10 s while the agent runs.
     thread::sleep(Duration::from_secs(8));
     let recorded = dir.join("record.pb.gz");
@@ -587,11 +421,11 @@ fn agent_ships_to_pyroscope_and_otlp_through_a_receiver_outage() {
     );
     // Past the outage, and long enough for the retries to get through.
     thread::sleep(outage + Duration::from_secs(12));
-    let (_, metrics) = http_get(port, "/metrics");
+    let (_, metrics) = http::get_text(port, "/metrics");
     agent.stop();
     let requests = receiver.take();
     assert!(
-        requests.iter().any(|r| r.answered == 500),
+        requests.iter().any(|r| r.status == 500),
         "the outage refused nothing"
     );
     // The outage in the agent's own series: uploads failed, no window was
@@ -612,7 +446,7 @@ fn agent_ships_to_pyroscope_and_otlp_through_a_receiver_outage() {
     };
     let accepted = requests
         .iter()
-        .filter(|r| r.answered == 200 && r.path == "/push.v1.pusherservice/push")
+        .filter(|r| r.status == 200 && r.path == "/push.v1.pusherservice/push")
         .count() as f64;
     assert!(
         of_pyroscope("clrbpf_agent_window_upload_failures_total") > 0.0,
@@ -633,7 +467,7 @@ fn agent_ships_to_pyroscope_and_otlp_through_a_receiver_outage() {
     let mut windows = Vec::new();
     for request in requests
         .iter()
-        .filter(|r| r.answered == 200 && r.path == "/push.v1.pusherservice/push")
+        .filter(|r| r.status == 200 && r.path == "/push.v1.pusherservice/push")
     {
         let push = clrbpf::pyroscope_proto::push::v1::PushRequest::decode(request.body.as_slice())
             .expect("a PushRequest");
@@ -651,9 +485,10 @@ fn agent_ships_to_pyroscope_and_otlp_through_a_receiver_outage() {
                 continue;
             }
             for sample in &series.samples {
-                let profile =
-                    clrbpf::pprof_proto::Profile::decode(gunzip(&sample.raw_profile).as_slice())
-                        .expect("a pprof profile");
+                let profile = clrbpf::pprof_proto::Profile::decode(
+                    http::gunzip(&sample.raw_profile).as_slice(),
+                )
+                .expect("a pprof profile");
                 windows.push(profile);
             }
         }
@@ -688,9 +523,9 @@ fn agent_ships_to_pyroscope_and_otlp_through_a_receiver_outage() {
     // OTLP: the same windows, with the service as a resource attribute.
     let otlp: Vec<_> = requests
         .iter()
-        .filter(|r| r.answered == 200 && r.path == "/v1development/profiles")
+        .filter(|r| r.status == 200 && r.path == "/v1development/profiles")
         .map(|r| {
-            let body = if r.gzip { gunzip(&r.body) } else { r.body.clone() };
+            let body = if r.gzip { http::gunzip(&r.body) } else { r.body.clone() };
             opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest::decode(body.as_slice())
                 .expect("an ExportProfilesServiceRequest")
         })

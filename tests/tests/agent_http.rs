@@ -10,9 +10,9 @@ use std::{
     ffi::OsStr,
     fs,
     io::{Read as _, Write as _},
-    net::{TcpListener, TcpStream},
-    os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
-    process::{Command, Stdio},
+    net::TcpStream,
+    os::unix::fs::PermissionsExt as _,
+    process::Command,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -22,183 +22,40 @@ use std::{
 };
 
 use clrbpf_integration_tests::{
-    Env, LabelValue, Runtime, TempDir, TestProcess, assert_some_stack_contains, read_profile,
-    samples,
+    Env, LabelValue, Runtime, TempDir, TestProcess, agent::TestAgent, assert_some_stack_contains,
+    http, read_profile, samples,
 };
 
-/// A running `clrbpf agent` on a free loopback port, killed if a failing
-/// test leaves it running.
-struct Agent {
-    child: std::process::Child,
-    port: u16,
+/// `clrbpf agent --upload-interval 5s --output-dir DIR/windows ARGS...`,
+/// ready (BPF attached) on return. With `open_files`, it starts under that
+/// soft RLIMIT_NOFILE.
+fn start_agent(env: &Env, dir: &TempDir, args: &[&OsStr], open_files: Option<u64>) -> TestAgent {
+    let windows = dir.join("windows");
+    let mut all: Vec<&OsStr> = vec![
+        "--upload-interval".as_ref(),
+        "5s".as_ref(),
+        "--output-dir".as_ref(),
+        windows.as_os_str(),
+    ];
+    all.extend_from_slice(args);
+    TestAgent::start_with_open_files(env, dir, &all, open_files).wait_ready()
 }
 
-impl Agent {
-    /// `clrbpf agent --upload-interval 5s --output-dir DIR --listen
-    /// 127.0.0.1:PORT ARGS...`, ready (BPF attached) on return. With
-    /// `open_files`, it starts under that soft RLIMIT_NOFILE.
-    fn start(env: &Env, dir: &TempDir, args: &[&OsStr], open_files: Option<u64>) -> Self {
-        let port = free_port();
-        let mut command = Command::new(&env.clrbpf);
-        command
-            .arg("agent")
-            .args(["--upload-interval", "5s", "--output-dir"])
-            .arg(dir.join("windows"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(soft) = open_files {
-            // SAFETY: only async-signal-safe calls between fork and exec.
-            unsafe {
-                command.pre_exec(move || {
-                    let mut limit = libc::rlimit {
-                        rlim_cur: 0,
-                        rlim_max: 0,
-                    };
-                    libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
-                    limit.rlim_cur = soft.min(limit.rlim_max);
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
-        let child = command.spawn().expect("start clrbpf agent");
-        let mut agent = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while get(port, "/readyz", &[]).0 != 200 {
-            if let Some(status) = agent.child.try_wait().expect("wait") {
-                panic!("the agent exited {status}:\n{}", agent.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the agent is not ready after 60 s"
-            );
-            thread::sleep(Duration::from_millis(200));
-        }
-        agent
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// The agent's resident set, in KiB.
-    fn rss_kib(&self) -> u64 {
-        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS")
-    }
-
-    /// The agent's resident set once warm: it grows for a while after
-    /// start, as it learns the host's processes and symbols (by 100 MiB on
-    /// a busy host). Waits until it grew less than 4 MiB in 5 s (at most
-    /// 60 s).
-    fn settled_rss_kib(&self) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut history = vec![self.rss_kib()];
-        loop {
-            thread::sleep(Duration::from_secs(1));
-            history.push(self.rss_kib());
-            let now = history[history.len() - 1];
-            let settled = history.len() > 5 && now <= history[history.len() - 6] + 4 * 1024;
-            if settled || Instant::now() > deadline {
-                return history.iter().copied().max().unwrap_or(now);
-            }
+/// The agent's resident set once warm: it grows for a while after start,
+/// as it learns the host's processes and symbols (by 100 MiB on a busy
+/// host). Waits until it grew less than 4 MiB in 5 s (at most 60 s).
+fn settled_rss_kib(agent: &TestAgent) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut history = vec![agent.rss_kib()];
+    loop {
+        thread::sleep(Duration::from_secs(1));
+        history.push(agent.rss_kib());
+        let now = history[history.len() - 1];
+        let settled = history.len() > 5 && now <= history[history.len() - 6] + 4 * 1024;
+        if settled || Instant::now() > deadline {
+            return history.iter().copied().max().unwrap_or(now);
         }
     }
-
-    fn open_fds(&self) -> usize {
-        fs::read_dir(format!("/proc/{}/fd", self.pid()))
-            .expect("the agent's fds")
-            .count()
-    }
-
-    fn log(&mut self) -> String {
-        let mut stderr = String::new();
-        if let Some(mut pipe) = self.child.stderr.take() {
-            let _ = pipe.read_to_string(&mut stderr);
-        }
-        stderr
-    }
-
-    /// SIGTERM; the time it took to exit, which must be 0.
-    fn stop(mut self) -> Duration {
-        // SAFETY: kill has no memory preconditions; the pid is our child.
-        unsafe { libc::kill(self.pid() as libc::pid_t, libc::SIGTERM) };
-        let stopped = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                break status;
-            }
-            assert!(
-                stopped.elapsed() < Duration::from_secs(90),
-                "the agent still runs 90 s after SIGTERM"
-            );
-            thread::sleep(Duration::from_millis(20));
-        };
-        let took = stopped.elapsed();
-        assert!(status.success(), "agent exit {status}:\n{}", self.log());
-        took
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("its address").port()
-}
-
-/// `GET path` with `headers`: (status, body); status 0 when no answer came
-/// within 60 s.
-fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<u8>) {
-    get_within(port, path, headers, Duration::from_secs(60))
-}
-
-fn get_within(port: u16, path: &str, headers: &[(&str, &str)], within: Duration) -> (u16, Vec<u8>) {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, Vec::new());
-    };
-    stream.set_read_timeout(Some(within)).expect("timeout");
-    let mut request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    if stream.write_all(request.as_bytes()).is_err() {
-        return (0, Vec::new());
-    }
-    let mut reply = Vec::new();
-    let _ = stream.read_to_end(&mut reply);
-    let split = reply
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or(reply.len());
-    let head = String::from_utf8_lossy(&reply[..split]).into_owned();
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    assert!(
-        !head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked"),
-        "the test client reads whole bodies only: {head}"
-    );
-    (status, reply.get(split + 4..).unwrap_or_default().to_vec())
 }
 
 /// The status line of `GET path` sent by uid 1000 (bash's /dev/tcp under
@@ -224,7 +81,7 @@ fn pull(
     seconds: u32,
     headers: &[(&str, &str)],
 ) -> clrbpf::pprof_proto::Profile {
-    let (status, body) = get(
+    let (status, body) = http::get(
         port,
         &format!("/debug/pprof/profile?seconds={seconds}"),
         headers,
@@ -247,14 +104,14 @@ fn the_pull_endpoint_is_off_by_default_and_then_guarded() {
     let hot = TestProcess::start(&env, Runtime::Net8, "Hot", &["120"], false);
     let dir = TempDir::new("agent-http-pull");
 
-    let agent = Agent::start(&env, &dir, &[], None);
-    let (status, _) = get(agent.port, "/debug/pprof/profile?seconds=1", &[]);
+    let agent = start_agent(&env, &dir, &[], None);
+    let (status, _) = http::get(agent.port(), "/debug/pprof/profile?seconds=1", &[]);
     assert_eq!(status, 404, "the pull endpoint is on by default");
     assert_eq!(
-        get_as_uid_1000(agent.port, "/debug/pprof/profile?seconds=1"),
+        get_as_uid_1000(agent.port(), "/debug/pprof/profile?seconds=1"),
         "HTTP/1.1 404 Not Found"
     );
-    assert_eq!(get(agent.port, "/metrics", &[]).0, 200);
+    assert_eq!(http::get(agent.port(), "/metrics", &[]).0, 200);
     agent.stop();
 
     let token_file = dir.join("token");
@@ -274,7 +131,7 @@ fn the_pull_endpoint_is_off_by_default_and_then_guarded() {
     };
     let args = token_args("no-such-program");
     let args: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-    let agent = Agent::start(&env, &dir, &args, None);
+    let agent = start_agent(&env, &dir, &args, None);
     let path = "/debug/pprof/profile?seconds=1";
     for headers in [
         &[][..],
@@ -282,7 +139,7 @@ fn the_pull_endpoint_is_off_by_default_and_then_guarded() {
         &[("Authorization", "Bearer pull-token-0123456789x")],
         &[("Authorization", "Basic pull-token-0123456789")],
     ] {
-        assert_eq!(get(agent.port, path, headers).0, 401, "{headers:?}");
+        assert_eq!(http::get(agent.port(), path, headers).0, 401, "{headers:?}");
     }
     let read_as_uid_1000 = Command::new("setpriv")
         .args([
@@ -302,11 +159,11 @@ fn the_pull_endpoint_is_off_by_default_and_then_guarded() {
         "uid 1000 reads the token"
     );
     assert_eq!(
-        get_as_uid_1000(agent.port, path),
+        get_as_uid_1000(agent.port(), path),
         "HTTP/1.1 401 Unauthorized"
     );
     let token = [("Authorization", "Bearer pull-token-0123456789")];
-    let pulled = pull(agent.port, &dir, 3, &token);
+    let pulled = pull(agent.port(), &dir, 3, &token);
     agent.stop();
     assert_eq!(pulled.duration_nanos, 3_000_000_000);
     let of_hot = samples(&pulled)
@@ -334,8 +191,8 @@ fn the_pull_endpoint_is_off_by_default_and_then_guarded() {
     // would see it.
     let args = token_args("dotnet");
     let args: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-    let agent = Agent::start(&env, &dir, &args, None);
-    let pulled = pull(agent.port, &dir, 3, &token);
+    let agent = start_agent(&env, &dir, &args, None);
+    let pulled = pull(agent.port(), &dir, 3, &token);
     agent.stop();
     assert_some_stack_contains(&pulled, Some(hot.pid()), &["Hot.Spin"]);
     for sample in samples(&pulled) {
@@ -360,7 +217,7 @@ fn abandoned_pulls_end_with_their_clients() {
     // Frame pointers only and no CLR sessions: the agent's memory then
     // moves little with what else runs on the host (other processes'
     // unwind tables and sessions), so the pulls' part stands out.
-    let agent = Agent::start(
+    let agent = start_agent(
         &env,
         &dir,
         &[
@@ -370,15 +227,15 @@ fn abandoned_pulls_end_with_their_clients() {
         ],
         None,
     );
-    let before = agent.settled_rss_kib();
+    let before = settled_rss_kib(&agent);
     let started = Instant::now();
     let mut abandoned = 0;
     let mut most_running = 0.0f64;
     while started.elapsed() < Duration::from_secs(20) {
         if abandoned % 20 == 0 {
-            most_running = most_running.max(pulls_running(agent.port));
+            most_running = most_running.max(pulls_running(agent.port()));
         }
-        let mut stream = TcpStream::connect(("127.0.0.1", agent.port)).expect("connect");
+        let mut stream = TcpStream::connect(("127.0.0.1", agent.port())).expect("connect");
         stream
             .write_all(b"GET /debug/pprof/profile?seconds=60 HTTP/1.1\r\nHost: x\r\n\r\n")
             .expect("send");
@@ -389,9 +246,9 @@ fn abandoned_pulls_end_with_their_clients() {
     }
     thread::sleep(Duration::from_secs(2));
     let after = agent.rss_kib();
-    let running_after = pulls_running(agent.port);
+    let running_after = pulls_running(agent.port());
     // At once: the slot of the last abandoned pull is free.
-    let pulled = pull(agent.port, &dir, 2, &[]);
+    let pulled = pull(agent.port(), &dir, 2, &[]);
     agent.stop();
     assert_some_stack_contains(&pulled, Some(hot.pid()), &["Hot.Spin"]);
     assert!(
@@ -409,7 +266,7 @@ fn abandoned_pulls_end_with_their_clients() {
 
 /// `clrbpf_agent_pulls_running` on the agent's `/metrics`.
 fn pulls_running(port: u16) -> f64 {
-    let (status, body) = get(port, "/metrics", &[]);
+    let (status, body) = http::get(port, "/metrics", &[]);
     assert_eq!(status, 200);
     let text = String::from_utf8_lossy(&body);
     text.lines()
@@ -475,19 +332,20 @@ fn half_sent_requests_hold_neither_the_probes_nor_the_exit() {
     let env = Env::privileged();
     raise_own_open_files_limit();
     let dir = TempDir::new("agent-http-slowloris");
-    let agent = Agent::start(
+    let agent = start_agent(
         &env,
         &dir,
         &["--grace-period".as_ref(), "2s".as_ref()],
         Some(1024),
     );
     let stop = Arc::new(AtomicBool::new(false));
-    let attacker = hold_half_sent_requests(agent.port, 1100, Arc::clone(&stop));
+    let attacker = hold_half_sent_requests(agent.port(), 1100, Arc::clone(&stop));
     thread::sleep(Duration::from_secs(3));
     let mut most_fds = 0;
     for _ in 0..16 {
         let asked = Instant::now();
-        let (status, body) = get_within(agent.port, "/healthz", &[], Duration::from_secs(2));
+        let (status, body) =
+            http::get_within(agent.port(), "/healthz", &[], Duration::from_secs(2));
         let took = asked.elapsed();
         assert!(
             status == 200 && took < Duration::from_secs(2),
@@ -513,7 +371,7 @@ fn half_sent_requests_hold_neither_the_probes_nor_the_exit() {
         open_files[3], open_files[4],
         "the soft limit on open files is raised to the hard one: {open_files:?}"
     );
-    let took = agent.stop();
+    let (took, _) = agent.stop_within(Duration::from_secs(90));
     stop.store(true, Ordering::Relaxed);
     let opened = attacker.join().expect("the attacker thread");
     assert!(opened >= 1100, "the flood opened only {opened} connections");
@@ -533,7 +391,7 @@ fn metrics_carry_no_exception_message_or_command_line() {
     const ARGUMENT: &str = "canary-argument-9c27";
     let env = Env::privileged();
     let dir = TempDir::new("agent-http-metrics");
-    let agent = Agent::start(&env, &dir, &[], None);
+    let agent = start_agent(&env, &dir, &[], None);
     let app = TestProcess::start(
         &env,
         Runtime::Net8,
@@ -545,7 +403,7 @@ fn metrics_carry_no_exception_message_or_command_line() {
     let series = format!("dotnet_exceptions_total{{pid=\"{pid}\"");
     let deadline = Instant::now() + Duration::from_secs(60);
     let text = loop {
-        let (status, body) = get(agent.port, "/metrics", &[]);
+        let (status, body) = http::get(agent.port(), "/metrics", &[]);
         assert_eq!(status, 200);
         let text = String::from_utf8_lossy(&body).into_owned();
         let counted = text
@@ -563,7 +421,7 @@ fn metrics_carry_no_exception_message_or_command_line() {
         thread::sleep(Duration::from_secs(1));
     };
     thread::sleep(Duration::from_secs(6));
-    let (_, body) = get(agent.port, "/metrics", &[]);
+    let (_, body) = http::get(agent.port(), "/metrics", &[]);
     let later = String::from_utf8_lossy(&body).into_owned();
     agent.stop();
     let dll = env.workload(Runtime::Net8, "Exceptions");

@@ -7,248 +7,28 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    ffi::OsStr,
     fs,
-    io::{Read as _, Write as _},
-    net::{TcpListener, TcpStream},
     os::unix::fs::{MetadataExt as _, PermissionsExt as _},
-    path::PathBuf,
-    process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
+    process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
 use clrbpf_integration_tests::{
-    Env, HttpRequest, Launch, Runtime, TempDir, TestProcess, read_profile, samples,
+    Env, Launch, Runtime, TempDir, TestProcess,
+    agent::{TestAgent, free_port, status_bytes, tail},
+    http::{self, Answer, Backend},
+    read_profile, samples,
 };
 use prost::Message as _;
 
-/// A running `clrbpf agent` whose log goes to a file (a debug log would
-/// fill a pipe nobody reads), killed if a failing test leaves it running.
-struct Agent {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn start(env: &Env, dir: &TempDir, log_level: &str, args: &[&OsStr]) -> Self {
-        let port = free_port();
-        let log = dir.join("agent.log");
-        let child = Command::new(&env.clrbpf)
-            .arg("agent")
-            .args(args)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--log-level", log_level])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).expect("create the agent's log"))
-            .spawn()
-            .expect("start clrbpf agent");
-        Self { child, port, log }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The agent's `/metrics` text.
-    fn metrics(&self) -> String {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .expect("timeout");
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-        )
-        .expect("send");
-        let mut reply = String::new();
-        let _ = stream.read_to_string(&mut reply);
-        reply
-    }
-
-    /// SIGTERM, then its exit within 30 s, which must be 0; returns its
-    /// log.
-    fn stop(mut self) -> String {
-        // SAFETY: kill has no memory preconditions; the pid is our child.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let stopped = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                break status;
-            }
-            assert!(
-                stopped.elapsed() < Duration::from_secs(30),
-                "the agent still runs 30 s after SIGTERM"
-            );
-            thread::sleep(Duration::from_millis(50));
-        };
-        let log = self.log();
-        assert!(status.success(), "agent exit {status}:\n{}", tail(&log));
-        log
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A loopback port free a moment ago.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-/// The last 60 lines of a log, for a failure message.
-fn tail(log: &str) -> String {
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(60)..].join("\n")
-}
-
-/// The value of the series `name{labels}` in a `/metrics` text (0 when
-/// absent).
-fn metric(metrics: &str, name: &str, labels: &str) -> f64 {
-    let wanted = format!("{name}{labels} ");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&wanted))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// The agent's resident memory (`VmRSS`), in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("the agent's status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|kb| kb.trim().parse::<u64>().ok())
-        .expect("VmHWM")
-        * 1024
-}
-
-/// What the fake backend answers on one path.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Answer {
-    /// 200 with an empty body.
-    Ok,
-    /// 200 with a chunked body that never ends.
-    EndlessOk,
-    /// 500 under a `Content-Length` of a terabyte, written until the client
-    /// hangs up.
-    HugeError,
-}
-
-/// One request the fake took.
-struct Request {
-    path: String,
-    body: Vec<u8>,
-    gzip: bool,
-    /// Body bytes it sent back before the client hung up.
-    answered_bytes: u64,
-}
-
-/// A loopback HTTP server standing in for Pyroscope and an OpenTelemetry
-/// collector: `answer` says what each path gets.
-struct Backend {
-    port: u16,
-    requests: Arc<Mutex<Vec<Request>>>,
-}
-
-impl Backend {
-    fn start(answer: fn(&str) -> Answer) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fake backend");
-        let port = listener.local_addr().expect("its address").port();
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let keep = Arc::clone(&requests);
-        thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let keep = Arc::clone(&keep);
-                thread::spawn(move || serve(stream, answer, &keep));
-            }
-        });
-        Self { port, requests }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn take(&self) -> Vec<Request> {
-        std::mem::take(&mut *self.requests.lock().expect("backend lock"))
-    }
-}
-
-/// Reads one request (a body with Content-Length), answers as told, and
-/// closes the connection.
-fn serve(mut stream: TcpStream, answer: fn(&str) -> Answer, keep: &Mutex<Vec<Request>>) {
-    let Some(request) = HttpRequest::read(&mut stream) else {
-        return;
-    };
-    let path = request.path.clone();
-    let mut answered_bytes = 0u64;
-    let block = vec![b'x'; 64 * 1024];
-    match answer(&path) {
-        Answer::Ok => {
-            let _ = stream
-                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-        }
-        Answer::EndlessOk => {
-            let mut chunk = format!("{:x}\r\n", block.len()).into_bytes();
-            chunk.extend_from_slice(&block);
-            chunk.extend_from_slice(b"\r\n");
-            if stream
-                .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                .is_ok()
-            {
-                while stream.write_all(&chunk).is_ok() {
-                    answered_bytes += chunk.len() as u64;
-                }
-            }
-        }
-        Answer::HugeError => {
-            let head = format!(
-                "HTTP/1.1 500 Internal Server Error\r\nContent-Length: {}\r\n\r\n",
-                1u64 << 40
-            );
-            if stream.write_all(head.as_bytes()).is_ok() {
-                while stream.write_all(&block).is_ok() {
-                    answered_bytes += block.len() as u64;
-                }
-            }
-        }
-    }
-    keep.lock().expect("backend lock").push(Request {
-        path,
-        gzip: request.is_gzip(),
-        body: request.body,
-        answered_bytes,
-    });
+/// The value of a series in a `/metrics` text, 0 when absent.
+fn metric_or_0(metrics: &str, name: &str, labels: &str) -> f64 {
+    http::metric(metrics, name, labels).unwrap_or(0.0)
 }
 
 const PUSH_PATH: &str = "/push.v1.pusherservice/push";
 const OTLP_PATH: &str = "/v1development/profiles";
-
-fn gunzip(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(bytes)
-        .read_to_end(&mut out)
-        .expect("gunzip");
-    out
-}
 
 /// An OTLP receiver that answers 200 with an endless chunked body and a
 /// Pyroscope that answers 500 with a terabyte: the agent reads the start
@@ -275,11 +55,12 @@ fn backends_that_answer_without_end_cost_the_agent_no_memory() {
     });
     let dir = TempDir::new("agent-endless");
     let url = backend.url();
-    let agent = Agent::start(
+    let agent = TestAgent::start(
         &env,
         &dir,
-        "warn",
         &[
+            "--log-level".as_ref(),
+            "warn".as_ref(),
             "--upload-interval".as_ref(),
             "5s".as_ref(),
             "--pyroscope-url".as_ref(),
@@ -298,14 +79,14 @@ fn backends_that_answer_without_end_cost_the_agent_no_memory() {
     let mut peak = 0;
     while started.elapsed() < Duration::from_secs(24) {
         thread::sleep(Duration::from_millis(250));
-        peak = peak.max(rss(agent.pid()));
+        peak = peak.max(status_bytes(agent.pid(), "VmRSS:").expect("the agent's VmRSS"));
         assert!(peak < 3 << 30, "the agent's RSS reached {} MiB", peak >> 20);
     }
     let metrics = agent.metrics();
     let log = agent.stop();
     let requests = backend.take();
 
-    let otlp_shipped = metric(
+    let otlp_shipped = metric_or_0(
         &metrics,
         "clrbpf_agent_windows_shipped_total",
         "{sink=\"otlp\"}",
@@ -315,7 +96,7 @@ fn backends_that_answer_without_end_cost_the_agent_no_memory() {
         "{otlp_shipped} windows shipped over OTLP in 24 s:\n{metrics}\n{}",
         tail(&log)
     );
-    let pyroscope_failed = metric(
+    let pyroscope_failed = metric_or_0(
         &metrics,
         "clrbpf_agent_window_upload_failures_total",
         "{sink=\"pyroscope\"}",
@@ -392,11 +173,12 @@ fn an_output_dir_swapped_for_a_symlink_is_refused() {
             .expect("age it");
     }
     let out = shared.join("profiles");
-    let agent = Agent::start(
+    let agent = TestAgent::start(
         &env,
         &dir,
-        "warn",
         &[
+            "--log-level".as_ref(),
+            "warn".as_ref(),
             "--upload-interval".as_ref(),
             "5s".as_ref(),
             "--retention".as_ref(),
@@ -450,7 +232,7 @@ fn an_output_dir_swapped_for_a_symlink_is_refused() {
         "no clear error:\n{}",
         tail(&log)
     );
-    let refused = metric(
+    let refused = metric_or_0(
         &metrics,
         "clrbpf_agent_windows_dropped_total",
         "{sink=\"directory\",reason=\"rejected\"}",
@@ -502,11 +284,12 @@ fn retention_spares_a_foreign_file_named_like_a_profile() {
             f.set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_577_836_800))
         })
         .expect("age it");
-    let agent = Agent::start(
+    let agent = TestAgent::start(
         &env,
         &dir,
-        "warn",
         &[
+            "--log-level".as_ref(),
+            "warn".as_ref(),
             "--upload-interval".as_ref(),
             "5s".as_ref(),
             "--retention".as_ref(),
@@ -550,19 +333,20 @@ fn sink_credentials_stay_out_of_the_log_and_pids_out_of_series_names() {
             ..Launch::default()
         },
     );
-    let backend = Backend::start(|_| Answer::Ok);
+    let backend = Backend::start(|_| Answer::Status(200));
     let dir = TempDir::new("agent-secrets");
     let pyroscope = format!(
         "http://grafana:glc_pyroscope_secret@127.0.0.1:{}",
-        backend.port
+        backend.port()
     );
     // Nothing listens there: every upload fails and is logged with the URL.
     let otlp = format!("http://glc_otlp_secret@127.0.0.1:{}", free_port());
-    let agent = Agent::start(
+    let agent = TestAgent::start(
         &env,
         &dir,
-        "debug",
         &[
+            "--log-level".as_ref(),
+            "debug".as_ref(),
             "--upload-interval".as_ref(),
             "5s".as_ref(),
             "--pyroscope-url".as_ref(),
@@ -612,9 +396,10 @@ fn sink_credentials_stay_out_of_the_log_and_pids_out_of_series_names() {
             }
             hot_series += 1;
             for sample in &series.samples {
-                let profile =
-                    clrbpf::pprof_proto::Profile::decode(gunzip(&sample.raw_profile).as_slice())
-                        .expect("a pprof profile");
+                let profile = clrbpf::pprof_proto::Profile::decode(
+                    http::gunzip(&sample.raw_profile).as_slice(),
+                )
+                .expect("a pprof profile");
                 hot_pid_in_samples |= samples(&profile).iter().any(|s| s.pid() == Some(app.pid()));
             }
         }
@@ -636,11 +421,12 @@ fn services_per_window_are_capped_and_the_wait_handle_limit_said_once() {
     let env = Env::privileged();
     let dir = TempDir::new("agent-service-cap");
     let out = dir.join("profiles");
-    let agent = Agent::start(
+    let agent = TestAgent::start(
         &env,
         &dir,
-        "info",
         &[
+            "--log-level".as_ref(),
+            "info".as_ref(),
             "--upload-interval".as_ref(),
             "5s".as_ref(),
             "--max-services".as_ref(),
@@ -707,7 +493,7 @@ fn services_per_window_are_capped_and_the_wait_handle_limit_said_once() {
         "samples lost: {pids:?} not all in {seen_pids:?}"
     );
     assert!(
-        metric(&metrics, "clrbpf_agent_services_over_cap_total", "") >= 1.0,
+        metric_or_0(&metrics, "clrbpf_agent_services_over_cap_total", "") >= 1.0,
         "{metrics}"
     );
     assert!(

@@ -62,7 +62,8 @@ fn attach_once(env: &Env, run: usize) {
         env,
         &dir,
         app.pid(),
-        &["--off-cpu", "-d", "8"],
+        // -v: the unwind-table line is one of clrbpf's own figures.
+        &["-v", "--off-cpu", "-d", "8"],
         "waits.pb.gz",
     );
 

@@ -16,15 +16,18 @@
 
 use std::{
     ffi::OsString,
-    io::{Read as _, Write as _},
-    net::TcpStream,
+    io::Read as _,
     path::Path,
     process::{Command, ExitStatus, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
-use clrbpf_integration_tests::{Env, TempDir, TestProcess, pids, read_profile};
+use clrbpf_integration_tests::{
+    Env, TempDir, TestProcess,
+    agent::{TestAgent, status_bytes},
+    http, pids, read_profile,
+};
 
 const USER: u32 = 1000;
 const MIB: u64 = 1 << 20;
@@ -96,7 +99,9 @@ fn run_measured(env: &Env, args: &[OsString], timeout: Duration) -> Measured {
     let status = loop {
         // Read before the exit is looked for: the last read sees the
         // process as it ended (a zombie has no VmHWM).
-        peak_rss = vm_hwm(child.id()).unwrap_or(0).max(peak_rss);
+        peak_rss = status_bytes(child.id(), "VmHWM:")
+            .unwrap_or(0)
+            .max(peak_rss);
         if let Some(status) = child.try_wait().expect("wait for clrbpf") {
             break status;
         }
@@ -241,47 +246,6 @@ fn record_is_bounded_by_a_nettrace_metadata_flood() {
     );
 }
 
-/// `GET /metrics` on the agent.
-fn metrics(port: u16) -> String {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the agent");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send the request");
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    response
-}
-
-/// A sample's value in the OpenMetrics text, by its exact name and labels.
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-}
-
-/// `VmHWM` of a live process, in bytes.
-fn vm_hwm(pid: u32) -> Option<u64> {
-    status_kib(pid, "VmHWM:")
-}
-
-/// A `/proc/PID/status` field in kB, as bytes.
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse::<u64>()
-        .ok()?;
-    Some(kib * 1024)
-}
-
 /// The agent with all three attacks on the host, at a 128 MiB budget:
 /// what the attackers control stays in the budget's pools (their use, on
 /// `/metrics`, within their shares), the drops are counted, and the heap
@@ -300,33 +264,34 @@ fn agent_stays_under_its_budget_with_hostile_processes() {
     let attackers = file_attackers();
     let fake = TestProcess::fake_dotnet("metadata", 120, USER);
     let dir = TempDir::new("budget-agent");
-    let port = 17600 + (std::process::id() % 1000) as u16;
-    let mut agent = Command::new(&env.clrbpf)
-        .args(["agent", "--exe", "python3", "--upload-interval", "5s"])
-        .arg("--output-dir")
-        .arg(dir.join("windows"))
-        .args(["--memory-budget-mb", &BUDGET_MB.to_string()])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start clrbpf agent");
+    let windows = dir.join("windows");
+    let budget = BUDGET_MB.to_string();
+    let agent = TestAgent::start(
+        &env,
+        &dir,
+        &[
+            "--exe".as_ref(),
+            "python3".as_ref(),
+            "--upload-interval".as_ref(),
+            "5s".as_ref(),
+            "--output-dir".as_ref(),
+            windows.as_os_str(),
+            "--memory-budget-mb".as_ref(),
+            budget.as_ref(),
+        ],
+    );
     let started = Instant::now();
     let mut peak_anon = 0;
     while started.elapsed() < Duration::from_secs(20) {
-        peak_anon = status_kib(agent.id(), "RssAnon:")
+        peak_anon = status_bytes(agent.pid(), "RssAnon:")
             .unwrap_or(0)
             .max(peak_anon);
         thread::sleep(Duration::from_millis(50));
     }
-    let page = metrics(port);
-    let hwm = vm_hwm(agent.id()).unwrap_or(0);
-    // SAFETY: kill has no memory preconditions; the pid is our child.
-    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
-    let status = agent.wait().expect("wait for the agent");
+    let page = agent.metrics();
+    let hwm = status_bytes(agent.pid(), "VmHWM:").unwrap_or(0);
+    agent.stop();
     drop((attackers, fake));
-    assert!(status.success(), "agent exit {status}");
     eprintln!(
         "agent peak anonymous RSS {} MiB (VmHWM with file pages {} MiB)",
         peak_anon / MIB,
@@ -339,21 +304,22 @@ fn agent_stays_under_its_budget_with_hostile_processes() {
     );
     for pool in ["mappings", "nettrace"] {
         let series = format!("clrbpf_agent_memory_budget_pool_used_bytes{{pool=\"{pool}\"}}");
-        let used = metric(&page, &series).unwrap_or_else(|| panic!("no {series}:\n{page}"));
+        let used =
+            http::metric(&page, &series, "").unwrap_or_else(|| panic!("no {series}:\n{page}"));
         assert!(
             used <= (BUDGET_MB * MIB / 8) as f64,
             "{series} {used} is over its share of the budget"
         );
     }
     assert_eq!(
-        metric(&page, "clrbpf_agent_memory_budget_bytes"),
+        http::metric(&page, "clrbpf_agent_memory_budget_bytes", ""),
         Some((BUDGET_MB * MIB) as f64),
         "{page}"
     );
     for what in ["maps_files_truncated", "nettrace_metadata"] {
         let series = format!("clrbpf_agent_memory_budget_dropped_total{{what=\"{what}\"}}");
         assert!(
-            metric(&page, &series).is_some_and(|n| n > 0.0),
+            http::metric(&page, &series, "").is_some_and(|n| n > 0.0),
             "{series} is not above 0:\n{page}"
         );
     }

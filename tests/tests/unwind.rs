@@ -117,7 +117,12 @@ fn record_with_dwarf(
     command: &[String],
 ) -> (Profile, String, String) {
     let out = dir.join(name);
-    let mut args = vec!["record".to_owned(), "--dwarf-unwind".to_owned()];
+    // -v: the unwind-table lines are clrbpf's own figures.
+    let mut args = vec![
+        "record".to_owned(),
+        "-v".to_owned(),
+        "--dwarf-unwind".to_owned(),
+    ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     args.extend([
         "-o".to_owned(),

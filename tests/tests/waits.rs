@@ -22,17 +22,13 @@
 //! here.
 
 use std::{
-    fs,
-    io::Read as _,
-    path::Path,
-    process::{Command, Stdio},
-    thread,
+    fs, thread,
     time::{Duration, Instant},
 };
 
 use clrbpf_integration_tests::{
-    Env, LabelValue, SampleView, TempDir, TestProcess, read_profile, record_pid, sample_types,
-    samples, string,
+    Env, LabelValue, SampleView, TempDir, TestProcess, agent::TestAgent, read_profile, record_pid,
+    sample_types, samples, string,
 };
 
 /// Leaf first, as the runtime walks them; names as in a .NET perf map.
@@ -249,56 +245,6 @@ fn record_writes_exact_waits_from_a_net9_stand_in() {
     );
 }
 
-/// A running `clrbpf agent` writing windows to a directory, killed if a
-/// failing test leaves it running.
-struct Agent(std::process::Child);
-
-impl Agent {
-    fn start(env: &Env, out: &Path) -> Self {
-        let port = 23000 + (std::process::id() % 1000) as u16;
-        let child = Command::new(&env.clrbpf)
-            .args(["agent", "--upload-interval", "5s", "--output-dir"])
-            .arg(out)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start clrbpf agent");
-        Self(child)
-    }
-
-    /// SIGTERM, then its exit (0) within 30 s; returns its log.
-    fn stop(mut self) -> String {
-        // SAFETY: kill has no memory preconditions; the pid is our child.
-        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
-        let stopped = Instant::now();
-        let status = loop {
-            if let Some(status) = self.0.try_wait().expect("wait") {
-                break status;
-            }
-            assert!(
-                stopped.elapsed() < Duration::from_secs(30),
-                "the agent still runs 30 s after SIGTERM"
-            );
-            thread::sleep(Duration::from_millis(50));
-        };
-        let mut log = String::new();
-        if let Some(mut pipe) = self.0.stderr.take() {
-            let _ = pipe.read_to_string(&mut log);
-        }
-        assert!(status.success(), "agent exit {status}:\n{log}");
-        log
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The agent finds the stand-in by itself, and its `wait` series (the
 /// directory sink's `<service>.wait.<time>.pb.gz`) holds the same exact
 /// waits, this time with thread 4104 still waiting when the session is
@@ -309,7 +255,16 @@ fn agent_ships_exact_waits_of_a_net9_stand_in_as_the_wait_series() {
     let dir = TempDir::new("waits-agent");
     let out = dir.join("windows");
     let scenario = write_scenario(&dir, "stop");
-    let agent = Agent::start(&env, &out);
+    let agent = TestAgent::start(
+        &env,
+        &dir,
+        &[
+            "--upload-interval".as_ref(),
+            "5s".as_ref(),
+            "--output-dir".as_ref(),
+            out.as_os_str(),
+        ],
+    );
     let fake = TestProcess::fake_dotnet9(
         &scenario,
         120,
@@ -317,7 +272,7 @@ fn agent_ships_exact_waits_of_a_net9_stand_in_as_the_wait_series() {
         &dir,
     );
     // The agent looks for new .NET processes every 5 s.
-    wait_for_waits_sent(&fake, agent.0.id(), Duration::from_secs(30));
+    wait_for_waits_sent(&fake, agent.pid(), Duration::from_secs(30));
     thread::sleep(Duration::from_secs(1));
     let log = agent.stop();
     let mut waits = Vec::new();

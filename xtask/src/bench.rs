@@ -28,6 +28,8 @@ const PROFILER_WARMUP: Duration = Duration::from_millis(1500);
 pub struct BenchInputs<'a> {
     pub repo_root: &'a Path,
     pub clrbpf: &'a Path,
+    /// `target/release/examples/bench`: perf map load and CLR intake.
+    pub micro_benches: &'a Path,
     pub dotnet8: &'a Path,
     pub workloads: &'a Path,
     pub scratch: &'a Path,
@@ -168,7 +170,7 @@ fn run_profiled(
         Mode::Baseline => None,
         Mode::Clrbpf | Mode::ClrbpfFramePointers => Some(
             Command::new(inputs.clrbpf)
-                .args(["record", "-a", "-F", "99"])
+                .args(["record", "-v", "-a", "-F", "99"])
                 .args(mode.clrbpf_flags().unwrap_or_default())
                 .arg("-o")
                 .arg(inputs.scratch.join("bench.pb.gz"))
@@ -340,10 +342,10 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     crate::bench_steady::run(inputs, have_perf)?;
     crate::bench_first::run(inputs)?;
 
-    let perf_map = Command::new(inputs.clrbpf)
-        .args(["bench-perf-map", "--entries", "100000"])
+    let perf_map = Command::new(inputs.micro_benches)
+        .args(["perf-map", "--entries", "100000"])
         .output()
-        .context("run clrbpf bench-perf-map")?;
+        .context("run the perf-map bench")?;
     let perf_map_line = String::from_utf8_lossy(&perf_map.stdout);
     let perf_map_ms = perf_map_line
         .split("median ")
@@ -351,6 +353,17 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         .and_then(|s| s.split_whitespace().next())
         .unwrap_or("?");
     println!("| perf map load, 100,000 entries (median) | {perf_map_ms} ms | <= 50 ms |");
+    // The estimate the managed-symbol budget charges, against the real RSS
+    // (a process of its own, so nothing else grows it).
+    let memory = Command::new(inputs.micro_benches)
+        .args(["managed-symbol-memory"])
+        .output()
+        .context("run the managed-symbol-memory bench")?;
+    let memory_line = String::from_utf8_lossy(&memory.stdout);
+    let figures = memory_line.split(": ").nth(1).unwrap_or("?").trim();
+    println!(
+        "| managed symbols, 6 x 200,000 perf map entries, default budget | {figures} | estimate within 10% of RSS |"
+    );
     clr_benches(inputs)?;
     crate::bench_offcpu::run(inputs, have_perf)?;
     crate::bench_saturated::run(inputs, have_perf)?;
@@ -554,7 +567,7 @@ fn unwind_memory_rows(
         );
     }
     let out = Command::new(inputs.clrbpf)
-        .args(["record", "-F", "99", "-o"])
+        .args(["record", "-v", "-F", "99", "-o"])
         .arg(inputs.scratch.join("one.pb.gz"))
         .arg("--")
         .arg(inputs.dotnet8)
@@ -580,11 +593,11 @@ fn clr_benches(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     let fixture = inputs
         .repo_root
         .join("profiler/src/clr/nettrace/testdata/net8.nettrace.gz");
-    let out = Command::new(inputs.clrbpf)
-        .args(["bench-clr-intake", "--file"])
+    let out = Command::new(inputs.micro_benches)
+        .args(["clr-intake", "--file"])
         .arg(&fixture)
         .output()
-        .context("run clrbpf bench-clr-intake")?;
+        .context("run the clr-intake bench")?;
     let line = String::from_utf8_lossy(&out.stdout);
     let rate = line
         .split("median ")

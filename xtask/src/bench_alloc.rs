@@ -36,7 +36,7 @@ impl Drop for Demo {
 fn record(inputs: &BenchInputs<'_>, frame_pointers_only: bool) -> anyhow::Result<f64> {
     let seconds = SECONDS.to_string();
     let mut command = Command::new(inputs.clrbpf);
-    command.args(["record", "-a", "-F", "99", "-d", &seconds]);
+    command.args(["record", "-v", "-a", "-F", "99", "-d", &seconds]);
     if frame_pointers_only {
         command.arg("--frame-pointers-only");
     }

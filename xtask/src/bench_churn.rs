@@ -126,7 +126,7 @@ fn soak(inputs: &BenchInputs<'_>, seconds: u64, soaked: Soaked) -> anyhow::Resul
     let stderr_file = fs::File::create(&stderr_path).context("create the churn log")?;
     let mut clrbpf = match soaked {
         Soaked::Record => Command::new(inputs.clrbpf)
-            .args(["record", "-a", "-d", &seconds.to_string(), "-o"])
+            .args(["record", "-v", "-a", "-d", &seconds.to_string(), "-o"])
             .arg(inputs.scratch.join("churn.pb.gz"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

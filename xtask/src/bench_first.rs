@@ -55,6 +55,7 @@ fn record_once(inputs: &BenchInputs<'_>, pid: u32, extra: &[&str]) -> anyhow::Re
     let output = Command::new(inputs.clrbpf)
         .args([
             "record",
+            "-v",
             "-p",
             &pid.to_string(),
             "-d",

@@ -112,7 +112,7 @@ pub fn run(inputs: &BenchInputs<'_>, have_perf: bool) -> anyhow::Result<()> {
                 }
                 Mode::Clrbpf => {
                     let mut c = Command::new(inputs.clrbpf);
-                    c.args(["record", "--off-cpu", "--no-clr-events", "-o"])
+                    c.args(["record", "-v", "--off-cpu", "--no-clr-events", "-o"])
                         .arg(inputs.scratch.join("offcpu.pb.gz"))
                         .args(["--", "taskset", "-c", "0"])
                         .arg(inputs.dotnet8);

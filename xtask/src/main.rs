@@ -12,6 +12,7 @@ mod bench_saturated;
 mod bench_steady;
 mod chart;
 mod cmd;
+mod limits;
 mod setup;
 mod workloads;
 
@@ -75,6 +76,9 @@ enum Task {
     /// time per sample, CPU and memory of clrbpf, perf map load time) and
     /// print one table (needs root).
     Bench,
+    /// List production functions over 120 lines and files over 1,200
+    /// lines in profiler/src (test code excluded); fails when there is one.
+    Limits,
 }
 
 /// Where things are in the repository.
@@ -139,6 +143,7 @@ fn main() -> ExitCode {
         Task::Test => test(&repo),
         Task::Demo => demo(&repo),
         Task::Bench => bench(&repo),
+        Task::Limits => limits::check(&repo.root.join("profiler/src")),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -196,20 +201,19 @@ fn test(repo: &Repo) -> anyhow::Result<()> {
         "unit tests",
         repo.cargo().arg("test").env(ENV_AYA_BUILD_SKIP, "1"),
     )?;
-    let dotnet8 = setup::NET8.host_in(&repo.runtimes_dir());
-    let dotnet31 = setup::NETCORE31.host_in(&repo.runtimes_dir());
-    // The library's own tests that need root, ptrace, gcc, go or a real
-    // runtime: marked #[ignore] so a plain `cargo test` runs anywhere.
-    // Measurements (`measure_*`) are for `cargo xtask bench`, not here.
+    // The library's own tests that need root (a tmpfs mount, another
+    // user's files, priorities) or `go tool pprof`: marked #[ignore] so a
+    // plain `cargo test` runs anywhere. Tests against real .NET runtimes
+    // live in tests/ (the integration tests below).
     step(
         "privileged unit tests",
         repo.cargo()
             .args(["test", "--package", "clrbpf", "--lib", "--"])
-            .args(["--ignored", "--skip", "measure_", "--test-threads=1"])
-            .env(ENV_AYA_BUILD_SKIP, "1")
-            .env(ENV_DOTNET8, &dotnet8)
-            .env(ENV_DOTNET31, &dotnet31),
+            .args(["--ignored", "--test-threads=1"])
+            .env(ENV_AYA_BUILD_SKIP, "1"),
     )?;
+    let dotnet8 = setup::NET8.host_in(&repo.runtimes_dir());
+    let dotnet31 = setup::NETCORE31.host_in(&repo.runtimes_dir());
     let python = chart::tools(repo)?;
     step(
         "integration tests",
@@ -268,11 +272,21 @@ fn bench(repo: &Repo) -> anyhow::Result<()> {
     setup::run(&repo.runtimes_dir())?;
     build_release(repo)?;
     workloads::build(&repo.workloads_src())?;
+    // The micro-benchmarks: a dev-only example, so their code stays out of
+    // the shipped binary. It loads no BPF: no eBPF object needed.
+    cmd::run(
+        repo.cargo()
+            .args(["build", "--release", "--package", "clrbpf"])
+            .args(["--features", "bench", "--example", "bench"])
+            .env(ENV_AYA_BUILD_SKIP, "1"),
+    )
+    .context("build the bench example")?;
     let dotnet8 = setup::NET8.host_in(&repo.runtimes_dir());
     let scratch = bench::scratch_dir(&repo.target);
     bench::run(&bench::BenchInputs {
         repo_root: &repo.root,
         clrbpf: &repo.clrbpf_bin(),
+        micro_benches: &repo.target.join("release/examples/bench"),
         dotnet8: &dotnet8,
         workloads: &repo.workloads_bin(),
         scratch: &scratch,

@@ -22,6 +22,7 @@ use super::{
 };
 use crate::{
     cli::AgentArgs,
+    pipeline::driver::{SamplingConfig, SamplingOptionError},
     process::Environ,
     profile::{Label, LabelValue, label_keys},
 };
@@ -48,8 +49,8 @@ pub enum ConfigError {
     BadSecretFile { option: &'static str, path: PathBuf },
     #[error("{option}: must not be empty")]
     Empty { option: &'static str },
-    #[error("--clr-events: {0}")]
-    ClrEvents(String),
+    #[error(transparent)]
+    Sampling(#[from] SamplingOptionError),
     #[error("--output-dir: the directory cannot be used (fix it, or pick another)")]
     OutputDir(#[source] crate::process::root::PrivateDirError),
     #[error("cannot build the HTTP client")]
@@ -131,16 +132,10 @@ pub struct PullConfig {
 pub struct AgentConfig {
     pub frequency_hz: u64,
     pub upload_interval: Duration,
-    pub clr_events: crate::clr::session::ClrEventKinds,
     /// Exception events with stacks per second and process (`None`: all).
     pub exceptions_per_second: Option<u32>,
-    pub off_cpu: bool,
-    pub wall: bool,
-    pub dwarf_unwind: bool,
-    pub unwind_table_memory_bytes: u64,
-    /// Where unwind tables and this boot's kallsyms are kept between
-    /// runs (`None`: nowhere).
-    pub unwind_cache_dir: Option<PathBuf>,
+    /// What is collected besides CPU samples, and how stacks are walked.
+    pub sampling: SamplingConfig,
     pub selection: ProcessSelection,
     /// Series shipped per window at most (the rest as one overflow
     /// service, [`super::batch::OVERFLOW_SERVICE`]).
@@ -161,15 +156,8 @@ impl AgentConfig {
         let AgentArgs {
             frequency,
             upload_interval,
-            clr_events,
-            no_clr_events,
             exceptions_per_second,
-            off_cpu,
-            wall,
-            frame_pointers_only,
-            unwind_table_memory_mb,
-            cache_dir,
-            no_cache,
+            sampling,
             executables,
             container_ids,
             k8s_namespaces,
@@ -203,12 +191,7 @@ impl AgentConfig {
             }),
             (true, None) => return Err(ConfigError::UnprotectedPull { listen }),
         };
-        let clr_events = if no_clr_events {
-            crate::clr::session::ClrEventKinds::NONE
-        } else {
-            crate::clr::session::ClrEventKinds::parse(&clr_events)
-                .map_err(ConfigError::ClrEvents)?
-        };
+        let sampling = SamplingConfig::from_args(sampling)?;
         let pyroscope = match pyroscope_url {
             None => None,
             Some(url) => {
@@ -266,13 +249,8 @@ impl AgentConfig {
         Ok(Self {
             frequency_hz: frequency,
             upload_interval,
-            clr_events,
             exceptions_per_second: (exceptions_per_second > 0).then_some(exceptions_per_second),
-            off_cpu: off_cpu || wall,
-            wall,
-            dwarf_unwind: !frame_pointers_only,
-            unwind_table_memory_bytes: unwind_table_memory_mb << 20,
-            unwind_cache_dir: (!no_cache).then_some(cache_dir),
+            sampling,
             selection: ProcessSelection {
                 executables,
                 container_ids,
@@ -322,8 +300,8 @@ fn read_secret(path: &Path, option: &'static str) -> Result<Secret, ConfigError>
 }
 
 /// Starts one delivery queue per configured sink (on the current tokio
-/// runtime) behind one [`FanOut`], the [`super::ProfileSink`] the pipeline
-/// gets. Creates the output directory.
+/// runtime) behind one [`FanOut`], which [`super::ship::ServiceSinks`] hands
+/// every window. Creates the output directory.
 pub fn build_sinks(
     config: &AgentConfig,
     metrics: &AgentMetrics,

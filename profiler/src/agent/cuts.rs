@@ -21,7 +21,14 @@ use super::{
     config::{ProcessSelection, window_start},
     http::PullProfiler,
 };
-use crate::profile::{Aggregator, Profile, ProfileSample};
+use crate::{
+    export::{
+        ExportError,
+        sink::{ClosedWindow, ProfileSink},
+    },
+    pipeline::{SYMBOLIZE_DELAY, driver::WindowPolicy},
+    profile::{Aggregator, Profile, ProfileSample},
+};
 
 /// Distinct samples (stack and labels) a pull holds at most: a pull spans
 /// several windows, and whatever its client asks, it holds no more than
@@ -78,6 +85,38 @@ impl PullProfiler for LoopPuller {
     }
 }
 
+/// The client of one on-demand profile, waiting for it: the sink a pull's
+/// window goes to.
+pub struct PullReply(Option<oneshot::Sender<Result<Profile, String>>>);
+
+impl PullReply {
+    /// Whether the client went away (or was answered).
+    fn is_closed(&self) -> bool {
+        self.0.as_ref().is_none_or(oneshot::Sender::is_closed)
+    }
+
+    /// Answers with an error instead of a profile.
+    fn refuse(&mut self, why: &str) {
+        if let Some(reply) = self.0.take() {
+            // The requester may have gone (a closed connection): nothing
+            // to do.
+            let _ = reply.send(Err(why.to_owned()));
+        }
+    }
+}
+
+impl ProfileSink for PullReply {
+    /// Answers the client with the pull's profile (once).
+    fn submit(&mut self, window: ClosedWindow) -> Result<(), ExportError> {
+        if let Some(reply) = self.0.take() {
+            // The requester may have gone (a closed connection): nothing
+            // to do.
+            let _ = reply.send(Ok(window.profile));
+        }
+        Ok(())
+    }
+}
+
 struct ActivePull {
     from: SystemTime,
     to: SystemTime,
@@ -85,7 +124,7 @@ struct ActivePull {
     collected: Option<Profile>,
     /// Distinct samples left out past [`MAX_PULL_SAMPLES`].
     left_out: usize,
-    reply: oneshot::Sender<Result<Profile, String>>,
+    reply: PullReply,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -141,13 +180,6 @@ fn rebuild<'a>(profile: &Profile, samples: impl Iterator<Item = &'a ProfileSampl
     rebuilt
 }
 
-/// A closed upload window.
-pub struct Window {
-    pub profile: Profile,
-    pub start: SystemTime,
-    pub duration: Duration,
-}
-
 /// The cut points and the parts waiting to be merged.
 pub struct Cuts {
     interval: Duration,
@@ -196,7 +228,7 @@ impl Cuts {
             to: now.max(self.last) + duration,
             collected: None,
             left_out: 0,
-            reply,
+            reply: PullReply(Some(reply)),
             _slot: slot,
         });
     }
@@ -228,7 +260,7 @@ impl Cuts {
         now: SystemTime,
         delay: Duration,
         take: &mut impl FnMut(SystemTime, SystemTime) -> Profile,
-    ) -> Vec<Window> {
+    ) -> Vec<ClosedWindow> {
         self.drop_abandoned();
         let mut closed = Vec::new();
         loop {
@@ -247,7 +279,7 @@ impl Cuts {
         &mut self,
         at: SystemTime,
         take: &mut impl FnMut(SystemTime, SystemTime) -> Profile,
-    ) -> Option<Window> {
+    ) -> Option<ClosedWindow> {
         let part = take(self.last, at);
         for pull in &mut self.pulls {
             if pull.from <= self.last && at <= pull.to {
@@ -275,7 +307,7 @@ impl Cuts {
         Some(window)
     }
 
-    fn close_window(&mut self, at: SystemTime) -> Window {
+    fn close_window(&mut self, at: SystemTime) -> ClosedWindow {
         let duration = at.duration_since(self.window_from).unwrap_or_default();
         let parts = std::mem::take(&mut self.window_parts);
         let start = self.window_from;
@@ -290,7 +322,7 @@ impl Cuts {
             )
             .unwrap_or_default()
         };
-        Window {
+        ClosedWindow {
             profile,
             start,
             duration,
@@ -300,10 +332,10 @@ impl Cuts {
     /// At the end: the last part up to `end`; the pulls still running get
     /// what they have (a shorter profile); the last window is returned.
     pub fn finish(
-        mut self,
+        &mut self,
         end: SystemTime,
         take: &mut impl FnMut(SystemTime, SystemTime) -> Profile,
-    ) -> Window {
+    ) -> ClosedWindow {
         self.drop_abandoned();
         let end = end.max(self.last);
         let part = take(self.last, end);
@@ -321,29 +353,53 @@ impl Cuts {
     }
 }
 
+impl WindowPolicy for Cuts {
+    /// The cuts whose point is [`SYMBOLIZE_DELAY`] ago: the samples
+    /// before it are all in.
+    fn due(
+        &mut self,
+        now: SystemTime,
+        take: &mut dyn FnMut(SystemTime, SystemTime) -> Profile,
+    ) -> Vec<ClosedWindow> {
+        self.cut_due(now, SYMBOLIZE_DELAY, &mut |from, to| take(from, to))
+    }
+
+    fn last(
+        &mut self,
+        end: SystemTime,
+        take: &mut dyn FnMut(SystemTime, SystemTime) -> Profile,
+    ) -> ClosedWindow {
+        self.finish(end, &mut |from, to| take(from, to))
+    }
+}
+
 fn answer(pull: ActivePull, span: Duration) {
     let ActivePull {
         from,
         to: _,
         collected,
         left_out,
-        reply,
+        mut reply,
         _slot,
     } = pull;
-    let profile = collected
-        .map(|mut profile| {
-            profile.start_unix_ns = unix_ns(from);
-            profile.duration_ns = i64::try_from(span.as_nanos()).unwrap_or(i64::MAX);
-            if left_out > 0 {
-                profile.comments.push(format!(
-                    "{left_out} distinct samples left out: a pull holds at most {MAX_PULL_SAMPLES}"
-                ));
-            }
-            profile
-        })
-        .ok_or_else(|| "the agent stopped before the profile began".to_owned());
-    // The requester may have gone (a closed connection): nothing to do.
-    let _ = reply.send(profile);
+    let Some(mut profile) = collected else {
+        reply.refuse("the agent stopped before the profile began");
+        return;
+    };
+    profile.start_unix_ns = unix_ns(from);
+    profile.duration_ns = i64::try_from(span.as_nanos()).unwrap_or(i64::MAX);
+    if left_out > 0 {
+        profile.comments.push(format!(
+            "{left_out} distinct samples left out: a pull holds at most {MAX_PULL_SAMPLES}"
+        ));
+    }
+    let window = ClosedWindow {
+        profile,
+        start: from,
+        duration: span,
+    };
+    // A reply never fails.
+    let _ = reply.submit(window);
 }
 
 #[cfg(test)]

@@ -557,7 +557,6 @@ mod tests {
     #[ignore = "needs root to mount a tmpfs: run by cargo xtask test"]
     fn a_full_disk_drops_windows_and_the_sink_keeps_going() {
         use crate::agent::{
-            ProfileSink as _,
             metrics::AgentMetrics,
             queue::{DeliveryQueue, DropReason, RetryPolicy},
         };

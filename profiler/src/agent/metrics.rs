@@ -345,13 +345,9 @@ impl Collector for SelfCollector {
     }
 }
 
-/// The agent's RSS from `/proc/self/statm` (pages).
+/// The agent's RSS from `/proc/self/statm`.
 fn self_rss_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    Some(pages * u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096))
+    crate::process::ProcFs::default().resident_bytes("self")
 }
 
 /// The `dotnet_*` series: one entry per .NET process, replaced as its

@@ -1,14 +1,16 @@
 //! Continuous mode (`clrbpf agent`): the last stage of the data flow for
-//! profiles that leave the host. The pipeline cuts a window every upload
-//! interval and hands it over as one [`WindowBatch`] (one
-//! [`ServiceProfile`] per service and [`ProfileType`]) to a [`ProfileSink`];
-//! from there:
+//! profiles that leave the host. The driver ([`crate::pipeline::driver`])
+//! cuts a window every upload interval ([`cuts::Cuts`]) and hands it to
+//! [`ship::ServiceSinks`], the agent's
+//! [`ProfileSink`](crate::export::sink::ProfileSink), which splits it into
+//! one [`WindowBatch`] (one [`ServiceProfile`] per service and
+//! [`ProfileType`]); from there:
 //!
-//! 1. [`queue::DeliveryQueue`] (the [`ProfileSink`] the pipeline holds, one
-//!    per configured backend) takes the window without ever blocking the
-//!    caller: a bounded queue per backend, the oldest window dropped first
-//!    when it is full, retries with exponential backoff and jitter, on its
-//!    own tokio task. [`queue::FanOut`] hands one window to several queues.
+//! 1. [`queue::DeliveryQueue`] (one per configured backend) takes the
+//!    batch without ever blocking the caller: a bounded queue per backend,
+//!    the oldest window dropped first when it is full, retries with
+//!    exponential backoff and jitter, on its own tokio task.
+//!    [`queue::FanOut`] hands one batch to several queues.
 //! 2. A [`WindowUploader`] is one backend's protocol client:
 //!    [`pyroscope::PyroscopeUploader`] (Pyroscope's push API),
 //!    [`otlp::OtlpUploader`] (OTLP profiles over HTTP) or
@@ -35,19 +37,17 @@ pub mod pyroscope;
 pub mod queue;
 pub mod run;
 pub mod server;
+pub mod ship;
 
 use std::{
     fmt,
-    future::Future,
-    pin::Pin,
     sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use crate::profile::Profile;
 
-/// A boxed, sendable future: what the object-safe traits here return.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use crate::export::sink::{BoxFuture, FlushReport};
 
 /// What a profile measures. The names are Pyroscope's (the ones its .NET
 /// views know), used for `__name__` and in file names.
@@ -150,12 +150,6 @@ impl WindowBatch {
         })
     }
 
-    /// The window end in nanoseconds since the Unix epoch.
-    pub fn end_unix_ns(&self) -> i64 {
-        self.start_unix_ns()
-            .saturating_add(i64::try_from(self.duration.as_nanos()).unwrap_or(i64::MAX))
-    }
-
     /// `profile` with the window's time range filled in where it has none.
     pub(crate) fn timed(&self, profile: &Profile) -> Profile {
         let mut profile = profile.clone();
@@ -166,35 +160,6 @@ impl WindowBatch {
             profile.duration_ns = i64::try_from(self.duration.as_nanos()).unwrap_or(i64::MAX);
         }
         profile
-    }
-}
-
-/// Where the pipeline hands its closed windows. Implemented by
-/// [`queue::DeliveryQueue`] (one backend) and [`queue::FanOut`] (several).
-pub trait ProfileSink: Send + Sync {
-    /// Takes one closed window. Never blocks and never fails: a backend
-    /// that cannot keep up drops its oldest windows, counted in the
-    /// metrics.
-    fn submit(&self, batch: Arc<WindowBatch>);
-
-    /// Waits until every window submitted so far is delivered or given up,
-    /// for at most `grace` (at shutdown, after the last window); what is
-    /// still queued then is dropped and counted.
-    fn flush(&self, grace: Duration) -> BoxFuture<'_, FlushReport>;
-}
-
-/// What [`ProfileSink::flush`] achieved.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FlushReport {
-    /// Windows still queued when the grace period ended (now dropped).
-    pub abandoned: u64,
-}
-
-impl FlushReport {
-    pub fn merge(self, other: Self) -> Self {
-        Self {
-            abandoned: self.abandoned + other.abandoned,
-        }
     }
 }
 

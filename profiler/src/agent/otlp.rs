@@ -157,7 +157,8 @@ impl WindowUploader for OtlpUploader {
 
 /// Compresses a request body (OTLP/HTTP: `Content-Encoding: gzip`, which
 /// collectors and Pyroscope accept; 2.8x smaller on the synthetic window
-/// of `measure_window_encoding`, more on real, repetitive stacks).
+/// of `a_large_window_encodes_with_each_frame_once`, more on real,
+/// repetitive stacks).
 fn gzip(body: &[u8]) -> std::io::Result<Vec<u8>> {
     use std::io::Write as _;
     let mut encoder = flate2::write::GzEncoder::new(
@@ -891,12 +892,11 @@ mod tests {
         }));
     }
 
-    /// Encoding cost of one large window: 20k samples over 5k frames, to
-    /// both wire formats. `cargo test --release -p clrbpf --lib --
-    /// --ignored measure_window_encoding --nocapture`.
+    /// One large window (20k samples over 5k frames) to both wire formats:
+    /// the OTLP dictionary holds each frame once and every sample keeps its
+    /// 24 frames; the sizes and times are printed (`--nocapture`).
     #[test]
-    #[ignore = "a measurement: run by hand or cargo xtask bench"]
-    fn measure_window_encoding() {
+    fn a_large_window_encodes_with_each_frame_once() {
         use std::time::Instant;
 
         use crate::{
@@ -937,11 +937,33 @@ mod tests {
             }],
         };
         let started = Instant::now();
-        let otlp = gzip(&export_request(&batch, Some("node-1")).encode_to_vec()).unwrap();
+        let request = export_request(&batch, Some("node-1"));
+        let otlp = gzip(&request.encode_to_vec()).unwrap();
         let otlp_time = started.elapsed();
+        let dictionary = request.dictionary.as_ref().expect("a dictionary");
+        // Slot 0 of each table is the empty entry.
+        assert!(
+            dictionary.function_table.len() <= 5001,
+            "{} functions",
+            dictionary.function_table.len()
+        );
+        assert!(dictionary.location_table.len() <= 5001);
+        let profiles: Vec<&OtlpProfile> = request
+            .resource_profiles
+            .iter()
+            .flat_map(|r| &r.scope_profiles)
+            .flat_map(|s| &s.profiles)
+            .collect();
+        assert!(!profiles.is_empty());
+        for profile in profiles {
+            let stacks = stacks(&request, profile);
+            assert_eq!(stacks.len(), 20_000);
+            assert!(stacks.iter().all(|(frames, _)| frames.len() == 24));
+        }
         let started = Instant::now();
         let push = push_request(&batch).unwrap().encode_to_vec();
         let push_time = started.elapsed();
+        assert!(!push.is_empty());
         println!(
             "window of 20000 samples, 5000 frames: OTLP (gzip) {} bytes in {:.1} ms; Pyroscope push (gzip pprof) {} bytes in {:.1} ms",
             otlp.len(),

@@ -256,7 +256,6 @@ mod tests {
     use super::*;
     use crate::{
         agent::{
-            ProfileSink as _,
             metrics::AgentMetrics,
             queue::{DeliveryQueue, RetryPolicy},
             test_support::{Receiver, service_profile, window},

@@ -25,9 +25,7 @@ use std::{
 
 use tokio::sync::Notify;
 
-use super::{
-    BoxFuture, FlushReport, ProfileSink, WindowBatch, WindowUploader, metrics::SinkCounters,
-};
+use super::{BoxFuture, FlushReport, WindowBatch, WindowUploader, metrics::SinkCounters};
 
 /// Why a window was dropped: the `reason` label of
 /// `clrbpf_agent_windows_dropped_total`.
@@ -186,8 +184,11 @@ impl Drop for DeliveryQueue {
     }
 }
 
-impl ProfileSink for DeliveryQueue {
-    fn submit(&self, batch: Arc<WindowBatch>) {
+impl DeliveryQueue {
+    /// Takes one closed window's batch. Never blocks and never fails: a
+    /// backend that cannot keep up drops its oldest windows, counted in the
+    /// metrics.
+    pub fn submit(&self, batch: Arc<WindowBatch>) {
         let shared = &self.shared;
         let dropped = {
             let mut state = shared.lock();
@@ -212,7 +213,10 @@ impl ProfileSink for DeliveryQueue {
         shared.work.notify_one();
     }
 
-    fn flush(&self, grace: Duration) -> BoxFuture<'_, FlushReport> {
+    /// Waits until every window submitted so far is delivered or given up,
+    /// for at most `grace`; what is still queued then is dropped and
+    /// counted.
+    pub fn flush(&self, grace: Duration) -> BoxFuture<'_, FlushReport> {
         Box::pin(async move {
             let shared = &self.shared;
             let deadline = tokio::time::Instant::now() + grace;
@@ -351,14 +355,16 @@ impl FanOut {
     }
 }
 
-impl ProfileSink for FanOut {
-    fn submit(&self, batch: Arc<WindowBatch>) {
+impl FanOut {
+    /// Hands `batch` to every queue.
+    pub fn submit(&self, batch: Arc<WindowBatch>) {
         for queue in &self.queues {
             queue.submit(Arc::clone(&batch));
         }
     }
 
-    fn flush(&self, grace: Duration) -> BoxFuture<'_, FlushReport> {
+    /// Flushes every queue at once, each for at most `grace`.
+    pub fn flush(&self, grace: Duration) -> BoxFuture<'_, FlushReport> {
         Box::pin(async move {
             let mut report = FlushReport::default();
             // Concurrently: one slow backend must not eat the others' grace.

@@ -1,86 +1,82 @@
-//! `clrbpf agent`: the continuous front end over the same pipeline as
-//! `record`.
+//! `clrbpf agent`: the continuous front end over the
+//! [driver](crate::pipeline::driver) that `record` runs too.
 //!
 //! 1. Load the kernel side for the whole host at `-F` (19 Hz by default),
 //!    start the sinks' delivery queues and the HTTP endpoint.
 //! 2. Every tick, [`Pipeline::tick`] drains, learns processes, runs the
 //!    CLR sessions and symbolizes, as in `record`.
 //! 3. Every `--upload-interval`, aligned to the wall clock, once the
-//!    samples of the window are all in ([`SYMBOLIZE_DELAY`] after its end),
-//!    [`Pipeline::take_window`] hands out the window's profile ([`Cuts`]
-//!    also cuts at the ends of on-demand `/debug/pprof/profile` spans and
-//!    merges the parts); it is split per service and profile type
-//!    ([`window_batch`]) and submitted to the sinks, which never block the
-//!    loop.
-//! 4. On SIGTERM or SIGINT: the current window is closed and submitted,
-//!    the .NET processes are restored, the sinks and the HTTP endpoint's
+//!    samples of the window are all in
+//!    ([`SYMBOLIZE_DELAY`](crate::pipeline::SYMBOLIZE_DELAY) after its
+//!    end), [`AgentFront`] cuts the window ([`Cuts`] also cuts at the ends
+//!    of on-demand `/debug/pprof/profile` spans and merges the parts) and
+//!    hands it to [`ServiceSinks`], which splits it per service and profile
+//!    type and submits it to the backends, never blocking the loop.
+//! 4. On SIGTERM or SIGINT: the .NET processes are restored, the current
+//!    window is closed and submitted, the sinks and the HTTP endpoint's
 //!    connections get `--grace-period` (together) to finish, and the agent
 //!    exits 0. SIGHUP reloads nothing and is ignored.
 
 use std::{
-    collections::HashMap,
     sync::Arc,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::Context as _;
 use tokio::{
-    signal::unix::{SignalKind, signal},
+    signal::unix::{Signal, SignalKind, signal},
     sync::mpsc,
 };
 
 use super::{
-    ProfileSink as _,
-    batch::{ServiceKey, window_batch},
-    config::{AgentConfig, build_sinks, service_name},
-    cuts::{Cuts, LoopPuller, PullRequest, Window},
+    config::{AgentConfig, build_sinks},
+    cuts::{Cuts, LoopPuller, PullRequest},
     http::{AgentHealth, HttpState, PullEndpoint, PullProfiler},
     metrics::AgentMetrics,
     queue::RetryPolicy,
-    series_keys,
     server::{HttpServer, ServerLimits},
+    ship::ServiceSinks,
 };
 use crate::{
-    bpf::{OffCpuConfig, Sampler, SamplerConfig, UnwindWorker, system},
-    pipeline::{Pipeline, SYMBOLIZE_DELAY, WindowSpan},
-    process::ProcFs,
-    profile::{LabelValue, Profile, ProfileSample, label_keys, layout::ValueLayout},
+    bpf::Sampler,
+    export::sink::ProfileSink as _,
+    pipeline::{
+        Pipeline,
+        driver::{Cutter, Driver, DriverSetup, Front, StopSignal, prepare_host},
+    },
 };
 
-/// How often the loop runs, as in `record`.
-const TICK: Duration = Duration::from_millis(50);
 /// Nice value of the agent's background threads.
 const AGENT_NICE: i32 = -5;
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     raise_open_files_limit();
-    if let Err(warning) = crate::process::priority::boost_sampling_thread(AGENT_NICE) {
-        tracing::warn!("{warning}");
-    }
-    for warning in system::prepare()? {
+    for warning in prepare_host(Some(AGENT_NICE))? {
         tracing::warn!("{warning}");
     }
     let metrics = AgentMetrics::new();
     let health = Arc::new(AgentHealth::new(config.upload_interval * 3));
-    let sinks = build_sinks(&config, &metrics, RetryPolicy::default())?;
-    let (http, mut pulls) = start_http(&config, &metrics, &health)?;
-
-    // `record`'s defaults: every wait of 1 ms or more, at most 2000 stacks
-    // per CPU per second.
-    let off_cpu = (config.off_cpu || config.wall).then_some(OffCpuConfig {
-        min_ns: 1_000_000,
-        max_stacks_per_cpu_second: 2000,
-    });
-    let mut sampler = Sampler::start(&SamplerConfig {
+    let queues = build_sinks(&config, &metrics, RetryPolicy::default())?;
+    let (http, pulls) = start_http(&config, &metrics, &health)?;
+    let mut driver = Driver::load(DriverSetup {
+        sampling: config.sampling.clone(),
         frequency_hz: config.frequency_hz,
         target_pids: None,
-        user_unwind: config.dwarf_unwind,
-        unwind_table_memory_bytes: config.unwind_table_memory_bytes,
-        unwind_cache_dir: config.unwind_cache_dir.clone(),
-        off_cpu,
-        ..SamplerConfig::default()
+        attach_perf_maps: true,
+        keep_perf_maps: false,
+        exceptions_per_second: config.exceptions_per_second,
+        // The runtime's EventCounters come once per window: `dotnet_*`
+        // series as fresh as the profiles (every second with an exception
+        // budget, whose totals come from the exception counter).
+        counters_interval_sec: Some(
+            u32::try_from(config.upload_interval.as_secs())
+                .unwrap_or(u32::MAX)
+                .max(1),
+        ),
+        count_still_blocked: false,
     })?;
+    driver.start_sampling()?;
     health.set_bpf_attached(true);
     // The run time of the BPF programs (`clrbpf_agent_bpf_run_seconds`) is
     // counted by the kernel only while stats are on: on while this fd is
@@ -92,110 +88,37 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             None
         }
     };
-    let layout = ValueLayout::new(off_cpu.is_some(), config.wall, config.clr_events.any());
-    let mut pipeline = Pipeline::new(true, config.clr_events, layout);
-    pipeline.keep_perf_map_ledger_in(config.unwind_cache_dir.as_deref());
-    pipeline.keep_kernel_symbols_in(config.unwind_cache_dir.clone());
-    // The runtime's EventCounters come once per window: `dotnet_*` series
-    // as fresh as the profiles (every second with an exception budget,
-    // whose totals come from the exception counter).
-    pipeline.clr.counters_interval_sec = Some(
-        u32::try_from(config.upload_interval.as_secs())
-            .unwrap_or(u32::MAX)
-            .max(1),
-    );
-    pipeline.clr.exceptions_per_second = config.exceptions_per_second;
-    pipeline.unwind = match sampler.take_unwind_maps() {
-        Some(maps) => Some(UnwindWorker::spawn(maps).context("start the unwind table thread")?),
-        None => None,
-    };
-    let clock = Clock::now();
-    let mut cuts = Cuts::new(
-        SystemTime::now(),
-        config.upload_interval,
-        config.selection.clone(),
-    );
-    let mut shipper = Shipper {
-        config: &config,
-        sinks: &sinks,
-        metrics: &metrics,
-        services: ServiceNames::default(),
-        period_ns: sampler.period_ns,
+    let mut front = AgentFront {
+        cuts: Cuts::new(
+            SystemTime::now(),
+            config.upload_interval,
+            config.selection.clone(),
+        ),
+        sinks: ServiceSinks::new(
+            queues,
+            metrics.clone(),
+            config.selection.clone(),
+            config.max_services,
+        ),
+        pulls,
+        sighup: signal(SignalKind::hangup()).context("install the SIGHUP handler")?,
+        health,
+        metrics,
         samples_cut: 0,
+        bpf_seen_ns: 0,
+        last_metrics: Instant::now(),
+        // At once, then every DISCOVER_EVERY.
+        last_discovery: Instant::now()
+            .checked_sub(DISCOVER_EVERY)
+            .unwrap_or_else(Instant::now),
     };
-
-    let mut sigint = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
-    let mut sighup = signal(SignalKind::hangup()).context("install the SIGHUP handler")?;
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut raw = Vec::with_capacity(4096);
-    let mut last_metrics = Instant::now();
-    // At once, then every DISCOVER_EVERY.
-    let mut last_discovery = Instant::now()
-        .checked_sub(DISCOVER_EVERY)
-        .unwrap_or_else(Instant::now);
-    let mut bpf_seen_ns = 0u64;
-    let ring = sampler.ring_wakeups();
-    if let Err(error) = &ring {
-        tracing::warn!(%error, "the sample ring cannot be polled: drained on the timer only");
-    }
-    let stopped_by = loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = async { ring.as_ref().expect("guarded").woken().await }, if ring.is_ok() => {}
-            Some(request) = async { pulls.as_mut().expect("guarded").recv().await }, if pulls.is_some() => {
-                cuts.add_pull(SystemTime::now(), request);
-            }
-            _ = sigint.recv() => break "SIGINT",
-            _ = sigterm.recv() => break "SIGTERM",
-            _ = sighup.recv() => tracing::info!("SIGHUP ignored: the agent reloads nothing"),
-        }
-        pipeline.tick(&mut sampler, &mut raw);
-        health.beat();
-        let closed = cuts.cut_due(SystemTime::now(), SYMBOLIZE_DELAY, &mut |from, to| {
-            shipper.take(&mut pipeline, clock.span(from, to))
-        });
-        metrics
-            .pulls_running
-            .set(i64::try_from(cuts.running_pulls()).unwrap_or(i64::MAX));
-        if !closed.is_empty() {
-            // The windows shipped before this one are encoded and sent by
-            // now: what they held is free.
-            crate::release_freed_heap();
-        }
-        for window in closed {
-            shipper.ship(window);
-        }
-        if last_discovery.elapsed() >= DISCOVER_EVERY {
-            last_discovery = Instant::now();
-            pipeline.track_dotnet_processes();
-        }
-        if last_metrics.elapsed() >= METRICS_EVERY {
-            last_metrics = Instant::now();
-            update_metrics(&metrics, &mut pipeline, &sampler, &mut bpf_seen_ns);
-        }
-    };
+    let stopped_by = driver.run(&mut front).await;
     tracing::info!("{stopped_by}: closing the last window");
     let stopping = Instant::now();
-    crate::stop::arm_second_request().ok();
-    pipeline.pull(&mut sampler, &mut raw);
-    let end = SystemTime::now();
-    if let Some(unwind) = pipeline.unwind.take() {
-        let _ = unwind.finish();
-    }
-    drop(ring);
-    drop(sampler);
-    pipeline.finish_clr();
-    pipeline.process_all();
-    let last = cuts.finish(end, &mut |from, to| {
-        shipper.take(&mut pipeline, clock.span(from, to))
-    });
-    shipper.ship(last);
-    pipeline.restore_processes(false);
+    driver.finish(&mut front, stopped_by)?;
     // The sinks and the HTTP connections share the grace period: a client
     // holding a connection open cannot hold the exit.
-    let (report, ()) = tokio::join!(sinks.flush(config.grace_period), http.stop());
+    let (report, ()) = tokio::join!(front.sinks.flush(config.grace_period), http.stop());
     if report.abandoned > 0 {
         tracing::warn!(
             windows = report.abandoned,
@@ -204,6 +127,91 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     }
     tracing::debug!(took = ?stopping.elapsed(), "stopped");
     Ok(())
+}
+
+/// The agent's part of the loop: windows aligned to the wall clock and
+/// on-demand pulls ([`Cuts`]), shipped to the backends ([`ServiceSinks`]),
+/// health, metrics, and the discovery of idle .NET processes.
+struct AgentFront {
+    cuts: Cuts,
+    sinks: ServiceSinks,
+    /// Pull requests from `/debug/pprof/profile` (`None`: no pulls).
+    pulls: Option<mpsc::Receiver<PullRequest>>,
+    sighup: Signal,
+    health: Arc<AgentHealth>,
+    metrics: AgentMetrics,
+    /// The pipeline's sample count at the last cut.
+    samples_cut: u64,
+    /// BPF run time already counted in the metrics.
+    bpf_seen_ns: u64,
+    last_metrics: Instant,
+    last_discovery: Instant,
+}
+
+impl Front for AgentFront {
+    async fn event(&mut self) {
+        tokio::select! {
+            Some(request) = async { self.pulls.as_mut().expect("guarded").recv().await }, if self.pulls.is_some() => {
+                self.cuts.add_pull(SystemTime::now(), request);
+            }
+            _ = self.sighup.recv() => tracing::info!("SIGHUP ignored: the agent reloads nothing"),
+        }
+    }
+
+    fn stop_signal(&mut self, signal: StopSignal) -> &'static str {
+        match signal {
+            StopSignal::Interrupt => "SIGINT",
+            StopSignal::Terminate => "SIGTERM",
+        }
+    }
+
+    fn after_tick(&mut self, cutter: &mut Cutter<'_>, sampler: &Sampler) -> Option<&'static str> {
+        self.health.beat();
+        // Never fails: the sinks queue what they are given.
+        let _ = cutter.cut_due(&mut self.cuts, &mut self.sinks, SystemTime::now());
+        self.count_cut(cutter);
+        self.metrics
+            .pulls_running
+            .set(i64::try_from(self.cuts.running_pulls()).unwrap_or(i64::MAX));
+        let pipeline = cutter.pipeline();
+        if self.last_discovery.elapsed() >= DISCOVER_EVERY {
+            self.last_discovery = Instant::now();
+            pipeline.track_dotnet_processes();
+        }
+        if self.last_metrics.elapsed() >= METRICS_EVERY {
+            self.last_metrics = Instant::now();
+            update_metrics(&self.metrics, pipeline, sampler, &mut self.bpf_seen_ns);
+        }
+        None
+    }
+
+    fn finish(&mut self, cutter: &mut Cutter<'_>, end: SystemTime) -> anyhow::Result<()> {
+        let shipped = cutter.cut_last(&mut self.cuts, &mut self.sinks, end);
+        self.count_cut(cutter);
+        shipped
+    }
+}
+
+impl AgentFront {
+    /// After a cut: counts the samples it took, and logs the pipeline's
+    /// warnings (`record` prints them at the end; the agent logs those of
+    /// each cut, grouped: one line per kind, not per process).
+    fn count_cut(&mut self, cutter: &mut Cutter<'_>) {
+        if cutter.parts() == 0 {
+            return;
+        }
+        let pipeline = cutter.pipeline();
+        let samples = pipeline.samples_added();
+        let taken = samples.saturating_sub(self.samples_cut);
+        self.samples_cut = samples;
+        for warning in pipeline.take_warnings().lines() {
+            tracing::warn!("{warning}");
+        }
+        self.metrics
+            .samples
+            .get_or_create(&vec![("kind", "all")])
+            .inc_by(taken);
+    }
 }
 
 /// Starts the HTTP endpoint on `--listen`; with `--enable-pull`, also the
@@ -258,15 +266,6 @@ fn raise_open_files_limit() {
     }
 }
 
-/// The Kubernetes labels a sample carries that name its series too.
-const K8S_SERIES_KEYS: [&str; 5] = [
-    series_keys::K8S_NAMESPACE_NAME,
-    series_keys::K8S_POD_NAME,
-    series_keys::K8S_POD_UID,
-    series_keys::K8S_CONTAINER_NAME,
-    series_keys::K8S_NODE_NAME,
-];
-
 /// How often the agent looks for .NET processes that no sample brought in
 /// (idle services still get their `dotnet_*` series).
 const DISCOVER_EVERY: Duration = Duration::from_secs(5);
@@ -301,10 +300,10 @@ fn update_metrics(
     metrics
         .dotnet_processes_tracked
         .set(i64::try_from(dotnet).unwrap_or(i64::MAX));
-    if let Some(unwind) = pipeline.unwind.as_ref() {
+    if let Some(bytes) = pipeline.unwind_table_bytes() {
         metrics
             .unwind_table_bytes
-            .set(i64::try_from(unwind.kernel_memory_bytes()).unwrap_or(i64::MAX));
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
     let runtime = metrics.runtime();
     let fresh = pipeline.runtime_metrics();
@@ -315,352 +314,5 @@ fn update_metrics(
     }
     for process in fresh {
         runtime.update(process);
-    }
-}
-
-/// What closing a window needs besides the pipeline.
-struct Shipper<'a> {
-    config: &'a AgentConfig,
-    sinks: &'a super::queue::FanOut,
-    metrics: &'a AgentMetrics,
-    services: ServiceNames,
-    period_ns: u64,
-    /// The pipeline's sample count at the last cut.
-    samples_cut: u64,
-}
-
-impl Shipper<'_> {
-    /// The pipeline's profile of `span` (a part of a window), counting its
-    /// samples.
-    fn take(&mut self, pipeline: &mut Pipeline, span: WindowSpan) -> Profile {
-        let profile = pipeline.take_window(span, self.period_ns);
-        let taken = pipeline.summary.samples.saturating_sub(self.samples_cut);
-        self.samples_cut = pipeline.summary.samples;
-        // `record` prints its warnings at the end; the agent logs those of
-        // each window (grouped: one line per kind, not per process).
-        for warning in std::mem::take(&mut pipeline.summary.warnings).lines() {
-            tracing::warn!("{warning}");
-        }
-        self.metrics
-            .samples
-            .get_or_create(&vec![("kind", "all")])
-            .inc_by(taken);
-        profile
-    }
-
-    /// Submits a closed window's profiles, one per service and profile
-    /// type.
-    fn ship(&mut self, window: Window) {
-        let Window {
-            profile,
-            start,
-            duration,
-        } = window;
-        let (services, selection) = (&mut self.services, &self.config.selection);
-        let (batch, overflowed) = window_batch(
-            start,
-            duration,
-            &profile,
-            self.config.max_services,
-            |sample| services.key_of(sample, selection),
-        );
-        if overflowed > 0 {
-            self.metrics.services_over_cap.inc_by(overflowed as u64);
-            tracing::warn!(
-                services = overflowed,
-                max = self.config.max_services,
-                "more services in this window than --max-services: the least busy were shipped as `{}`",
-                super::batch::OVERFLOW_SERVICE
-            );
-        }
-        tracing::debug!(
-            profiles = batch.profiles.len(),
-            ?start,
-            ?duration,
-            "window closed"
-        );
-        self.services.forget_unseen();
-        self.sinks.submit(Arc::new(batch));
-    }
-}
-
-/// The entry assembly of a `dotnet` command line (`dotnet [options]
-/// App.dll args`): the first argument ending in `.dll`, without it.
-fn entry_assembly(cmdline: &[String]) -> Option<String> {
-    let dll = cmdline.iter().skip(1).find(|arg| arg.ends_with(".dll"))?;
-    let name = dll.rsplit('/').next()?.strip_suffix(".dll")?;
-    (!name.is_empty()).then(|| name.to_owned())
-}
-
-/// CLOCK_MONOTONIC (the clock of sample times) against the wall clock, to
-/// turn wall-clock window bounds into sample-time bounds.
-struct Clock {
-    wall: SystemTime,
-    mono_ns: u64,
-}
-
-impl Clock {
-    fn now() -> Self {
-        Self {
-            wall: SystemTime::now(),
-            mono_ns: crate::profile::monotonic_ns(),
-        }
-    }
-
-    fn mono_of(&self, wall: SystemTime) -> u64 {
-        match wall.duration_since(self.wall) {
-            Ok(after) => self
-                .mono_ns
-                .saturating_add(u64::try_from(after.as_nanos()).unwrap_or(u64::MAX)),
-            Err(before) => self
-                .mono_ns
-                .saturating_sub(u64::try_from(before.duration().as_nanos()).unwrap_or(u64::MAX)),
-        }
-    }
-
-    /// The window `[from, to)`, in both clocks.
-    fn span(&self, from: SystemTime, to: SystemTime) -> WindowSpan {
-        let start_unix_ns = from
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
-        WindowSpan {
-            start_ns: self.mono_of(from),
-            end_ns: self.mono_of(to),
-            start_unix_ns,
-        }
-    }
-}
-
-/// The service of each process, named once (its environment is read when
-/// its first sample of a window is split out) and forgotten when a window
-/// has none of its samples.
-///
-/// A series is named by the service, the executable and the pod: never by
-/// a pid or a container id, which change with every restart (a new series
-/// each time, the old ones left to the backend's retention). Those stay
-/// labels of the samples inside the profile. A process gone before its
-/// executable was read is `unknown_service`, as OpenTelemetry names a
-/// service nobody named, not a series of its own.
-#[derive(Default)]
-struct ServiceNames {
-    by_pid: HashMap<u32, Option<ServiceKey>>,
-    seen: std::collections::HashSet<u32>,
-    procfs: ProcFs,
-}
-
-/// OpenTelemetry's `service.name` when none is set.
-const UNKNOWN_SERVICE: &str = "unknown_service";
-
-impl ServiceNames {
-    fn key_of(
-        &mut self,
-        sample: &ProfileSample,
-        selection: &super::config::ProcessSelection,
-    ) -> Option<ServiceKey> {
-        let mut pid = None;
-        let mut executable = None;
-        let mut container = None;
-        let mut pod_service = None;
-        // The pod's labels, as the pipeline put them on the sample (k8s/):
-        // the same OpenTelemetry keys name the series.
-        let mut k8s: Vec<(&'static str, Arc<str>)> = Vec::new();
-        for label in &sample.labels {
-            match (&*label.key, &label.value) {
-                (label_keys::PROCESS_PID, LabelValue::Num { value, .. }) => {
-                    pid = u32::try_from(*value).ok()
-                }
-                (label_keys::PROCESS_EXECUTABLE_NAME, LabelValue::Str(s)) => {
-                    executable = Some(s.clone())
-                }
-                (label_keys::CONTAINER_ID, LabelValue::Str(s)) => container = Some(s.clone()),
-                (label_keys::SERVICE_NAME, LabelValue::Str(s)) => pod_service = Some(s.clone()),
-                (key, LabelValue::Str(s)) => {
-                    if let Some(series_key) = K8S_SERIES_KEYS.iter().find(|k| **k == key) {
-                        k8s.push((series_key, s.clone()));
-                    }
-                }
-                _ => {}
-            }
-        }
-        let pid = pid?;
-        self.seen.insert(pid);
-        let procfs = &self.procfs;
-        self.by_pid
-            .entry(pid)
-            .or_insert_with(|| {
-                // The pipeline's stand-in for a name it could not read.
-                let executable = executable
-                    .as_deref()
-                    .filter(|name| *name != crate::pipeline::tracked::unknown_exe_name(pid));
-                let namespace = k8s
-                    .iter()
-                    .find(|(k, _)| *k == series_keys::K8S_NAMESPACE_NAME)
-                    .map(|(_, v)| &**v);
-                if !selection.selects(
-                    executable.unwrap_or(UNKNOWN_SERVICE),
-                    container.as_deref(),
-                    namespace,
-                ) {
-                    return None;
-                }
-                let environ = procfs.environ(pid).unwrap_or_default();
-                // `dotnet App.dll`: the service is the entry assembly.
-                let entry_assembly = (executable == Some("dotnet"))
-                    .then(|| procfs.process_info(pid).ok())
-                    .flatten()
-                    .and_then(|info| entry_assembly(&info.cmdline));
-                let program = entry_assembly.as_deref().or(executable);
-                let mut labels = Vec::new();
-                if let Some(executable) = executable {
-                    labels.push((
-                        series_keys::PROCESS_EXECUTABLE_NAME.to_owned(),
-                        executable.to_owned(),
-                    ));
-                }
-                labels.extend(k8s.iter().map(|(k, v)| ((*k).to_owned(), v.to_string())));
-                Some(ServiceKey {
-                    service_name: service_name(
-                        &environ,
-                        pod_service.as_deref(),
-                        program.unwrap_or(UNKNOWN_SERVICE),
-                    ),
-                    labels,
-                })
-            })
-            .clone()
-    }
-
-    /// Drops the names of processes that had no sample in the last window.
-    fn forget_unseen(&mut self) {
-        let seen = std::mem::take(&mut self.seen);
-        self.by_pid.retain(|pid, _| seen.contains(pid));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_entry_assembly_names_a_dotnet_process() {
-        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        assert_eq!(
-            entry_assembly(&args(&[
-                "/usr/bin/dotnet",
-                "/srv/app/Shop.Api.dll",
-                "--port",
-                "80"
-            ])),
-            Some("Shop.Api".to_owned())
-        );
-        assert_eq!(
-            entry_assembly(&args(&[
-                "dotnet",
-                "exec",
-                "--runtimeconfig",
-                "x.json",
-                "App.dll"
-            ])),
-            Some("App".to_owned())
-        );
-        assert_eq!(entry_assembly(&args(&["dotnet", "run"])), None);
-    }
-
-    #[test]
-    fn a_pods_samples_name_their_series_and_are_selected_by_namespace() {
-        use crate::profile::Label;
-        let sample = |namespace: &str| ProfileSample {
-            stack: Vec::new(),
-            values: vec![1],
-            labels: vec![
-                // A pid that does not exist: its environment reads empty.
-                Label::num(label_keys::PROCESS_PID, i64::from(u32::MAX - 1)),
-                Label::str(label_keys::PROCESS_EXECUTABLE_NAME, "dotnet"),
-                Label::str(label_keys::K8S_NAMESPACE_NAME, namespace),
-                Label::str(label_keys::K8S_POD_NAME, "api-7d9f"),
-                Label::str(label_keys::SERVICE_NAME, "shop-api"),
-                Label::str(label_keys::THREAD_NAME, "worker"),
-            ],
-        };
-        let everything = super::super::config::ProcessSelection::default();
-        let mut names = ServiceNames::default();
-        let key = names.key_of(&sample("shop"), &everything).expect("kept");
-        assert_eq!(key.service_name, "shop-api", "the pod's service name");
-        assert!(key.labels.contains(&(
-            series_keys::K8S_NAMESPACE_NAME.to_owned(),
-            "shop".to_owned()
-        )));
-        assert!(
-            key.labels
-                .contains(&(series_keys::K8S_POD_NAME.to_owned(), "api-7d9f".to_owned()))
-        );
-        assert!(!key.labels.iter().any(|(k, _)| k == "thread.name"));
-        assert!(
-            !key.labels.iter().any(|(k, _)| k == label_keys::PROCESS_PID),
-            "a pid names no series: {:?}",
-            key.labels
-        );
-
-        let only_shop = super::super::config::ProcessSelection {
-            k8s_namespaces: vec!["shop".into()],
-            ..Default::default()
-        };
-        assert!(
-            ServiceNames::default()
-                .key_of(&sample("shop"), &only_shop)
-                .is_some()
-        );
-        assert!(
-            ServiceNames::default()
-                .key_of(&sample("billing"), &only_shop)
-                .is_none()
-        );
-    }
-
-    /// Processes gone before their name was read share one service, and
-    /// neither a pid nor a container id names a series.
-    #[test]
-    fn short_lived_processes_do_not_make_a_series_each() {
-        use crate::profile::Label;
-        let everything = super::super::config::ProcessSelection::default();
-        let mut names = ServiceNames::default();
-        let mut keys = std::collections::BTreeSet::new();
-        for pid in [u32::MAX - 10, u32::MAX - 11, u32::MAX - 12] {
-            let sample = ProfileSample {
-                stack: Vec::new(),
-                values: vec![1],
-                labels: vec![
-                    Label::num(label_keys::PROCESS_PID, i64::from(pid)),
-                    Label::str(
-                        label_keys::PROCESS_EXECUTABLE_NAME,
-                        crate::pipeline::tracked::unknown_exe_name(pid),
-                    ),
-                    Label::str(label_keys::CONTAINER_ID, format!("{pid:064x}")),
-                ],
-            };
-            keys.insert(names.key_of(&sample, &everything).expect("kept"));
-        }
-        assert_eq!(
-            keys.into_iter().collect::<Vec<_>>(),
-            [ServiceKey {
-                service_name: UNKNOWN_SERVICE.to_owned(),
-                labels: Vec::new(),
-            }]
-        );
-    }
-
-    #[test]
-    fn window_bounds_map_to_sample_time() {
-        let clock = Clock {
-            wall: UNIX_EPOCH + Duration::from_secs(100),
-            mono_ns: 5_000_000_000,
-        };
-        let span = clock.span(
-            UNIX_EPOCH + Duration::from_secs(99),
-            UNIX_EPOCH + Duration::from_secs(115),
-        );
-        assert_eq!(span.start_ns, 4_000_000_000);
-        assert_eq!(span.end_ns, 20_000_000_000);
-        assert_eq!(span.start_unix_ns, 99_000_000_000);
     }
 }

@@ -7,12 +7,13 @@
 pub mod start_tables;
 pub mod system;
 pub mod unwind_maps;
+mod unwind_rows;
 
 pub use unwind_maps::{UnwindMaps, UnwindMapsStats, UnwindMemory, UnwindReport, UnwindWorker};
 
 use std::{
     fs, io,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd},
+    os::fd::{AsFd, AsRawFd},
     sync::Arc,
     time::Instant,
 };
@@ -208,17 +209,11 @@ pub struct ProcessEventAt {
     pub samples_before: usize,
 }
 
-/// Process events [`Sampler::drain`] keeps for [`Sampler::take_process_events`]
-/// at most; past it the oldest are dropped and counted.
-const MAX_QUEUED_PROCESS_EVENTS: usize = 65_536;
-
 /// Userspace counts of process events.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcessEventCounts {
     pub exits: u64,
     pub execs: u64,
-    /// Dropped from the queue of [`Sampler::drain`] because nobody took them.
-    pub dropped: u64,
 }
 
 /// Run-time statistics of one BPF program from the kernel's BPF stats
@@ -247,8 +242,6 @@ pub struct Sampler {
     /// Processes with samples whose pc was in no indexed mapping.
     rescan: std::collections::HashSet<u32>,
     off_cpu: Option<OffCpuMaps>,
-    /// Events read by [`Self::drain`], for [`Self::take_process_events`].
-    process_events: std::collections::VecDeque<ProcessEvent>,
     process_event_counts: ProcessEventCounts,
 }
 
@@ -325,20 +318,17 @@ pub struct OffCpuTotals {
 /// at once; a lost off-CPU record must not leave them forever).
 const MAX_HELD_WAKERS: usize = 4096;
 
-impl Sampler {
-    /// Loads the programs, fills the target set, and attaches everything.
-    pub fn start(config: &SamplerConfig) -> Result<Self, BpfError> {
-        let mut sampler = Self::load(config)?;
-        sampler.start_sampling()?;
-        Ok(sampler)
-    }
+/// The eBPF object loaded with what is fixed at load time: its globals and
+/// its map sizes, from the sampler's configuration.
+struct LoadedObject {
+    ebpf: Ebpf,
+    period_ns: u64,
+    off_cpu_min_ns: u64,
+    unwind_chunks: u32,
+}
 
-    /// Loads the programs, fills the target set and follows the process
-    /// tree, but takes no sample yet: [`Self::start_sampling`] attaches the
-    /// sampling programs. Between the two, the unwind tables of the
-    /// processes known at start can be loaded ([`Self::take_unwind_maps`]),
-    /// so that their first stacks are walked with them.
-    pub fn load(config: &SamplerConfig) -> Result<Self, BpfError> {
+impl LoadedObject {
+    fn load(config: &SamplerConfig) -> Result<Self, BpfError> {
         if EBPF_OBJECT.is_empty() {
             return Err(BpfError::NoObject);
         }
@@ -361,7 +351,7 @@ impl Sampler {
                 .max(1),
         )
         .unwrap_or(u32::MAX);
-        let mut ebpf = EbpfLoader::new()
+        let ebpf = EbpfLoader::new()
             .override_global(names::GLOBAL_FILTER_PIDS, &filter, true)
             .override_global(names::GLOBAL_SELF_TGID, &self_tgid, true)
             .override_global(names::GLOBAL_ON_CPU_PERIOD_NS, &period_ns, true)
@@ -385,7 +375,35 @@ impl Sampler {
             )
             .load(EBPF_OBJECT)
             .map_err(|source| BpfError::Load { source })?;
+        Ok(Self {
+            ebpf,
+            period_ns,
+            off_cpu_min_ns,
+            unwind_chunks,
+        })
+    }
+}
 
+impl Sampler {
+    /// Loads the programs, fills the target set, and attaches everything.
+    pub fn start(config: &SamplerConfig) -> Result<Self, BpfError> {
+        let mut sampler = Self::load(config)?;
+        sampler.start_sampling()?;
+        Ok(sampler)
+    }
+
+    /// Loads the programs, fills the target set and follows the process
+    /// tree, but takes no sample yet: [`Self::start_sampling`] attaches the
+    /// sampling programs. Between the two, the unwind tables of the
+    /// processes known at start can be loaded ([`Self::take_unwind_maps`]),
+    /// so that their first stacks are walked with them.
+    pub fn load(config: &SamplerConfig) -> Result<Self, BpfError> {
+        let LoadedObject {
+            mut ebpf,
+            period_ns,
+            off_cpu_min_ns,
+            unwind_chunks,
+        } = LoadedObject::load(config)?;
         let mut targets: HashMap<MapData, u32, u8> = take_map(&mut ebpf, names::MAP_TARGET_PIDS)?;
         for &pid in config.target_pids.iter().flatten() {
             targets.insert(pid, 1, 0).map_err(|source| BpfError::Map {
@@ -466,7 +484,6 @@ impl Sampler {
             unwind_maps,
             rescan: Default::default(),
             off_cpu,
-            process_events: Default::default(),
             process_event_counts: ProcessEventCounts::default(),
         })
     }
@@ -543,37 +560,6 @@ impl Sampler {
     pub fn remove_target(&mut self, pid: u32) {
         // Absent is fine: the exit tracepoint may have removed it already.
         let _ = self.targets.remove(&pid);
-    }
-
-    /// The ring buffer's descriptor, to wait on with epoll / `AsyncFd`.
-    pub fn ring_fd(&self) -> RawFd {
-        self.samples.as_raw_fd()
-    }
-
-    pub fn ring_as_fd(&self) -> BorrowedFd<'_> {
-        self.samples.as_fd()
-    }
-
-    /// Moves every sample waiting in the ring buffer into `out`; returns how
-    /// many records were malformed (and skipped). Process events read on the
-    /// way wait for [`Self::take_process_events`]; [`Self::drain_with_events`]
-    /// gives them in place instead.
-    pub fn drain(&mut self, out: &mut Vec<RawSample>) -> u64 {
-        let mut events = Vec::new();
-        let malformed = self.drain_with_events(out, &mut events);
-        for at in events {
-            if self.process_events.len() >= MAX_QUEUED_PROCESS_EVENTS {
-                self.process_events.pop_front();
-                self.process_event_counts.dropped += 1;
-            }
-            self.process_events.push_back(at.event);
-        }
-        malformed
-    }
-
-    /// Process events [`Self::drain`] read since the last call, oldest first.
-    pub fn take_process_events(&mut self) -> Vec<ProcessEvent> {
-        self.process_events.drain(..).collect()
     }
 
     pub fn process_event_counts(&self) -> ProcessEventCounts {

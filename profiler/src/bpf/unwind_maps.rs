@@ -39,11 +39,7 @@
 use std::{
     collections::{HashMap, HashSet},
     fs::{self, File},
-    os::{
-        fd::{AsFd as _, AsRawFd as _},
-        unix::fs::MetadataExt as _,
-    },
-    ptr::NonNull,
+    os::unix::fs::MetadataExt as _,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -54,12 +50,13 @@ use std::{
 use aya::maps::{ArrayOfMaps, HashMap as BpfHashMap, MapData, PerCpuArray};
 use clrbpf_common::{
     UNWIND_ERROR_SLOTS,
-    unwind::{
-        MappingEntry, ProcessMappings, RowIndex, UNWIND_ROWS_PER_CHUNK, UnwindError, UnwindRow,
-    },
+    unwind::{MappingEntry, ProcessMappings, RowIndex, UnwindError, UnwindRow},
 };
 
-use super::BpfError;
+use super::{
+    BpfError,
+    unwind_rows::{CHUNK_BYTES, CHUNK_ROWS, RowChunks},
+};
 use crate::process::maps::MappingTable;
 use crate::unwind::{
     FileIdentity, LoadSegment, RowArena, UnwindTableCache, build_process_mappings,
@@ -106,133 +103,6 @@ const IDLE_WAKE_EVERY: Duration = Duration::from_millis(500);
 /// are forgotten (a churning host maps many one-off files: each .NET
 /// process's double-mapped code heap is a memfd of its own).
 const MAX_KNOWN_FILES: usize = 16_384;
-
-/// The row array: chunks of [`UNWIND_ROWS_PER_CHUNK`] rows, each an
-/// mmap-able BPF array, created as tables need them and hung in the
-/// kernel's `UNWIND_ROW_CHUNKS` array of maps. A chunk is mapped into this
-/// process only while rows are copied into it: the rows are kernel memory
-/// (reported as such), not clrbpf's, and a mapping kept would count them
-/// in its RSS as well.
-struct RowChunks {
-    outer: ArrayOfMaps<MapData, MapData>,
-    chunks: Vec<MapData>,
-    max_chunks: u32,
-}
-
-const CHUNK_ROWS: u32 = UNWIND_ROWS_PER_CHUNK as u32;
-const CHUNK_BYTES: usize = UNWIND_ROWS_PER_CHUNK * size_of::<UnwindRow>();
-
-/// A chunk mapped here for writing, unmapped when dropped.
-struct ChunkWriter {
-    base: NonNull<UnwindRow>,
-}
-
-impl ChunkWriter {
-    fn map(chunk: &MapData) -> std::io::Result<Self> {
-        // SAFETY: a fresh shared mapping of an mmap-able BPF array's fd; the
-        // kernel checks the length against the array.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                CHUNK_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                chunk.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        NonNull::new(base.cast::<UnwindRow>())
-            .filter(|_| base != libc::MAP_FAILED)
-            .map(|base| Self { base })
-            .ok_or_else(std::io::Error::last_os_error)
-    }
-
-    /// Copies `rows` to row `within` of the chunk.
-    fn write(&mut self, within: usize, rows: &[UnwindRow]) {
-        assert!(within + rows.len() <= UNWIND_ROWS_PER_CHUNK);
-        // SAFETY: in bounds of the mapping (checked above); the array is
-        // ours to write.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                rows.as_ptr(),
-                self.base.as_ptr().add(within),
-                rows.len(),
-            );
-        }
-    }
-}
-
-impl Drop for ChunkWriter {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `ChunkWriter::map`.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), CHUNK_BYTES) };
-    }
-}
-
-impl RowChunks {
-    fn new(outer: ArrayOfMaps<MapData, MapData>, max_chunks: u32) -> Self {
-        Self {
-            outer,
-            chunks: Vec::new(),
-            max_chunks,
-        }
-    }
-
-    /// Rows the chunks created so far hold.
-    fn rows(&self) -> u32 {
-        self.chunks.len() as u32 * CHUNK_ROWS
-    }
-
-    /// Rows the array may grow to.
-    fn max_rows(&self) -> u32 {
-        self.max_chunks.saturating_mul(CHUNK_ROWS)
-    }
-
-    /// Creates the next chunk and hands it to the kernel. Returns false at
-    /// the cap or when the kernel refuses the memory.
-    fn grow(&mut self) -> Result<bool, BpfError> {
-        let index = self.chunks.len() as u32;
-        if index >= self.max_chunks {
-            return Ok(false);
-        }
-        let name = clrbpf_common::names::MAP_UNWIND_ROW_CHUNKS;
-        let definition = aya_obj::Map::new_from_params(
-            aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY as u32,
-            size_of::<u32>() as u32,
-            size_of::<UnwindRow>() as u32,
-            CHUNK_ROWS,
-            aya_obj::generated::BPF_F_MMAPABLE,
-        );
-        let map = MapData::create(definition, "unwind_rows", None)
-            .map_err(|source| BpfError::Map { map: name, source })?;
-        // Mappable now, or the chunk is of no use.
-        drop(ChunkWriter::map(&map).map_err(|source| BpfError::Mmap { map: name, source })?);
-        self.outer
-            .set(index, &map, 0)
-            .map_err(|source| BpfError::Map { map: name, source })?;
-        self.chunks.push(map);
-        Ok(true)
-    }
-
-    /// Copies `rows` to row `offset` of the array, mapping each chunk it
-    /// touches for the copy.
-    fn write(&mut self, offset: u32, rows: &[UnwindRow]) -> std::io::Result<()> {
-        assert!(
-            offset as usize + rows.len() <= self.rows() as usize,
-            "the arena hands out ranges inside the chunks"
-        );
-        let mut at = offset as usize;
-        let mut rows = rows;
-        while !rows.is_empty() {
-            let (chunk, within) = (at / UNWIND_ROWS_PER_CHUNK, at % UNWIND_ROWS_PER_CHUNK);
-            let n = rows.len().min(UNWIND_ROWS_PER_CHUNK - within);
-            ChunkWriter::map(&self.chunks[chunk])?.write(within, &rows[..n]);
-            rows = &rows[n..];
-            at += n;
-        }
-        Ok(())
-    }
-}
 
 /// The high bit of a JIT table's key (with a generation and the pid below
 /// it), apart from the file tables' hashes.
@@ -636,7 +506,7 @@ impl UnwindMaps {
             table_bytes: self.arena.used() * size_of::<UnwindRow>() as u64,
             tables: self.tables.len(),
             capacity_bytes: u64::from(self.rows.max_rows()) * size_of::<UnwindRow>() as u64,
-            allocated_bytes: (self.rows.chunks.len() * CHUNK_BYTES) as u64,
+            allocated_bytes: (self.rows.chunks() * CHUNK_BYTES) as u64,
             index_bytes: (self.processes.len() * size_of::<ProcessMappings>()) as u64,
             processes: self.processes.len(),
         }
@@ -646,21 +516,6 @@ impl UnwindMaps {
     pub fn memory_bytes(&self) -> u64 {
         let m = self.memory();
         m.table_bytes + m.index_bytes
-    }
-
-    /// Memory used by one process's tables and index (tables shared with
-    /// other processes count in full).
-    pub fn process_memory_bytes(&self, pid: u32) -> Option<u64> {
-        let index = self.processes.get(&pid)?;
-        let jit = self.jit.get(&pid).and_then(|j| j.table).map(|(k, _)| k);
-        let rows: u64 = index
-            .tables
-            .iter()
-            .chain(jit.as_ref())
-            .filter_map(|k| self.tables.get(k))
-            .map(|t| u64::from(t.len))
-            .sum();
-        Some(rows * size_of::<UnwindRow>() as u64 + size_of::<ProcessMappings>() as u64)
     }
 
     /// Kernel-side walks that ended with each error, summed over CPUs.
@@ -1002,7 +857,7 @@ impl UnwindMaps {
                         tracing::warn!("unwind tables cannot grow: {e}");
                     }
                     self.stats.chunk_refused = true;
-                    self.rows.max_chunks = self.rows.chunks.len() as u32;
+                    self.rows.stop_growing();
                 }
             }
             let victim = self

@@ -269,30 +269,12 @@ pub struct ProcessUsage {
 impl ProcessUsage {
     /// Reads host process `pid`; `None` when it is gone or unreadable.
     pub fn read(procfs: &ProcFs, pid: u32) -> Option<Self> {
-        let stat = std::fs::read_to_string(procfs.pid_path(pid, "stat")).ok()?;
-        let statm = std::fs::read_to_string(procfs.pid_path(pid, "statm")).ok()?;
-        // SAFETY: sysconf has no preconditions.
-        let (ticks, page) = unsafe {
-            (
-                libc::sysconf(libc::_SC_CLK_TCK),
-                libc::sysconf(libc::_SC_PAGESIZE),
-            )
-        };
-        Self::parse(&stat, &statm, ticks.max(1) as f64, page.max(1) as u64)
-    }
-
-    fn parse(stat: &str, statm: &str, ticks_per_second: f64, page_size: u64) -> Option<Self> {
-        // The command name may hold spaces and parentheses: fields count
-        // from the last `)`. utime and stime are fields 14 and 15.
-        let after_comm = &stat[stat.rfind(')')? + 1..];
-        let mut fields = after_comm.split_whitespace().skip(11);
-        let utime: u64 = fields.next()?.parse().ok()?;
-        let stime: u64 = fields.next()?.parse().ok()?;
-        let resident_pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+        let (user, system) = procfs.cpu_ticks(pid)?;
+        let ticks = crate::process::clock_ticks_per_second()? as f64;
         Some(Self {
-            user_seconds: utime as f64 / ticks_per_second,
-            system_seconds: stime as f64 / ticks_per_second,
-            resident_bytes: resident_pages.saturating_mul(page_size),
+            user_seconds: user as f64 / ticks,
+            system_seconds: system as f64 / ticks,
+            resident_bytes: procfs.resident_bytes(&pid.to_string())?,
         })
     }
 }

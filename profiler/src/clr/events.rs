@@ -215,11 +215,13 @@ impl MethodLoad {
     }
 
     /// Whether the code came from the JIT (else ReadyToRun/NGen).
+    #[cfg(test)]
     pub fn is_jitted(&self) -> bool {
         self.flags & method_flags::JITTED != 0
     }
 
     /// `[start, start + size)`.
+    #[cfg(test)]
     pub fn code_range(&self) -> std::ops::Range<u64> {
         self.start..self.start.saturating_add(u64::from(self.size))
     }
@@ -635,10 +637,12 @@ impl ClrDecodeStats {
         self.malformed[kind as usize]
     }
 
+    #[cfg(test)]
     pub fn total_decoded(&self) -> u64 {
         self.decoded.iter().sum()
     }
 
+    #[cfg(test)]
     pub fn total_malformed(&self) -> u64 {
         self.malformed.iter().sum()
     }
@@ -716,6 +720,7 @@ pub fn method_display_name(namespace: &str, name: &str, signature: &str) -> Stri
 /// the return type, as in the perf map: `int64 [App] Demo.Worker::Spin(int64)`.
 /// The assembly comes from the method's module ([`ModuleLoad::il_path`],
 /// through [`assembly_simple_name`]).
+#[cfg(test)]
 pub fn method_display_name_in_assembly(
     assembly: &str,
     namespace: &str,
@@ -728,6 +733,7 @@ pub fn method_display_name_in_assembly(
 /// The simple name of the assembly in a module file: the file name without
 /// directory and `.dll`/`.exe` (`/app/App.dll` -> `App`). An assembly whose
 /// file was renamed is named after its file here.
+#[cfg(test)]
 pub fn assembly_simple_name(module_path: &str) -> &str {
     let file = module_path
         .rsplit(['/', '\\'])

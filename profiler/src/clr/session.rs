@@ -578,20 +578,35 @@ fn stop_in_background(
     std::thread::spawn(move || client.stop_tracing(session_id))
 }
 
-/// How far the runtime's event clock is from CLOCK_MONOTONIC (the clock of
-/// BPF samples), from the trace header's sync time; warned about when it
-/// is clearly not the same clock.
-fn clock_skew_ns_of(h: &TraceHeader) -> Option<i64> {
-    let clock_skew_ns = h
-        .ticks_to_ns(h.sync_time_qpc)
+/// How far the runtime's event clock (at the trace header's sync point)
+/// is from CLOCK_MONOTONIC, the clock of BPF samples; warns when it is
+/// clearly another clock.
+fn clock_skew(header: &TraceHeader) -> Option<i64> {
+    let skew = header
+        .ticks_to_ns(header.sync_time_qpc)
         .map(|t| t as i64 - crate::profile::monotonic_ns() as i64);
-    if clock_skew_ns.is_some_and(|skew| skew.abs() > 10_000_000_000) {
+    if skew.is_some_and(|skew| skew.abs() > 10_000_000_000) {
         tracing::warn!(
-            ?clock_skew_ns,
+            clock_skew_ns = ?skew,
             "the runtime's event clock is not CLOCK_MONOTONIC: CLR event times are off"
         );
     }
-    clock_skew_ns
+    skew
+}
+
+/// Warns once for `pid` when its stream defined more metadata than the
+/// parser keeps.
+fn warn_if_metadata_over_budget(pid: u32, parser: &NettraceParser) {
+    if let Some(super::nettrace::NettraceError::MetadataOverBudget { max_bytes }) =
+        parser.last_soft_error()
+    {
+        let max_bytes = *max_bytes;
+        crate::memory_budget::warn_once(pid, crate::memory_budget::OverBudget::Nettrace, || {
+            format!(
+                "pid {pid}'s event stream defines more metadata than its {max_bytes}-byte bound or the budget's share for event streams: records dropped"
+            )
+        });
+    }
 }
 
 /// The reader thread: socket -> parser -> decoder -> channel.
@@ -624,7 +639,7 @@ fn read_session(
         let fed = parser.feed(&buf[..n], &mut |item| match item {
             ParsedItem::Trace(h) => {
                 header = Some(*h);
-                clock_skew_ns = clock_skew_ns_of(h);
+                clock_skew_ns = clock_skew(h);
             }
             ParsedItem::Metadata(metadata) => counter_decoder.on_metadata(metadata),
             ParsedItem::Event(record) => {
@@ -668,20 +683,7 @@ fn read_session(
                 undelivered += events;
             }
         }
-        if let Some(super::nettrace::NettraceError::MetadataOverBudget { max_bytes }) =
-            parser.last_soft_error()
-        {
-            let max_bytes = *max_bytes;
-            crate::memory_budget::warn_once(
-                pid,
-                crate::memory_budget::OverBudget::Nettrace,
-                || {
-                    format!(
-                        "pid {pid}'s event stream defines more metadata than its {max_bytes}-byte bound or the budget's share for event streams: records dropped"
-                    )
-                },
-            );
-        }
+        warn_if_metadata_over_budget(pid, &parser);
         if let Err(e) = fed {
             error = Some(e.to_string());
             break;

@@ -89,18 +89,6 @@ pub enum ExportError {
     },
 }
 
-/// The sample type a single-valued writer (folded stacks, SVG) shows when
-/// the caller names none: the profile's default, else the last one, which
-/// is what `go tool pprof` picks for a pprof without `default_sample_type`.
-/// `None` when the profile has no sample types.
-pub fn default_sample_type_index(profile: &Profile) -> Option<usize> {
-    let count = profile.sample_types.len();
-    match profile.default_sample_type {
-        Some(index) if index < count => Some(index),
-        _ => count.checked_sub(1),
-    }
-}
-
 /// The index of the sample type called `name` (`cpu`, `samples`, ...),
 /// as `go tool pprof -sample_index=NAME` resolves it.
 pub fn sample_type_index(profile: &Profile, name: &str) -> Option<usize> {

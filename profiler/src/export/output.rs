@@ -326,8 +326,8 @@ impl Drop for OutputFile {
 /// Writes `profile` to `path` as `format`, atomically (see the module doc).
 ///
 /// `sample_type_index` picks the value the folded stacks and the SVG show
-/// ([`super::default_sample_type_index`] gives the profile's own choice); a
-/// pprof keeps every sample type and ignores it. `owner` is the
+/// ([`super::sample_type_index`] finds one by name); a pprof keeps every
+/// sample type and ignores it. `owner` is the
 /// `(uid, gid)` the file is given to, usually [`sudo_owner`].
 pub fn write_profile(
     profile: &Profile,

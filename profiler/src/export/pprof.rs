@@ -512,17 +512,8 @@ pub fn validate(profile: &pprof_proto::Profile) -> Result<(), ValidationError> {
         }
         Some(_) => {}
     }
-    let string = |field: &'static str, index: i64| -> Result<&str, ValidationError> {
-        usize::try_from(index)
-            .ok()
-            .and_then(|index| string_table.get(index))
-            .map(String::as_str)
-            .ok_or(ValidationError::StringOutOfRange {
-                field,
-                index,
-                len: string_table.len(),
-            })
-    };
+    let strings = Strings(string_table);
+    let string = |field, index| strings.get(field, index);
 
     for value_type in sample_type {
         string("sample_type.type", value_type.r#type)?;
@@ -576,13 +567,41 @@ pub fn validate(profile: &pprof_proto::Profile) -> Result<(), ValidationError> {
     if sample_type.is_empty() && !sample.is_empty() {
         return Err(ValidationError::MissingSampleTypes);
     }
+    validate_samples(sample, sample_type.len(), &location_ids, &strings)
+}
+
+/// A profile's string table, read index by index.
+struct Strings<'a>(&'a [String]);
+
+impl<'a> Strings<'a> {
+    fn get(&self, field: &'static str, index: i64) -> Result<&'a str, ValidationError> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|at| self.0.get(at))
+            .map(String::as_str)
+            .ok_or(ValidationError::StringOutOfRange {
+                field,
+                index,
+                len: self.0.len(),
+            })
+    }
+}
+
+/// The samples' part of [`validate`]: `types` values each, known
+/// locations, labels with one kind of value and distinct keys.
+fn validate_samples(
+    samples: &[pprof_proto::Sample],
+    types: usize,
+    location_ids: &HashSet<u64>,
+    strings: &Strings<'_>,
+) -> Result<(), ValidationError> {
     let mut keys = Vec::new();
-    for (index, sample) in sample.iter().enumerate() {
-        if sample.value.len() != sample_type.len() {
+    for (index, sample) in samples.iter().enumerate() {
+        if sample.value.len() != types {
             return Err(ValidationError::ValueCountMismatch {
                 sample: index,
                 values: sample.value.len(),
-                types: sample_type.len(),
+                types,
             });
         }
         if let Some(&id) = sample
@@ -594,9 +613,9 @@ pub fn validate(profile: &pprof_proto::Profile) -> Result<(), ValidationError> {
         }
         keys.clear();
         for label in &sample.label {
-            let key = string("label.key", label.key)?;
-            string("label.str", label.str)?;
-            string("label.num_unit", label.num_unit)?;
+            let key = strings.get("label.key", label.key)?;
+            strings.get("label.str", label.str)?;
+            strings.get("label.num_unit", label.num_unit)?;
             if label.str != 0 && (label.num != 0 || label.num_unit != 0) {
                 return Err(ValidationError::LabelStrAndNum {
                     sample: index,

@@ -1,9 +1,21 @@
-//! Where the profile of a closed window goes: a [`ProfileSink`]. `record`
-//! has one window and a [`FileSink`] (one file, or one per kind with
-//! `--split`); the agent hands every window to its uploaders through the
-//! same trait.
+//! Where the profile of a closed window goes: a [`ProfileSink`], the last
+//! stage of the data flow. The driver ([`crate::pipeline::driver`]) hands
+//! every window its policy cuts to one:
+//!
+//! - `record`: a [`FileSink`] (one file, or one per kind with `--split`),
+//!   one window;
+//! - the agent: [`crate::agent::ship::ServiceSinks`], which splits each
+//!   window per service and hands it to the delivery queues of the
+//!   directory, Pyroscope and OTLP backends;
+//! - an on-demand profile (`/debug/pprof/profile`):
+//!   [`crate::agent::cuts::PullReply`], which answers the HTTP client.
 
-use std::path::{Path, PathBuf};
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    pin::Pin,
+    time::{Duration, SystemTime},
+};
 
 use super::{
     ExportError,
@@ -12,10 +24,59 @@ use super::{
 };
 use crate::profile::{Profile, layout::ValueLayout};
 
-/// Takes the profile of each window the pipeline closes.
+/// A boxed, sendable future: what the object-safe traits of the sinks
+/// return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One window the pipeline closed: the whole host's samples of
+/// `[start, start + duration)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClosedWindow {
+    pub profile: Profile,
+    /// Wall-clock start.
+    pub start: SystemTime,
+    pub duration: Duration,
+}
+
+impl Default for ClosedWindow {
+    fn default() -> Self {
+        Self {
+            profile: Profile::default(),
+            start: SystemTime::UNIX_EPOCH,
+            duration: Duration::ZERO,
+        }
+    }
+}
+
+/// Where the windows the driver cuts go: a file, the agent's backends, the
+/// client of an on-demand profile.
 pub trait ProfileSink {
-    /// Writes or ships `profile`, the whole host's samples of one window.
-    fn write_window(&mut self, profile: &Profile) -> Result<(), ExportError>;
+    /// Takes one closed window. A file sink writes it now (and fails if it
+    /// cannot); a network sink queues it and never blocks the loop.
+    fn submit(&mut self, window: ClosedWindow) -> Result<(), ExportError>;
+
+    /// Waits until every window submitted so far is delivered or given up,
+    /// for at most `grace` (at the end, after the last window); what is
+    /// still queued then is dropped and counted.
+    fn flush(&mut self, grace: Duration) -> BoxFuture<'_, FlushReport> {
+        let _ = grace;
+        Box::pin(std::future::ready(FlushReport::default()))
+    }
+}
+
+/// What [`ProfileSink::flush`] achieved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushReport {
+    /// Windows still queued when the grace period ended (now dropped).
+    pub abandoned: u64,
+}
+
+impl FlushReport {
+    pub fn merge(self, other: Self) -> Self {
+        Self {
+            abandoned: self.abandoned + other.abandoned,
+        }
+    }
 }
 
 /// The output files of `record`, created (mode 0600, owned by the invoking
@@ -86,7 +147,8 @@ impl FileSink {
 
 impl ProfileSink for FileSink {
     /// Fills and commits every file; a second window has nowhere to go.
-    fn write_window(&mut self, profile: &Profile) -> Result<(), ExportError> {
+    fn submit(&mut self, window: ClosedWindow) -> Result<(), ExportError> {
+        let profile = &window.profile;
         if self.planned.is_empty() {
             return Err(ExportError::NotAFilePath {
                 path: PathBuf::from("(the output files were written already)"),
@@ -131,10 +193,14 @@ mod tests {
         for sample in &mut profile.samples {
             sample.values.resize(layout.types.len(), 1);
         }
-        sink.write_window(&profile).unwrap();
+        let window = ClosedWindow {
+            profile,
+            ..ClosedWindow::default()
+        };
+        sink.submit(window.clone()).unwrap();
         assert_eq!(sink.written().len(), 2);
         let cpu = read_pprof(&std::fs::read(dir.path().join("p.cpu.pb.gz")).unwrap()).unwrap();
         assert_eq!(cpu.sample_type.len(), 2);
-        assert!(sink.write_window(&profile).is_err(), "one window only");
+        assert!(sink.submit(window).is_err(), "one window only");
     }
 }

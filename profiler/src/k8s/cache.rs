@@ -81,6 +81,7 @@ impl PodCache {
             .cloned()
     }
 
+    #[cfg(test)]
     pub fn pod_count(&self) -> usize {
         self.by_pod.len()
     }

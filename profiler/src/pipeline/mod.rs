@@ -17,6 +17,7 @@
 //!    forgotten, even by a killed run) and the profile goes to the export
 //!    stage; [`summary`] says what was collected.
 
+pub mod driver;
 mod labels;
 pub mod perf_maps;
 pub mod raw_stacks;
@@ -105,19 +106,19 @@ pub struct WindowSpan {
 
 /// Turns raw samples into aggregated, symbolized ones.
 pub struct Pipeline {
-    pub(crate) procfs: ProcFs,
-    pub(crate) attach_perf_maps: bool,
+    procfs: ProcFs,
+    attach_perf_maps: bool,
     /// What each .NET process's runtime is asked for: CLR events, the
     /// `System.Runtime` EventCounters (the agent's `dotnet_*` series,
     /// [`Self::runtime_metrics`]) and the exception budget
     /// ([`crate::clr::budget`]).
-    pub(crate) clr: ClrSettings,
-    pub(crate) native: NativeSymbolizer,
+    clr: ClrSettings,
+    native: NativeSymbolizer,
     processes: HashMap<u32, TrackedProcess>,
-    pub(crate) aggregator: Aggregator,
-    pub(crate) pending: VecDeque<RawSample>,
-    pub(crate) summary: RecordSummary,
-    pub(crate) stack: Vec<u32>,
+    aggregator: Aggregator,
+    pending: VecDeque<RawSample>,
+    summary: RecordSummary,
+    stack: Vec<u32>,
     /// Names one raw stack at a time.
     namer: StackNamer,
     /// Memory for managed symbols, shared by every process: the least
@@ -127,20 +128,20 @@ pub struct Pipeline {
     /// is applied once every sample taken before it has been added.
     lifecycle: VecDeque<crate::bpf::ProcessEvent>,
     /// Whether perf files of processes clrbpf asked for are kept.
-    pub(crate) keep_perf_files: bool,
+    keep_perf_files: bool,
     /// Abandoned attaches and the ledger of perf maps turned on.
     perf_maps: perf_maps::PerfMapKeeper,
     /// CPU samples of the current window counted by raw stack, named when
     /// the window closes.
     raw_cpu: RawStacks,
     /// Samples waiting for a perf map that names their JIT frames.
-    pub(crate) retry: Vec<RawSample>,
-    pub(crate) unwind: Option<UnwindWorker>,
-    pub(crate) layout: ValueLayout,
+    retry: Vec<RawSample>,
+    unwind: Option<UnwindWorker>,
+    layout: ValueLayout,
     /// Thread names seen in samples, for the off-CPU totals.
-    pub(crate) thread_names: HashMap<u32, Arc<str>>,
+    thread_names: HashMap<u32, Arc<str>>,
     /// Off-CPU nanoseconds (upscaled) and waits the profile holds, per tid.
-    pub(crate) off_cpu_recorded: HashMap<u32, (u64, u64)>,
+    off_cpu_recorded: HashMap<u32, (u64, u64)>,
     /// Pids [`Self::track_dotnet_processes`] looked at without finding a
     /// runtime, and how many times.
     dotnet_scanned: HashMap<u32, u8>,

@@ -334,8 +334,9 @@ pub(crate) fn off_cpu_threads(
 /// Threads listed by name in the off-CPU part of the summary.
 const OFF_CPU_SUMMARY_THREADS: usize = 10;
 
-/// The off-CPU headline: exact totals against what the profile holds.
-fn off_cpu_summary(summary: &RecordSummary) -> Option<String> {
+/// The off-CPU headline: exact totals against what the profile holds;
+/// with `verbose`, the cost of the `sched_switch` program too.
+fn off_cpu_summary(summary: &RecordSummary, verbose: bool) -> Option<String> {
     let k = &summary.kernel;
     if k.off_cpu_blocked == 0 && summary.off_cpu_threads.is_empty() {
         return None;
@@ -345,7 +346,7 @@ fn off_cpu_summary(summary: &RecordSummary) -> Option<String> {
     let blocked = sum(|t| t.totals.blocked_ns) + others.blocked_ns;
     let recorded = sum(|t| t.recorded_ns);
     let stats = &summary.off_cpu_bpf_stats;
-    let per_switch = if stats.run_count > 0 {
+    let per_switch = if verbose && stats.run_count > 0 {
         format!(
             ", sched_switch BPF {:.2} us per switch over {} switches",
             stats.run_time_ns as f64 / stats.run_count as f64 / 1000.0,
@@ -398,11 +399,50 @@ fn describe_exit(status: std::process::ExitStatus) -> String {
     }
 }
 
-/// The end-of-recording summary, for a person.
+/// The end-of-recording summary, for a person: what was recorded, what
+/// was lost or left unnamed and why, the CLR and off-CPU totals, the
+/// command's end and the warnings. With `verbose` (`-v`), clrbpf's own
+/// figures too: BPF time, unwind tables and caches.
 pub fn print_summary(
     summary: &RecordSummary,
     output: &Path,
+    verbose: bool,
     mut w: impl std::io::Write,
+) -> std::io::Result<()> {
+    print_recorded(summary, output, &mut w)?;
+    print_lost(summary, &mut w)?;
+    if let Some(status) = summary.command_status {
+        writeln!(w, "clrbpf: the command {}", describe_exit(status))?;
+    }
+    if summary.perf_maps_enabled > 0 {
+        writeln!(
+            w,
+            "clrbpf: turned perf maps on and off again in {} running .NET processes",
+            summary.perf_maps_enabled
+        )?;
+    }
+    print_clr_totals(&summary.clr, &mut w)?;
+    if summary.outputs.len() > 1 {
+        for path in &summary.outputs {
+            writeln!(w, "clrbpf: wrote {}", path.display())?;
+        }
+    }
+    print_off_cpu(summary, verbose, &mut w)?;
+    if verbose {
+        print_internals(summary, &mut w)?;
+    }
+    for warning in summary.warnings.lines() {
+        writeln!(w, "clrbpf: warning: {warning}")?;
+    }
+    Ok(())
+}
+
+/// What was recorded: the span, samples and processes, and how the
+/// frames of the stacks were named.
+fn print_recorded(
+    summary: &RecordSummary,
+    output: &Path,
+    w: &mut impl std::io::Write,
 ) -> std::io::Result<()> {
     let user_frames = summary.managed_frames
         + summary.native_frames
@@ -446,20 +486,17 @@ pub fn print_summary(
             summary.processes_exited
         )?;
     }
-    let unwind_evicted = summary
-        .unwind
-        .as_ref()
-        .map_or(0, |u| u.stats.tables_evicted);
-    let e = summary.evictions;
-    let evicted = unwind_evicted + e.managed_tables + e.native_files + e.native_frames;
-    if evicted > 0 || summary.processes_exited > 0 {
+    Ok(())
+}
+
+/// What the profile misses, and why: samples the kernel could not hand
+/// over, input over the memory budget, stacks cut short.
+fn print_lost(summary: &RecordSummary, w: &mut impl std::io::Write) -> std::io::Result<()> {
+    if summary.samples_lost > 0 {
         writeln!(
             w,
-            "clrbpf: caches stayed within their caps by evicting {unwind_evicted} unwind tables, {} processes' managed symbols ({:.1} MiB), {} native symbol files, {} cached native frames",
-            e.managed_tables,
-            e.managed_bytes as f64 / 1048576.0,
-            e.native_files,
-            e.native_frames
+            "clrbpf: {} samples lost: the ring the kernel writes them to was full (clrbpf fell behind: a saturated host, or a high -F)",
+            summary.samples_lost
         )?;
     }
     let d = summary.over_budget;
@@ -485,17 +522,13 @@ pub fn print_summary(
             summary.truncated_stacks, summary.malformed_records
         )?;
     }
-    if let Some(status) = summary.command_status {
-        writeln!(w, "clrbpf: the command {}", describe_exit(status))?;
-    }
-    if summary.perf_maps_enabled > 0 {
-        writeln!(
-            w,
-            "clrbpf: turned perf maps on and off again in {} running .NET processes",
-            summary.perf_maps_enabled
-        )?;
-    }
-    for totals in &summary.clr.listed {
+    Ok(())
+}
+
+/// The exact CLR event totals: the busiest processes one by one, the
+/// others summed.
+fn print_clr_totals(clr: &ClrTotals, w: &mut impl std::io::Write) -> std::io::Result<()> {
+    for totals in &clr.listed {
         let ClrProcessTotals {
             pid,
             exe_name,
@@ -522,49 +555,77 @@ pub fn print_summary(
             wait_totals(counters)
         )?;
     }
-    if summary.clr.others > 0 {
-        let counters = &summary.clr.others_counters;
-        let incomplete = match summary.clr.others_incomplete {
+    if clr.others > 0 {
+        let counters = &clr.others_counters;
+        let incomplete = match clr.others_incomplete {
             0 => String::new(),
             n => format!(" ({n} of them incomplete: their event stream broke)"),
         };
         writeln!(
             w,
             "clrbpf: {} more .NET processes: {} exceptions thrown, {} contentions, {:.1} ms contention time{}{incomplete}",
-            summary.clr.others,
+            clr.others,
             counters.exceptions,
             counters.contentions,
             counters.contention_ns as f64 / 1e6,
             wait_totals(counters)
         )?;
     }
-    if summary.outputs.len() > 1 {
-        for path in &summary.outputs {
-            writeln!(w, "clrbpf: wrote {}", path.display())?;
-        }
+    Ok(())
+}
+
+/// The off-CPU totals, and the most blocked threads.
+fn print_off_cpu(
+    summary: &RecordSummary,
+    verbose: bool,
+    w: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    let Some(line) = off_cpu_summary(summary, verbose) else {
+        return Ok(());
+    };
+    writeln!(w, "{line}")?;
+    for t in summary.off_cpu_threads.iter().take(OFF_CPU_SUMMARY_THREADS) {
+        writeln!(
+            w,
+            "clrbpf:   tid {} ({}, pid {}): {:.1} ms off-CPU in {} waits; the profile holds {:.1} ms from {} of them",
+            t.tid,
+            t.thread_name,
+            t.pid,
+            t.totals.blocked_ns as f64 / 1e6,
+            t.totals.intervals,
+            t.recorded_ns as f64 / 1e6,
+            t.recorded
+        )?;
     }
-    if let Some(line) = off_cpu_summary(summary) {
-        writeln!(w, "{line}")?;
-        for t in summary.off_cpu_threads.iter().take(OFF_CPU_SUMMARY_THREADS) {
-            writeln!(
-                w,
-                "clrbpf:   tid {} ({}, pid {}): {:.1} ms off-CPU in {} waits; the profile holds {:.1} ms from {} of them",
-                t.tid,
-                t.thread_name,
-                t.pid,
-                t.totals.blocked_ns as f64 / 1e6,
-                t.totals.intervals,
-                t.recorded_ns as f64 / 1e6,
-                t.recorded
-            )?;
-        }
-        if summary.off_cpu_threads.len() > OFF_CPU_SUMMARY_THREADS {
-            writeln!(
-                w,
-                "clrbpf:   ... and {} more threads",
-                summary.off_cpu_threads.len() - OFF_CPU_SUMMARY_THREADS
-            )?;
-        }
+    if summary.off_cpu_threads.len() > OFF_CPU_SUMMARY_THREADS {
+        writeln!(
+            w,
+            "clrbpf:   ... and {} more threads",
+            summary.off_cpu_threads.len() - OFF_CPU_SUMMARY_THREADS
+        )?;
+    }
+    Ok(())
+}
+
+/// clrbpf's own figures (`-v`): its caches' evictions, BPF time per
+/// sample, the unwind tables, their cache between runs, and the JIT code
+/// given unwind rows.
+fn print_internals(summary: &RecordSummary, w: &mut impl std::io::Write) -> std::io::Result<()> {
+    let unwind_evicted = summary
+        .unwind
+        .as_ref()
+        .map_or(0, |u| u.stats.tables_evicted);
+    let e = summary.evictions;
+    let evicted = unwind_evicted + e.managed_tables + e.native_files + e.native_frames;
+    if evicted > 0 || summary.processes_exited > 0 {
+        writeln!(
+            w,
+            "clrbpf: caches stayed within their caps by evicting {unwind_evicted} unwind tables, {} processes' managed symbols ({:.1} MiB), {} native symbol files, {} cached native frames",
+            e.managed_tables,
+            e.managed_bytes as f64 / 1048576.0,
+            e.native_files,
+            e.native_frames
+        )?;
     }
     if summary.bpf_stats.run_count > 0 {
         writeln!(
@@ -585,59 +646,67 @@ pub fn print_summary(
         writeln!(w, "clrbpf: {}", start.join("; "))?;
     }
     if let Some(unwind) = &summary.unwind {
-        let errors: Vec<String> = unwind
-            .errors
-            .iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|(e, n)| format!("{} {n}", e.name()))
-            .collect();
-        let memory = &unwind.memory;
+        print_unwind(summary, unwind, w)?;
+    }
+    Ok(())
+}
+
+/// The unwind tables: their size, the stacks walked with them, the walks
+/// ended early, their cache between runs, the JIT code given rows.
+fn print_unwind(
+    summary: &RecordSummary,
+    unwind: &UnwindReport,
+    w: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    let errors: Vec<String> = unwind
+        .errors
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(e, n)| format!("{} {n}", e.name()))
+        .collect();
+    let memory = &unwind.memory;
+    writeln!(
+        w,
+        "clrbpf: unwind tables {:.1} MiB in {} files, {} processes indexed ({:.1} MiB allocated, cap {:.0} MiB); {} user stacks walked with them, {} by frame pointers (process not indexed yet){}; walks ended early: {}",
+        memory.table_bytes as f64 / 1048576.0,
+        memory.tables,
+        unwind.stats.processes_indexed,
+        memory.allocated_bytes as f64 / 1048576.0,
+        memory.capacity_bytes as f64 / 1048576.0,
+        summary.kernel.user_stacks_unwound,
+        summary.kernel.unwind_process_unknown,
+        match summary.kernel.waker_process_unknown {
+            0 => String::new(),
+            n => format!(", {n} wakers' stacks in processes without tables"),
+        },
+        if errors.is_empty() {
+            "none".to_owned()
+        } else {
+            errors.join(", ")
+        }
+    )?;
+    if let Some(disk) = unwind.disk_cache
+        && disk.hits + disk.misses > 0
+    {
         writeln!(
             w,
-            "clrbpf: unwind tables {:.1} MiB in {} files, {} processes indexed ({:.1} MiB allocated, cap {:.0} MiB); {} user stacks walked with them, {} by frame pointers (process not indexed yet){}; walks ended early: {}",
-            memory.table_bytes as f64 / 1048576.0,
-            memory.tables,
-            unwind.stats.processes_indexed,
-            memory.allocated_bytes as f64 / 1048576.0,
-            memory.capacity_bytes as f64 / 1048576.0,
-            summary.kernel.user_stacks_unwound,
-            summary.kernel.unwind_process_unknown,
-            match summary.kernel.waker_process_unknown {
-                0 => String::new(),
-                n => format!(", {n} wakers' stacks in processes without tables"),
-            },
-            if errors.is_empty() {
-                "none".to_owned()
+            "clrbpf: unwind tables kept between runs (--cache-dir): {} read, {} built and written{}",
+            disk.hits,
+            disk.written,
+            if disk.rejected > 0 {
+                format!(", {} stale or damaged entries replaced", disk.rejected)
             } else {
-                errors.join(", ")
+                String::new()
             }
         )?;
-        if let Some(disk) = unwind.disk_cache
-            && disk.hits + disk.misses > 0
-        {
-            writeln!(
-                w,
-                "clrbpf: unwind tables kept between runs (--cache-dir): {} read, {} built and written{}",
-                disk.hits,
-                disk.written,
-                if disk.rejected > 0 {
-                    format!(", {} stale or damaged entries replaced", disk.rejected)
-                } else {
-                    String::new()
-                }
-            )?;
-        }
-        let s = &unwind.stats;
-        if s.jit_methods > 0 {
-            writeln!(
-                w,
-                "clrbpf: JIT-compiled methods: {} prologues decoded, {} without an rbp frame given rows ({} OSR methods, through their tier-0 frame), {} unrecognised and {} unread (walked by frame pointer)",
-                s.jit_methods, s.jit_frameless, s.jit_osr, s.jit_unrecognised, s.jit_not_decoded
-            )?;
-        }
     }
-    for warning in summary.warnings.lines() {
-        writeln!(w, "clrbpf: warning: {warning}")?;
+    let s = &unwind.stats;
+    if s.jit_methods > 0 {
+        writeln!(
+            w,
+            "clrbpf: JIT-compiled methods: {} prologues decoded, {} without an rbp frame given rows ({} OSR methods, through their tier-0 frame), {} unrecognised and {} unread (walked by frame pointer)",
+            s.jit_methods, s.jit_frameless, s.jit_osr, s.jit_unrecognised, s.jit_not_decoded
+        )?;
     }
     Ok(())
 }

@@ -137,6 +137,7 @@ impl Mapping {
     }
 
     /// The file was deleted or replaced after it was mapped.
+    #[cfg(test)]
     pub fn is_deleted(&self) -> bool {
         self.path
             .as_deref()
@@ -402,16 +403,6 @@ impl MappingTable {
         memory_budget::Drops::count(&drops.mappings, stats.dropped);
         memory_budget::Drops::count(&drops.maps_files_truncated, u64::from(stats.truncated));
         Ok(Self::from_parsed(mappings, stats, charge))
-    }
-
-    /// A table from mappings in any order; overlapping ones after the first
-    /// are dropped and counted.
-    pub fn from_mappings(mappings: Vec<Mapping>) -> Self {
-        Self::from_parsed(
-            mappings,
-            MapsParseStats::default(),
-            Charge::new(Pool::Mappings),
-        )
     }
 
     fn from_parsed(mut mappings: Vec<Mapping>, mut stats: MapsParseStats, charge: Charge) -> Self {

@@ -34,6 +34,10 @@ pub use maps::{Mapping, MappingTable, Perms};
 const STATUS_MAX_BYTES: u64 = 64 * 1024;
 /// `/proc/PID/stat` is one line; comm is at most 64 bytes even for kernel threads.
 const STAT_MAX_BYTES: u64 = 4 * 1024;
+/// `/proc/PID/statm`: seven numbers.
+const STATM_MAX_BYTES: u64 = 512;
+/// `/proc/stat`: a line per CPU before `btime`, so it grows with the CPUs.
+const SYSTEM_STAT_MAX_BYTES: u64 = 1024 * 1024;
 /// Command lines longer than this are cut (the kernel allows ~2 MiB).
 const CMDLINE_MAX_BYTES: u64 = 64 * 1024;
 /// At most this much of `/proc/PID/environ` is searched for a variable.
@@ -208,9 +212,38 @@ impl ProcFs {
             })
     }
 
+    /// Boot time in whole seconds since the epoch: the `btime` line of
+    /// `<root>/stat`.
+    pub fn boot_time(&self) -> Option<u64> {
+        let (stat, _) = read_bounded(&self.root.join("stat"), SYSTEM_STAT_MAX_BYTES).ok()?;
+        parse_boot_time(&String::from_utf8_lossy(&stat))
+    }
+
+    /// Resident set of `<root>/<dir>/statm` in bytes; `dir` is a pid or
+    /// `self`.
+    pub fn resident_bytes(&self, dir: &str) -> Option<u64> {
+        let (statm, _) = read_bounded(&self.root.join(dir).join("statm"), STATM_MAX_BYTES).ok()?;
+        let statm = String::from_utf8_lossy(&statm);
+        let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+        Some(pages.saturating_mul(page_size()))
+    }
+
+    /// User and system CPU time of `pid` in clock ticks: fields 14 and 15
+    /// of `<root>/<pid>/stat`.
+    pub fn cpu_ticks(&self, pid: u32) -> Option<(u64, u64)> {
+        let (stat, _) = self.read_pid_file(pid, "stat", STAT_MAX_BYTES).ok()?;
+        let stat = String::from_utf8_lossy(&stat);
+        // The command name may hold spaces and parentheses: fields count
+        // from the last `)`.
+        let after_comm = &stat[stat.rfind(')')? + 1..];
+        let mut fields = after_comm.split_whitespace().skip(11);
+        Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
+    }
+
     /// The value of environment variable `name` of `pid`, as it was at exec
     /// (`/proc/PID/environ` does not see later `setenv`). Only the first
     /// 1 MiB of the environment is searched.
+    #[cfg(test)]
     pub fn environ_var(&self, pid: u32, name: &str) -> Result<Option<String>, ProcError> {
         let (environ, _) = self.read_pid_file(pid, "environ", ENVIRON_MAX_BYTES)?;
         Ok(environ_lookup(&environ, name))
@@ -334,6 +367,34 @@ fn parse_pid_name(name: &str) -> Option<u32> {
 }
 
 /// Reads at most `limit` bytes of `path`; returns whether there was more.
+/// The `btime` line of `/proc/stat`: boot time, seconds since the epoch.
+pub fn parse_boot_time(proc_stat: &str) -> Option<u64> {
+    proc_stat
+        .lines()
+        .find_map(|line| line.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `sysconf(name)`, when the system gives a positive value.
+fn sysconf(name: libc::c_int) -> Option<u64> {
+    // SAFETY: sysconf has no preconditions.
+    u64::try_from(unsafe { libc::sysconf(name) })
+        .ok()
+        .filter(|&value| value > 0)
+}
+
+/// Clock ticks per second, the unit of `/proc` CPU and start times.
+pub fn clock_ticks_per_second() -> Option<u64> {
+    sysconf(libc::_SC_CLK_TCK)
+}
+
+/// The page size, the unit of `/proc/PID/statm`.
+pub fn page_size() -> u64 {
+    sysconf(libc::_SC_PAGESIZE).unwrap_or(4096)
+}
+
 pub(crate) fn read_bounded(path: &Path, limit: u64) -> io::Result<(Vec<u8>, bool)> {
     let file = File::open(path)?;
     read_bounded_from(file, limit)

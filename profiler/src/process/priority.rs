@@ -80,6 +80,7 @@ fn set_nice(nice: i32) -> std::io::Result<()> {
 }
 
 /// The calling thread's scheduling policy (without the reset-on-fork flag).
+#[cfg(test)]
 pub fn current_policy() -> i32 {
     // SAFETY: no preconditions; pid 0 is the calling thread.
     unsafe { libc::sched_getscheduler(0) & !libc::SCHED_RESET_ON_FORK }

@@ -258,12 +258,6 @@ impl JitCodeIndex {
         self.symbols.is_empty()
     }
 
-    /// Every symbol held, in insertion order.
-    #[cfg(test)]
-    pub(crate) fn symbols_for_test(&self) -> impl Iterator<Item = &ManagedSymbol> {
-        self.symbols.iter()
-    }
-
     /// Ranges refused by [`Self::insert`].
     pub fn rejected_ranges(&self) -> u64 {
         self.rejected_ranges

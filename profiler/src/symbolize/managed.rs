@@ -36,14 +36,14 @@
 //! named from runtime events ([`ManagedSymbols::insert_method`]) are not in
 //! the files: a process holding any is never dropped (but still charged).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs::File;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
 
 use super::jit_index::JitCodeIndex;
 use super::jitdump::{JitDumpCounts, JitDumpError, JitDumpLimits, JitDumpParser};
@@ -521,180 +521,11 @@ fn lock_tables(tables: &Mutex<SymbolTables>) -> MutexGuard<'_, SymbolTables> {
     tables.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Heap bytes of one perf map entry of a real service (a signature of about
-/// 100 bytes with a tier: the name and the name with its tier, the symbol,
-/// its range), as [`JitCodeIndex::memory_bytes`] counts them.
-pub const TYPICAL_ENTRY_BYTES: u64 = 448;
-
-/// Default of [`ManagedSymbolBudget::new`]'s limit for a run.
-pub const DEFAULT_MANAGED_SYMBOL_BUDGET_BYTES: u64 = 64 << 20;
-
-/// One bound on the memory of managed symbols across every process of a
-/// run. Each [`ManagedSymbols`] made with [`ManagedSymbols::with_budget`]
-/// charges its tables (an estimate from their capacities and string
-/// sizes); when the total passes the limit, the tables of the least
-/// recently used processes (by refresh and lookup) are dropped, never
-/// those of the process being charged, and read again at that process's
-/// next refresh. Cheap to clone: clones share the book.
-#[derive(Clone, Debug)]
-pub struct ManagedSymbolBudget {
-    book: Arc<Mutex<BudgetBook>>,
-}
-
-#[derive(Debug)]
-struct BudgetBook {
-    limit_bytes: u64,
-    clock: u64,
-    next_id: u64,
-    members: HashMap<u64, BudgetMember>,
-    stats: ManagedSymbolBudgetStats,
-}
-
-#[derive(Debug)]
-struct BudgetMember {
-    tables: Weak<Mutex<SymbolTables>>,
-    bytes: u64,
-    last_used: u64,
-    /// Holds methods named from runtime events, which no file can give
-    /// back: never dropped.
-    pinned: bool,
-}
-
-/// What a [`ManagedSymbolBudget`] holds and has let go.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ManagedSymbolBudgetStats {
-    pub limit_bytes: u64,
-    /// Charged now, over all processes.
-    pub used_bytes: u64,
-    pub peak_bytes: u64,
-    /// Processes charged now.
-    pub processes: u64,
-    /// Times a process's tables were dropped to stay within the limit.
-    pub evictions: u64,
-    pub evicted_bytes: u64,
-    /// Evicted processes whose tables were read again.
-    pub reloads: u64,
-}
-
-impl ManagedSymbolBudget {
-    pub fn new(limit_bytes: u64) -> Self {
-        Self {
-            book: Arc::new(Mutex::new(BudgetBook {
-                limit_bytes,
-                clock: 0,
-                next_id: 0,
-                members: HashMap::new(),
-                stats: ManagedSymbolBudgetStats {
-                    limit_bytes,
-                    ..ManagedSymbolBudgetStats::default()
-                },
-            })),
-        }
-    }
-
-    pub fn stats(&self) -> ManagedSymbolBudgetStats {
-        let book = self.lock();
-        ManagedSymbolBudgetStats {
-            processes: book.members.len() as u64,
-            ..book.stats
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, BudgetBook> {
-        // The book's numbers stay consistent at every await-free step.
-        self.book.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn join(&self, tables: &Arc<Mutex<SymbolTables>>) -> u64 {
-        let mut book = self.lock();
-        book.next_id += 1;
-        book.clock += 1;
-        let (id, now) = (book.next_id, book.clock);
-        book.members.insert(
-            id,
-            BudgetMember {
-                tables: Arc::downgrade(tables),
-                bytes: 0,
-                last_used: now,
-                pinned: false,
-            },
-        );
-        id
-    }
-
-    fn leave(&self, id: u64) {
-        let mut book = self.lock();
-        if let Some(member) = book.members.remove(&id) {
-            book.stats.used_bytes -= member.bytes;
-        }
-    }
-
-    fn touch(&self, id: u64) {
-        let mut book = self.lock();
-        book.clock += 1;
-        let now = book.clock;
-        if let Some(member) = book.members.get_mut(&id) {
-            member.last_used = now;
-        }
-    }
-
-    fn pin(&self, id: u64) {
-        if let Some(member) = self.lock().members.get_mut(&id) {
-            member.pinned = true;
-        }
-    }
-
-    fn count_reload(&self) {
-        self.lock().stats.reloads += 1;
-    }
-
-    /// Sets member `id`'s charge to `bytes` and marks it used, then drops
-    /// other members' tables, least recently used first, until the total
-    /// is within the limit. The caller must not hold `id`'s tables lock.
-    fn charge(&self, id: u64, bytes: u64) {
-        let mut book = self.lock();
-        book.clock += 1;
-        let now = book.clock;
-        let evictions_before = book.stats.evictions;
-        let Some(member) = book.members.get_mut(&id) else {
-            return;
-        };
-        let old = std::mem::replace(&mut member.bytes, bytes);
-        member.last_used = now;
-        book.stats.used_bytes = book.stats.used_bytes - old + bytes;
-        while book.stats.used_bytes > book.limit_bytes {
-            let Some((&victim, _)) = book
-                .members
-                .iter()
-                .filter(|(other, m)| **other != id && m.bytes > 0 && !m.pinned)
-                .min_by_key(|(_, m)| m.last_used)
-            else {
-                break; // only the charged process is left: it stays
-            };
-            let Some(member) = book.members.get_mut(&victim) else {
-                break;
-            };
-            let freed = std::mem::take(&mut member.bytes);
-            if let Some(tables) = member.tables.upgrade() {
-                // Lock order: book, then a member's tables. Members never
-                // call the budget while holding their own tables.
-                let mut tables = lock_tables(&tables);
-                tables.index = JitCodeIndex::new();
-                tables.interner = SymbolInterner::default();
-                tables.evicted = true;
-            }
-            book.stats.used_bytes -= freed;
-            book.stats.evictions += 1;
-            book.stats.evicted_bytes += freed;
-        }
-        book.stats.peak_bytes = book.stats.peak_bytes.max(book.stats.used_bytes);
-        let evicted = book.stats.evictions > evictions_before;
-        drop(book);
-        if evicted {
-            crate::release_freed_heap();
-        }
-    }
-}
+mod budget;
+pub use budget::{
+    DEFAULT_MANAGED_SYMBOL_BUDGET_BYTES, ManagedSymbolBudget, ManagedSymbolBudgetStats,
+    TYPICAL_ENTRY_BYTES,
+};
 
 impl Drop for ManagedSymbols {
     fn drop(&mut self) {
@@ -1210,94 +1041,14 @@ fn read_incrementally<P: IncrementalParser>(
     Ok(total)
 }
 
-/// A perf map of `entries` lines shaped like a real .NET service's: stubs
-/// and methods from two code heaps interleaved (so not sorted), tiers,
-/// generic signatures.
-pub fn synthetic_perf_map(entries: usize) -> Vec<u8> {
-    use std::fmt::Write as _;
-    const TIERS: &[&str] = &[
-        "QuickJitted",
-        "OptimizedTier1",
-        "Optimized",
-        "OptimizedTier1OSR",
-    ];
-    let mut text = String::with_capacity(entries * 120);
-    let (mut stubs, mut methods) = (0x7f5c_2d98_0000u64, 0x7f5c_2da4_0000u64);
-    for i in 0..entries {
-        let line = if i % 4 == 0 {
-            let size = 0x18 + (i as u64 % 7) * 0x30;
-            let line = format!(
-                "0x{stubs:x} {size:x} stub<{}> AllocateTemporaryEntryPoints<PRECODE_STUB>",
-                i / 4 + 1
-            );
-            stubs += size;
-            line
-        } else {
-            let size = 0x40 + (i as u64 * 37) % 0x600;
-            let tier = TIERS[i % TIERS.len()];
-            let line = if i % 3 == 0 {
-                format!(
-                    "0x{methods:x} {size:x} !!1 [System.Linq] System.Linq.Enumerable{i}::Sum(class \
-                     [System.Runtime]System.Collections.Generic.IEnumerable`1<!!0>)[{tier}]"
-                )
-            } else {
-                format!(
-                    "0x{methods:x} {size:x} int64 [App.Service{}] App.Service.Worker{i}::Run(int64,class \
-                     System.String)[{tier}]",
-                    i % 50
-                )
-            };
-            methods += size + 0x10;
-            line
-        };
-        let _ = writeln!(text, "{line}");
-    }
-    text.into_bytes()
-}
-
-/// Benchmark: time to parse and index a perf map of `entries` lines (made by
-/// [`synthetic_perf_map`] beforehand, in memory, so the file system is not
-/// measured). Budget: 50 ms for 100,000 entries, release build.
-pub fn bench_perf_map_load(entries: usize) -> Duration {
-    let text = synthetic_perf_map(entries);
-    let config = ManagedSymbolsConfig {
-        perf_map: PerfMapLimits {
-            max_entries: u64::try_from(entries).unwrap_or(u64::MAX),
-            ..PerfMapLimits::default()
-        },
-        ..ManagedSymbolsConfig::default()
-    };
-    let location = TargetLocation {
-        pid: 0,
-        ns_pid: 0,
-        root: PathBuf::from("/nonexistent"),
-        perf_dir: PathBuf::from("/tmp"),
-        legacy_perf_map_dir: PathBuf::from("/tmp"),
-        owner: Some(FsIdentity::current()),
-        started_at: None,
-    };
-    let started = Instant::now();
-    let mut symbols = ManagedSymbols::at(location, config);
-    let tables = Arc::clone(&symbols.tables);
-    let mut tables = lock_tables(&tables);
-    let SymbolTables {
-        index, interner, ..
-    } = &mut *tables;
-    let (added, _) = ingest_perf_map(&mut symbols.perf_map, index, interner, &text, 1, u64::MAX);
-    index.commit();
-    drop(tables);
-    let elapsed = started.elapsed();
-    assert_eq!(
-        added,
-        u64::try_from(entries).unwrap_or(u64::MAX),
-        "the synthetic perf map parses completely"
-    );
-    std::hint::black_box(&symbols);
-    elapsed
-}
+/// The perf map benchmark and the synthetic perf map it loads (also the
+/// input of the unit tests here).
+#[cfg(any(test, feature = "bench"))]
+pub mod bench;
 
 #[cfg(test)]
 mod tests {
+    use super::bench::{bench_perf_map_load, synthetic_perf_map};
     use super::*;
     use std::io::Write;
 
@@ -1614,62 +1365,6 @@ mod tests {
         all[2].refresh(3);
         assert!(!all[0].is_evicted(), "looked up after the second was read");
         assert!(all[1].is_evicted());
-    }
-
-    /// RSS growth of this process holding `N` processes' symbols of
-    /// `ENTRIES` perf map lines each; run each mode in a process of its own:
-    /// `cargo test -p clrbpf --lib -- --ignored --nocapture measure_managed_symbol_memory_`
-    fn measure_managed_symbol_memory(budget: Option<ManagedSymbolBudget>) {
-        fn rss_bytes() -> u64 {
-            let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
-            let pages: u64 = statm
-                .split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse().ok())
-                .expect("resident pages");
-            pages * 4096
-        }
-        const N: usize = 6;
-        const ENTRIES: usize = 200_000;
-        let targets = synthetic_targets(N, ENTRIES);
-        let before = rss_bytes();
-        let mut all: Vec<ManagedSymbols> = targets
-            .iter()
-            .map(|t| match &budget {
-                Some(b) => {
-                    ManagedSymbols::at_with_budget(t.location.clone(), perf_map_config(ENTRIES), b)
-                }
-                None => ManagedSymbols::at(t.location.clone(), perf_map_config(ENTRIES)),
-            })
-            .collect();
-        for (i, s) in all.iter_mut().enumerate() {
-            s.refresh(i as u64);
-        }
-        let after = rss_bytes();
-        let estimated: u64 = all.iter().map(ManagedSymbols::memory_bytes).sum();
-        let held: usize = all.iter().map(ManagedSymbols::len).sum();
-        eprintln!(
-            "measure_managed_symbol_memory: {N} processes x {ENTRIES} perf map entries, budget {:?} MiB: RSS +{} MiB, estimate {} MiB ({} B/entry), {held} entries held, {:?}",
-            budget.as_ref().map(|b| b.stats().limit_bytes >> 20),
-            after.saturating_sub(before) >> 20,
-            estimated >> 20,
-            estimated / held.max(1) as u64,
-            budget.as_ref().map(ManagedSymbolBudget::stats),
-        );
-    }
-
-    #[test]
-    #[ignore = "measurement: cargo test -- --ignored --nocapture measure_"]
-    fn measure_managed_symbol_memory_unbounded() {
-        measure_managed_symbol_memory(None);
-    }
-
-    #[test]
-    #[ignore = "measurement: cargo test -- --ignored --nocapture measure_"]
-    fn measure_managed_symbol_memory_with_the_default_budget() {
-        measure_managed_symbol_memory(Some(ManagedSymbolBudget::new(
-            DEFAULT_MANAGED_SYMBOL_BUDGET_BYTES,
-        )));
     }
 
     fn jitdump_header() -> Vec<u8> {
@@ -2118,92 +1813,5 @@ mod tests {
         );
         // The benchmark itself runs (its time is not asserted).
         bench_perf_map_load(1000);
-    }
-
-    /// Parses a real perf map and jitdump named by environment variables
-    /// (`CLRBPF_REAL_PERF_MAP`, `CLRBPF_REAL_JITDUMP`): a manual check
-    /// against a live runtime, skipped when they are unset.
-    #[test]
-    fn real_files_when_provided() {
-        let Some(map) = std::env::var_os("CLRBPF_REAL_PERF_MAP") else {
-            return;
-        };
-        let bytes = std::fs::read(&map).expect("read perf map");
-        let mut parser = PerfMapParser::new(PerfMapLimits::default());
-        let mut perf_names = HashSet::new();
-        parser.feed(&bytes, |entry| {
-            perf_names.insert(entry.name.into_owned());
-        });
-        let counts = parser.counts();
-        assert_eq!(counts.malformed_lines, 0, "{counts:?}");
-        assert_eq!(parser.pending_len(), 0);
-        eprintln!("perf map: {counts:?}");
-        let Some(dump) = std::env::var_os("CLRBPF_REAL_JITDUMP") else {
-            return;
-        };
-        let bytes = std::fs::read(&dump).expect("read jitdump");
-        let mut parser = JitDumpParser::new(JitDumpLimits::default());
-        let mut tiers = std::collections::BTreeMap::<String, usize>::new();
-        let mut jit_names = HashSet::new();
-        parser.feed(&bytes, |load| {
-            let (_, tier) = split_tier(&load.name);
-            *tiers.entry(tier.unwrap_or("-").to_owned()).or_default() += 1;
-            jit_names.insert(load.name.into_owned());
-        });
-        eprintln!(
-            "jitdump: {:?} {:?} tiers {tiers:?}",
-            parser.header(),
-            parser.counts()
-        );
-        assert_eq!(parser.error(), None);
-        assert_eq!(parser.offset(), bytes.len() as u64);
-        assert!(
-            tiers.contains_key("PreJIT"),
-            "ReadyToRun code is in the jitdump"
-        );
-        assert!(
-            perf_names.is_subset(&jit_names),
-            "every perf map line is in the jitdump"
-        );
-    }
-}
-
-/// Manual check against a live process: `CLRBPF_LIVE_PID=<pid>` of a .NET
-/// process started with `DOTNET_PerfMapEnabled=1`; skipped when unset.
-#[cfg(test)]
-mod live_tests {
-    use super::*;
-
-    fn monotonic_now_ns() -> u64 {
-        crate::profile::monotonic_ns()
-    }
-
-    #[test]
-    fn live_process_when_provided() {
-        let Some(pid) = std::env::var("CLRBPF_LIVE_PID")
-            .ok()
-            .and_then(|pid| pid.parse().ok())
-        else {
-            return;
-        };
-        let mut symbols = ManagedSymbols::new(pid);
-        eprintln!("{:?} {:?}", symbols.location(), symbols.files());
-        for _ in 0..20 {
-            let stats = symbols.refresh(monotonic_now_ns());
-            eprintln!("{stats:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        eprintln!("{} symbols, {:?}", symbols.len(), symbols.errors());
-        let now = monotonic_now_ns();
-        let spin = lock_tables(&symbols.tables)
-            .index
-            .symbols_for_test()
-            .find(|s| s.name.contains("Hot::Spin"))
-            .cloned()
-            .expect("Hot::Spin was JIT-compiled");
-        let found = symbols.lookup(spin.start + 1, now).expect("lookup");
-        eprintln!("{found:?}");
-        assert!(found.name.contains("Hot::Spin"));
-        assert_eq!(symbols.errors().jitdump_stop, None);
     }
 }

@@ -20,5 +20,3 @@ pub mod perf_files;
 pub mod perf_map;
 pub mod stack;
 pub mod target_fs;
-
-pub use managed::bench_perf_map_load;

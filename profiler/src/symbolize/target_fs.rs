@@ -181,29 +181,15 @@ pub fn read_from_offset(
 /// boot) and the boot time in `/proc/stat` (whole seconds, so about one
 /// second of error). `None` when the process is gone.
 pub fn process_start_time(pid: u32) -> Option<SystemTime> {
-    let ticks = ProcFs::default().start_time_ticks(pid).ok()?;
-    let system = read_bounded(File::open("/proc/stat").ok()?, MAX_ENVIRON_BYTES).ok()?;
-    let boot = parse_boot_time(&String::from_utf8_lossy(&system.bytes))?;
-    // SAFETY: sysconf has no preconditions.
-    let ticks_per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
-    if ticks_per_second == 0 {
-        return None;
-    }
+    let procfs = ProcFs::default();
+    let ticks = procfs.start_time_ticks(pid).ok()?;
+    let boot = procfs.boot_time()?;
+    let ticks_per_second = crate::process::clock_ticks_per_second()?;
     let after_boot = Duration::from_secs(ticks / ticks_per_second)
         + Duration::from_nanos((ticks % ticks_per_second) * 1_000_000_000 / ticks_per_second);
     UNIX_EPOCH
         .checked_add(Duration::from_secs(boot))?
         .checked_add(after_boot)
-}
-
-/// The `btime` line of `/proc/stat`: boot time, seconds since the epoch.
-pub fn parse_boot_time(proc_stat: &str) -> Option<u64> {
-    proc_stat
-        .lines()
-        .find_map(|line| line.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()
 }
 
 /// The directories (as the target sees them) where its runtime may write
@@ -223,6 +209,7 @@ pub struct PerfDirs {
 /// `perf-NSPID.map` and `jit-NSPID.dump`: the value of
 /// `DOTNET_PerfMapJitDumpPath` (or `COMPlus_PerfMapJitDumpPath`) in the
 /// process's initial environment, else `/tmp`. See [`target_perf_dirs`].
+#[cfg(test)]
 pub fn target_tmp_dir(pid: u32) -> PathBuf {
     target_perf_dirs(pid).perf_dir
 }
@@ -500,10 +487,10 @@ mod tests {
     #[test]
     fn start_time_fields() {
         assert_eq!(
-            parse_boot_time("cpu  1 2 3\nintr 5\nbtime 1700000000\nprocesses 9\n"),
+            crate::process::parse_boot_time("cpu  1 2 3\nintr 5\nbtime 1700000000\nprocesses 9\n"),
             Some(1_700_000_000)
         );
-        assert_eq!(parse_boot_time("cpu 1\n"), None);
+        assert_eq!(crate::process::parse_boot_time("cpu 1\n"), None);
         let started = process_start_time(std::process::id()).expect("own start time");
         let now = SystemTime::now();
         assert!(started <= now + Duration::from_secs(2));

@@ -105,6 +105,7 @@ impl RowArena {
     }
 
     /// The longest free range: the largest table that fits without eviction.
+    #[cfg(test)]
     pub fn largest_free(&self) -> u32 {
         self.free.iter().map(|&(_, l)| l).max().unwrap_or(0)
     }

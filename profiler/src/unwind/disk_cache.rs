@@ -177,6 +177,7 @@ impl DiskTableCache {
         Ok(cache)
     }
 
+    #[cfg(test)]
     pub fn set_budget_bytes(&mut self, budget_bytes: u64) {
         self.budget_bytes = budget_bytes;
     }

@@ -10,25 +10,21 @@
 //! `crate::bpf::unwind_maps` loads them into BPF maps ([`arena`] places the
 //! rows) with a per-process index of mappings. The kernel side
 //! then walks a sampled stack with the pure step function of
-//! [`clrbpf_common::unwind`]; [`replay`] runs that same walk on the host over
-//! captured memory, which is how it is tested.
+//! [`clrbpf_common::unwind`]; the privileged tests run that same walk on the
+//! host over captured memory (`tests/src/replay.rs`).
 
 pub mod arena;
 pub mod disk_cache;
 pub mod eh_frame;
 pub mod jit_code;
 pub mod ready_to_run;
-pub mod replay;
 pub mod table;
 
-#[cfg(test)]
-mod capture;
 #[cfg(test)]
 mod tests;
 
 pub use arena::{RowArena, build_process_mappings};
 pub use eh_frame::UnwindRowStats;
-pub use replay::{MapsEntry, MemorySnapshot, ProcessUnwindTables, UnwindMapping, parse_proc_maps};
 pub use table::{FileIdentity, LoadSegment, UnwindTable, UnwindTableCache, load_bias};
 
 /// Why a file got no unwind table.

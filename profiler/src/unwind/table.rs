@@ -279,12 +279,6 @@ impl UnwindTable {
             + size_of_val::<[LoadSegment]>(segments)
     }
 
-    /// Row slots the table takes in the kernel's row array: rows, then the
-    /// row index.
-    pub fn kernel_slots(&self) -> usize {
-        self.rows.len() + self.index_slots.len()
-    }
-
     /// The load bias of a mapping of this file at `map_start` from file
     /// offset `map_offset` (as in `/proc/PID/maps`): a pc in the mapping is
     /// at ELF virtual address `pc - bias` (wrapping). `None` when no
@@ -887,6 +881,7 @@ impl UnwindTableCache {
     }
 
     /// Identities evicted (or refused) since the last call.
+    #[cfg(test)]
     pub fn take_evicted(&mut self) -> Vec<FileIdentity> {
         std::mem::take(&mut self.evicted)
     }
@@ -908,6 +903,7 @@ impl UnwindTableCache {
     }
 
     /// Changes the capacity, evicting at once if the cache no longer fits.
+    #[cfg(test)]
     pub fn set_capacity_bytes(&mut self, capacity_bytes: usize) {
         self.capacity_bytes = capacity_bytes;
         while self.size_bytes > self.capacity_bytes {

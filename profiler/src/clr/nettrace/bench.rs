@@ -1,5 +1,6 @@
 //! Throughput measurement of the event intake path (parse, then decode),
-//! called by `cargo xtask bench`; no timing is asserted anywhere.
+//! called by `cargo xtask bench` through the `bench` example (feature
+//! `bench`, not in the shipped binary); no timing is asserted anywhere.
 
 use std::time::{Duration, Instant};
 

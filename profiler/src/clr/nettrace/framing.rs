@@ -343,6 +343,7 @@ fn parse_trace_body(body: &[u8], offset: u64) -> Result<TraceHeader, NettraceErr
 /// Append a block object (type header, size, padding to the absolute 4-byte
 /// boundary, body, EndObject) at the end of `out`, whose length is the
 /// absolute stream offset. Used to re-frame blocks (benchmarks, tests).
+#[cfg(any(test, feature = "bench"))]
 pub(crate) fn write_block_object(out: &mut Vec<u8>, kind: BlockKind, body: &[u8]) {
     let name = kind.type_name().as_bytes();
     out.extend([

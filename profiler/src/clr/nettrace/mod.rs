@@ -29,7 +29,9 @@
 //! (`dotnet-trace collect-linux`) and NetPerf (V3) are rejected; metadata
 //! field descriptions and V5 tags are not parsed.
 
-mod bench;
+/// Intake throughput, for `cargo xtask bench` (the `bench` example).
+#[cfg(any(test, feature = "bench"))]
+pub mod bench;
 mod blocks;
 mod error;
 mod framing;
@@ -41,7 +43,6 @@ pub(crate) mod writer;
 
 use std::sync::Arc;
 
-pub use bench::{bench_clr_event_intake, bench_nettrace_parse, replicate_nettrace};
 pub use error::{BlockKind, NettraceError};
 pub use reader::ReadError;
 
@@ -186,6 +187,7 @@ impl TraceHeader {
 
     /// An event timestamp as nanoseconds since the Unix epoch, through the
     /// header's sync point.
+    #[cfg(test)]
     pub fn ticks_to_unix_ns(&self, ticks: i64) -> Option<i64> {
         let since_sync = (i128::from(ticks) - i128::from(self.sync_time_qpc)) * 1_000_000_000
             / i128::from(self.qpc_frequency.max(1));
@@ -273,6 +275,7 @@ pub struct EventRecord<'a> {
 
 impl EventRecord<'_> {
     /// A copy that outlives the callback.
+    #[cfg(test)]
     pub fn to_owned_record(&self) -> OwnedEventRecord {
         let &Self {
             metadata_id,
@@ -559,6 +562,7 @@ impl NettraceParser {
         &self.state.stats
     }
 
+    #[cfg(test)]
     pub fn trace_header(&self) -> Option<&TraceHeader> {
         self.trace.as_ref()
     }
@@ -567,7 +571,8 @@ impl NettraceParser {
         self.state.metadata.get(&metadata_id)
     }
 
-    /// Bytes currently buffered for an incomplete object.
+    /// Bytes currently buffered for an incomplete object (the nettrace fuzz
+    /// target checks the bound).
     pub fn buffered_bytes(&self) -> usize {
         self.pending.len()
     }

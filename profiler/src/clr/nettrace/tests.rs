@@ -5,6 +5,7 @@
 use std::io::Read as _;
 
 use super::{
+    bench::{bench_clr_event_intake, bench_nettrace_parse, replicate_nettrace},
     writer::{
         BlobBlockWriter, BlobSpec, StreamWriter, metadata_block, sequence_point_block, stack_block,
     },

@@ -1,0 +1,151 @@
+//! The kernel-side row array of the DWARF unwinder, as BPF map I/O: the
+//! chunks of rows (mmap-able BPF arrays in the `UNWIND_ROW_CHUNKS` array
+//! of maps) and the copies into them. What goes where, and when, is
+//! [`super::unwind_maps`]'s policy.
+
+use std::{
+    os::fd::{AsFd as _, AsRawFd as _},
+    ptr::NonNull,
+};
+
+use aya::maps::{ArrayOfMaps, MapData};
+use clrbpf_common::unwind::{UNWIND_ROWS_PER_CHUNK, UnwindRow};
+
+use super::BpfError;
+
+/// The row array: chunks of [`UNWIND_ROWS_PER_CHUNK`] rows, each an
+/// mmap-able BPF array, created as tables need them and hung in the
+/// kernel's `UNWIND_ROW_CHUNKS` array of maps. A chunk is mapped into this
+/// process only while rows are copied into it: the rows are kernel memory
+/// (reported as such), not clrbpf's, and a mapping kept would count them
+/// in its RSS as well.
+pub(super) struct RowChunks {
+    outer: ArrayOfMaps<MapData, MapData>,
+    chunks: Vec<MapData>,
+    max_chunks: u32,
+}
+
+pub(super) const CHUNK_ROWS: u32 = UNWIND_ROWS_PER_CHUNK as u32;
+pub(super) const CHUNK_BYTES: usize = UNWIND_ROWS_PER_CHUNK * size_of::<UnwindRow>();
+
+/// A chunk mapped here for writing, unmapped when dropped.
+struct ChunkWriter {
+    base: NonNull<UnwindRow>,
+}
+
+impl ChunkWriter {
+    fn map(chunk: &MapData) -> std::io::Result<Self> {
+        // SAFETY: a fresh shared mapping of an mmap-able BPF array's fd; the
+        // kernel checks the length against the array.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                CHUNK_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                chunk.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        NonNull::new(base.cast::<UnwindRow>())
+            .filter(|_| base != libc::MAP_FAILED)
+            .map(|base| Self { base })
+            .ok_or_else(std::io::Error::last_os_error)
+    }
+
+    /// Copies `rows` to row `within` of the chunk.
+    fn write(&mut self, within: usize, rows: &[UnwindRow]) {
+        assert!(within + rows.len() <= UNWIND_ROWS_PER_CHUNK);
+        // SAFETY: in bounds of the mapping (checked above); the array is
+        // ours to write.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                rows.as_ptr(),
+                self.base.as_ptr().add(within),
+                rows.len(),
+            );
+        }
+    }
+}
+
+impl Drop for ChunkWriter {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `ChunkWriter::map`.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), CHUNK_BYTES) };
+    }
+}
+
+impl RowChunks {
+    pub(super) fn new(outer: ArrayOfMaps<MapData, MapData>, max_chunks: u32) -> Self {
+        Self {
+            outer,
+            chunks: Vec::new(),
+            max_chunks,
+        }
+    }
+
+    /// Chunks created so far.
+    pub(super) fn chunks(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// No more chunks: the kernel refused the last one.
+    pub(super) fn stop_growing(&mut self) {
+        self.max_chunks = self.chunks.len() as u32;
+    }
+
+    /// Rows the chunks created so far hold.
+    pub(super) fn rows(&self) -> u32 {
+        self.chunks.len() as u32 * CHUNK_ROWS
+    }
+
+    /// Rows the array may grow to.
+    pub(super) fn max_rows(&self) -> u32 {
+        self.max_chunks.saturating_mul(CHUNK_ROWS)
+    }
+
+    /// Creates the next chunk and hands it to the kernel. Returns false at
+    /// the cap or when the kernel refuses the memory.
+    pub(super) fn grow(&mut self) -> Result<bool, BpfError> {
+        let index = self.chunks.len() as u32;
+        if index >= self.max_chunks {
+            return Ok(false);
+        }
+        let name = clrbpf_common::names::MAP_UNWIND_ROW_CHUNKS;
+        let definition = aya_obj::Map::new_from_params(
+            aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY as u32,
+            size_of::<u32>() as u32,
+            size_of::<UnwindRow>() as u32,
+            CHUNK_ROWS,
+            aya_obj::generated::BPF_F_MMAPABLE,
+        );
+        let map = MapData::create(definition, "unwind_rows", None)
+            .map_err(|source| BpfError::Map { map: name, source })?;
+        // Mappable now, or the chunk is of no use.
+        drop(ChunkWriter::map(&map).map_err(|source| BpfError::Mmap { map: name, source })?);
+        self.outer
+            .set(index, &map, 0)
+            .map_err(|source| BpfError::Map { map: name, source })?;
+        self.chunks.push(map);
+        Ok(true)
+    }
+
+    /// Copies `rows` to row `offset` of the array, mapping each chunk it
+    /// touches for the copy.
+    pub(super) fn write(&mut self, offset: u32, rows: &[UnwindRow]) -> std::io::Result<()> {
+        assert!(
+            offset as usize + rows.len() <= self.rows() as usize,
+            "the arena hands out ranges inside the chunks"
+        );
+        let mut at = offset as usize;
+        let mut rows = rows;
+        while !rows.is_empty() {
+            let (chunk, within) = (at / UNWIND_ROWS_PER_CHUNK, at % UNWIND_ROWS_PER_CHUNK);
+            let n = rows.len().min(UNWIND_ROWS_PER_CHUNK - within);
+            ChunkWriter::map(&self.chunks[chunk])?.write(within, &rows[..n]);
+            rows = &rows[n..];
+            at += n;
+        }
+        Ok(())
+    }
+}
