@@ -23,6 +23,7 @@ pub mod memory_budget;
 pub mod pipeline;
 pub mod process;
 pub mod profile;
+pub mod ps;
 pub mod record;
 pub mod runtime;
 pub mod stop;

@@ -18,10 +18,8 @@ use clrbpf::{
         perf_map_attach::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
         session::{ClrEventKinds, ClrSession, method_rundown},
     },
-    process::{
-        ProcFs,
-        ps::{dotnet_processes, print_ps_table},
-    },
+    process::ProcFs,
+    ps::{dotnet_processes, print_ps_table},
     symbolize::perf_files::perf_file_names,
 };
 use clrbpf_integration_tests::{Env, Launch, Runtime, TempDir, TestProcess};

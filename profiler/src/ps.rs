@@ -12,7 +12,7 @@ use std::{
     path::PathBuf,
 };
 
-use super::{ProcFs, list_pids};
+use crate::process::{ProcFs, list_pids};
 use crate::{clr::instance::DotnetLoader, runtime::RuntimeLoader};
 
 /// Container ids are shown shortened, like `docker ps` does.
