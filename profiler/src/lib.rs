@@ -4,7 +4,11 @@
 //! [`bpf`] (kernel programs, raw samples) -> [`process`] (what a pid is) ->
 //! [`symbolize`] (kernel, native and managed names) -> [`profile`]
 //! (aggregation, sampling, upscaling) -> [`export`] (pprof, folded stacks,
-//! flame graphs). [`clr`] talks to .NET runtimes over their diagnostic socket;
+//! flame graphs); [`pipeline`] wires the stages for `record` and the agent.
+//! A language runtime plugs in through [`runtime`] (a loader that
+//! recognises it in a process, an instance per process that names its
+//! frames and polls its events): [`clr`] is .NET's, and talks to its
+//! runtimes over their diagnostic socket;
 //! [`unwind`] prepares native unwind tables for the kernel side. [`agent`]
 //! ships profiles continuously to Pyroscope, OTLP or a directory; [`k8s`]
 //! names the pod and container of a process from its container id.
@@ -19,7 +23,9 @@ pub mod memory_budget;
 pub mod pipeline;
 pub mod process;
 pub mod profile;
+pub mod ps;
 pub mod record;
+pub mod runtime;
 pub mod stop;
 pub mod symbolize;
 pub mod unwind;

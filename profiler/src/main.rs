@@ -55,8 +55,8 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Agent(args) => run_agent(*args).map(|()| ExitCode::SUCCESS),
         Command::Ps => {
             let procfs = clrbpf::process::ProcFs::default();
-            let rows = clrbpf::process::ps::dotnet_processes(&procfs);
-            clrbpf::process::ps::print_ps_table(&rows, std::io::stdout().lock())
+            let rows = clrbpf::ps::dotnet_processes(&procfs);
+            clrbpf::ps::print_ps_table(&rows, std::io::stdout().lock())
                 .context("write the process table")?;
             Ok(ExitCode::SUCCESS)
         }

@@ -84,7 +84,10 @@ fn collect_for(session: &mut ClrSession, counters: &mut RuntimeCounters, wait: D
 fn counters_session(procfs: &ProcFs, pid: u32) -> ClrSession {
     let mut last = None;
     for _ in 0..100 {
-        match ClrSession::start_with_counters(procfs, pid, ClrEventKinds::NONE, None, Some(1)) {
+        let started = DiagnosticClient::discover(procfs, pid).and_then(|client| {
+            ClrSession::start_with_counters(&client, ClrEventKinds::NONE, None, Some(1))
+        });
+        match started {
             Ok(session) => return session,
             Err(e) => last = Some(e),
         }

@@ -14,16 +14,12 @@ use std::{
 
 use clrbpf::{
     clr::{
-        ipc::{
-            DiagnosticClient, PerfMapAttach, PerfMapAttachOutcome, PerfMapType, PerfMapUnsupported,
-            RuntimeError,
-        },
+        ipc::{DiagnosticClient, DiagnosticPort, PerfMapType, RuntimeError},
+        perf_map_attach::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
         session::{ClrEventKinds, ClrSession, method_rundown},
     },
-    process::{
-        ProcFs,
-        ps::{dotnet_processes, print_ps_table},
-    },
+    process::ProcFs,
+    ps::{dotnet_processes, print_ps_table},
     symbolize::perf_files::perf_file_names,
 };
 use clrbpf_integration_tests::{Env, Launch, Runtime, TempDir, TestProcess};
@@ -109,7 +105,8 @@ fn net8_perf_map_attach_and_cleanup() {
     let pid = app.pid();
     remove_stale(pid);
     let _ = client_of(pid);
-    let outcome = PerfMapAttach::attach(&ProcFs::default(), pid).expect("attach");
+    let outcome =
+        PerfMapAttach::attach(&DiagnosticPort::new(&ProcFs::default(), pid)).expect("attach");
     let PerfMapAttachOutcome::Enabled(attach) = outcome else {
         panic!("expected perf maps enabled, got {outcome:?}");
     };
@@ -152,7 +149,8 @@ fn net8_perf_map_attach_respects_the_environment() {
     };
     let app = start_hot(&env, Runtime::Net8, &launch);
     let _ = client_of(app.pid());
-    let outcome = PerfMapAttach::attach(&ProcFs::default(), app.pid()).expect("attach");
+    let outcome =
+        PerfMapAttach::attach(&DiagnosticPort::new(&ProcFs::default(), app.pid())).expect("attach");
     assert!(
         matches!(outcome, PerfMapAttachOutcome::AlreadyEnabled { setting: 3 }),
         "{outcome:?}"
@@ -216,10 +214,17 @@ fn real_sessions_use_the_monotonic_clock_and_rundown_lists_methods() {
         let app = start_hot(&env, runtime, &Launch::default());
         let _ = client_of(app.pid());
         let procfs = ProcFs::default();
-        let session =
-            ClrSession::start(&procfs, app.pid(), ClrEventKinds::ALL, None).expect("start");
-        let (methods, error) =
-            method_rundown(&procfs, app.pid(), Duration::from_secs(10)).expect("rundown");
+        let session = ClrSession::start(
+            &DiagnosticClient::discover(&procfs, app.pid()).expect("discover"),
+            ClrEventKinds::ALL,
+            None,
+        )
+        .expect("start");
+        let (methods, error) = method_rundown(
+            &DiagnosticClient::discover(&procfs, app.pid()).expect("discover"),
+            Duration::from_secs(10),
+        )
+        .expect("rundown");
         assert!(error.is_none(), "{runtime:?}: {error:?}");
         assert!(
             methods
@@ -252,7 +257,8 @@ fn netcore31_has_no_process_info_and_no_perf_map_command() {
         Some(RuntimeError::UnknownCommand),
         "{err:?}"
     );
-    let outcome = PerfMapAttach::attach(&ProcFs::default(), app.pid()).expect("attach");
+    let outcome =
+        PerfMapAttach::attach(&DiagnosticPort::new(&ProcFs::default(), app.pid())).expect("attach");
     let PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { version }) = outcome
     else {
         panic!("expected unsupported, got {outcome:?}");

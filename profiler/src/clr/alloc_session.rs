@@ -26,16 +26,16 @@ use std::time::Instant;
 use super::{
     allocations::ALLOCATION_SAMPLED_MIN_MAJOR,
     budget::ExceptionGate,
+    collector::refresh_keywords_in_background,
     counters::{CounterKind, CounterSample},
     events::{ClrEvent, RUNTIME_PROVIDER},
     intake::ClrIntake,
-    ipc::IpcError,
+    ipc::{DiagnosticClient, DiagnosticPort, IpcError},
     session::{
         ClrEventKinds, ClrSession, LEVEL_INFORMATIONAL, LEVEL_VERBOSE, ProviderConfig,
         SessionEvent, keywords,
     },
 };
-use crate::process::ProcFs;
 
 /// The `System.Runtime` counter of bytes allocated per interval.
 const ALLOC_COUNTER: &str = "alloc-rate";
@@ -63,17 +63,16 @@ pub fn allocation_provider(runtime_major: Option<u32>) -> ProviderConfig {
     }
 }
 
-/// Starts the allocation session of host process `pid`.
+/// Starts the allocation session through `client`.
 pub fn start_allocation_events(
-    procfs: &ProcFs,
-    pid: u32,
+    client: &DiagnosticClient,
     runtime_major: Option<u32>,
 ) -> Result<ClrSession, IpcError> {
     let kinds = ClrEventKinds {
         allocations: true,
         ..ClrEventKinds::NONE
     };
-    ClrSession::start_providers(procfs, pid, kinds, &[allocation_provider(runtime_major)])
+    ClrSession::start_providers(client, kinds, &[allocation_provider(runtime_major)])
 }
 
 /// The state of the allocation session.
@@ -191,25 +190,25 @@ impl AllocationEvents {
     /// budget, and adds the counter's bytes once it is off.
     pub(super) fn poll(
         &mut self,
-        procfs: &ProcFs,
-        pid: u32,
+        port: &DiagnosticPort,
         main_running: bool,
         main_ended: bool,
         intake: &mut ClrIntake,
         warnings: &mut Vec<String>,
     ) -> usize {
+        let pid = port.pid();
         let now_ns = crate::profile::monotonic_ns();
         let mut taken = 0;
         let session = std::mem::replace(&mut self.session, AllocationSession::Ended);
         self.session = match session {
             AllocationSession::Off if main_ended => AllocationSession::Ended,
             AllocationSession::Off if main_running && self.gate_is_on(now_ns) => {
-                let (procfs, major) = (procfs.clone(), self.runtime_major);
+                let (port, major) = (port.clone(), self.runtime_major);
                 match std::thread::Builder::new()
                     .name(format!("clrbpf-allocs-{pid}"))
                     .spawn(move || {
                         crate::process::priority::enter_background_thread();
-                        start_allocation_events(&procfs, pid, major)
+                        start_allocation_events(&port.client()?, major)
                     }) {
                     Ok(job) => AllocationSession::Starting(job),
                     Err(e) => {
@@ -259,7 +258,7 @@ impl AllocationEvents {
                     if main_ended || self.gate_is_on(now_ns) {
                         AllocationSession::Ended
                     } else {
-                        refresh_keywords(procfs, pid);
+                        refresh_keywords_in_background(port.clone());
                         AllocationSession::Off
                     }
                 } else {
@@ -305,24 +304,6 @@ impl AllocationEvents {
         if let AllocationSession::Running(session) = &mut self.session {
             session.begin_stop();
         }
-    }
-}
-
-/// After the session stopped, makes the runtime recompute its keywords
-/// (see [`ClrSession::refresh_runtime_keywords`]): the GC keyword left on
-/// would keep it preparing ticks for nobody.
-fn refresh_keywords(procfs: &ProcFs, pid: u32) {
-    let procfs = procfs.clone();
-    let refresh = std::thread::Builder::new()
-        .name(format!("clrbpf-refresh-{pid}"))
-        .spawn(move || {
-            crate::process::priority::enter_background_thread();
-            if let Err(error) = ClrSession::refresh_runtime_keywords(&procfs, pid) {
-                tracing::debug!(pid, %error, "refreshing the runtime's keywords");
-            }
-        });
-    if let Err(error) = refresh {
-        tracing::debug!(pid, %error, "no thread to refresh the runtime's keywords");
     }
 }
 

@@ -24,12 +24,12 @@ use super::{
     counters::{CounterKind, CounterSample, RuntimeCounters},
     events::{ClrEvent, MethodLoad},
     intake::{ClrCounters, ClrIntake, ClrSample},
-    ipc::IpcError,
+    ipc::{DiagnosticPort, IpcError},
     session::{
         ClrEventKinds, ClrSession, SessionEnd, SessionEvent, WAIT_HANDLE_MIN_MAJOR, method_rundown,
     },
 };
-use crate::{process::ProcFs, profile::clr_sampling::Weighted};
+use crate::profile::clr_sampling::Weighted;
 
 /// How long a missing diagnostic socket is waited for after the runtime
 /// was seen.
@@ -86,6 +86,8 @@ pub struct ClrSettings {
 #[derive(Debug)]
 pub struct ClrCollector {
     pid: u32,
+    /// The runtime's diagnostic socket.
+    port: DiagnosticPort,
     kinds: ClrEventKinds,
     runtime_major: Option<u32>,
     state: CollectorState,
@@ -233,6 +235,26 @@ impl ExceptionEvents {
     }
 }
 
+/// [`ClrSession::refresh_runtime_keywords`] from a thread of its own, after
+/// the exception or the allocation session stopped.
+pub(super) fn refresh_keywords_in_background(port: DiagnosticPort) {
+    let pid = port.pid();
+    let refresh = std::thread::Builder::new()
+        .name(format!("clrbpf-refresh-{pid}"))
+        .spawn(move || {
+            crate::process::priority::enter_background_thread();
+            let refreshed = port
+                .client()
+                .and_then(|client| ClrSession::refresh_runtime_keywords(&client));
+            if let Err(error) = refreshed {
+                tracing::debug!(pid, %error, "refreshing the runtime's keywords");
+            }
+        });
+    if let Err(error) = refresh {
+        tracing::debug!(pid, %error, "no thread to refresh the runtime's keywords");
+    }
+}
+
 /// The main session and, with an exception budget, the exception session,
 /// started in that order's reverse: the exception events are on before
 /// the counters' baseline is taken (see [`ExceptionEvents`]).
@@ -246,8 +268,14 @@ struct StartedSessions {
 type RundownResult = Result<(Vec<MethodLoad>, Option<String>), IpcError>;
 
 impl ClrCollector {
-    /// For host process `pid`, whose runtime was just seen.
-    pub fn new(pid: u32, kinds: ClrEventKinds, runtime_major: Option<u32>, rundown: bool) -> Self {
+    /// For the process of `port`, whose runtime was just seen.
+    pub fn new(
+        port: DiagnosticPort,
+        kinds: ClrEventKinds,
+        runtime_major: Option<u32>,
+        rundown: bool,
+    ) -> Self {
+        let pid = port.pid();
         // Said once, when the runtime is found: not a problem to fix, and
         // a host of .NET 8 services would otherwise hear it at every exit.
         if kinds.waits && runtime_major.is_some_and(|m| m < WAIT_HANDLE_MIN_MAJOR) {
@@ -258,6 +286,7 @@ impl ClrCollector {
         }
         Self {
             pid,
+            port,
             kinds,
             runtime_major,
             state: CollectorState::Waiting {
@@ -318,128 +347,14 @@ impl ClrCollector {
             .then_some(&mut self.runtime)
     }
 
-    /// Waiting for the socket: starts the session on a thread of its own
-    /// (connecting may block), at most every [`RETRY_EVERY`]. `false` when
-    /// the next try is not due yet: nothing else to do then.
-    fn start_if_due(&mut self, procfs: &ProcFs) -> bool {
-        if let CollectorState::Waiting { since, last_try } = &mut self.state {
-            if last_try.is_some_and(|t| t.elapsed() < RETRY_EVERY) {
-                return false;
-            }
-            *last_try = Some(Instant::now());
-            let since = *since;
-            let (mut kinds, mut interval) = (self.kinds, self.counters_interval_sec);
-            if self.exception_events.is_some() {
-                // Exceptions on their own session; their totals from the
-                // counter, read every second.
-                kinds.exceptions = false;
-                interval = Some(1);
-            }
-            if self.allocation_events.is_some() {
-                interval = Some(1);
-            }
-            let allocation_major = self
-                .allocation_events
-                .as_ref()
-                .map(AllocationEvents::runtime_major);
-            let (procfs, pid, major) = (procfs.clone(), self.pid, self.runtime_major);
-            let exception_session = self.exception_events.is_some();
-            match std::thread::Builder::new()
-                .name(format!("clrbpf-session-{pid}"))
-                .spawn(move || {
-                    crate::process::priority::enter_background_thread();
-                    let exceptions = exception_session
-                        .then(|| ClrSession::start_exception_events(&procfs, pid))
-                        .transpose()?;
-                    let allocations = allocation_major
-                        .map(|major| start_allocation_events(&procfs, pid, major))
-                        .transpose()?;
-                    let main =
-                        ClrSession::start_with_counters(&procfs, pid, kinds, major, interval)?;
-                    Ok(StartedSessions {
-                        main,
-                        exceptions,
-                        allocations,
-                    })
-                }) {
-                Ok(job) => self.state = CollectorState::Starting { since, job },
-                Err(e) => {
-                    self.warnings.push(format!(
-                        "pid {pid}: no CLR events: cannot start a thread for the session: {e}"
-                    ));
-                    self.state = CollectorState::Ended;
-                }
-            }
-        }
-        true
-    }
-
-    /// The session thread finished: runs its session, waits again for a
-    /// socket not there yet, or gives up with a warning.
-    fn take_started(&mut self, procfs: &ProcFs) {
-        if matches!(&self.state, CollectorState::Starting { job, .. } if job.is_finished()) {
-            let CollectorState::Starting { since, job } =
-                std::mem::replace(&mut self.state, CollectorState::Ended)
-            else {
-                unreachable!("matched above");
-            };
-            let started = job.join().unwrap_or_else(|_| {
-                Err(IpcError::Io {
-                    pid: self.pid,
-                    command: super::ipc::CommandId::COLLECT_TRACING_2,
-                    source: std::io::Error::other("the session thread panicked"),
-                })
-            });
-            match started {
-                Ok(StartedSessions {
-                    main,
-                    exceptions,
-                    allocations,
-                }) => {
-                    self.sessions_started += 1;
-                    self.state = CollectorState::Running(Box::new(main));
-                    if let (Some(events), Some(session)) =
-                        (self.exception_events.as_mut(), exceptions)
-                    {
-                        events.session = ExceptionSession::Running(Box::new(session));
-                    }
-                    if let (Some(events), Some(session)) =
-                        (self.allocation_events.as_mut(), allocations)
-                    {
-                        events.session = AllocationSession::Running(Box::new(session));
-                    }
-                    if self.rundown {
-                        let (procfs, pid) = (procfs.clone(), self.pid);
-                        self.rundown_job = Some(std::thread::spawn(move || {
-                            crate::process::priority::enter_background_thread();
-                            method_rundown(&procfs, pid, RUNDOWN_DEADLINE)
-                        }));
-                    }
-                }
-                Err(IpcError::SocketNotFound { .. }) if since.elapsed() < SOCKET_WAIT => {
-                    self.state = CollectorState::Waiting {
-                        since,
-                        last_try: Some(Instant::now()),
-                    };
-                }
-                Err(e) => {
-                    self.warnings.push(format!(
-                        "pid {}: no CLR events (lock contention, exceptions): {e}; CPU profiling goes on",
-                        self.pid
-                    ));
-                }
-            }
-        }
-    }
-
     /// Starts the session if due, then takes what it delivered. Method
     /// load events go to `on_method` (with their time), the others to the
     /// intake. Returns the number of events taken.
-    pub fn poll(&mut self, procfs: &ProcFs, on_method: &mut impl FnMut(&MethodLoad, u64)) -> usize {
-        if !self.start_if_due(procfs) {
+    pub fn poll(&mut self, on_method: &mut impl FnMut(&MethodLoad, u64)) -> usize {
+        if !self.start_if_due() {
             return 0;
         }
-        self.take_started(procfs);
+        self.take_started();
         self.collect_rundown(None, on_method);
         let Self {
             state,
@@ -492,19 +407,18 @@ impl ClrCollector {
                 *end = Some(session_end);
             }
         }
-        taken + self.poll_exception_events(procfs) + self.poll_allocation_events(procfs)
+        taken + self.poll_exception_events() + self.poll_allocation_events()
     }
 
     /// Runs the allocation session ([`AllocationEvents::poll`]).
-    fn poll_allocation_events(&mut self, procfs: &ProcFs) -> usize {
+    fn poll_allocation_events(&mut self) -> usize {
         let main_running = matches!(self.state, CollectorState::Running(_));
         let main_ended = matches!(self.state, CollectorState::Ended);
         let Some(events) = self.allocation_events.as_mut() else {
             return 0;
         };
         events.poll(
-            procfs,
-            self.pid,
+            &self.port,
             main_running,
             main_ended,
             &mut self.intake,
@@ -512,14 +426,130 @@ impl ClrCollector {
         )
     }
 
+    /// While waiting for the runtime's socket, starts the sessions from a
+    /// thread every [`RETRY_EVERY`]; returns false when the next try is
+    /// not due yet (nothing else to poll).
+    fn start_if_due(&mut self) -> bool {
+        if let CollectorState::Waiting { since, last_try } = &mut self.state {
+            if last_try.is_some_and(|t| t.elapsed() < RETRY_EVERY) {
+                return false;
+            }
+            *last_try = Some(Instant::now());
+            let since = *since;
+            let (mut kinds, mut interval) = (self.kinds, self.counters_interval_sec);
+            if self.exception_events.is_some() {
+                // Exceptions on their own session; their totals from the
+                // counter, read every second.
+                kinds.exceptions = false;
+                interval = Some(1);
+            }
+            if self.allocation_events.is_some() {
+                // Allocation totals from the alloc-rate counter, every second.
+                interval = Some(1);
+            }
+            let allocation_major = self
+                .allocation_events
+                .as_ref()
+                .map(AllocationEvents::runtime_major);
+            let (port, pid, major) = (self.port.clone(), self.pid, self.runtime_major);
+            let exception_session = self.exception_events.is_some();
+            match std::thread::Builder::new()
+                .name(format!("clrbpf-session-{pid}"))
+                .spawn(move || {
+                    crate::process::priority::enter_background_thread();
+                    let client = port.client()?;
+                    let exceptions = exception_session
+                        .then(|| ClrSession::start_exception_events(&client))
+                        .transpose()?;
+                    let allocations = allocation_major
+                        .map(|major| start_allocation_events(&client, major))
+                        .transpose()?;
+                    let main = ClrSession::start_with_counters(&client, kinds, major, interval)?;
+                    Ok(StartedSessions {
+                        main,
+                        exceptions,
+                        allocations,
+                    })
+                }) {
+                Ok(job) => self.state = CollectorState::Starting { since, job },
+                Err(e) => {
+                    self.warnings.push(format!(
+                        "pid {pid}: no CLR events: cannot start a thread for the session: {e}"
+                    ));
+                    self.state = CollectorState::Ended;
+                }
+            }
+        }
+        true
+    }
+
+    /// Takes the started sessions once their thread is done (and starts
+    /// the rundown), or waits for the socket a little longer.
+    fn take_started(&mut self) {
+        if matches!(&self.state, CollectorState::Starting { job, .. } if job.is_finished()) {
+            let CollectorState::Starting { since, job } =
+                std::mem::replace(&mut self.state, CollectorState::Ended)
+            else {
+                unreachable!("matched above");
+            };
+            let started = job.join().unwrap_or_else(|_| {
+                Err(IpcError::Io {
+                    pid: self.pid,
+                    command: super::ipc::CommandId::COLLECT_TRACING_2,
+                    source: std::io::Error::other("the session thread panicked"),
+                })
+            });
+            match started {
+                Ok(StartedSessions {
+                    main,
+                    exceptions,
+                    allocations,
+                }) => {
+                    self.sessions_started += 1;
+                    self.state = CollectorState::Running(Box::new(main));
+                    if let (Some(events), Some(session)) =
+                        (self.exception_events.as_mut(), exceptions)
+                    {
+                        events.session = ExceptionSession::Running(Box::new(session));
+                    }
+                    if let (Some(events), Some(session)) =
+                        (self.allocation_events.as_mut(), allocations)
+                    {
+                        events.session = AllocationSession::Running(Box::new(session));
+                    }
+                    if self.rundown {
+                        let port = self.port.clone();
+                        self.rundown_job = Some(std::thread::spawn(move || {
+                            crate::process::priority::enter_background_thread();
+                            method_rundown(&port.client()?, RUNDOWN_DEADLINE)
+                        }));
+                    }
+                }
+                Err(IpcError::SocketNotFound { .. }) if since.elapsed() < SOCKET_WAIT => {
+                    self.state = CollectorState::Waiting {
+                        since,
+                        last_try: Some(Instant::now()),
+                    };
+                }
+                Err(e) => {
+                    self.warnings.push(format!(
+                        "pid {}: no CLR events (lock contention, exceptions): {e}; CPU profiling goes on",
+                        self.pid
+                    ));
+                }
+            }
+        }
+    }
+
     /// Runs the exception session: starts it once the main one runs and
     /// whenever the gate opens, drains it, stops it over the budget, and
     /// adds the exceptions only the counter saw once it is off and drained.
-    fn poll_exception_events(&mut self, procfs: &ProcFs) -> usize {
+    fn poll_exception_events(&mut self) -> usize {
         let main_running = matches!(self.state, CollectorState::Running(_));
         let main_ended = matches!(self.state, CollectorState::Ended);
         let Self {
             pid,
+            port,
             intake,
             exception_events,
             warnings,
@@ -541,12 +571,12 @@ impl ClrCollector {
         let next = match session {
             ExceptionSession::Off if main_ended => ExceptionSession::Ended,
             ExceptionSession::Off if main_running && events.gate.is_on(now_ns) => {
-                let (procfs, pid) = (procfs.clone(), *pid);
+                let (port, pid) = (port.clone(), *pid);
                 match std::thread::Builder::new()
                     .name(format!("clrbpf-exceptions-{pid}"))
                     .spawn(move || {
                         crate::process::priority::enter_background_thread();
-                        ClrSession::start_exception_events(&procfs, pid)
+                        ClrSession::start_exception_events(&port.client()?)
                     }) {
                     Ok(job) => ExceptionSession::Starting(job),
                     Err(e) => {
@@ -601,19 +631,7 @@ impl ClrCollector {
                     if main_ended || events.gate.is_on(now_ns) {
                         ExceptionSession::Ended
                     } else {
-                        let (procfs, pid) = (procfs.clone(), *pid);
-                        let refresh = std::thread::Builder::new()
-                            .name(format!("clrbpf-refresh-{pid}"))
-                            .spawn(move || {
-                                crate::process::priority::enter_background_thread();
-                                if let Err(error) = ClrSession::refresh_runtime_keywords(&procfs, pid)
-                                {
-                                    tracing::debug!(pid, %error, "refreshing the runtime's keywords");
-                                }
-                            });
-                        if let Err(error) = refresh {
-                            tracing::debug!(pid, %error, "no thread to refresh the runtime's keywords");
-                        }
+                        refresh_keywords_in_background(port.clone());
                         ExceptionSession::Off
                     }
                 } else {

@@ -17,10 +17,10 @@
 //!    trusted no more than any other input from a target process, so every
 //!    size is checked, a response is at most 65 535 bytes (its size field is
 //!    a u16), and the whole exchange has a deadline;
-//! 3. offers the commands the profiler needs now: `ProcessInfo`/`ProcessInfo2`
-//!    and `EnablePerfMap`/`DisablePerfMap` (.NET 8+), and [`PerfMapAttach`],
-//!    which `record` uses to get managed symbols from a process it did not
-//!    start and to clean up after itself.
+//! 3. offers the commands the profiler needs now: `ProcessInfo`/`ProcessInfo2`,
+//!    `EnablePerfMap`/`DisablePerfMap` (.NET 8+, used by
+//!    [`super::perf_map_attach`]) and the EventPipe ones
+//!    ([`super::session`]), all through one [`DiagnosticPort`] per process.
 //!
 //! Synchronous I/O on purpose (one short exchange per command): call it
 //! from `tokio::task::spawn_blocking`.
@@ -37,14 +37,11 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use crate::{
-    process::{
-        ProcError, ProcFs,
-        dotnet::{DotnetEnvironment, DotnetRuntime, version_major},
-        identity::{FsIdentity, IdentityError},
-        root::{EntryKind, TargetDir, TargetRoot, entry_kind, fd_path, fstat},
-    },
-    symbolize::perf_files::{self, PerfFileCleanup},
+use crate::process::{
+    ProcError, ProcFs,
+    dotnet::{DotnetEnvironment, version_major},
+    identity::{FsIdentity, IdentityError},
+    root::{EntryKind, TargetDir, TargetRoot, entry_kind, fd_path, fstat},
 };
 
 /// First 14 bytes of every message.
@@ -64,8 +61,6 @@ const SERVER_OK: u8 = 0x00;
 const SERVER_ERROR: u8 = 0xFF;
 /// Size of a reply that carries only an HRESULT.
 const STATUS_RESPONSE_LEN: usize = HEADER_LEN + 4;
-/// The first .NET with EnablePerfMap.
-const PERF_MAP_MIN_MAJOR: u32 = 8;
 
 /// A command: set and id (code `set << 8 | id` in Microsoft's docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -741,7 +736,7 @@ pub fn find_diagnostic_socket(procfs: &ProcFs, pid: u32) -> Result<DiagnosticSoc
     })
 }
 
-fn proc_to_ipc(error: ProcError) -> IpcError {
+pub(super) fn proc_to_ipc(error: ProcError) -> IpcError {
     match error {
         ProcError::PermissionDenied { path, source } => IpcError::PermissionDenied { path, source },
         other => IpcError::Proc(other),
@@ -753,6 +748,55 @@ fn open_error(path: PathBuf, source: io::Error) -> IpcError {
         IpcError::PermissionDenied { path, source }
     } else {
         IpcError::Open { path, source }
+    }
+}
+
+/// The diagnostic socket of one process, found once, the first time a
+/// command needs it, for everything that talks to its runtime: the perf
+/// map attach, the EventPipe sessions, the rundown. Clones share what was
+/// found (threads take their own). A socket not there yet (the runtime
+/// creates it early in its startup) is looked for again at the next call.
+#[derive(Debug, Clone)]
+pub struct DiagnosticPort {
+    procfs: ProcFs,
+    pid: u32,
+    found: std::sync::Arc<std::sync::Mutex<Option<DiagnosticClient>>>,
+}
+
+impl DiagnosticPort {
+    /// The port of host process `pid`; nothing is looked for yet.
+    pub fn new(procfs: &ProcFs, pid: u32) -> Self {
+        Self {
+            procfs: procfs.clone(),
+            pid,
+            found: Default::default(),
+        }
+    }
+
+    /// The host pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The process's `/proc`.
+    pub fn procfs(&self) -> &ProcFs {
+        &self.procfs
+    }
+
+    /// A client for the socket, found the first time (see the module doc).
+    pub fn client(&self) -> Result<DiagnosticClient, IpcError> {
+        // Held while the socket is looked for: a second thread asking at
+        // the same time waits for the first one's answer.
+        let mut found = self
+            .found
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(client) = found.as_ref() {
+            return Ok(client.clone());
+        }
+        let client = DiagnosticClient::discover(&self.procfs, self.pid)?;
+        *found = Some(client.clone());
+        Ok(client)
     }
 }
 
@@ -776,6 +820,8 @@ pub struct DiagnosticClient {
 
 impl DiagnosticClient {
     /// Finds the socket of host process `pid` and makes a client for it.
+    /// The profiler's runtimes ask their [`DiagnosticPort`], which calls
+    /// this once.
     pub fn discover(procfs: &ProcFs, pid: u32) -> Result<Self, IpcError> {
         let socket = find_diagnostic_socket(procfs, pid)?;
         Self::new(procfs, pid, socket)
@@ -802,6 +848,11 @@ impl DiagnosticClient {
     /// The host pid.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The process's `/proc`.
+    pub fn procfs(&self) -> &ProcFs {
+        &self.procfs
     }
 
     /// The socket's host path (for messages; connections re-resolve it
@@ -1088,289 +1139,10 @@ impl Read for DeadlineReader<'_> {
     }
 }
 
-/// Why [`PerfMapAttach::attach`] did not turn perf maps on.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PerfMapUnsupported {
-    #[error(
-        "EnablePerfMap is not supported before .NET 8 (process runs {}): managed symbols need EventPipe rundown",
-        .version.as_deref().unwrap_or("an older runtime")
-    )]
-    BeforeNet8 { version: Option<String> },
-    #[error("the runtime refused EnablePerfMap")]
-    Refused(#[source] RuntimeError),
-}
-
-/// The result of [`PerfMapAttach::attach`].
-#[derive(Debug)]
-pub enum PerfMapAttachOutcome {
-    /// clrbpf turned perf maps on; call [`PerfMapAttach::finish`] when done.
-    Enabled(Box<PerfMapAttach>),
-    /// The process writes perf maps by itself (`DOTNET_PerfMapEnabled` /
-    /// `COMPlus_PerfMapEnabled` is non-zero): read them, undo nothing.
-    AlreadyEnabled { setting: u32 },
-    /// No perf maps from this runtime.
-    Unsupported(PerfMapUnsupported),
-}
-
-/// Perf maps that clrbpf turned on in a running .NET 8+ process, to be
-/// turned off (and the files removed) when the recording ends.
-#[derive(Debug)]
-pub struct PerfMapAttach {
-    client: DiagnosticClient,
-    /// The target's root, opened while it runs: the files are removed
-    /// through it even after the process exited (when `/proc/PID/root` is
-    /// gone with it).
-    root: Option<TargetRoot>,
-    ns_pid: u32,
-    perf_map_dirs: Vec<String>,
-    runtime_version: Option<String>,
-    /// When EnablePerfMap was sent: only files written since are ours.
-    enabled_at: SystemTime,
-    finished: bool,
-}
-
-/// What [`PerfMapAttach::finish`] did.
-#[derive(Debug)]
-pub struct PerfMapCleanup {
-    /// The result of DisablePerfMap (an error is normal if the process exited).
-    pub disable: Result<(), IpcError>,
-    /// The perf files removed, left alone, or that could not be removed.
-    pub files: PerfFileCleanup,
-}
-
-impl PerfMapAttach {
-    /// Turns perf maps (type All: perf map and jitdump, which also lists
-    /// ReadyToRun code) on in host process `pid`, unless it writes them
-    /// already or its runtime is older than .NET 8.
-    pub fn attach(procfs: &ProcFs, pid: u32) -> Result<PerfMapAttachOutcome, IpcError> {
-        let environment = DotnetEnvironment::read(procfs, pid).map_err(proc_to_ipc)?;
-        if let Some(setting) = environment.perf_map_enabled.filter(|&v| v != 0) {
-            return Ok(PerfMapAttachOutcome::AlreadyEnabled { setting });
-        }
-        let client = DiagnosticClient::discover(procfs, pid)?;
-        let mapped_version = procfs
-            .maps(pid)
-            .ok()
-            .and_then(|maps| DotnetRuntime::detect(&maps))
-            .and_then(|runtime| runtime.version);
-        let runtime_version = match client.process_info() {
-            Ok(info) => info.clr_product_version.or(mapped_version),
-            // Before .NET 5: no ProcessInfo at all.
-            Err(IpcError::Refused {
-                error: RuntimeError::UnknownCommand,
-                ..
-            }) => {
-                return Ok(PerfMapAttachOutcome::Unsupported(
-                    PerfMapUnsupported::BeforeNet8 {
-                        version: mapped_version,
-                    },
-                ));
-            }
-            Err(e) => return Err(e),
-        };
-        if runtime_version
-            .as_deref()
-            .and_then(version_major)
-            .is_some_and(|major| major < PERF_MAP_MIN_MAJOR)
-        {
-            return Ok(PerfMapAttachOutcome::Unsupported(
-                PerfMapUnsupported::BeforeNet8 {
-                    version: runtime_version,
-                },
-            ));
-        }
-        // Opened before the request: the process may exit as soon as its
-        // runtime starts writing, and its files are removed through it.
-        // Best effort: without it, removal goes through /proc/PID/root,
-        // which works while the process lives.
-        let root = TargetRoot::open(procfs, pid).ok();
-        let enabled_at = SystemTime::now();
-        match client.enable_perf_map(PerfMapType::All) {
-            Ok(()) => {}
-            Err(IpcError::Refused {
-                error: RuntimeError::UnknownCommand,
-                ..
-            }) => {
-                return Ok(PerfMapAttachOutcome::Unsupported(
-                    PerfMapUnsupported::BeforeNet8 {
-                        version: runtime_version,
-                    },
-                ));
-            }
-            Err(IpcError::Refused { error, .. }) => {
-                return Ok(PerfMapAttachOutcome::Unsupported(
-                    PerfMapUnsupported::Refused(error),
-                ));
-            }
-            // The request went out and no answer came back (the process
-            // exited while its runtime replayed its methods, or the runtime
-            // is slow): the perf maps may be on and their files written.
-            // Kept as on, they are turned off and removed with the others.
-            Err(
-                e @ (IpcError::Timeout { .. } | IpcError::Io { .. } | IpcError::Response { .. }),
-            ) => {
-                tracing::debug!(pid, error = %e, "no answer to EnablePerfMap: treated as on");
-            }
-            Err(e) => return Err(e),
-        }
-        Ok(PerfMapAttachOutcome::Enabled(Box::new(Self::taken_over(
-            root,
-            client,
-            &environment,
-            runtime_version,
-            enabled_at,
-        ))))
-    }
-
-    /// Takes over the perf maps an earlier clrbpf turned on in host process
-    /// `pid` at `enabled_at` and could not turn off (it was killed; see
-    /// [`super::perf_map_ledger`]): [`Self::finish`] then does what that
-    /// run's end would have. `None` when the process writes perf maps by
-    /// itself (`DOTNET_PerfMapEnabled`): not ours to turn off.
-    pub fn adopt(
-        procfs: &ProcFs,
-        pid: u32,
-        enabled_at: SystemTime,
-    ) -> Result<Option<Self>, IpcError> {
-        let environment = DotnetEnvironment::read(procfs, pid).map_err(proc_to_ipc)?;
-        if environment.perf_map_enabled.is_some_and(|v| v != 0) {
-            return Ok(None);
-        }
-        let client = DiagnosticClient::discover(procfs, pid)?;
-        Ok(Some(Self::taken_over(
-            TargetRoot::open(procfs, pid).ok(),
-            client,
-            &environment,
-            None,
-            enabled_at,
-        )))
-    }
-
-    fn taken_over(
-        root: Option<TargetRoot>,
-        client: DiagnosticClient,
-        environment: &DotnetEnvironment,
-        runtime_version: Option<String>,
-        enabled_at: SystemTime,
-    ) -> Self {
-        Self {
-            ns_pid: client.socket.ns_pid,
-            root,
-            client,
-            perf_map_dirs: environment.perf_map_dirs(),
-            runtime_version,
-            enabled_at,
-            finished: false,
-        }
-    }
-
-    /// Turns perf maps off and on again: the runtime creates its files anew
-    /// and replays every method compiled so far into them. For when the
-    /// files were removed under a running recording: another recorder
-    /// attached to the same process (a second clrbpf) ends by turning the
-    /// runtime's perf maps off and removing the files, which are the same
-    /// files (the runtime keeps one perf map state per process, not one
-    /// per client). Enabling alone is not enough: a runtime still enabled
-    /// goes on writing to the removed files.
-    pub fn reenable(&mut self) -> Result<(), IpcError> {
-        // An error here is normal: the other recorder may have turned them
-        // off already.
-        let _ = self.client.disable_perf_map();
-        self.enabled_at = SystemTime::now();
-        self.client.enable_perf_map(PerfMapType::All)
-    }
-
-    /// The client used to enable the maps.
-    pub fn client(&self) -> &DiagnosticClient {
-        &self.client
-    }
-
-    /// The pid in the file names (`perf-<ns_pid>.map`).
-    pub fn ns_pid(&self) -> u32 {
-        self.ns_pid
-    }
-
-    /// Directories, as the target sees them, where the files may be.
-    pub fn perf_map_dirs(&self) -> &[String] {
-        &self.perf_map_dirs
-    }
-
-    /// The runtime version, if known (`"8.0.4+..."` from ProcessInfo2, or
-    /// `"8.0.4"` from the mappings).
-    pub fn runtime_version(&self) -> Option<&str> {
-        self.runtime_version.as_deref()
-    }
-
-    /// The file names the runtime writes for this process.
-    pub fn file_names(&self) -> [String; 3] {
-        perf_files::perf_file_names(self.ns_pid)
-    }
-
-    /// Turns perf maps off and, unless `keep_files`, removes
-    /// `perf-<nspid>.map`, `perfinfo-<nspid>.map` and `jit-<nspid>.dump`
-    /// under the rules of [`perf_files`]: the target's own regular files,
-    /// written since the request, unlinked as the target's user through a
-    /// directory fd inside its root. Removal is tried even if the process
-    /// already exited (its container's files stay reachable while another
-    /// process lives in it).
-    pub fn finish(mut self, keep_files: bool) -> PerfMapCleanup {
-        self.finished = true;
-        let disable = self.client.disable_perf_map();
-        let mut cleanup = PerfMapCleanup {
-            disable,
-            files: PerfFileCleanup::default(),
-        };
-        if keep_files {
-            return cleanup;
-        }
-        let opened = match self.root.take() {
-            Some(root) => Ok(root),
-            None => TargetRoot::open(&self.client.procfs, self.client.pid),
-        };
-        let root_path = self.client.procfs.pid_path(self.client.pid, "root");
-        let root = match opened {
-            Ok(root) => root,
-            Err(e) => {
-                cleanup.files.failed.push((root_path, io::Error::other(e)));
-                return cleanup;
-            }
-        };
-        let dirs: Vec<&Path> = self.perf_map_dirs.iter().map(Path::new).collect();
-        match perf_files::remove_perf_files(
-            &root,
-            &dirs,
-            self.ns_pid,
-            &self.client.owner,
-            self.enabled_at,
-        ) {
-            Ok(files) => cleanup.files = files,
-            Err(e) => cleanup.files.failed.push((root_path, io::Error::other(e))),
-        }
-        cleanup
-    }
-}
-
-impl Drop for PerfMapAttach {
-    /// A recording that ends without [`PerfMapAttach::finish`] (a panic, an
-    /// early return) must not leave the target writing perf maps forever:
-    /// turn them off, keep the files.
-    fn drop(&mut self) {
-        if self.finished {
-            return;
-        }
-        if let Err(error) = self.client.disable_perf_map() {
-            tracing::warn!(
-                pid = self.client.pid,
-                error = %error,
-                "could not turn off the perf maps clrbpf enabled"
-            );
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clr::perf_map_attach::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported};
     use crate::process::tests::fake_process;
     use std::{
         fs,
@@ -1914,7 +1686,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (procfs, _tmp) = fake_target(dir.path(), "/tmp", "COMPlus_PerfMapEnabled=3\0");
         assert!(matches!(
-            PerfMapAttach::attach(&procfs, 5),
+            PerfMapAttach::attach(&DiagnosticPort::new(&procfs, 5)),
             Ok(PerfMapAttachOutcome::AlreadyEnabled { setting: 3 })
         ));
 
@@ -1925,7 +1697,7 @@ mod tests {
             bind_in(&tmp, "dotnet-diagnostic-7-100-socket"),
             vec![ok_reply(&process_info_payload(Some(("App", "6.0.1"))))],
         );
-        let outcome = PerfMapAttach::attach(&procfs, 5).expect("attach");
+        let outcome = PerfMapAttach::attach(&DiagnosticPort::new(&procfs, 5)).expect("attach");
         let PerfMapAttachOutcome::Unsupported(reason) = outcome else {
             panic!("expected unsupported, got {outcome:?}");
         };
@@ -1952,7 +1724,7 @@ mod tests {
             ],
         );
         assert!(matches!(
-            PerfMapAttach::attach(&procfs, 5),
+            PerfMapAttach::attach(&DiagnosticPort::new(&procfs, 5)),
             Ok(PerfMapAttachOutcome::Unsupported(
                 PerfMapUnsupported::BeforeNet8 { version: None }
             ))
@@ -1971,7 +1743,7 @@ mod tests {
                 ok_reply(&0u32.to_le_bytes()),
             ],
         );
-        let outcome = PerfMapAttach::attach(&procfs, 5).expect("attach");
+        let outcome = PerfMapAttach::attach(&DiagnosticPort::new(&procfs, 5)).expect("attach");
         let PerfMapAttachOutcome::Enabled(attach) = outcome else {
             panic!("expected enabled, got {outcome:?}");
         };
@@ -2065,7 +1837,12 @@ mod tests {
             bind_in(&tmp, "dotnet-diagnostic-7-100-socket"),
             vec![first, ok_reply(&0x5e55_u64.to_le_bytes())],
         );
-        let session = ClrSession::start(&procfs, 5, ClrEventKinds::ALL, Some(8)).expect("start");
+        let session = ClrSession::start(
+            &DiagnosticClient::discover(&procfs, 5).expect("discover"),
+            ClrEventKinds::ALL,
+            Some(8),
+        )
+        .expect("start");
         let mut seen = (0u64, 0u64);
         let (end, stop_error) = session.stop(
             Instant::now() + Duration::from_secs(10),
@@ -2115,11 +1892,20 @@ mod tests {
             bind_in(&tmp, "dotnet-diagnostic-7-100-socket"),
             vec![error_reply(RuntimeError::UNKNOWN_COMMAND), cut],
         );
-        let err = ClrSession::start(&procfs, 5, ClrEventKinds::ALL, Some(3)).expect_err("refused");
+        let err = ClrSession::start(
+            &DiagnosticClient::discover(&procfs, 5).expect("discover"),
+            ClrEventKinds::ALL,
+            Some(3),
+        )
+        .expect_err("refused");
         assert_eq!(err.runtime_error(), Some(RuntimeError::UnknownCommand));
         // The target "exits" half way through its stream.
-        let mut session =
-            ClrSession::start(&procfs, 5, ClrEventKinds::ALL, Some(3)).expect("start");
+        let mut session = ClrSession::start(
+            &DiagnosticClient::discover(&procfs, 5).expect("discover"),
+            ClrEventKinds::ALL,
+            Some(3),
+        )
+        .expect("start");
         let mut events = 0;
         for _ in 0..200 {
             events += session.drain(&mut |_| {});
@@ -2145,7 +1931,7 @@ mod tests {
                 ok_reply(&0u32.to_le_bytes()),
             ],
         );
-        let outcome = PerfMapAttach::attach(&procfs, 5).expect("attach");
+        let outcome = PerfMapAttach::attach(&DiagnosticPort::new(&procfs, 5)).expect("attach");
         assert!(matches!(outcome, PerfMapAttachOutcome::Enabled(_)));
         drop(outcome);
         let requests = server.join().expect("server");
@@ -2170,7 +1956,7 @@ mod tests {
                 ok_reply(&0u32.to_le_bytes()),
             ],
         );
-        let outcome = PerfMapAttach::attach(&procfs, 5).expect("attach");
+        let outcome = PerfMapAttach::attach(&DiagnosticPort::new(&procfs, 5)).expect("attach");
         let PerfMapAttachOutcome::Enabled(mut attach) = outcome else {
             panic!("expected enabled, got {outcome:?}");
         };

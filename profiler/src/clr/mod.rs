@@ -1,16 +1,21 @@
 //! The .NET runtime from the outside: the diagnostic IPC client (EnablePerfMap,
 //! ProcessInfo, EventPipe sessions) and what is decoded from it: CLR events
 //! for profiles, `System.Runtime` EventCounters for runtime metrics.
+//! [`instance`] is .NET behind the runtime seam ([`crate::runtime`]): what
+//! the pipeline asks of one process's runtime.
 
 pub mod alloc_session;
 pub mod allocations;
 pub mod budget;
 pub mod collector;
 pub mod counters;
+mod describe;
 pub mod events;
+pub mod instance;
 pub mod intake;
 pub mod ipc;
 pub mod nettrace;
+pub mod perf_map_attach;
 pub mod perf_map_ledger;
 pub mod session;
 pub mod waits;

@@ -35,7 +35,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use super::ipc::PerfMapAttach;
+use super::perf_map_attach::PerfMapAttach;
 use crate::{
     process::{ProcFs, root::TargetDir},
     unwind::disk_cache::{DiskCacheError, open_cache_dir, write_entry},
@@ -280,8 +280,9 @@ pub fn recover(procfs: &ProcFs, cache_dir: &Path) -> Recovery {
 
 /// A joinable undo of one entry: `None` inside when there was nothing to
 /// undo (the app writes perf maps by itself).
-type UndoJob =
-    std::thread::JoinHandle<Result<Option<super::ipc::PerfMapCleanup>, super::ipc::IpcError>>;
+type UndoJob = std::thread::JoinHandle<
+    Result<Option<super::perf_map_attach::PerfMapCleanup>, super::ipc::IpcError>,
+>;
 
 /// Starts undoing `entry` on a thread of its own when its process is the
 /// one the entry names.

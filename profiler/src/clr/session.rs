@@ -40,7 +40,6 @@ use super::{
     ipc::{DiagnosticClient, IpcError, encode_string},
     nettrace::{NettraceParser, NettraceStats, ParsedItem, TraceHeader},
 };
-use crate::process::ProcFs;
 
 /// Runtime keywords ([`RUNTIME_PROVIDER`]).
 pub mod keywords {
@@ -265,22 +264,21 @@ pub struct ClrSession {
 const MAX_PENDING_COUNTERS: usize = 4096;
 
 impl ClrSession {
-    /// Starts a streaming session in host process `pid` for `kinds`.
+    /// Starts a streaming session for `kinds` in the runtime `client`
+    /// talks to.
     pub fn start(
-        procfs: &ProcFs,
-        pid: u32,
+        client: &DiagnosticClient,
         kinds: ClrEventKinds,
         runtime_major: Option<u32>,
     ) -> Result<Self, IpcError> {
-        Self::start_with_counters(procfs, pid, kinds, runtime_major, None)
+        Self::start_with_counters(client, kinds, runtime_major, None)
     }
 
     /// [`Self::start`], also enabling the `System.Runtime` EventCounters
     /// every `counters_interval_sec` seconds when given: their values
     /// arrive through [`Self::take_counters`].
     pub fn start_with_counters(
-        procfs: &ProcFs,
-        pid: u32,
+        client: &DiagnosticClient,
         kinds: ClrEventKinds,
         runtime_major: Option<u32>,
         counters_interval_sec: Option<u32>,
@@ -295,7 +293,7 @@ impl ClrSession {
         if let Some(interval_sec) = counters_interval_sec {
             providers.push(counters_provider(interval_sec));
         }
-        Self::start_providers(procfs, pid, kinds, &providers)
+        Self::start_providers(client, kinds, &providers)
     }
 
     /// A session of exception events alone, at level Error: the runtime
@@ -303,7 +301,7 @@ impl ClrSession {
     /// finally and filter events (Informational), so it walks one stack
     /// per throw instead of several. The collector's budget turns it off
     /// and on ([`super::budget`]).
-    pub fn start_exception_events(procfs: &ProcFs, pid: u32) -> Result<Self, IpcError> {
+    pub fn start_exception_events(client: &DiagnosticClient) -> Result<Self, IpcError> {
         let provider = ProviderConfig {
             name: RUNTIME_PROVIDER.to_owned(),
             keywords: keywords::EXCEPTION,
@@ -314,7 +312,7 @@ impl ClrSession {
             exceptions: true,
             ..ClrEventKinds::NONE
         };
-        Self::start_providers(procfs, pid, kinds, &[provider])
+        Self::start_providers(client, kinds, &[provider])
     }
 
     /// Makes the runtime recompute which runtime keywords are on, after the
@@ -325,25 +323,24 @@ impl ClrSession {
     /// storm's throughput (measured, .NET 8). Starting and stopping a
     /// session with the runtime provider (Loader at level Error: no event)
     /// makes it compute them again over the sessions left.
-    pub fn refresh_runtime_keywords(procfs: &ProcFs, pid: u32) -> Result<(), IpcError> {
+    pub fn refresh_runtime_keywords(client: &DiagnosticClient) -> Result<(), IpcError> {
         let provider = ProviderConfig {
             name: RUNTIME_PROVIDER.to_owned(),
             keywords: keywords::LOADER,
             level: LEVEL_ERROR,
             filter: String::new(),
         };
-        let session = Self::start_providers(procfs, pid, ClrEventKinds::NONE, &[provider])?;
+        let session = Self::start_providers(client, ClrEventKinds::NONE, &[provider])?;
         let (_, stop_error) = session.stop(Instant::now() + REFRESH_DEADLINE, &mut |_| {});
         stop_error.map_or(Ok(()), Err)
     }
 
     pub(super) fn start_providers(
-        procfs: &ProcFs,
-        pid: u32,
+        client: &DiagnosticClient,
         kinds: ClrEventKinds,
         providers: &[ProviderConfig],
     ) -> Result<Self, IpcError> {
-        let client = DiagnosticClient::discover(procfs, pid)?;
+        let pid = client.pid();
         let payload = collect_tracing2_payload(SESSION_BUFFER_MB, false, providers);
         let (stream, session_id) = client.collect_tracing(&payload)?;
         let (sender, receiver) = sync_channel(CHANNEL_BATCHES);
@@ -360,7 +357,7 @@ impl ClrSession {
             })?;
         tracing::debug!(pid, session_id, "EventPipe session started");
         Ok(Self {
-            client,
+            client: client.clone(),
             session_id,
             receiver,
             inbox: Vec::new().into_iter(),
@@ -522,11 +519,9 @@ impl ClrSession {
 /// by address and time). Blocks up to `deadline`; returns the methods the
 /// stream held by then, and an error string if it did not end cleanly.
 pub fn method_rundown(
-    procfs: &ProcFs,
-    pid: u32,
+    client: &DiagnosticClient,
     deadline: Duration,
 ) -> Result<(Vec<super::events::MethodLoad>, Option<String>), IpcError> {
-    let client = DiagnosticClient::discover(procfs, pid)?;
     // A session needs a provider; level Informational keeps the verbose
     // method events of the live process out of this one.
     let provider = ProviderConfig {
@@ -539,7 +534,7 @@ pub fn method_rundown(
     let (mut stream, session_id) = client.collect_tracing(&payload)?;
     // The runtime writes the rundown before it answers StopTracing: read
     // the stream here while another thread waits for the answer.
-    let stopper = stop_in_background(&client, session_id);
+    let stopper = stop_in_background(client, session_id);
     let until = Instant::now() + deadline;
     let mut parser = NettraceParser::new();
     let mut decoder = ClrEventDecoder::new();

@@ -7,8 +7,7 @@ use super::output::OutputFormat;
 use crate::profile::{
     Profile, ProfileSample, ValueType,
     layout::{
-        ALLOCATION_PERIOD_TYPE, ALLOCATION_SAMPLE_TYPES, ValueLayout, clr_offsets,
-        standalone_sample_type,
+        ALLOCATION_PERIOD_TYPE, ALLOCATION_SAMPLE_TYPES, ValueLayout, standalone_sample_type,
     },
 };
 
@@ -47,13 +46,12 @@ pub fn split_outputs(
         parts.push(("wall", vec![wall], 0));
     }
     if let Some(clr) = layout.clr {
-        use clr_offsets::{CONTENTIONS, DELAY, EXCEPTIONS, WAIT_DELAY, WAITS};
-        parts.push(("contention", vec![clr + CONTENTIONS, clr + DELAY], 1));
-        parts.push(("exceptions", vec![clr + EXCEPTIONS], 0));
-        parts.push(("waits", vec![clr + WAITS, clr + WAIT_DELAY], 1));
+        parts.push(("contention", vec![clr.contentions, clr.delay], 1));
+        parts.push(("exceptions", vec![clr.exceptions], 0));
+        parts.push(("waits", vec![clr.waits, clr.wait_delay], 1));
     }
     if let Some(alloc) = layout.alloc {
-        parts.push(("allocations", vec![alloc, alloc + 1], 1));
+        parts.push(("allocations", vec![alloc.samples, alloc.size], 1));
     }
     parts
         .into_iter()
@@ -147,9 +145,8 @@ mod tests {
             sample.values = layout.zeros();
         }
         let clr = layout.clr.expect("CLR types");
-        profile.samples[0].values[clr + clr_offsets::WAITS] = 2;
-        profile.samples[0].values[clr + clr_offsets::WAIT_DELAY] = 9_000;
-        let waits = select_sample_types(&profile, &[clr + 3, clr + 4]);
+        profile.samples[0].values = layout.wait(2, 9_000).expect("CLR types");
+        let waits = select_sample_types(&profile, &[clr.waits, clr.wait_delay]);
         let types: Vec<(&str, &str)> = waits
             .sample_types
             .iter()

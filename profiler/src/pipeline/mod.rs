@@ -2,52 +2,58 @@
 //! aggregated, symbolized samples out.
 //!
 //! 1. [`Pipeline::accept`] takes the raw samples a tick drained and learns
-//!    each new process once ([`tracked::TrackedProcess`]: mappings, .NET
-//!    runtime, perf maps, EventPipe session).
+//!    each new process once ([`tracked::TrackedProcess`]: who it is, its
+//!    mappings, and its runtime behind the seam of [`crate::runtime`]: for
+//!    .NET, perf maps and EventPipe session).
 //! 2. [`Pipeline::process_pending`] symbolizes them a little after they
 //!    were taken (the runtime writes a method's perf map line right after
-//!    compiling it): [`resolve`] turns addresses into frames, and each
-//!    sample becomes labels and values ([`crate::profile::layout`]) in the
-//!    [`Aggregator`]. CLR events enter there too, as samples of their own
-//!    kinds.
+//!    compiling it): [`crate::symbolize::stack`] turns a raw stack into
+//!    frames, `labels` gives it its labels and the value layout
+//!    ([`crate::profile::layout`]) its values in the [`Aggregator`];
+//!    off-CPU samples and their wakers are composed in `wakers`. CLR
+//!    events enter there too, as samples of their own kinds ([`resolve`]).
 //! 3. At the end, the .NET processes are restored (perf maps off, the
 //!    perf files clrbpf asked for removed; [`perf_maps`] sees that none is
 //!    forgotten, even by a killed run) and the profile goes to the export
 //!    stage; [`summary`] says what was collected.
 
 pub mod driver;
+mod labels;
 pub mod perf_maps;
 pub mod raw_stacks;
 pub mod resolve;
 pub mod start_tables;
 pub mod summary;
 pub mod tracked;
+mod wakers;
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
-    path::Path,
     sync::Arc,
 };
 
 use self::{
     raw_stacks::RawStacks,
-    resolve::{add_clr_samples, user_frame},
+    resolve::add_clr_samples,
     summary::{ClrProcessTotals, RecordSummary},
     tracked::TrackedProcess,
 };
 use crate::{
     bpf::UnwindWorker,
     clr::{
-        collector::{ClrCollector, ClrSettings},
+        collector::ClrSettings,
         counters::{ProcessRuntimeMetrics, ProcessUsage},
+        instance::{DotnetDetached, DotnetEventsEnd},
+        perf_map_attach::PerfMapAttach,
         session::ClrEventKinds,
     },
-    process::{ProcFs, dotnet::DotnetRuntime, list_pids, root::TargetRoot},
-    profile::{
-        Aggregator, Frame, FrameKind, Label, Profile, RawSample, ValueType, label_keys,
-        layout::ValueLayout, wait_kind,
+    process::{ProcFs, list_pids},
+    profile::{Aggregator, Profile, RawSample, ValueType, layout::ValueLayout},
+    runtime::{RuntimeInstance, RuntimeLoader},
+    symbolize::{
+        native::NativeSymbolizer,
+        stack::{FrameCounts, StackNamer},
     },
-    symbolize::{managed::TargetLocation, native::NativeSymbolizer, perf_files::remove_perf_files},
 };
 
 /// How long the end of a recording waits for the EventPipe sessions (all
@@ -113,7 +119,8 @@ pub struct Pipeline {
     pending: VecDeque<RawSample>,
     summary: RecordSummary,
     stack: Vec<u32>,
-    user_frames: Vec<Arc<Frame>>,
+    /// Names one raw stack at a time.
+    namer: StackNamer,
     /// Memory for managed symbols, shared by every process: the least
     /// recently used processes' tables go first.
     managed_budget: crate::symbolize::managed::ManagedSymbolBudget,
@@ -131,8 +138,6 @@ pub struct Pipeline {
     retry: Vec<RawSample>,
     unwind: Option<UnwindWorker>,
     layout: ValueLayout,
-    /// Kernel frame names of the sample being added (for `wait.kind`).
-    kernel_names: Vec<Arc<str>>,
     /// Thread names seen in samples, for the off-CPU totals.
     thread_names: HashMap<u32, Arc<str>>,
     /// Off-CPU nanoseconds (upscaled) and waits the profile holds, per tid.
@@ -159,9 +164,6 @@ const VANISHED_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs
 /// host maps `libcoreclr.so` a moment after it starts).
 const DOTNET_SCANS: u8 = 3;
 
-/// Threads whose off-CPU time the summary reports one by one.
-const MAX_OFF_CPU_THREADS: usize = 131_072;
-
 impl Pipeline {
     /// How many processes have been seen.
     pub fn process_count(&self) -> usize {
@@ -174,7 +176,7 @@ impl Pipeline {
         let dotnet = self
             .processes
             .values()
-            .filter(|p| p.managed.is_some())
+            .filter(|p| p.runtime().is_some_and(RuntimeInstance::names_code))
             .count();
         (self.processes.len(), dotnet)
     }
@@ -195,7 +197,7 @@ impl Pipeline {
             pending: VecDeque::new(),
             summary: RecordSummary::default(),
             stack: Vec::with_capacity(256),
-            user_frames: Vec::with_capacity(256),
+            namer: StackNamer::default(),
             managed_budget: crate::symbolize::managed::ManagedSymbolBudget::new(
                 crate::memory_budget::current().managed_symbol_bytes(),
             ),
@@ -206,7 +208,6 @@ impl Pipeline {
             retry: Vec::new(),
             unwind: None,
             layout,
-            kernel_names: Vec::with_capacity(128),
             thread_names: HashMap::new(),
             off_cpu_recorded: HashMap::new(),
             dotnet_scanned: HashMap::new(),
@@ -239,10 +240,11 @@ impl Pipeline {
                 continue;
             }
             *scans += 1;
+            let loader = self.loader();
             let is_dotnet = self
                 .procfs
                 .maps(pid)
-                .is_ok_and(|maps| DotnetRuntime::detect(&maps).is_some());
+                .is_ok_and(|maps| loader.recognises(&maps));
             if is_dotnet {
                 self.dotnet_scanned.remove(&pid);
                 self.track(pid);
@@ -260,26 +262,14 @@ impl Pipeline {
         self.processes
             .values_mut()
             .filter_map(|process| {
-                let pid = process.pid;
-                let counters = process.clr.as_mut()?.runtime_counters()?;
+                let (pid, executable) = (process.pid, process.exe_name.to_string());
+                let k8s = labels::metric_k8s_labels(process);
+                let counters = process.runtime_mut()?.runtime_counters()?;
                 counters.set_usage(ProcessUsage::read(procfs, pid));
                 Some(ProcessRuntimeMetrics {
                     pid,
-                    executable: process.exe_name.to_string(),
-                    k8s: process
-                        .pod
-                        .iter()
-                        .flat_map(|pod| pod.pairs())
-                        .filter_map(|(key, value)| {
-                            let name = match key {
-                                label_keys::K8S_NAMESPACE_NAME => "namespace",
-                                label_keys::K8S_POD_NAME => "pod",
-                                label_keys::K8S_CONTAINER_NAME => "container",
-                                _ => return None,
-                            };
-                            Some((name, value.to_string()))
-                        })
-                        .collect(),
+                    executable,
+                    k8s,
                     snapshot: counters.snapshot().clone(),
                 })
             })
@@ -288,14 +278,8 @@ impl Pipeline {
 
     pub fn track(&mut self, pid: u32) {
         if !self.processes.contains_key(&pid) {
-            let process = TrackedProcess::discover(
-                &self.procfs,
-                pid,
-                &mut self.native,
-                self.attach_perf_maps,
-                self.clr,
-                self.managed_budget.clone(),
-            );
+            let loader = self.loader();
+            let process = TrackedProcess::discover(&self.procfs, pid, &mut self.native, loader);
             self.processes.insert(pid, process);
             self.summary.processes += 1;
             if let Some(unwind) = self.unwind.as_ref() {
@@ -304,8 +288,17 @@ impl Pipeline {
         }
     }
 
-    /// Looks again at runtimes still starting, then starts, drains (and
-    /// notices the end of) every EventPipe session.
+    /// What a process's runtime is recognised by, and asked for.
+    fn loader(&self) -> tracked::Loader {
+        crate::clr::instance::DotnetLoader {
+            attach: self.attach_perf_maps,
+            clr: self.clr,
+            managed_budget: self.managed_budget.clone(),
+        }
+    }
+
+    /// Looks again at runtimes still starting, then polls every runtime
+    /// (its perf map attach, its EventPipe sessions).
     pub fn poll_clr(&mut self) {
         let Self {
             processes,
@@ -314,11 +307,15 @@ impl Pipeline {
             ..
         } = self;
         for process in processes.values_mut() {
-            if process.runtime_starting_since.is_some() {
+            if process
+                .runtime()
+                .is_some_and(RuntimeInstance::needs_mappings)
+            {
                 process.refresh_maps(procfs, native);
             }
-            process.poll_attach();
-            process.poll_clr(procfs);
+            if let Some(runtime) = process.runtime_mut() {
+                runtime.poll();
+            }
         }
     }
 
@@ -343,34 +340,28 @@ impl Pipeline {
         // against one deadline: the end of a recording waits for the
         // slowest runtime once, not for each in turn.
         for process in self.processes.values_mut() {
-            if let Some(clr) = process.clr.as_mut() {
-                clr.begin_stop();
+            if let Some(runtime) = process.runtime_mut() {
+                runtime.begin_stop();
             }
         }
         let until = std::time::Instant::now() + CLR_STOP_DEADLINE;
-        for process in self.processes.values_mut() {
-            process.stop_clr(until);
-        }
-        let pids: Vec<u32> = self.processes.keys().copied().collect();
-        for pid in pids {
-            if let Some(mut process) = self.processes.remove(&pid) {
-                self.close_clr(&mut process);
-                self.processes.insert(pid, process);
-            }
+        let ended: Vec<(u32, DotnetEventsEnd)> = self
+            .processes
+            .iter_mut()
+            .filter_map(|(&pid, process)| Some((pid, process.runtime_mut()?.stop_events(until)?)))
+            .collect();
+        for (pid, end) in ended {
+            self.close_clr(pid, end);
         }
     }
 
     /// Takes a stopped (or ended) session's totals into the summary and
     /// adds its kept CLR samples, symbolized at their own times and
     /// weighted so the totals are exact.
-    fn close_clr(&mut self, process: &mut TrackedProcess) {
-        let Some(mut clr) = process.clr.take() else {
-            return;
-        };
-        process.clr_slot = None;
-        process.refresh_managed(true);
+    fn close_clr(&mut self, pid: u32, end: DotnetEventsEnd) {
         let Self {
             native,
+            processes,
             aggregator,
             summary,
             stack,
@@ -378,16 +369,24 @@ impl Pipeline {
             layout,
             ..
         } = self;
-        summary.warnings.extend(clr.take_warnings());
-        if clr.had_session() {
+        let Some(process) = processes.get_mut(&pid) else {
+            return;
+        };
+        process.refresh_names(true);
+        let DotnetEventsEnd {
+            warnings,
+            totals,
+            kept,
+        } = end;
+        summary.warnings.extend(warnings);
+        if let Some((counters, incomplete)) = totals {
             summary.clr.push(ClrProcessTotals {
-                pid: process.pid,
+                pid,
                 exe_name: process.exe_name.clone(),
-                counters: clr.counters(),
-                incomplete: clr.incomplete().map(str::to_owned),
+                counters,
+                incomplete,
             });
         }
-        let kept = clr.finish();
         add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
     }
 
@@ -404,11 +403,11 @@ impl Pipeline {
             ..
         } = self;
         for process in processes.values_mut() {
-            let Some(kept) = process.clr.as_mut().map(ClrCollector::take_completed) else {
+            let Some(kept) = process.runtime_mut().map(RuntimeInstance::take_events) else {
                 continue;
             };
             if !kept.is_empty() {
-                process.refresh_managed(true);
+                process.refresh_names(true);
                 add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
             }
         }
@@ -497,14 +496,16 @@ impl Pipeline {
     /// Without the worker (frame pointers only), the ranges are dropped.
     fn send_new_jit_code(&mut self) {
         for (pid, process) in &mut self.processes {
+            let runtime = process.runtime_mut();
             match self.unwind.as_ref() {
                 Some(unwind) => {
-                    let (ranges, dropped) = process.take_new_jit_code();
+                    let (ranges, dropped) =
+                        runtime.map_or((Vec::new(), 0), |r| r.take_new_code(true));
                     unwind.add_jit_code(*pid, ranges, dropped);
                 }
                 None => {
-                    if let Some(managed) = process.managed.as_mut() {
-                        managed.take_new_code();
+                    if let Some(runtime) = runtime {
+                        runtime.take_new_code(false);
                     }
                 }
             }
@@ -562,7 +563,7 @@ impl Pipeline {
             .collect();
         for pid in due {
             if let Some(p) = self.processes.get_mut(&pid) {
-                p.refresh_managed(false);
+                p.refresh_names(false);
             }
         }
         while self.pending.front().is_some_and(|s| s.time_ns < until_ns) {
@@ -625,19 +626,25 @@ impl Pipeline {
         // Its CPU stacks of this window are named now, while its symbols
         // and files are still there.
         if let Some(process) = self.processes.get_mut(&pid) {
-            process.refresh_managed(true);
+            process.refresh_names(true);
         }
         for stack in self.raw_cpu.take_pid(pid) {
             self.add_counted(&stack.sample, stack.count, true);
         }
+        let end = self
+            .processes
+            .get_mut(&pid)
+            .and_then(TrackedProcess::runtime_mut)
+            .and_then(|runtime| {
+                runtime.begin_stop();
+                runtime.stop_events(std::time::Instant::now() + CLR_STOP_DEADLINE)
+            });
+        if let Some(end) = end {
+            self.close_clr(pid, end);
+        }
         let Some(mut process) = self.processes.remove(&pid) else {
             return;
         };
-        if let Some(clr) = process.clr.as_mut() {
-            clr.begin_stop();
-        }
-        process.stop_clr(std::time::Instant::now() + CLR_STOP_DEADLINE);
-        self.close_clr(&mut process);
         if let Some(handle) = release_process(
             &mut self.summary,
             &mut self.perf_maps,
@@ -647,9 +654,7 @@ impl Pipeline {
             // The process is gone: DisablePerfMap fails at once, and only
             // the files are left to remove.
             let cleanup = handle.finish(self.keep_perf_files);
-            self.summary
-                .warnings
-                .extend(perf_maps::file_warnings(pid, &cleanup.files));
+            self.summary.warnings.extend(cleanup.files.warnings(pid));
         }
         self.native.forget_process(pid);
         if let Some(unwind) = self.unwind.as_ref() {
@@ -693,7 +698,7 @@ impl Pipeline {
         let pids: HashSet<u32> = stacks.iter().map(|s| s.sample.pid).collect();
         for pid in pids {
             if let Some(process) = self.processes.get_mut(&pid) {
-                process.refresh_managed(true);
+                process.refresh_names(true);
             }
         }
         for stack in &stacks {
@@ -711,7 +716,7 @@ impl Pipeline {
     /// every sample symbolized, the held-back ones included.
     pub fn process_all(&mut self) {
         for process in self.processes.values_mut() {
-            process.refresh_managed(true);
+            process.refresh_names(true);
         }
         let pending: Vec<RawSample> = self.pending.drain(..).collect();
         let retry = std::mem::take(&mut self.retry);
@@ -739,179 +744,28 @@ impl Pipeline {
             summary,
             stack,
             procfs,
-            user_frames,
+            namer,
             retry,
             layout,
-            kernel_names,
-            thread_names,
-            off_cpu_recorded,
             ..
         } = self;
-        user_frames.clear();
-        if let Some(process) = processes.get_mut(&sample.pid) {
-            for (i, &addr) in sample.user_stack.iter().enumerate() {
-                let is_return_address = i > 0;
-                user_frames.push(user_frame(
-                    native,
-                    procfs,
-                    process,
-                    addr,
-                    is_return_address,
-                    sample.time_ns,
-                ));
-            }
-            let unresolved_jit = process.managed.is_some()
-                && user_frames
-                    .iter()
-                    .any(|f| f.kind == FrameKind::Unknown && f.module.is_none());
-            if unresolved_jit && !final_pass && retry.len() < MAX_RETRY_SAMPLES {
-                retry.push(sample.clone());
-                return;
-            }
-        }
-        let Some(process) = processes.get(&sample.pid) else {
+        let Some(process) = processes.get_mut(&sample.pid) else {
             return;
         };
+        let unnamed_jit = namer.name_user(native, procfs, process, sample);
+        if unnamed_jit && !final_pass && retry.len() < MAX_RETRY_SAMPLES {
+            retry.push(sample.clone());
+            return;
+        }
         summary.samples += count;
-        stack.clear();
-        kernel_names.clear();
-        for &addr in &sample.kernel_stack {
-            let frame = native.symbolize_kernel(addr);
-            summary.kernel_frames += count;
-            if sample.off_cpu.is_some() {
-                kernel_names.push(frame.name.clone());
-            }
-            stack.push(aggregator.intern(&frame));
+        let counts = namer.intern(native, sample, aggregator, stack).times(count);
+        count_frames(summary, counts);
+        let tid = i64::from(sample.tid);
+        let labels = labels::sample_labels(process, tid, Some(&sample.thread_name));
+        match &sample.off_cpu {
+            None => aggregator.add(stack, labels, &layout.on_cpu(count, sample.value)),
+            Some(off_cpu) => self.add_off_cpu(sample, off_cpu, labels),
         }
-        if sample.kernel_stack_truncated {
-            stack.push(aggregator.intern(&Frame::synthetic("[truncated kernel stack]")));
-        }
-        for frame in user_frames.iter() {
-            match (frame.kind, &frame.module) {
-                (FrameKind::Managed, _) => summary.managed_frames += count,
-                (FrameKind::Native, _) => summary.native_frames += count,
-                (_, Some(_)) => summary.unnamed_frames += count,
-                (_, None) => summary.unknown_frames += count,
-            }
-            stack.push(aggregator.intern(frame));
-        }
-        if sample.user_stack_truncated {
-            summary.truncated_stacks += count;
-            stack.push(aggregator.intern(&Frame::synthetic("[truncated]")));
-        }
-        crate::profile::gc::add_gc_root(&sample.thread_name, stack, aggregator);
-        let mut labels = vec![
-            Label::num(label_keys::PROCESS_PID, i64::from(sample.pid)),
-            Label::str(
-                label_keys::PROCESS_EXECUTABLE_NAME,
-                process.exe_name.clone(),
-            ),
-            Label::num(label_keys::THREAD_ID, i64::from(sample.tid)),
-            Label::str(label_keys::THREAD_NAME, sample.thread_name.clone()),
-        ];
-        if let Some(id) = &process.container_id {
-            labels.push(Label::str(label_keys::CONTAINER_ID, id.clone()));
-        }
-        labels.extend(process.pod.iter().flat_map(|pod| pod.sample_labels()));
-        let value = i64::try_from(sample.value).unwrap_or(i64::MAX);
-        let mut values = layout.zeros();
-        let Some(off_cpu) = &sample.off_cpu else {
-            values[layout.samples] = i64::try_from(count).unwrap_or(i64::MAX);
-            values[layout.cpu] = value;
-            if let Some(wall) = layout.wall {
-                values[wall] = value;
-            }
-            aggregator.add(stack, labels, &values);
-            return;
-        };
-        // The latest name: a new thread blocks before it names itself.
-        // Both per-thread tables are bounded: past the bound, new threads
-        // are counted under tid 0 and go unnamed in the summary.
-        let tid =
-            if thread_names.len() < MAX_OFF_CPU_THREADS || thread_names.contains_key(&sample.tid) {
-                thread_names.insert(sample.tid, sample.thread_name.clone());
-                sample.tid
-            } else {
-                0
-            };
-        let waker_kernel: Vec<Arc<Frame>> = off_cpu
-            .waker_kernel_stack
-            .iter()
-            .map(|&addr| native.symbolize_kernel(addr))
-            .collect();
-        let kind = wait_kind::classify(
-            off_cpu.syscall,
-            wait_kind::woken_by_timer(waker_kernel.iter().map(|f| &*f.name)),
-            kernel_names.iter().map(|n| &**n),
-        );
-        labels.push(Label::str(label_keys::WAIT_KIND, kind.name()));
-        if let Some(at) = layout.off_cpu {
-            values[at] = value;
-        }
-        if let Some(wall) = layout.wall {
-            values[wall] = value;
-        }
-        if off_cpu.stack_not_taken {
-            stack.insert(
-                0,
-                aggregator.intern(&Frame::synthetic("[stack not taken: --off-cpu-max-stacks]")),
-            );
-        }
-        let recorded = off_cpu_recorded.entry(tid).or_default();
-        recorded.0 += sample.value;
-        recorded.1 += 1;
-        let Some(wakeup) = layout.wakeup else {
-            aggregator.add(stack, labels, &values);
-            return;
-        };
-        let blocked = stack.clone();
-        aggregator.add(stack, labels.clone(), &values);
-        if off_cpu.waker.is_none() && waker_kernel.is_empty() {
-            return;
-        }
-        // As bcc's offwaketime: the waker's stack, root first, on top of a
-        // `--` frame on top of the blocked stack, so a flame graph reads
-        // "blocked in X (below), released by Y (above)".
-        stack.clear();
-        let in_interrupt = wait_kind::woken_in_interrupt(waker_kernel.iter().map(|f| &*f.name));
-        match &off_cpu.waker {
-            Some(waker) if !in_interrupt => {
-                stack.push(aggregator.intern(&Frame::synthetic(&format!(
-                    "{} (pid {})",
-                    waker.thread_name, waker.pid
-                ))));
-                if let Some(process) = processes.get_mut(&waker.pid) {
-                    for (i, &addr) in waker.user_stack.iter().enumerate().rev() {
-                        let frame =
-                            user_frame(native, procfs, process, addr, i > 0, sample.time_ns);
-                        stack.push(aggregator.intern(&frame));
-                    }
-                } else {
-                    stack.push(aggregator.intern(&Frame::synthetic("[process not profiled]")));
-                }
-                labels.push(Label::num(
-                    label_keys::WAKER_PROCESS_PID,
-                    i64::from(waker.pid),
-                ));
-                labels.push(Label::num(
-                    label_keys::WAKER_THREAD_ID,
-                    i64::from(waker.tid),
-                ));
-                labels.push(Label::str(
-                    label_keys::WAKER_THREAD_NAME,
-                    waker.thread_name.clone(),
-                ));
-            }
-            _ => stack.push(aggregator.intern(&Frame::synthetic("[interrupt]"))),
-        }
-        for frame in waker_kernel.iter().rev() {
-            stack.push(aggregator.intern(frame));
-        }
-        stack.push(aggregator.intern(&Frame::synthetic("--")));
-        stack.extend_from_slice(&blocked);
-        let mut waker_values = layout.zeros();
-        waker_values[wakeup] = value;
-        aggregator.add(stack, labels, &waker_values);
     }
 
     /// Turns perf maps off again in the processes where we turned them on,
@@ -963,9 +817,7 @@ impl Pipeline {
                     .warnings
                     .push(format!("pid {pid}: turning perf maps off again: {e}"));
             }
-            self.summary
-                .warnings
-                .extend(perf_maps::file_warnings(pid, &cleanup.files));
+            self.summary.warnings.extend(cleanup.files.warnings(pid));
         }
         let warnings = self.perf_maps.drain();
         self.summary.warnings.extend(warnings);
@@ -973,70 +825,56 @@ impl Pipeline {
     }
 }
 
+/// Adds how one stack's frames were named to the summary.
+fn count_frames(summary: &mut RecordSummary, counts: FrameCounts) {
+    let FrameCounts {
+        kernel,
+        managed,
+        native,
+        unnamed,
+        unknown,
+        truncated_stacks,
+    } = counts;
+    summary.kernel_frames += kernel;
+    summary.managed_frames += managed;
+    summary.native_frames += native;
+    summary.unnamed_frames += unnamed;
+    summary.unknown_frames += unknown;
+    summary.truncated_stacks += truncated_stacks;
+}
+
 /// What ends with a process, at its exit or at the end of the recording,
-/// besides its perf maps: an attach still under way is abandoned, its
-/// warnings and perf-file problems go to the summary, and the perf files of
-/// a process the command launched are removed unless kept. Returns the perf
-/// maps clrbpf turned on in it (counted), for the caller to turn off.
+/// besides its perf maps: its runtime detaches (an attach still under way
+/// is abandoned, the perf files of a process the command launched are
+/// removed unless kept), and its warnings go to the summary. Returns the
+/// perf maps clrbpf turned on in it (counted), for the caller to turn off.
 fn release_process(
     summary: &mut RecordSummary,
     perf_maps: &mut perf_maps::PerfMapKeeper,
     process: &mut TrackedProcess,
     keep_files: bool,
-) -> Option<crate::clr::ipc::PerfMapAttach> {
-    if let Some(job) = process.abandon_attach() {
-        perf_maps.abandon(process.pid, job, keep_files);
-    }
+) -> Option<PerfMapAttach> {
     summary
         .warnings
         .extend(std::mem::take(&mut process.warnings));
-    if let Some(problems) = process.managed.as_ref().and_then(|m| m.errors().problems()) {
-        summary.warnings.push(format!(
-            "pid {}: some managed frames may be unnamed: {problems}",
-            process.pid
-        ));
+    let pid = process.pid;
+    let DotnetDetached {
+        attach_job,
+        perf_maps: handle,
+        warnings,
+    } = process.runtime_mut()?.detach(keep_files);
+    if let Some(job) = attach_job {
+        perf_maps.abandon(pid, job, keep_files);
     }
-    if !keep_files
-        && process.launched_here
-        && let Some(managed) = process.managed.as_ref()
-    {
-        summary
-            .warnings
-            .extend(remove_launched_perf_files(managed.location()));
-    }
-    let handle = process.perf_map.take();
+    summary.warnings.extend(warnings);
     summary.perf_maps_enabled += usize::from(handle.is_some());
     handle
-}
-
-/// Removes the perf files of a process the launched command started. The
-/// process may be gone, and /proc/PID/root with it: it shared our mount
-/// namespace, so our root is its root. Its files were all written after it
-/// started. Returns the warnings.
-fn remove_launched_perf_files(location: &TargetLocation) -> Vec<String> {
-    let pid = location.pid;
-    let (Some(owner), Some(started_at)) = (&location.owner, location.started_at) else {
-        return vec![format!(
-            "pid {pid}: its perf files were left in place: its user or start time could not be read"
-        )];
-    };
-    let root = match TargetRoot::at_host_path(Path::new("/")) {
-        Ok(root) => root,
-        Err(e) => return vec![format!("pid {pid}: removing its perf files: {e}")],
-    };
-    let dirs = [
-        location.perf_dir.as_path(),
-        location.legacy_perf_map_dir.as_path(),
-    ];
-    match remove_perf_files(&root, &dirs, location.ns_pid, owner, started_at) {
-        Ok(cleanup) => perf_maps::file_warnings(pid, &cleanup),
-        Err(e) => vec![format!("pid {pid}: removing its perf files: {e}")],
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::label_keys;
 
     /// A fake kernel: samples handed out in the order given, a few per
     /// drain, as ticks would.
@@ -1218,6 +1056,77 @@ mod tests {
         assert_eq!(pipeline.summary.processes_vanished, 1);
         assert_eq!(pipeline.summary.processes_exited, 1);
         assert_eq!(pipeline.summary.samples, 1, "its stack was named first");
+    }
+
+    #[test]
+    fn an_off_cpu_sample_and_its_waker_carry_their_labels_values_and_stacks() {
+        let layout = ValueLayout::new(true, false, false);
+        let mut pipeline = Pipeline::new(false, ClrEventKinds::NONE, layout);
+        let mut sample = cpu_sample(10, 7, vec![0x1000]);
+        sample.kind = clrbpf_common::SampleKind::OffCpu;
+        sample.value = 5_000;
+        sample.off_cpu = Some(crate::profile::OffCpuDetail {
+            interval_ns: 5_000,
+            syscall: None,
+            woken_tid: 0,
+            waker: Some(crate::profile::Waker {
+                pid: u32::MAX - 2,
+                tid: 9,
+                thread_name: "releaser".into(),
+                user_stack: vec![0x2000],
+            }),
+            waker_kernel_stack: Vec::new(),
+            stack_not_taken: false,
+        });
+        pipeline.accept(&mut vec![sample]);
+        let profile = pipeline.take_window(
+            WindowSpan {
+                start_ns: 0,
+                end_ns: 100,
+                start_unix_ns: 0,
+            },
+            1,
+        );
+        let keys = |s: &crate::profile::ProfileSample| -> Vec<String> {
+            s.labels.iter().map(|l| l.key.to_string()).collect()
+        };
+        let [blocked, woken] = &profile.samples[..] else {
+            panic!("two samples: {:?}", profile.samples);
+        };
+        assert_eq!(blocked.values, [0, 0, 5_000, 0]);
+        assert_eq!(
+            keys(blocked),
+            [
+                label_keys::PROCESS_PID,
+                label_keys::PROCESS_EXECUTABLE_NAME,
+                label_keys::THREAD_ID,
+                label_keys::THREAD_NAME,
+                label_keys::WAIT_KIND,
+            ]
+        );
+        assert_eq!(woken.values, [0, 0, 0, 5_000]);
+        assert_eq!(
+            keys(woken)[5..],
+            [
+                label_keys::WAKER_PROCESS_PID,
+                label_keys::WAKER_THREAD_ID,
+                label_keys::WAKER_THREAD_NAME,
+            ]
+        );
+        let names: Vec<&str> = woken
+            .stack
+            .iter()
+            .map(|&f| &*profile.frames[f as usize].name)
+            .collect();
+        assert_eq!(
+            names[..3],
+            [
+                &*format!("releaser (pid {})", u32::MAX - 2),
+                "[process not profiled]",
+                "--"
+            ]
+        );
+        assert_eq!(names.len(), 3 + blocked.stack.len());
     }
 
     #[test]

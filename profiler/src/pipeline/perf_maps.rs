@@ -13,14 +13,13 @@
 
 use std::{path::Path, thread::JoinHandle};
 
-use super::tracked::AttachJob;
 use crate::{
     clr::{
-        ipc::{PerfMapAttachOutcome, PerfMapCleanup},
+        instance::{AttachJob, DotnetInstance},
+        perf_map_attach::{PerfMapAttachOutcome, PerfMapCleanup},
         perf_map_ledger::{PerfMapLedger, recover},
     },
     process::ProcFs,
-    symbolize::perf_files::PerfFileCleanup,
 };
 
 /// A turn-off under way on its own thread: `None` inside when the attach
@@ -103,7 +102,7 @@ impl PerfMapKeeper {
         self.detaching = running;
         done.into_iter()
             .filter_map(|(pid, job)| Some((pid, job.join().ok()??)))
-            .flat_map(|(pid, cleanup)| file_warnings(pid, &cleanup.files))
+            .flat_map(|(pid, cleanup)| cleanup.files.warnings(pid))
             .collect()
     }
 
@@ -150,20 +149,8 @@ impl super::Pipeline {
         let asked = self
             .processes
             .values()
-            .filter(|p| p.perf_map.is_some() || p.attach_job.is_some())
+            .filter(|p| p.runtime().is_some_and(DotnetInstance::asks_perf_maps))
             .map(|p| p.pid);
         self.perf_maps.sync(&self.procfs, asked);
     }
-}
-
-/// The summary's warnings about one process's perf files: those that could
-/// not be removed, and one line for those left alone.
-pub(super) fn file_warnings(pid: u32, cleanup: &PerfFileCleanup) -> Vec<String> {
-    let mut warnings: Vec<String> = cleanup
-        .failed
-        .iter()
-        .map(|(path, e)| format!("pid {pid}: removing {}: {e}", path.display()))
-        .collect();
-    warnings.extend(cleanup.left_alone_warning(pid));
-    warnings
 }

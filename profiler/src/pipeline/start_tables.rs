@@ -24,7 +24,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::Pipeline;
+use super::{Pipeline, tracked::TrackedProcess};
+use crate::runtime::RuntimeInstance;
 use crate::{
     bpf::start_tables::StartIndexing,
     process::{ProcFs, dotnet::DotnetRuntime, list_pids},
@@ -163,23 +164,27 @@ impl Pipeline {
     /// frame before the recording started gets its rows before the first
     /// sample too.
     fn start_jit_code(&mut self, pid: u32) -> StartJit {
-        let Some(process) = self.processes.get_mut(&pid) else {
+        let Some(runtime) = self
+            .processes
+            .get_mut(&pid)
+            .and_then(TrackedProcess::runtime_mut)
+        else {
             return StartJit::NotManaged;
         };
-        process.poll_attach();
-        if process.attach_job.is_some() {
+        runtime.poll_attach();
+        if runtime.attach_pending() {
             return StartJit::Waiting;
         }
-        if process.managed.is_none() {
+        if !runtime.names_code() {
             return StartJit::NotManaged;
         }
-        process.refresh_managed(true);
-        if process.attach_job.is_some() {
+        runtime.refresh_names(true);
+        if runtime.attach_pending() {
             // The files were gone (another recorder's end removed them):
             // perf maps are being turned on again; their methods come then.
             return StartJit::Waiting;
         }
-        let (ranges, dropped) = process.take_new_jit_code();
+        let (ranges, dropped) = runtime.take_new_code(true);
         if let Some(unwind) = self.unwind.as_ref() {
             unwind.add_jit_code(pid, ranges, dropped);
         }

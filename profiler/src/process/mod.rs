@@ -19,7 +19,6 @@ pub mod identity;
 pub mod main_module;
 pub mod maps;
 pub mod priority;
-pub mod ps;
 pub mod root;
 
 use std::{

@@ -7,7 +7,8 @@
 //! them incrementally, [`jit_index`] keeps the code ranges by address and
 //! time, and [`managed`] ties them together per process
 //! ([`managed::ManagedSymbols`]); [`method_name`] gives a method the short
-//! name .NET users read.
+//! name .NET users read. [`stack`] names the frames of one raw stack with
+//! them.
 
 pub mod jit_index;
 pub mod jitdump;
@@ -17,4 +18,5 @@ pub mod method_name;
 pub mod native;
 pub mod perf_files;
 pub mod perf_map;
+pub mod stack;
 pub mod target_fs;

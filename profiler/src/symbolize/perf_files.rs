@@ -60,6 +60,18 @@ pub struct PerfFileCleanup {
 }
 
 impl PerfFileCleanup {
+    /// The summary's warnings about process `pid`'s perf files: those that
+    /// could not be removed, and one line for those left alone.
+    pub fn warnings(&self, pid: u32) -> Vec<String> {
+        let mut warnings: Vec<String> = self
+            .failed
+            .iter()
+            .map(|(path, e)| format!("pid {pid}: removing {}: {e}", path.display()))
+            .collect();
+        warnings.extend(self.left_alone_warning(pid));
+        warnings
+    }
+
     /// One line for the summary about the files left alone, if any.
     pub fn left_alone_warning(&self, pid: u32) -> Option<String> {
         if self.left_alone.is_empty() {

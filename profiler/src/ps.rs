@@ -2,32 +2,19 @@
 //! do with each (runtime version, whether managed symbols are already
 //! written, whether the diagnostic socket is there, which container).
 //!
-//! A process is .NET when its mappings show CoreCLR ([`DotnetRuntime`]), or,
-//! for single-file apps that link the runtime into their executable, when
-//! a diagnostic socket carrying its pid *and start time* sits in its temp
-//! directory. The version comes from the mappings, else from the runtime
-//! itself over IPC (`ProcessInfo2`, short timeout).
+//! Which processes run .NET, and what their runtime offers, is the .NET
+//! loader's to say, through the runtime seam
+//! ([`crate::runtime::RuntimeLoader::describe`]); this module lists the
+//! processes and prints the table.
 
 use std::{
-    collections::HashMap,
-    ffi::OsStr,
     io::{self, Write},
     path::PathBuf,
-    time::Duration,
 };
 
-use super::{
-    ProcFs,
-    dotnet::{DotnetEnvironment, DotnetRuntime},
-    list_pids,
-    root::{EntryKind, TargetRoot},
-};
-use crate::clr::ipc::{
-    DiagnosticClient, DiagnosticSocket, SocketCandidate, choose_socket, diagnostic_sockets_in,
-};
+use crate::process::{ProcFs, list_pids};
+use crate::{clr::instance::DotnetLoader, runtime::RuntimeLoader};
 
-/// How long `ps` waits for a runtime to tell its version.
-const VERSION_QUERY_TIMEOUT: Duration = Duration::from_millis(500);
 /// Container ids are shown shortened, like `docker ps` does.
 const SHORT_CONTAINER_ID: usize = 12;
 
@@ -48,113 +35,36 @@ pub struct DotnetProcessRow {
     pub diagnostic_socket: Option<PathBuf>,
 }
 
-/// Sockets per (root filesystem, temp dir): processes of one container, or
-/// of the host, share a listing.
-type SocketCache = HashMap<((u64, u64), String), Vec<SocketCandidate>>;
-
 /// The .NET processes under `procfs`, by pid. Processes that vanish or
 /// cannot be read are left out.
 pub fn dotnet_processes(procfs: &ProcFs) -> Vec<DotnetProcessRow> {
-    let mut sockets = SocketCache::new();
+    let loader = DotnetLoader::for_listing();
     list_pids(procfs)
         .into_iter()
-        .filter_map(|pid| dotnet_process(procfs, pid, &mut sockets))
+        .filter_map(|pid| dotnet_process(procfs, &loader, pid))
         .collect()
 }
 
 fn dotnet_process(
     procfs: &ProcFs,
+    loader: &impl RuntimeLoader,
     pid: u32,
-    sockets: &mut SocketCache,
 ) -> Option<DotnetProcessRow> {
     let maps = procfs.maps(pid).ok()?;
     // Kernel threads have no mappings.
     if maps.is_empty() {
         return None;
     }
-    let runtime = DotnetRuntime::detect(&maps);
     let info = procfs.process_info(pid).ok()?;
-    let environment = DotnetEnvironment::read(procfs, pid).unwrap_or_default();
-    let root = TargetRoot::open(procfs, pid).ok();
-    let socket = root.as_ref().and_then(|root| {
-        find_socket_cached(
-            root,
-            &environment.tmpdir,
-            info.ns_pid,
-            info.start_time_ticks,
-            sockets,
-        )
-    });
-    // Without a runtime mapping only a socket made by this very process
-    // (its start time is in the name) says it is .NET.
-    let socket_is_exact = socket
-        .as_ref()
-        .is_some_and(|s| s.disambiguation_key == info.start_time_ticks);
-    if runtime.is_none() && !socket_is_exact {
-        return None;
-    }
-    let mut runtime_version = runtime.and_then(|r| r.version);
-    if runtime_version.is_none()
-        && let Some(socket) = &socket
-    {
-        runtime_version = DiagnosticClient::new(procfs, pid, socket.clone())
-            .and_then(|client| client.with_timeout(VERSION_QUERY_TIMEOUT).process_info())
-            .ok()
-            .and_then(|i| i.clr_product_version)
-            .map(|v| strip_build_metadata(&v).to_string());
-    }
-    let perf_map_enabled = environment.perf_map_enabled()
-        || root.as_ref().is_some_and(|root| {
-            perf_map_file_exists(root, &environment.perf_map_dirs(), info.ns_pid)
-        });
+    let runtime = loader.describe(procfs, &info, &maps)?;
     Some(DotnetProcessRow {
         pid,
-        runtime_version,
+        runtime_version: runtime.version,
         command_line: info.command_line(),
         container_id: info.container_id,
-        perf_map_enabled,
-        diagnostic_socket: socket.map(|s| s.host_path),
+        perf_map_enabled: runtime.names_written,
+        diagnostic_socket: runtime.control_socket,
     })
-}
-
-fn find_socket_cached(
-    root: &TargetRoot,
-    tmpdir: &str,
-    ns_pid: u32,
-    start_time_ticks: u64,
-    cache: &mut SocketCache,
-) -> Option<DiagnosticSocket> {
-    let key = (root.identity().ok()?, tmpdir.to_string());
-    if !cache.contains_key(&key) {
-        let listing = root
-            .open_dir(tmpdir)
-            .and_then(|dir| diagnostic_sockets_in(&dir))
-            .unwrap_or_default();
-        cache.insert(key.clone(), listing);
-    }
-    let chosen = choose_socket(cache.get(&key)?, ns_pid, Some(start_time_ticks))?;
-    Some(DiagnosticSocket {
-        host_path: root.display_path(tmpdir).join(&chosen.name),
-        dir_in_root: tmpdir.to_string(),
-        name: chosen.name.clone(),
-        ns_pid,
-        disambiguation_key: chosen.disambiguation_key,
-        modified: chosen.modified,
-    })
-}
-
-fn perf_map_file_exists(root: &TargetRoot, dirs: &[String], ns_pid: u32) -> bool {
-    let name = format!("perf-{ns_pid}.map");
-    dirs.iter().any(|dir| {
-        root.open_dir(dir)
-            .and_then(|dir| dir.stat(OsStr::new(&name)))
-            .is_ok_and(|stat| stat.kind == EntryKind::File)
-    })
-}
-
-/// `"8.0.4+2d7eea25..."` -> `"8.0.4"`.
-fn strip_build_metadata(version: &str) -> &str {
-    version.split('+').next().unwrap_or(version)
 }
 
 /// Writes `rows` as an aligned table with a header, like `ps`; the command
@@ -342,11 +252,5 @@ mod tests {
         let mut out = Vec::new();
         print_ps_table(&[], &mut out).expect("print");
         assert_eq!(out, b"PID  RUNTIME  PERFMAP  IPC  CONTAINER  COMMAND\n");
-    }
-
-    #[test]
-    fn build_metadata_is_stripped() {
-        assert_eq!(strip_build_metadata("8.0.4+abc"), "8.0.4");
-        assert_eq!(strip_build_metadata("8.0.4"), "8.0.4");
     }
 }
