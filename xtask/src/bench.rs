@@ -35,6 +35,18 @@ pub struct BenchInputs<'a> {
     pub scratch: &'a Path,
 }
 
+impl BenchInputs<'_> {
+    /// The one launcher of the bench's .NET 8 workloads:
+    /// `dotnet tests/workloads/bin/net8/NAME.dll`, stdin closed.
+    pub fn dotnet8_workload(&self, name: &str) -> Command {
+        let mut command = Command::new(self.dotnet8);
+        command
+            .arg(self.workloads.join("net8").join(format!("{name}.dll")))
+            .stdin(Stdio::null());
+        command
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     Baseline,
@@ -103,14 +115,12 @@ fn interrupt(child: &Child) {
 
 /// Runs the CPU-bound workload once and returns its own ops/s figure.
 fn run_workload(inputs: &BenchInputs<'_>, threads: usize) -> anyhow::Result<f64> {
-    let dll = inputs.workloads.join("net8").join("CpuBound.dll");
-    let out = Command::new(inputs.dotnet8)
-        .arg(&dll)
+    let out = inputs
+        .dotnet8_workload("CpuBound")
         .arg(WORKLOAD_SECONDS.to_string())
         .arg(threads.to_string())
-        .stdin(Stdio::null())
         .output()
-        .with_context(|| format!("run {}", dll.display()))?;
+        .context("run CpuBound.dll")?;
     if !out.status.success() {
         bail!(
             "CpuBound.dll failed: {}",

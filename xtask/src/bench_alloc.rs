@@ -56,18 +56,16 @@ fn record(inputs: &BenchInputs<'_>, frame_pointers_only: bool) -> anyhow::Result
 }
 
 pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
-    let dll = inputs.workloads.join("net8").join("Demo.dll");
     // Long enough for every round: two records of SECONDS plus start-up.
     let lifetime = ROUNDS as u64 * 2 * (SECONDS + 3) + 30;
     let _demo = Demo(
-        Command::new(inputs.dotnet8)
-            .arg(&dll)
+        inputs
+            .dotnet8_workload("Demo")
             .arg(lifetime.to_string())
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .with_context(|| format!("start {}", dll.display()))?,
+            .context("start Demo.dll")?,
     );
     // Past the demo's start (JIT, first GCs).
     thread::sleep(Duration::from_secs(3));

@@ -83,10 +83,9 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     println!(
         "\nbench: first samples: record -p of a running CpuBound.dll (.NET 8), 1 s, {ROUNDS} rounds per row; medians"
     );
-    let mut app = Command::new(inputs.dotnet8)
-        .arg(inputs.workloads.join("net8").join("CpuBound.dll"))
+    let mut app = inputs
+        .dotnet8_workload("CpuBound")
         .args(["600", "1"])
-        .stdin(Stdio::null())
         .stdout(Stdio::null())
         .spawn()
         .context("start CpuBound.dll")?;

@@ -70,10 +70,9 @@ pub fn run(inputs: &BenchInputs<'_>, have_perf: bool) -> anyhow::Result<()> {
         SETTLE.as_secs(),
         (SETTLE + MEASURE).as_secs()
     );
-    let mut app = Command::new(inputs.dotnet8)
-        .arg(inputs.workloads.join("net8").join("CpuBound.dll"))
+    let mut app = inputs
+        .dotnet8_workload("CpuBound")
         .args(["600", "1"])
-        .stdin(Stdio::null())
         .stdout(Stdio::null())
         .spawn()
         .context("start CpuBound.dll")?;
