@@ -26,7 +26,7 @@ use std::time::Instant;
 use super::{
     allocations::ALLOCATION_SAMPLED_MIN_MAJOR,
     budget::ExceptionGate,
-    collector::refresh_keywords_in_background,
+    collector::{BudgetedSession, refresh_keywords_in_background},
     counters::{CounterKind, CounterSample},
     events::{ClrEvent, RUNTIME_PROVIDER},
     intake::ClrIntake,
@@ -75,24 +75,12 @@ pub fn start_allocation_events(
     ClrSession::start_providers(client, kinds, &[allocation_provider(runtime_major)])
 }
 
-/// The state of the allocation session.
-#[derive(Debug)]
-pub(super) enum AllocationSession {
-    /// Not started yet, or stopped over the budget until the gate opens.
-    Off,
-    Starting(std::thread::JoinHandle<Result<ClrSession, IpcError>>),
-    Running(Box<ClrSession>),
-    /// StopTracing sent: its last events are drained until its end.
-    Stopping(Box<ClrSession>, Instant),
-    Ended,
-}
-
 /// Allocation events on a session of their own; see the module
 /// documentation.
 #[derive(Debug)]
 pub struct AllocationEvents {
     gate: Option<ExceptionGate>,
-    pub(super) session: AllocationSession,
+    pub(super) session: BudgetedSession,
     runtime_major: Option<u32>,
     /// When the first `alloc-rate` value was written: the bytes up to then
     /// are the events' (the session is on from before the counters'), those
@@ -111,7 +99,7 @@ impl AllocationEvents {
     pub fn new(per_second: Option<u32>, runtime_major: Option<u32>) -> Self {
         Self {
             gate: per_second.map(ExceptionGate::new),
-            session: AllocationSession::Off,
+            session: BudgetedSession::Off,
             runtime_major,
             first_count_ns: None,
             observed: 0.0,
@@ -199,37 +187,19 @@ impl AllocationEvents {
         let pid = port.pid();
         let now_ns = crate::profile::monotonic_ns();
         let mut taken = 0;
-        let session = std::mem::replace(&mut self.session, AllocationSession::Ended);
+        let session = std::mem::replace(&mut self.session, BudgetedSession::Ended);
         self.session = match session {
-            AllocationSession::Off if main_ended => AllocationSession::Ended,
-            AllocationSession::Off if main_running && self.gate_is_on(now_ns) => {
+            BudgetedSession::Off if main_ended => BudgetedSession::Ended,
+            BudgetedSession::Off if main_running && self.gate_is_on(now_ns) => {
                 let (port, major) = (port.clone(), self.runtime_major);
-                match std::thread::Builder::new()
-                    .name(format!("clrbpf-allocs-{pid}"))
-                    .spawn(move || {
-                        crate::process::priority::enter_background_thread();
-                        start_allocation_events(&port.client()?, major)
-                    }) {
-                    Ok(job) => AllocationSession::Starting(job),
-                    Err(e) => {
-                        warnings.push(format!(
-                            "pid {pid}: no allocation events: cannot start a thread for their session: {e}"
-                        ));
-                        AllocationSession::Ended
-                    }
-                }
+                BudgetedSession::start(pid, "allocation", warnings, move || {
+                    start_allocation_events(&port.client()?, major)
+                })
             }
-            AllocationSession::Starting(job) if job.is_finished() => match job.join() {
-                Ok(Ok(session)) => AllocationSession::Running(Box::new(session)),
-                Ok(Err(e)) => {
-                    warnings.push(format!(
-                        "pid {pid}: no allocation events (their totals still come from the runtime's counter): {e}"
-                    ));
-                    AllocationSession::Ended
-                }
-                Err(_) => AllocationSession::Ended,
-            },
-            AllocationSession::Running(mut session) => {
+            BudgetedSession::Starting(job) if job.is_finished() => {
+                BudgetedSession::started(job, pid, "allocation", warnings)
+            }
+            BudgetedSession::Running(mut session) => {
                 let mut over = false;
                 taken += session.drain(&mut |event| over |= self.take(intake, event, now_ns, true));
                 if over {
@@ -238,14 +208,14 @@ impl AllocationEvents {
                         "allocation events over the budget: off for the back-off"
                     );
                     session.begin_stop();
-                    AllocationSession::Stopping(session, Instant::now() + STOP_DEADLINE)
+                    BudgetedSession::Stopping(session, Instant::now() + STOP_DEADLINE)
                 } else if session.has_ended() {
-                    AllocationSession::Stopping(session, Instant::now())
+                    BudgetedSession::Stopping(session, Instant::now())
                 } else {
-                    AllocationSession::Running(session)
+                    BudgetedSession::Running(session)
                 }
             }
-            AllocationSession::Stopping(mut session, deadline) => {
+            BudgetedSession::Stopping(mut session, deadline) => {
                 taken += session.drain(&mut |event| {
                     self.take(intake, event, now_ns, false);
                 });
@@ -256,13 +226,13 @@ impl AllocationEvents {
                     // Stopped while the gate is open: by its end (the
                     // process exiting), not over the budget.
                     if main_ended || self.gate_is_on(now_ns) {
-                        AllocationSession::Ended
+                        BudgetedSession::Ended
                     } else {
                         refresh_keywords_in_background(port.clone());
-                        AllocationSession::Off
+                        BudgetedSession::Off
                     }
                 } else {
-                    AllocationSession::Stopping(session, deadline)
+                    BudgetedSession::Stopping(session, deadline)
                 }
             }
             other => other,
@@ -273,10 +243,7 @@ impl AllocationEvents {
 
     /// The counter's bytes beyond the events', once no event is on its way.
     fn add_unobserved_if_idle(&mut self, intake: &mut ClrIntake, now_ns: u64) {
-        if matches!(
-            self.session,
-            AllocationSession::Off | AllocationSession::Ended
-        ) {
+        if matches!(self.session, BudgetedSession::Off | BudgetedSession::Ended) {
             let missing = self.unobserved();
             if missing > 0 {
                 intake.add_unobserved_allocations(now_ns, missing);
@@ -287,10 +254,8 @@ impl AllocationEvents {
     /// Stops the session at the end of the recording, takes its last
     /// events and adds what only the counter saw.
     pub(super) fn stop(&mut self, until: Instant, intake: &mut ClrIntake) {
-        let session = std::mem::replace(&mut self.session, AllocationSession::Ended);
-        if let AllocationSession::Running(session) | AllocationSession::Stopping(session, _) =
-            session
-        {
+        let session = std::mem::replace(&mut self.session, BudgetedSession::Ended);
+        if let BudgetedSession::Running(session) | BudgetedSession::Stopping(session, _) = session {
             let now_ns = crate::profile::monotonic_ns();
             session.stop(until, &mut |event| {
                 self.take(intake, event, now_ns, false);
@@ -301,7 +266,7 @@ impl AllocationEvents {
 
     /// Sends StopTracing without waiting ([`Self::stop`] drains).
     pub(super) fn begin_stop(&mut self) {
-        if let AllocationSession::Running(session) = &mut self.session {
+        if let BudgetedSession::Running(session) = &mut self.session {
             session.begin_stop();
         }
     }

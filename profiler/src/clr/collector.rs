@@ -19,7 +19,7 @@
 use std::time::{Duration, Instant};
 
 use super::{
-    alloc_session::{AllocationEvents, AllocationSession, start_allocation_events},
+    alloc_session::{AllocationEvents, start_allocation_events},
     budget::ExceptionGate,
     counters::{CounterKind, CounterSample, RuntimeCounters},
     events::{ClrEvent, MethodLoad},
@@ -115,9 +115,10 @@ pub struct ClrCollector {
     allocation_events: Option<AllocationEvents>,
 }
 
-/// The state of the exception session.
+/// The state of an event session of its own run under a budget: the
+/// exception session and the allocation session.
 #[derive(Debug)]
-enum ExceptionSession {
+pub(super) enum BudgetedSession {
     /// Not started yet, or stopped over the budget until the gate opens.
     Off,
     Starting(std::thread::JoinHandle<Result<ClrSession, IpcError>>),
@@ -128,12 +129,57 @@ enum ExceptionSession {
     Ended,
 }
 
+impl BudgetedSession {
+    /// Starts the session of the `what` events (`exception`, `allocation`)
+    /// of `pid` on a thread of its own: the runtime may answer late.
+    pub(super) fn start(
+        pid: u32,
+        what: &str,
+        warnings: &mut Vec<String>,
+        start: impl FnOnce() -> Result<ClrSession, IpcError> + Send + 'static,
+    ) -> Self {
+        match std::thread::Builder::new()
+            .name(format!("clrbpf-{what}s-{pid}"))
+            .spawn(move || {
+                crate::process::priority::enter_background_thread();
+                start()
+            }) {
+            Ok(job) => Self::Starting(job),
+            Err(e) => {
+                warnings.push(format!(
+                    "pid {pid}: no {what} events: cannot start a thread for their session: {e}"
+                ));
+                Self::Ended
+            }
+        }
+    }
+
+    /// The session a finished start gave, or `Ended` with a warning.
+    pub(super) fn started(
+        job: std::thread::JoinHandle<Result<ClrSession, IpcError>>,
+        pid: u32,
+        what: &str,
+        warnings: &mut Vec<String>,
+    ) -> Self {
+        match job.join() {
+            Ok(Ok(session)) => Self::Running(Box::new(session)),
+            Ok(Err(e)) => {
+                warnings.push(format!(
+                    "pid {pid}: no {what} events (their totals still come from the runtime's counter): {e}"
+                ));
+                Self::Ended
+            }
+            Err(_) => Self::Ended,
+        }
+    }
+}
+
 /// Exception events on a session of their own, stopped during a storm;
 /// see the module documentation.
 #[derive(Debug)]
 pub struct ExceptionEvents {
     gate: ExceptionGate,
-    session: ExceptionSession,
+    session: BudgetedSession,
     /// When the first `exception-count` value was written. The counter's
     /// baseline is taken some milliseconds after the main session starts,
     /// so its first value is dropped: the exceptions up to then are the
@@ -156,7 +202,7 @@ impl ExceptionEvents {
     fn new(per_second: u32) -> Self {
         Self {
             gate: ExceptionGate::new(per_second),
-            session: ExceptionSession::Off,
+            session: BudgetedSession::Off,
             first_count_ns: None,
             early: Vec::new(),
             observed: 0,
@@ -510,12 +556,12 @@ impl ClrCollector {
                     if let (Some(events), Some(session)) =
                         (self.exception_events.as_mut(), exceptions)
                     {
-                        events.session = ExceptionSession::Running(Box::new(session));
+                        events.session = BudgetedSession::Running(Box::new(session));
                     }
                     if let (Some(events), Some(session)) =
                         (self.allocation_events.as_mut(), allocations)
                     {
-                        events.session = AllocationSession::Running(Box::new(session));
+                        events.session = BudgetedSession::Running(Box::new(session));
                     }
                     if self.rundown {
                         let port = self.port.clone();
@@ -567,37 +613,19 @@ impl ClrCollector {
             });
             over
         };
-        let session = std::mem::replace(&mut events.session, ExceptionSession::Ended);
+        let session = std::mem::replace(&mut events.session, BudgetedSession::Ended);
         let next = match session {
-            ExceptionSession::Off if main_ended => ExceptionSession::Ended,
-            ExceptionSession::Off if main_running && events.gate.is_on(now_ns) => {
-                let (port, pid) = (port.clone(), *pid);
-                match std::thread::Builder::new()
-                    .name(format!("clrbpf-exceptions-{pid}"))
-                    .spawn(move || {
-                        crate::process::priority::enter_background_thread();
-                        ClrSession::start_exception_events(&port.client()?)
-                    }) {
-                    Ok(job) => ExceptionSession::Starting(job),
-                    Err(e) => {
-                        warnings.push(format!(
-                            "pid {pid}: no exception events: cannot start a thread for their session: {e}"
-                        ));
-                        ExceptionSession::Ended
-                    }
-                }
+            BudgetedSession::Off if main_ended => BudgetedSession::Ended,
+            BudgetedSession::Off if main_running && events.gate.is_on(now_ns) => {
+                let port = port.clone();
+                BudgetedSession::start(*pid, "exception", warnings, move || {
+                    ClrSession::start_exception_events(&port.client()?)
+                })
             }
-            ExceptionSession::Starting(job) if job.is_finished() => match job.join() {
-                Ok(Ok(session)) => ExceptionSession::Running(Box::new(session)),
-                Ok(Err(e)) => {
-                    warnings.push(format!(
-                        "pid {pid}: no exception events (their totals still come from the runtime's counter): {e}"
-                    ));
-                    ExceptionSession::Ended
-                }
-                Err(_) => ExceptionSession::Ended,
-            },
-            ExceptionSession::Running(mut session) => {
+            BudgetedSession::Starting(job) if job.is_finished() => {
+                BudgetedSession::started(job, *pid, "exception", warnings)
+            }
+            BudgetedSession::Running(mut session) => {
                 let over = take(events, &mut session, true);
                 if over {
                     tracing::debug!(
@@ -606,14 +634,14 @@ impl ClrCollector {
                         "exception events over the budget: off for the back-off"
                     );
                     session.begin_stop();
-                    ExceptionSession::Stopping(session, Instant::now() + EXCEPTION_STOP_DEADLINE)
+                    BudgetedSession::Stopping(session, Instant::now() + EXCEPTION_STOP_DEADLINE)
                 } else if session.has_ended() {
-                    ExceptionSession::Stopping(session, Instant::now())
+                    BudgetedSession::Stopping(session, Instant::now())
                 } else {
-                    ExceptionSession::Running(session)
+                    BudgetedSession::Running(session)
                 }
             }
-            ExceptionSession::Stopping(mut session, deadline) => {
+            BudgetedSession::Stopping(mut session, deadline) => {
                 take(events, &mut session, false);
                 if session.has_ended() || Instant::now() >= deadline || main_ended {
                     let (end, _) = session.stop(Instant::now(), &mut |event| {
@@ -629,13 +657,13 @@ impl ClrCollector {
                     // but by its end (the process exiting), so not to be
                     // started again.
                     if main_ended || events.gate.is_on(now_ns) {
-                        ExceptionSession::Ended
+                        BudgetedSession::Ended
                     } else {
                         refresh_keywords_in_background(port.clone());
-                        ExceptionSession::Off
+                        BudgetedSession::Off
                     }
                 } else {
-                    ExceptionSession::Stopping(session, deadline)
+                    BudgetedSession::Stopping(session, deadline)
                 }
             }
             other => other,
@@ -645,7 +673,7 @@ impl ClrCollector {
         // events was thrown while they were off.
         if matches!(
             events.session,
-            ExceptionSession::Off | ExceptionSession::Ended
+            BudgetedSession::Off | BudgetedSession::Ended
         ) {
             let missing = events.unobserved();
             if missing > 0 {
@@ -784,9 +812,8 @@ impl ClrCollector {
         let Some(events) = exception_events.as_mut() else {
             return;
         };
-        let session = std::mem::replace(&mut events.session, ExceptionSession::Ended);
-        if let ExceptionSession::Running(session) | ExceptionSession::Stopping(session, _) = session
-        {
+        let session = std::mem::replace(&mut events.session, BudgetedSession::Ended);
+        if let BudgetedSession::Running(session) | BudgetedSession::Stopping(session, _) = session {
             let now_ns = crate::profile::monotonic_ns();
             session.stop(until, &mut |event| {
                 events.take(intake, event, now_ns, false);
@@ -805,7 +832,7 @@ impl ClrCollector {
             session.begin_stop();
         }
         if let Some(ExceptionEvents {
-            session: ExceptionSession::Running(session),
+            session: BudgetedSession::Running(session),
             ..
         }) = self.exception_events.as_mut()
         {
