@@ -135,6 +135,7 @@ impl RuntimeLoader for DotnetLoader {
             attach_job: None,
             perf_maps_reenabled: 0,
             perf_maps_reenabled_at: None,
+            jitdump_seen: false,
             clr: None,
             clr_slot: None,
             warnings: Vec::new(),
@@ -172,6 +173,11 @@ pub struct DotnetInstance {
     /// their files vanished ([`Self::reenable_if_files_vanished`]).
     perf_maps_reenabled: u32,
     perf_maps_reenabled_at: Option<Instant>,
+    /// Whether the jitdump was there since perf maps were last turned on:
+    /// only a file seen can have vanished. The runtime creates the perf map
+    /// first and the jitdump a moment later, so a process that exits as its
+    /// perf map appears may never have one.
+    jitdump_seen: bool,
     clr: Option<ClrCollector>,
     /// The session slot of the memory budget `clr` holds.
     clr_slot: Option<crate::memory_budget::SessionSlot>,
@@ -545,11 +551,17 @@ impl DotnetInstance {
             self.perf_maps_reenabled,
             self.perf_maps_reenabled_at.map(|t| t.elapsed()),
         );
+        self.jitdump_seen |= matches!(
+            stats.jitdump.status,
+            FileStatus::Read | FileStatus::Stopped | FileStatus::Failed
+        );
         // A process that exited has no files to read either: nothing vanished.
         let alive = std::path::Path::new(&format!("/proc/{}/root", self.pid)).exists();
-        if !alive || !perf_files_vanished(stats, self.perf_map.is_some(), last) {
+        let ours = self.perf_map.is_some() && self.jitdump_seen;
+        if !alive || !perf_files_vanished(stats, ours, last) {
             return;
         }
+        self.jitdump_seen = false;
         let Some(mut handle) = self.perf_map.take() else {
             return;
         };
@@ -584,8 +596,9 @@ impl DotnetInstance {
     }
 }
 
-/// Whether a refresh found the files of perf maps clrbpf turned on (`ours`)
-/// gone: the jitdump (always written with type All) is missing. `last` is
+/// Whether a refresh found the files of perf maps clrbpf turned on (`ours`:
+/// and whose jitdump was seen since) gone: the jitdump (always written with
+/// type All) is missing. `last` is
 /// how many times they were turned on again so far and how long ago the
 /// last was: bounded, so a runtime that cannot write its files is not
 /// asked again and again.

@@ -1964,7 +1964,10 @@ mod tests {
         attach
             .reenable()
             .expect("re-enabled despite the refused disable");
-        assert!(attach.enabled_at >= first);
+        assert_eq!(
+            attach.enabled_at, first,
+            "files written since the first request stay this recording's to remove"
+        );
         drop(attach);
         let commands: Vec<CommandId> = server
             .join()

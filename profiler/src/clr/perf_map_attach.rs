@@ -207,11 +207,15 @@ impl PerfMapAttach {
     /// files (the runtime keeps one perf map state per process, not one
     /// per client). Enabling alone is not enough: a runtime still enabled
     /// goes on writing to the removed files.
+    ///
+    /// `enabled_at` stays the first request's: every file the runtime wrote
+    /// since is this recording's doing, and is removed at its end. (Moving
+    /// it forward left behind the files of a process that died while its
+    /// runtime was still creating them: they looked older than the request.)
     pub fn reenable(&mut self) -> Result<(), IpcError> {
         // An error here is normal: the other recorder may have turned them
         // off already.
         let _ = self.client.disable_perf_map();
-        self.enabled_at = SystemTime::now();
         self.client.enable_perf_map(PerfMapType::All)
     }
 

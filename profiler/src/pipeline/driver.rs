@@ -206,6 +206,11 @@ impl Driver {
             counters_interval_sec,
             count_still_blocked,
         } = setup;
+        // First: a stop asked for while the programs load (or while the
+        // ledger of a killed run is undone) ends the run cleanly, rather
+        // than killing clrbpf by the signal's default action.
+        let sigint = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
+        let sigterm = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
         tracing::debug!("loading the BPF programs");
         let mut sampler = Sampler::load(&SamplerConfig {
             frequency_hz,
@@ -232,8 +237,8 @@ impl Driver {
             pipeline,
             sampler,
             raw: Vec::with_capacity(4096),
-            sigint: signal(SignalKind::interrupt()).context("install the SIGINT handler")?,
-            sigterm: signal(SignalKind::terminate()).context("install the SIGTERM handler")?,
+            sigint,
+            sigterm,
             keep_perf_maps,
             count_still_blocked,
             period_ns,

@@ -648,13 +648,15 @@ impl Pipeline {
         if let Some(handle) = release_process(
             &mut self.summary,
             &mut self.perf_maps,
+            &self.procfs,
             &mut process,
-            self.keep_perf_files,
+            Release::Exited(self.keep_perf_files),
         ) {
-            // The process is gone: DisablePerfMap fails at once, and only
-            // the files are left to remove.
-            let cleanup = handle.finish(self.keep_perf_files);
-            self.summary.warnings.extend(cleanup.files.warnings(pid));
+            // Only the files are left to remove (DisablePerfMap fails), once
+            // its last thread is gone; their warnings come with the next
+            // reap ([`Self::keep_perf_map_ledger`]).
+            self.perf_maps
+                .finish_exited(&self.procfs, pid, handle, self.keep_perf_files);
         }
         self.native.forget_process(pid);
         if let Some(unwind) = self.unwind.as_ref() {
@@ -773,9 +775,13 @@ impl Pipeline {
     pub fn restore_processes(&mut self, keep_files: bool) {
         let mut detaching = Vec::new();
         for process in self.processes.values_mut() {
-            if let Some(handle) =
-                release_process(&mut self.summary, &mut self.perf_maps, process, keep_files)
-            {
+            if let Some(handle) = release_process(
+                &mut self.summary,
+                &mut self.perf_maps,
+                &self.procfs,
+                process,
+                Release::RunEnd(keep_files),
+            ) {
                 // Every process at once, on threads of their own: a stopped
                 // or overloaded runtime answers DisablePerfMap late or never.
                 let pid = process.pid;
@@ -843,6 +849,15 @@ fn count_frames(summary: &mut RecordSummary, counts: FrameCounts) {
     summary.truncated_stacks += truncated_stacks;
 }
 
+/// Why a process is released, with whether its perf files are kept.
+#[derive(Clone, Copy)]
+enum Release {
+    /// Its exit was reported (its last threads may still run).
+    Exited(bool),
+    /// The recording ends while it runs.
+    RunEnd(bool),
+}
+
 /// What ends with a process, at its exit or at the end of the recording,
 /// besides its perf maps: its runtime detaches (an attach still under way
 /// is abandoned, the perf files of a process the command launched are
@@ -851,9 +866,11 @@ fn count_frames(summary: &mut RecordSummary, counts: FrameCounts) {
 fn release_process(
     summary: &mut RecordSummary,
     perf_maps: &mut perf_maps::PerfMapKeeper,
+    procfs: &ProcFs,
     process: &mut TrackedProcess,
-    keep_files: bool,
+    release: Release,
 ) -> Option<PerfMapAttach> {
+    let (Release::Exited(keep_files) | Release::RunEnd(keep_files)) = release;
     summary
         .warnings
         .extend(std::mem::take(&mut process.warnings));
@@ -864,7 +881,8 @@ fn release_process(
         warnings,
     } = process.runtime_mut()?.detach(keep_files);
     if let Some(job) = attach_job {
-        perf_maps.abandon(pid, job, keep_files);
+        let exiting = matches!(release, Release::Exited(_));
+        perf_maps.abandon(procfs, pid, job, keep_files, exiting);
     }
     summary.warnings.extend(warnings);
     summary.perf_maps_enabled += usize::from(handle.is_some());

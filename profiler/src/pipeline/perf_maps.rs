@@ -16,7 +16,7 @@ use std::{path::Path, thread::JoinHandle};
 use crate::{
     clr::{
         instance::{AttachJob, DotnetInstance},
-        perf_map_attach::{PerfMapAttachOutcome, PerfMapCleanup},
+        perf_map_attach::{PerfMapAttach, PerfMapAttachOutcome, PerfMapCleanup},
         perf_map_ledger::{PerfMapLedger, recover},
     },
     process::ProcFs,
@@ -25,6 +25,15 @@ use crate::{
 /// A turn-off under way on its own thread: `None` inside when the attach
 /// it waited for had turned nothing on.
 type DetachJob = JoinHandle<Option<PerfMapCleanup>>;
+
+/// How long a detach waits for the last threads of an exiting process.
+const LAST_THREAD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits, [`LAST_THREAD_WAIT`] at most, until no thread of `pid` runs.
+fn wait_for_last_thread(procfs: &ProcFs, pid: u32) {
+    let until = std::time::Instant::now() + LAST_THREAD_WAIT;
+    crate::stop::wait_until(until, || !procfs.has_live_threads(pid));
+}
 
 /// See the module doc.
 #[derive(Default)]
@@ -77,14 +86,56 @@ impl PerfMapKeeper {
 
     /// Lets an attach of process `pid` that has not answered yet finish on
     /// a thread of its own: if it turns perf maps on, they are turned off
-    /// again and, unless `keep_files`, their files removed.
-    pub fn abandon(&mut self, pid: u32, job: AttachJob, keep_files: bool) {
+    /// again and, unless `keep_files`, their files removed. With `exiting`
+    /// (the process's exit was reported), the files are removed once none
+    /// of its threads runs ([`wait_for_last_thread`]).
+    pub fn abandon(
+        &mut self,
+        procfs: &ProcFs,
+        pid: u32,
+        job: AttachJob,
+        keep_files: bool,
+        exiting: bool,
+    ) {
+        let procfs = procfs.clone();
         let detach = std::thread::Builder::new()
             .name(format!("clrbpf-detach-{pid}"))
             .spawn(move || match job.join() {
-                Ok(Ok(PerfMapAttachOutcome::Enabled(handle))) => Some(handle.finish(keep_files)),
+                Ok(Ok(PerfMapAttachOutcome::Enabled(handle))) => {
+                    if exiting {
+                        wait_for_last_thread(&procfs, pid);
+                    }
+                    Some(handle.finish(keep_files))
+                }
                 _ => None,
             });
+        self.keep_detaching(pid, detach);
+    }
+
+    /// Turns off the perf maps clrbpf turned on in process `pid`, whose exit
+    /// was just reported, and (unless `keep_files`) removes their files,
+    /// on a thread of its own once none of its threads runs: the exit
+    /// reported is its main thread's, and its runtime's diagnostic thread
+    /// may still be creating those files (a file removed before it is
+    /// created stays behind). The recording loop never waits for it.
+    pub fn finish_exited(
+        &mut self,
+        procfs: &ProcFs,
+        pid: u32,
+        handle: PerfMapAttach,
+        keep_files: bool,
+    ) {
+        let procfs = procfs.clone();
+        let detach = std::thread::Builder::new()
+            .name(format!("clrbpf-detach-{pid}"))
+            .spawn(move || {
+                wait_for_last_thread(&procfs, pid);
+                Some(handle.finish(keep_files))
+            });
+        self.keep_detaching(pid, detach);
+    }
+
+    fn keep_detaching(&mut self, pid: u32, detach: std::io::Result<DetachJob>) {
         match detach {
             Ok(detach) => self.detaching.push((pid, detach)),
             Err(e) => {

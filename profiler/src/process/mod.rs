@@ -257,14 +257,29 @@ impl ProcFs {
     /// Whether `pid` is a running process: it exists and is neither a
     /// zombie nor dead (a zombie still answers `kill(pid, 0)`).
     pub fn is_running(&self, pid: u32) -> bool {
-        match self.read_pid_file(pid, "stat", STAT_MAX_BYTES) {
-            Ok((stat, _)) => stat
-                .iter()
-                .rposition(|&b| b == b')')
-                .and_then(|close| stat[close + 1..].iter().find(|b| !b.is_ascii_whitespace()))
-                .is_some_and(|state| !matches!(state, b'Z' | b'X')),
-            Err(_) => false,
-        }
+        self.read_pid_file(pid, "stat", STAT_MAX_BYTES)
+            .is_ok_and(|(stat, _)| stat_says_running(&stat))
+    }
+
+    /// Whether any thread of `pid` still runs. After the group leader's
+    /// exit (what the kernel reports as the process's exit, and what
+    /// [`Self::is_running`] sees as a zombie), its other threads may run on
+    /// for a while: a .NET runtime's diagnostic thread can still be writing
+    /// its perf files. Gone or unreadable counts as not running.
+    pub fn has_live_threads(&self, pid: u32) -> bool {
+        /// Threads looked at; a dying process has few left.
+        const MAX_THREADS: usize = 4096;
+        let Ok(tasks) = std::fs::read_dir(self.pid_path(pid, "task")) else {
+            return false;
+        };
+        tasks
+            .filter_map(Result::ok)
+            .take(MAX_THREADS)
+            .filter_map(|task| task.file_name().to_str()?.parse::<u32>().ok())
+            .any(|tid| {
+                self.read_pid_file(pid, &format!("task/{tid}/stat"), STAT_MAX_BYTES)
+                    .is_ok_and(|(stat, _)| stat_says_running(&stat))
+            })
     }
 
     /// The parsed memory mappings of `pid`.
@@ -570,6 +585,15 @@ fn container_id_in_component(component: &str) -> Option<String> {
     id.bytes()
         .all(|b| b.is_ascii_hexdigit())
         .then(|| id.to_ascii_lowercase())
+}
+
+/// Whether a `stat` line (of a process or a thread) has a state other than
+/// zombie or dead; the state follows the last `)` (the name may hold one).
+fn stat_says_running(stat: &[u8]) -> bool {
+    stat.iter()
+        .rposition(|&b| b == b')')
+        .and_then(|close| stat[close + 1..].iter().find(|b| !b.is_ascii_whitespace()))
+        .is_some_and(|state| !matches!(state, b'Z' | b'X'))
 }
 
 #[cfg(test)]
