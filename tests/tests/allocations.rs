@@ -1,16 +1,21 @@
 //! Allocation profiles in `clrbpf record --alloc`: the runtime's allocation
 //! ticks with their stacks, from a real .NET 8 and .NET Core 3.1 process
 //! that measures its own bytes per method (the `Allocs` workload), checked
-//! through the `--split` allocation file and `go tool pprof`. Run by
+//! through the `--split` allocation file and `go tool pprof`, and the
+//! agent's memory profiles as a loopback Pyroscope receives them. Run by
 //! `cargo xtask test` (root, one test at a time). .NET 10's
 //! AllocationSampled cannot run here (no such runtime): unit tests only.
 
 use std::time::Duration;
 
 use clrbpf_integration_tests::{
-    Env, LabelValue, Runtime, SampleView, TempDir, TestProcess, go_pprof_top, parse_value,
-    read_profile, record_pid, sample_types, samples, string,
+    Env, LabelValue, Runtime, SampleView, TempDir, TestProcess,
+    agent::TestAgent,
+    go_pprof_top,
+    http::{self, Answer, Backend},
+    parse_value, read_profile, record_pid, sample_types, samples, string,
 };
+use prost::Message as _;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the workload waits before it allocates, so that clrbpf has
@@ -214,63 +219,140 @@ fn net8_allocations_over_the_budget_keep_their_totals() {
 }
 
 /// The agent with `--clr-events ...,allocations` ships a `memory` profile
-/// per window (directory sink: the same profiles the Pyroscope and OTLP
-/// sinks send) whose bytes add up to the workload's.
+/// per window to Pyroscope and to the directory sink at once. A loopback
+/// receiver stands in for Pyroscope (no Pyroscope server can be installed
+/// here) and decodes the pushes with the published message types: the
+/// series `memory:alloc_samples:count:space:bytes` and
+/// `memory:alloc_size:bytes:space:bytes` (the profile-type ids Pyroscope
+/// builds from `__name__`, each sample type and the period type) arrive,
+/// name the allocated types, and their bytes add up to the workload's.
 #[test]
-fn agent_ships_allocation_profiles() {
+fn agent_ships_allocation_profiles_to_pyroscope() {
     let env = Env::privileged();
     let dir = TempDir::new("agent-allocations");
     let out = dir.join("windows");
-    let port = 23000 + (std::process::id() % 1000) as u16;
-    let mut agent = std::process::Command::new(&env.clrbpf)
-        .arg("agent")
-        .args(["--upload-interval", "5s", "--clr-events"])
-        .arg("contention,exceptions,waits,allocations")
-        .arg("--output-dir")
-        .arg(&out)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start clrbpf agent");
-    std::thread::sleep(Duration::from_secs(2));
+    let receiver = Backend::start(|_| Answer::Status(200));
+    let url = receiver.url();
+    let agent = TestAgent::start(
+        &env,
+        &dir,
+        &[
+            "--upload-interval".as_ref(),
+            "5s".as_ref(),
+            "--clr-events".as_ref(),
+            "contention,exceptions,waits,allocations".as_ref(),
+            "--pyroscope-url".as_ref(),
+            url.as_ref(),
+            "--output-dir".as_ref(),
+            out.as_os_str(),
+        ],
+    )
+    .wait_ready();
     // Allocates from 8 s in: the agent looks for new .NET processes every
     // 5 s.
     let workload = TestProcess::start(&env, Runtime::Net8, "Allocs", &["8", "6", "40"], false);
     let pid = workload.pid();
     let (status, lines) = workload.wait(TIMEOUT);
-    std::thread::sleep(Duration::from_secs(2));
-    // SAFETY: a signal to the agent this test started.
-    unsafe { libc::kill(agent.id() as libc::pid_t, libc::SIGTERM) };
-    let agent_status = agent.wait().expect("wait for the agent");
+    // The last window, and its upload.
+    std::thread::sleep(Duration::from_secs(7));
+    agent.stop();
     assert!(status.success(), "workload failed: {lines:?}");
-    assert!(agent_status.success(), "agent exit {agent_status}");
-    let mut total = 0;
-    let mut files = 0;
-    for entry in std::fs::read_dir(&out).expect("the output directory") {
-        let path = entry.expect("an entry").path();
-        if !path.to_string_lossy().contains(".memory.") {
-            continue;
-        }
-        files += 1;
-        let profile = read_profile(&path);
-        assert_eq!(
-            sample_types(&profile),
-            ["alloc_samples/count", "alloc_size/bytes"]
-        );
-        let period = profile.period_type.as_ref().expect("a period type");
-        assert_eq!(string(&profile, period.r#type), "space");
-        for s in samples(&profile).iter().filter(|s| s.pid() == Some(pid)) {
-            total += s.values[1];
-            assert!(s.label("allocation.type").is_some());
+    let process = value(&lines, "BYTES_PROCESS");
+
+    let mut ids = std::collections::BTreeSet::new();
+    let mut pushed = Vec::new();
+    for request in receiver
+        .take()
+        .iter()
+        .filter(|r| r.path == "/push.v1.pusherservice/push")
+    {
+        let push = clrbpf::pyroscope_proto::push::v1::PushRequest::decode(request.body.as_slice())
+            .expect("a PushRequest");
+        for series in push.series {
+            let name = series.labels.iter().find(|l| l.name == "__name__");
+            if name.map(|l| l.value.as_str()) != Some("memory") {
+                continue;
+            }
+            for sample in &series.samples {
+                let profile = clrbpf::pprof_proto::Profile::decode(
+                    http::gunzip(&sample.raw_profile).as_slice(),
+                )
+                .expect("a pprof profile");
+                ids.extend(pyroscope_type_ids(&profile));
+                pushed.push(profile);
+            }
         }
     }
-    assert!(files > 0, "no memory profile in {}", out.display());
-    let process = value(&lines, "BYTES_PROCESS");
-    let error = (total - process).abs() as f64 / process as f64;
-    assert!(
-        error <= 0.25,
-        "the windows' bytes {total}, the process allocated {process}"
+    assert_eq!(
+        ids.into_iter().collect::<Vec<_>>(),
+        [
+            "memory:alloc_samples:count:space:bytes",
+            "memory:alloc_size:bytes:space:bytes"
+        ],
+        "the memory series Pyroscope would build"
     );
+    let pushed_total = assert_memory_windows(&pushed, pid, "Pyroscope");
+
+    let mut written = Vec::new();
+    for entry in std::fs::read_dir(&out).expect("the output directory") {
+        let path = entry.expect("an entry").path();
+        if path.to_string_lossy().contains(".memory.") {
+            written.push(read_profile(&path));
+        }
+    }
+    let written_total = assert_memory_windows(&written, pid, "the directory sink");
+    for (sink, total) in [("Pyroscope", pushed_total), ("directory", written_total)] {
+        let error = (total - process).abs() as f64 / process as f64;
+        assert!(
+            error <= 0.25,
+            "{sink}: the windows' bytes {total}, the process allocated {process}"
+        );
+    }
+}
+
+/// Pyroscope's profile-type ids of a profile:
+/// `__name__:sample_type:sample_unit:period_type:period_unit`.
+fn pyroscope_type_ids(profile: &clrbpf::pprof_proto::Profile) -> Vec<String> {
+    let period = profile.period_type.as_ref().expect("a period type");
+    let period = format!(
+        "{}:{}",
+        string(profile, period.r#type),
+        string(profile, period.unit)
+    );
+    sample_types(profile)
+        .iter()
+        .map(|t| format!("memory:{}:{period}", t.replace('/', ":")))
+        .collect()
+}
+
+/// Checks the memory windows of `pid` shipped to `sink`: both types of
+/// the workload named, as labels and leaf frames; returns their bytes.
+fn assert_memory_windows(profiles: &[clrbpf::pprof_proto::Profile], pid: u32, sink: &str) -> i64 {
+    assert!(!profiles.is_empty(), "no memory profile reached {sink}");
+    let mut total = 0;
+    let mut seen: Vec<SampleView> = Vec::new();
+    for profile in profiles {
+        assert_eq!(
+            sample_types(profile),
+            ["alloc_samples/count", "alloc_size/bytes"]
+        );
+        for s in samples(profile)
+            .into_iter()
+            .filter(|s| s.pid() == Some(pid))
+        {
+            total += s.values[1];
+            let Some(LabelValue::Str(ty)) = s.label("allocation.type") else {
+                panic!("{sink}: a sample without allocation.type: {:?}", s.labels);
+            };
+            assert_eq!(
+                s.frames.first(),
+                Some(ty),
+                "{sink}: the type is the leaf frame"
+            );
+            seen.push(s);
+        }
+    }
+    assert_eq!(types_of(&seen, ARRAYS), ["System.Byte[]"], "{sink}");
+    assert_eq!(types_of(&seen, NODES), ["Node"], "{sink}");
+    total
 }

@@ -6,7 +6,9 @@
 // and prints them (BYTES_<Method>), the total (BYTES_TOTAL), the
 // process's own count over the same time (GC.GetTotalAllocatedBytes,
 // BYTES_PROCESS) and the rate (BYTES_PER_S): the ground truth for clrbpf's
-// alloc_size/bytes. GC methods are called by reflection: mcs compiles
+// alloc_size/bytes. CPU_S is the CPU time the whole process (its GC and
+// EventPipe threads too) spent over the same time: what a profiler costs it
+// when the rate is held below what it can do. GC methods are called by reflection: mcs compiles
 // against Mono's mscorlib, which lacks them.
 //
 // Usage: Allocs.dll [START_DELAY_S=3] [SECONDS=6] [RATE_MB=40]
@@ -77,6 +79,8 @@ static class Allocs
         double roundsPerSecond = rateMb;
         long bArrays = 0, bNodes = 0, bLarge = 0;
         long processStart = processBytes(true);
+        Process self = Process.GetCurrentProcess();
+        TimeSpan cpuStart = self.TotalProcessorTime;
         var sw = Stopwatch.StartNew();
         long rounds = 0;
         while (sw.Elapsed.TotalSeconds < seconds)
@@ -89,6 +93,8 @@ static class Allocs
             if (ahead > 0.002) Thread.Sleep((int)(ahead * 1000));
         }
         double elapsed = sw.Elapsed.TotalSeconds;
+        self.Refresh();
+        double cpu = (self.TotalProcessorTime - cpuStart).TotalSeconds;
         long processEnd = processBytes(true);
         long sum = bArrays + bNodes + bLarge;
         Console.WriteLine("BYTES_Allocs.AllocArrays " + bArrays);
@@ -97,6 +103,7 @@ static class Allocs
         Console.WriteLine("BYTES_TOTAL " + sum);
         Console.WriteLine("BYTES_PROCESS " + (processEnd - processStart));
         Console.WriteLine("BYTES_PER_S " + (long)(sum / elapsed));
+        Console.WriteLine("CPU_S " + cpu.ToString("F3", CultureInfo.InvariantCulture));
         Console.Out.Flush();
         Thread.Sleep(1000);
         return 0;

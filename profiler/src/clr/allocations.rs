@@ -260,6 +260,31 @@ mod tests {
         );
     }
 
+    /// Generic types keep the runtime's form (`List`1[System.Int32]`, as a
+    /// .NET 8 tick names them), the form managed frames show their
+    /// declaring type in ([`crate::symbolize::method_name`]): the leaf frame
+    /// `System.Collections.Generic.List`1[System.Int32]` sits on frames
+    /// such as `System.Collections.Generic.List`1[System.Int32]..ctor`
+    /// (code shared by reference types shows `System.__Canon` there).
+    #[test]
+    fn generic_type_names_read_as_the_frames_name_their_types() {
+        for (tick_name, perf_map_line) in [
+            (
+                "System.Collections.Generic.List`1[System.Int32]",
+                "instance void [System.Private.CoreLib] System.Collections.Generic.List`1[System.Int32]::.ctor(int32)[Optimized]",
+            ),
+            (
+                "System.Collections.Generic.Dictionary`2[System.Int32,System.Int64]",
+                "instance void [System.Private.CoreLib] System.Collections.Generic.Dictionary`2[System.Int32,System.Int64]::.ctor(int32)[QuickJitted]",
+            ),
+        ] {
+            let a = decode(GC_ALLOCATION_TICK, 4, &tick(4, 0, 1, tick_name, 32)).expect("decoded");
+            let frame = crate::symbolize::method_name::parse_method_name(perf_map_line)
+                .expect("the runtime's shape");
+            assert_eq!(a.type_name, frame.type_name);
+        }
+    }
+
     #[test]
     fn long_type_names_are_bounded() {
         let name = "A".repeat(5_000);

@@ -33,7 +33,7 @@
 //! events in proportion to their own estimates: the totals are exact, the
 //! shape is the kept events'. Pure and seeded, so unit-tested.
 
-use super::clr_sampling::{SplitMix64, Weighted, apportion};
+use super::clr_sampling::{EventWindow, SplitMix64, Weighted, apportion};
 use crate::clr::allocations::{Allocation, AllocationSource, TICK_BYTES};
 
 /// Allocation events kept with their stacks per window by default.
@@ -79,8 +79,7 @@ struct Kept<T> {
 #[derive(Clone, Debug)]
 pub struct AllocationSampler<T> {
     limit: usize,
-    window_ns: u64,
-    window_start_ns: Option<u64>,
+    window: EventWindow,
     seen: u64,
     bytes: f64,
     objects: f64,
@@ -98,8 +97,7 @@ impl<T: Clone> AllocationSampler<T> {
     pub fn new(limit_per_window: usize, window_ns: u64, seed: u64) -> Self {
         Self {
             limit: limit_per_window.max(1),
-            window_ns: window_ns.max(1),
-            window_start_ns: None,
+            window: EventWindow::new(window_ns),
             seen: 0,
             bytes: 0.0,
             objects: 0.0,
@@ -155,22 +153,14 @@ impl<T: Clone> AllocationSampler<T> {
 
     /// Closes the current window if it ended before `now_ns`.
     pub fn close_due(&mut self, now_ns: u64) {
-        if let Some(start) = self.window_start_ns
-            && now_ns >= start.saturating_add(self.window_ns)
-        {
+        if self.window.due(now_ns) {
             self.close_window();
-            self.window_start_ns = None;
         }
     }
 
     fn advance(&mut self, time_ns: u64) {
-        match self.window_start_ns {
-            None => self.window_start_ns = Some(time_ns),
-            Some(start) if time_ns >= start.saturating_add(self.window_ns) => {
-                self.close_window();
-                self.window_start_ns = Some(time_ns);
-            }
-            Some(_) => {}
+        if self.window.advance(time_ns) {
+            self.close_window();
         }
     }
 
@@ -226,7 +216,7 @@ impl<T: Clone> AllocationSampler<T> {
 
     /// Closes the current window: every kept sample not taken yet.
     pub fn finish(&mut self) -> Vec<Weighted<T>> {
-        if self.window_start_ns.take().is_some() {
+        if self.window.finish() {
             self.close_window();
         }
         self.take_completed()

@@ -114,6 +114,62 @@ pub fn contention_bucket(duration_ns: u64) -> usize {
         .unwrap_or(0)
 }
 
+/// The event-time window a sampler fills: it opens at its first event and
+/// closes at the first event (or [`EventWindow::due`] check) at least its
+/// length later, so a quiet process opens no empty windows. Shared by the
+/// contention, exception and allocation samplers.
+#[derive(Clone, Copy, Debug)]
+pub struct EventWindow {
+    length_ns: u64,
+    start_ns: Option<u64>,
+}
+
+impl EventWindow {
+    pub fn new(length_ns: u64) -> Self {
+        Self {
+            length_ns: length_ns.max(1),
+            start_ns: None,
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.start_ns.is_some()
+    }
+
+    /// Moves to an event at `time_ns`; `true` when the open window ended
+    /// before it: the caller closes it, and `time_ns` opens the next.
+    pub fn advance(&mut self, time_ns: u64) -> bool {
+        match self.start_ns {
+            Some(start) if time_ns < start.saturating_add(self.length_ns) => false,
+            Some(_) => {
+                self.start_ns = Some(time_ns);
+                true
+            }
+            None => {
+                self.start_ns = Some(time_ns);
+                false
+            }
+        }
+    }
+
+    /// `true` when the open window ended before `now_ns`: the caller
+    /// closes it, and the next event opens one.
+    pub fn due(&mut self, now_ns: u64) -> bool {
+        let due = self
+            .start_ns
+            .is_some_and(|start| now_ns >= start.saturating_add(self.length_ns));
+        if due {
+            self.start_ns = None;
+        }
+        due
+    }
+
+    /// Ends the open window; `true` when one was open.
+    pub fn finish(&mut self) -> bool {
+        self.start_ns.take().is_some()
+    }
+}
+
 /// A kept event with its share of the exact totals.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Weighted<T> {
@@ -146,8 +202,7 @@ impl<T> Default for ContentionBucket<T> {
 #[derive(Clone, Debug)]
 pub struct ContentionSampler<T> {
     per_bucket: usize,
-    window_ns: u64,
-    window_start_ns: Option<u64>,
+    window: EventWindow,
     buckets: [ContentionBucket<T>; 5],
     completed: Vec<Weighted<T>>,
     rng: SplitMix64,
@@ -159,8 +214,7 @@ impl<T> ContentionSampler<T> {
     pub fn new(limit_per_window: usize, window_ns: u64, seed: u64) -> Self {
         Self {
             per_bucket: (limit_per_window / CONTENTION_BUCKETS_MS.len()).max(1),
-            window_ns: window_ns.max(1),
-            window_start_ns: None,
+            window: EventWindow::new(window_ns),
             buckets: Default::default(),
             completed: Vec::new(),
             rng: SplitMix64::new(seed),
@@ -170,7 +224,9 @@ impl<T> ContentionSampler<T> {
     /// Counts a contention of `duration_ns` that ended at `time_ns`; keeps
     /// it (building it with `make`) if the reservoir picks it.
     pub fn offer(&mut self, time_ns: u64, duration_ns: u64, make: impl FnOnce() -> T) {
-        self.roll_window(time_ns);
+        if self.window.advance(time_ns) {
+            self.close_window();
+        }
         let per_bucket = self.per_bucket;
         let bucket = &mut self.buckets[contention_bucket(duration_ns)];
         bucket.seen += 1;
@@ -184,17 +240,6 @@ impl<T> ContentionSampler<T> {
             if let Some(slot) = usize::try_from(j).ok().and_then(|j| bucket.kept.get_mut(j)) {
                 *slot = (duration_ns, make());
             }
-        }
-    }
-
-    fn roll_window(&mut self, time_ns: u64) {
-        match self.window_start_ns {
-            None => self.window_start_ns = Some(time_ns),
-            Some(start) if time_ns >= start.saturating_add(self.window_ns) => {
-                self.close_window();
-                self.window_start_ns = Some(time_ns);
-            }
-            Some(_) => {}
         }
     }
 
@@ -225,8 +270,8 @@ impl<T> ContentionSampler<T> {
 
     /// Closes the current window and returns everything not taken yet.
     pub fn finish(&mut self) -> Vec<Weighted<T>> {
+        self.window.finish();
         self.close_window();
-        self.window_start_ns = None;
         self.take_completed()
     }
 }
@@ -330,9 +375,8 @@ struct Unobserved<T> {
 #[derive(Clone, Debug)]
 pub struct ExceptionSampler<T> {
     limit: u64,
-    window_ns: u64,
+    window: EventWindow,
     tick_ns: u64,
-    window_start_ns: Option<u64>,
     tick_start_ns: u64,
     tick_seen: u64,
     tick_kept: u64,
@@ -353,9 +397,8 @@ impl<T: Clone> ExceptionSampler<T> {
         let limit = limit_per_window as u64;
         Self {
             limit,
-            window_ns,
+            window: EventWindow::new(window_ns),
             tick_ns: window_ns / CONTROLLER_TICKS_PER_WINDOW,
-            window_start_ns: None,
             tick_start_ns: 0,
             tick_seen: 0,
             tick_kept: 0,
@@ -432,23 +475,19 @@ impl<T: Clone> ExceptionSampler<T> {
     /// Closes the current window if it ended before `now_ns`, so that its
     /// samples come out even when no later event does.
     pub fn close_due(&mut self, now_ns: u64) {
-        if let Some(start) = self.window_start_ns
-            && now_ns >= start.saturating_add(self.window_ns)
-        {
+        if self.window.due(now_ns) {
             self.close_window();
-            self.window_start_ns = None;
         }
     }
 
     fn advance(&mut self, time_ns: u64) {
-        let Some(window_start) = self.window_start_ns else {
-            self.window_start_ns = Some(time_ns);
+        if !self.window.is_open() {
+            self.window.advance(time_ns);
             self.tick_start_ns = time_ns;
             return;
-        };
-        if time_ns >= window_start.saturating_add(self.window_ns) {
+        }
+        if self.window.advance(time_ns) {
             self.close_window();
-            self.window_start_ns = Some(time_ns);
         }
         if time_ns >= self.tick_start_ns.saturating_add(self.tick_ns) {
             self.controller.update(self.tick_seen, self.tick_kept);
@@ -513,8 +552,8 @@ impl<T: Clone> ExceptionSampler<T> {
 
     /// Closes the current window and returns everything not taken yet.
     pub fn finish(&mut self) -> Vec<Weighted<T>> {
+        self.window.finish();
         self.close_window();
-        self.window_start_ns = None;
         self.take_completed()
     }
 }
@@ -524,6 +563,21 @@ mod tests {
     use super::*;
 
     const SECOND: u64 = 1_000_000_000;
+
+    #[test]
+    fn event_windows_open_at_an_event_and_close_by_time() {
+        let mut w = EventWindow::new(10 * SECOND);
+        assert!(!w.due(100 * SECOND), "no window open: nothing due");
+        assert!(!w.advance(5 * SECOND));
+        assert!(!w.advance(14 * SECOND));
+        assert!(!w.due(14 * SECOND));
+        // The event at 15 s ends the window opened at 5 s and opens the next.
+        assert!(w.advance(15 * SECOND));
+        assert!(!w.advance(24 * SECOND));
+        assert!(w.due(25 * SECOND));
+        assert!(!w.is_open() && !w.finish());
+        assert!(!w.advance(40 * SECOND) && w.finish());
+    }
 
     #[test]
     fn apportion_adds_up_exactly() {
