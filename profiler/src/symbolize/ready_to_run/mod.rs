@@ -52,6 +52,11 @@ pub const MAX_IMAGE_BYTES: u64 = 256 << 20;
 /// Most generic instantiations read from one image (CoreLib 8.0 has a few
 /// thousand).
 const MAX_INSTANCE_ENTRIES: usize = 1 << 20;
+/// The token of a method entry this reader does not name (another
+/// module's method): the functions after it are not given the method
+/// before it.
+const UNNAMED_ENTRY: u32 = u32::MAX;
+
 /// `READYTORUN_METHOD_SIG_*` flags of an instantiation's signature.
 mod method_sig {
     pub const METHOD_INSTANTIATION: u32 = 0x04;
@@ -106,7 +111,8 @@ pub struct ReadyToRunMethods {
     /// hostile unsorted table is searched linearly.
     sorted: bool,
     /// The MethodDef token owning each function (funclets and cold parts
-    /// resolved to their method); 0 for none.
+    /// resolved to their method); 0 for none, [`UNNAMED_ENTRY`] for a
+    /// method's entry that is not named here.
     tokens: Box<[u32]>,
     pub stats: ReadyToRunStats,
 }
@@ -195,9 +201,13 @@ impl ReadyToRunMethods {
         };
         for at in entries {
             match instance_entry(reader, at) {
-                Some((rid, index)) => {
+                Some((Some(rid), index)) => {
                     self.set_entry(index, 0x0600_0000 | rid);
                     self.stats.instantiations += 1;
+                }
+                Some((None, index)) => {
+                    self.set_entry(index, UNNAMED_ENTRY);
+                    self.stats.instantiations_skipped += 1;
                 }
                 None => self.stats.instantiations_skipped += 1,
             }
@@ -247,7 +257,7 @@ impl ReadyToRunMethods {
     /// The MethodDef token of the method whose code holds `rva`.
     pub fn token_at(&self, rva: u32) -> Option<u32> {
         let token = *self.tokens.get(self.function_at(rva)?)?;
-        (token != 0).then_some(token)
+        (token != 0 && token != UNNAMED_ENTRY).then_some(token)
     }
 
     /// Bytes held.
@@ -262,17 +272,19 @@ fn owner_before(entries: &[u32], index: usize) -> Option<u32> {
     upto.iter().rev().copied().find(|&t| t != 0)
 }
 
-/// The MethodDef row and entry function index of the instantiation whose
-/// signature starts at `at`; `None` for one that names a method of another
-/// module (or by slot), or that does not read.
-fn instance_entry(reader: NativeReader<'_>, at: usize) -> Option<(u32, u32)> {
+/// The MethodDef row (`None` for a method of another module, or named by
+/// slot or MemberRef) and the entry function index of the instantiation
+/// whose signature starts at `at`; `None` when it does not read.
+fn instance_entry(reader: NativeReader<'_>, at: usize) -> Option<(Option<u32>, u32)> {
     let (flags, mut at) = reader.compressed(at)?;
-    if flags & (method_sig::UPDATE_CONTEXT | method_sig::SLOT_INSTEAD_OF_TOKEN) != 0 {
-        return None;
+    if flags & method_sig::UPDATE_CONTEXT != 0 {
+        // The module the rest of the signature is read in.
+        at = reader.compressed(at)?.1;
     }
     if flags & method_sig::OWNER_TYPE != 0 {
         at = reader.skip_type(at)?;
     }
+    // A MethodDef or MemberRef row, or a slot number.
     let (rid, after) = reader.compressed(at)?;
     at = after;
     if flags & method_sig::METHOD_INSTANTIATION != 0 {
@@ -285,9 +297,10 @@ fn instance_entry(reader: NativeReader<'_>, at: usize) -> Option<(u32, u32)> {
     if flags & method_sig::CONSTRAINED != 0 {
         at = reader.skip_type(at)?;
     }
-    if flags & method_sig::MEMBER_REF_TOKEN != 0 || rid == 0 {
-        return None;
-    }
+    let elsewhere = method_sig::UPDATE_CONTEXT
+        | method_sig::SLOT_INSTEAD_OF_TOKEN
+        | method_sig::MEMBER_REF_TOKEN;
+    let rid = (flags & elsewhere == 0 && rid != 0).then_some(rid);
     Some((rid, reader.entry_point(at)?))
 }
 
@@ -335,16 +348,16 @@ impl AssemblyImage {
     }
 
     /// Reads and parses the assembly opened as `file` (at most
-    /// [`MAX_IMAGE_BYTES`]).
+    /// [`MAX_IMAGE_BYTES`], and the memory budget's share for reading one
+    /// file).
     pub fn read(file: &File) -> Result<Self, ReadyToRunError> {
         let size = file
             .metadata()
             .map_err(|source| ReadyToRunError::Read { source })?
             .len();
-        if size > MAX_IMAGE_BYTES {
-            return Err(ReadyToRunError::TooLarge {
-                limit: MAX_IMAGE_BYTES,
-            });
+        let limit = MAX_IMAGE_BYTES.min(crate::memory_budget::current().file_read_bytes());
+        if size > limit {
+            return Err(ReadyToRunError::TooLarge { limit });
         }
         let mut data = vec![0u8; size as usize];
         file.read_exact_at(&mut data, 0)

@@ -50,6 +50,18 @@ fn funclets_and_cold_code_belong_to_their_method() {
 }
 
 #[test]
+fn an_unnamed_entry_ends_the_method_before_it() {
+    let m = methods(
+        &[(0x10, 0x20), (0x20, 0x30), (0x30, 0x40), (0x40, 0x50)],
+        &[(0, 0x0600_0001), (2, UNNAMED_ENTRY)],
+        &[],
+    );
+    assert_eq!(m.token_at(0x25), Some(0x0600_0001));
+    assert_eq!(m.token_at(0x35), None);
+    assert_eq!(m.token_at(0x45), None);
+}
+
+#[test]
 fn sorted_tables_are_binary_searched_and_entries_checked() {
     let m = methods(
         &[(0x10, 0x20), (0x20, 0x30), (0x40, 0x50)],
@@ -81,15 +93,26 @@ fn instantiation_signatures() {
         0x0e,
         (5 << 1) << 1,
     ];
-    assert_eq!(instance_entry(NativeReader::new(&sig), 0), Some((0x22, 5)));
+    assert_eq!(
+        instance_entry(NativeReader::new(&sig), 0),
+        Some((Some(0x22), 5))
+    );
     // With fixups (bit 0): the index is id >> 2.
     let sig = [0x00, 0x05, (7 << 2 | 1) << 1];
-    assert_eq!(instance_entry(NativeReader::new(&sig), 0), Some((5, 7)));
-    // Another module's method, a MemberRef, a slot: not named here.
-    for flags in [0x80, 0x10, 0x08] {
+    assert_eq!(
+        instance_entry(NativeReader::new(&sig), 0),
+        Some((Some(5), 7))
+    );
+    // Another module's method (flags 0x80 take two bytes), a MemberRef, a
+    // slot: an entry, not named here.
+    assert_eq!(
+        instance_entry(NativeReader::new(&[0x80, 0x80, 0x01, 0x05, 3 << 2]), 0),
+        Some((None, 3))
+    );
+    for flags in [0x10, 0x08] {
         assert_eq!(
-            instance_entry(NativeReader::new(&[flags, 0x05, 2]), 0),
-            None
+            instance_entry(NativeReader::new(&[flags, 0x05, 3 << 2]), 0),
+            Some((None, 3))
         );
     }
     // Truncated.
