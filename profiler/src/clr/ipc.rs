@@ -304,7 +304,7 @@ pub enum IpcError {
     )]
     SocketNotFound { pid: u32, dir: PathBuf },
     #[error(
-        "process {pid} runs with DOTNET_EnableDiagnostics=0: its runtime opened no diagnostic socket; restart it without that setting to profile managed code"
+        "process {pid} runs with DOTNET_EnableDiagnostics=0: its runtime opened no diagnostic socket, so no perf map, CLR events or runtime metrics (its ReadyToRun frames are named from its image files); restart it without that setting for them"
     )]
     DiagnosticsDisabled { pid: u32 },
     #[error(

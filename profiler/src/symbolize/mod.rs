@@ -10,6 +10,7 @@
 //! name .NET users read. [`stack`] names the frames of one raw stack with
 //! them.
 
+pub mod clr_metadata;
 pub mod jit_index;
 pub mod jitdump;
 pub mod kallsyms;
@@ -18,5 +19,6 @@ pub mod method_name;
 pub mod native;
 pub mod perf_files;
 pub mod perf_map;
+pub mod ready_to_run;
 pub mod stack;
 pub mod target_fs;
