@@ -461,3 +461,109 @@ fn deliver_parked(stream: &mut Stream) -> Delivery {
         Err(TrySendError::Disconnected(_)) => Delivery::Gone,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        io::{Read as _, Write as _},
+        sync::mpsc::{Receiver, sync_channel},
+        time::Instant,
+    };
+
+    use super::*;
+
+    /// The .NET 8 capture of `nettrace/testdata`: contention, exceptions,
+    /// method loads, rundown, and its end tag.
+    fn capture() -> Vec<u8> {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/clr/nettrace/testdata/net8.nettrace.gz"
+        );
+        let mut bytes = Vec::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(path).expect("the capture"))
+            .read_to_end(&mut bytes)
+            .expect("gunzip the capture");
+        bytes
+    }
+
+    /// What the stream decodes to when fed in one piece.
+    fn events_in(bytes: &[u8]) -> usize {
+        let mut decoder = StreamDecoder::new(1, ClrEventKinds::ALL);
+        let mut batch = Vec::new();
+        decoder.feed(bytes, &mut batch).expect("a valid capture");
+        batch
+            .iter()
+            .filter(|m| matches!(m, SessionMessage::Event(_)))
+            .count()
+    }
+
+    /// A session of `bytes` written from a thread then closed, read by the
+    /// reader thread into a channel of `capacity` batches.
+    fn session(bytes: Vec<u8>, capacity: usize) -> (ReaderTicket, Receiver<Vec<SessionMessage>>) {
+        let (ours, theirs) = UnixStream::pair().expect("a socket pair");
+        std::thread::spawn(move || {
+            let mut theirs = theirs;
+            let _ = theirs.write_all(&bytes);
+        });
+        let (sender, receiver) = sync_channel(capacity);
+        let ticket = attach(1, ours, ClrEventKinds::ALL, sender).expect("attach");
+        (ticket, receiver)
+    }
+
+    /// Events until the session's end, and the end's error.
+    fn drain(receiver: &Receiver<Vec<SessionMessage>>) -> (usize, Option<String>) {
+        let mut events = 0;
+        loop {
+            let batch = receiver
+                .recv_timeout(Duration::from_secs(20))
+                .expect("the session's messages and its end");
+            for message in batch {
+                match message {
+                    SessionMessage::Event(_) => events += 1,
+                    SessionMessage::Counter(_) => {}
+                    SessionMessage::Ended(end) => return (events, end.error),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_channel_holds_back_its_session_alone_and_loses_nothing() {
+        let bytes = capture();
+        let expected = events_in(&bytes);
+        assert!(expected > 100, "{expected}");
+        // Session A's channel takes one batch and nobody drains it yet.
+        let (_a, slow) = session(bytes.clone(), 1);
+        let (_b, fast) = session(bytes, 64);
+        let started = Instant::now();
+        assert_eq!(drain(&fast), (expected, None), "B is read while A waits");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        // A: every event, in order of batches, then its clean end.
+        assert_eq!(drain(&slow), (expected, None));
+    }
+
+    #[test]
+    fn a_cut_stream_ends_with_an_error_and_a_dropped_ticket_closes_it() {
+        let bytes = capture();
+        let (_ticket, receiver) = session(bytes[..bytes.len() / 2].to_vec(), 4);
+        let (_, error) = drain(&receiver);
+        assert!(error.is_some_and(|e| e.contains("end-of-stream")));
+        // A session dropped mid-stream: its socket is closed, so the writer
+        // sees its peer gone.
+        let (ours, mut theirs) = UnixStream::pair().expect("a socket pair");
+        let (sender, _receiver) = sync_channel(1);
+        let ticket = attach(1, ours, ClrEventKinds::ALL, sender).expect("attach");
+        drop(ticket);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let closed = loop {
+            if theirs.write_all(&[0u8; 4096]).is_err() {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(closed, "the reader still holds a dropped session's socket");
+    }
+}
