@@ -1,10 +1,12 @@
 // Idle: an idle service, as most pods of a node are most of the time. Three
 // threads sleep in Idle.Nap (Thread.Sleep of SLEEP_MS) and the main thread
-// waits; it exits after SECONDS. It prints READY once its threads run.
+// waits; it exits after SECONDS. It prints its PID, then READY once its
+// threads run.
 // The node-scale test and bench start dozens of them beside the agent.
 //
 // Usage: Idle.dll [SECONDS=600] [SLEEP_MS=1000]
 using System;
+using System.Diagnostics;
 using System.Globalization;
 using System.Runtime.CompilerServices;
 using System.Threading;
@@ -34,6 +36,7 @@ static class Idle
             var t = new Thread(() => Nap(sleepMs)) { IsBackground = true, Name = "idle-" + i };
             t.Start();
         }
+        Console.WriteLine("PID " + Process.GetCurrentProcess().Id);
         Console.WriteLine("READY");
         Thread.Sleep(TimeSpan.FromSeconds(seconds));
     }
