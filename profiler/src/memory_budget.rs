@@ -82,11 +82,14 @@ impl MemoryBudget {
         self.total_bytes / 8
     }
 
-    /// EventPipe sessions open at once: each holds a reader thread, a
-    /// socket, a channel of decoded events and its share of
-    /// [`Self::nettrace_bytes`]; one per MiB of that share.
+    /// .NET processes with EventPipe sessions at once: each holds two or
+    /// three sockets, their channels of decoded events (a few KiB) and
+    /// their share of [`Self::nettrace_bytes`] (its stack caches start at
+    /// 32 KiB, see `nettrace::blocks`); one per 256 KiB of that share, 128
+    /// at the default budget, a node's worth of pods. (They had a reader
+    /// thread each, and one per MiB.)
     pub fn max_sessions(&self) -> usize {
-        usize::try_from(self.nettrace_bytes() >> 20)
+        usize::try_from(self.nettrace_bytes() >> 18)
             .unwrap_or(usize::MAX)
             .max(1)
     }
@@ -371,7 +374,7 @@ mod tests {
             + b.nettrace_bytes()
             + b.assembly_bytes();
         assert!(shares < b.total_bytes, "{shares}");
-        assert_eq!(b.max_sessions(), 32);
+        assert_eq!(b.max_sessions(), 128);
         assert_eq!(MemoryBudget::from_mb(1).max_sessions(), 1);
     }
 

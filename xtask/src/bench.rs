@@ -328,7 +328,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    // `CLRBPF_BENCH_ONLY=cpu,alloc,steady,churn,storm,first,allocstorm` runs
+    // `CLRBPF_BENCH_ONLY=cpu,alloc,steady,churn,storm,first,allocstorm,node` runs
     // only those parts.
     if let Ok(only) = std::env::var("CLRBPF_BENCH_ONLY") {
         for part in only.split(',') {
@@ -340,9 +340,10 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
                 "alloc" => crate::bench_alloc::run(inputs)?,
                 "first" => crate::bench_first::run(inputs)?,
                 "allocstorm" => crate::bench_alloc_storm::run(inputs)?,
+                "node" => crate::bench_node::run(inputs)?,
                 other => {
                     bail!(
-                        "CLRBPF_BENCH_ONLY: no bench part {other:?} (cpu, alloc, steady, churn, storm, first, allocstorm)"
+                        "CLRBPF_BENCH_ONLY: no bench part {other:?} (cpu, alloc, steady, churn, storm, first, allocstorm, node)"
                     )
                 }
             }
@@ -380,6 +381,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     crate::bench_offcpu::run(inputs, have_perf)?;
     crate::bench_saturated::run(inputs, have_perf)?;
     crate::bench_churn::run(inputs)?;
+    crate::bench_node::run(inputs)?;
     if !have_perf {
         println!("\nbench: perf is not installed (apt-get install linux-perf): no comparison row");
     }

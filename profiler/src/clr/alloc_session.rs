@@ -192,9 +192,7 @@ impl AllocationEvents {
             BudgetedSession::Off if main_ended => BudgetedSession::Ended,
             BudgetedSession::Off if main_running && self.gate_is_on(now_ns) => {
                 let (port, major) = (port.clone(), self.runtime_major);
-                BudgetedSession::start(pid, "allocation", warnings, move || {
-                    start_allocation_events(&port.client()?, major)
-                })
+                BudgetedSession::start(move || start_allocation_events(&port.client()?, major))
             }
             BudgetedSession::Starting(job) if job.is_finished() => {
                 BudgetedSession::started(job, pid, "allocation", warnings)

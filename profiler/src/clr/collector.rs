@@ -25,6 +25,7 @@ use super::{
     events::{ClrEvent, MethodLoad},
     intake::{ClrCounters, ClrIntake, ClrSample},
     ipc::{DiagnosticPort, IpcError},
+    jobs::{self, Job},
     session::{
         ClrEventKinds, ClrSession, SessionEnd, SessionEvent, WAIT_HANDLE_MIN_MAJOR, method_rundown,
     },
@@ -56,12 +57,13 @@ enum CollectorState {
         since: Instant,
         last_try: Option<Instant>,
     },
-    /// Connecting and asking for the session, on a thread of its own: a
-    /// runtime that is stopped, or a process that only looks like one and
-    /// never answers, must not hold up the recording loop.
+    /// Connecting and asking for the session, on the job pool
+    /// ([`super::jobs`]): a runtime that is stopped, or a process that only
+    /// looks like one and never answers, must not hold up the recording
+    /// loop.
     Starting {
         since: Instant,
-        job: std::thread::JoinHandle<Result<StartedSessions, IpcError>>,
+        job: Job<Result<StartedSessions, IpcError>>,
     },
     Running(Box<ClrSession>),
     Ended,
@@ -102,9 +104,9 @@ pub struct ClrCollector {
     /// without EnablePerfMap).
     rundown: bool,
     rundown_methods: usize,
-    /// The rundown runs on its own thread: it can take seconds in a big
+    /// The rundown runs on the job pool: it can take seconds in a big
     /// application, and the recording loop must keep draining samples.
-    rundown_job: Option<std::thread::JoinHandle<RundownResult>>,
+    rundown_job: Option<Job<RundownResult>>,
     /// The `System.Runtime` EventCounters interval (seconds) when runtime
     /// metrics are asked for, and what they added up to.
     counters_interval_sec: Option<u32>,
@@ -121,7 +123,7 @@ pub struct ClrCollector {
 pub(super) enum BudgetedSession {
     /// Not started yet, or stopped over the budget until the gate opens.
     Off,
-    Starting(std::thread::JoinHandle<Result<ClrSession, IpcError>>),
+    Starting(Job<Result<ClrSession, IpcError>>),
     Running(Box<ClrSession>),
     /// StopTracing sent: its last events are drained until its end.
     Stopping(Box<ClrSession>, Instant),
@@ -131,32 +133,16 @@ pub(super) enum BudgetedSession {
 
 impl BudgetedSession {
     /// Starts the session of the `what` events (`exception`, `allocation`)
-    /// of `pid` on a thread of its own: the runtime may answer late.
+    /// of `pid` on the job pool: the runtime may answer late.
     pub(super) fn start(
-        pid: u32,
-        what: &str,
-        warnings: &mut Vec<String>,
         start: impl FnOnce() -> Result<ClrSession, IpcError> + Send + 'static,
     ) -> Self {
-        match std::thread::Builder::new()
-            .name(format!("clrbpf-{what}s-{pid}"))
-            .spawn(move || {
-                crate::process::priority::enter_background_thread();
-                start()
-            }) {
-            Ok(job) => Self::Starting(job),
-            Err(e) => {
-                warnings.push(format!(
-                    "pid {pid}: no {what} events: cannot start a thread for their session: {e}"
-                ));
-                Self::Ended
-            }
-        }
+        Self::Starting(jobs::spawn(start))
     }
 
     /// The session a finished start gave, or `Ended` with a warning.
     pub(super) fn started(
-        job: std::thread::JoinHandle<Result<ClrSession, IpcError>>,
+        job: Job<Result<ClrSession, IpcError>>,
         pid: u32,
         what: &str,
         warnings: &mut Vec<String>,
@@ -169,7 +155,10 @@ impl BudgetedSession {
                 ));
                 Self::Ended
             }
-            Err(_) => Self::Ended,
+            Err(e) => {
+                warnings.push(format!("pid {pid}: no {what} events: {e}"));
+                Self::Ended
+            }
         }
     }
 }
@@ -281,24 +270,19 @@ impl ExceptionEvents {
     }
 }
 
-/// [`ClrSession::refresh_runtime_keywords`] from a thread of its own, after
-/// the exception or the allocation session stopped.
+/// [`ClrSession::refresh_runtime_keywords`] on the job pool, after the
+/// exception or the allocation session stopped.
 pub(super) fn refresh_keywords_in_background(port: DiagnosticPort) {
     let pid = port.pid();
-    let refresh = std::thread::Builder::new()
-        .name(format!("clrbpf-refresh-{pid}"))
-        .spawn(move || {
-            crate::process::priority::enter_background_thread();
-            let refreshed = port
-                .client()
-                .and_then(|client| ClrSession::refresh_runtime_keywords(&client));
-            if let Err(error) = refreshed {
-                tracing::debug!(pid, %error, "refreshing the runtime's keywords");
-            }
-        });
-    if let Err(error) = refresh {
-        tracing::debug!(pid, %error, "no thread to refresh the runtime's keywords");
-    }
+    // Nobody waits for it: its result is only logged.
+    drop(jobs::spawn(move || {
+        let refreshed = port
+            .client()
+            .and_then(|client| ClrSession::refresh_runtime_keywords(&client));
+        if let Err(error) = refreshed {
+            tracing::debug!(pid, %error, "refreshing the runtime's keywords");
+        }
+    }));
 }
 
 /// The main session and, with an exception budget, the exception session,
@@ -497,34 +481,24 @@ impl ClrCollector {
                 .allocation_events
                 .as_ref()
                 .map(AllocationEvents::runtime_major);
-            let (port, pid, major) = (self.port.clone(), self.pid, self.runtime_major);
+            let (port, major) = (self.port.clone(), self.runtime_major);
             let exception_session = self.exception_events.is_some();
-            match std::thread::Builder::new()
-                .name(format!("clrbpf-session-{pid}"))
-                .spawn(move || {
-                    crate::process::priority::enter_background_thread();
-                    let client = port.client()?;
-                    let exceptions = exception_session
-                        .then(|| ClrSession::start_exception_events(&client))
-                        .transpose()?;
-                    let allocations = allocation_major
-                        .map(|major| start_allocation_events(&client, major))
-                        .transpose()?;
-                    let main = ClrSession::start_with_counters(&client, kinds, major, interval)?;
-                    Ok(StartedSessions {
-                        main,
-                        exceptions,
-                        allocations,
-                    })
-                }) {
-                Ok(job) => self.state = CollectorState::Starting { since, job },
-                Err(e) => {
-                    self.warnings.push(format!(
-                        "pid {pid}: no CLR events: cannot start a thread for the session: {e}"
-                    ));
-                    self.state = CollectorState::Ended;
-                }
-            }
+            let job = jobs::spawn(move || {
+                let client = port.client()?;
+                let exceptions = exception_session
+                    .then(|| ClrSession::start_exception_events(&client))
+                    .transpose()?;
+                let allocations = allocation_major
+                    .map(|major| start_allocation_events(&client, major))
+                    .transpose()?;
+                let main = ClrSession::start_with_counters(&client, kinds, major, interval)?;
+                Ok(StartedSessions {
+                    main,
+                    exceptions,
+                    allocations,
+                })
+            });
+            self.state = CollectorState::Starting { since, job };
         }
         true
     }
@@ -538,11 +512,11 @@ impl ClrCollector {
             else {
                 unreachable!("matched above");
             };
-            let started = job.join().unwrap_or_else(|_| {
+            let started = job.join().unwrap_or_else(|e| {
                 Err(IpcError::Io {
                     pid: self.pid,
                     command: super::ipc::CommandId::COLLECT_TRACING_2,
-                    source: std::io::Error::other("the session thread panicked"),
+                    source: std::io::Error::other(e),
                 })
             });
             match started {
@@ -565,8 +539,7 @@ impl ClrCollector {
                     }
                     if self.rundown {
                         let port = self.port.clone();
-                        self.rundown_job = Some(std::thread::spawn(move || {
-                            crate::process::priority::enter_background_thread();
+                        self.rundown_job = Some(jobs::spawn(move || {
                             method_rundown(&port.client()?, RUNDOWN_DEADLINE)
                         }));
                     }
@@ -618,9 +591,7 @@ impl ClrCollector {
             BudgetedSession::Off if main_ended => BudgetedSession::Ended,
             BudgetedSession::Off if main_running && events.gate.is_on(now_ns) => {
                 let port = port.clone();
-                BudgetedSession::start(*pid, "exception", warnings, move || {
-                    ClrSession::start_exception_events(&port.client()?)
-                })
+                BudgetedSession::start(move || ClrSession::start_exception_events(&port.client()?))
             }
             BudgetedSession::Starting(job) if job.is_finished() => {
                 BudgetedSession::started(job, *pid, "exception", warnings)
@@ -711,10 +682,8 @@ impl ClrCollector {
             return;
         };
         let Ok(result) = job.join() else {
-            self.warnings.push(format!(
-                "pid {}: the method rundown thread failed",
-                self.pid
-            ));
+            self.warnings
+                .push(format!("pid {}: the method rundown job failed", self.pid));
             return;
         };
         match result {

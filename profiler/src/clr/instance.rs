@@ -45,8 +45,8 @@ use crate::{
     unwind::jit_code::JitMethod,
 };
 
-/// A perf map attach running on its own thread.
-pub type AttachJob = std::thread::JoinHandle<Result<PerfMapAttachOutcome, IpcError>>;
+/// A perf map attach running on the job pool ([`super::jobs`]).
+pub type AttachJob = super::jobs::Job<Result<PerfMapAttachOutcome, IpcError>>;
 
 /// How often a process's perf map / jitdump are re-read at most (only the
 /// bytes added since the last read). It is also how late a method's unwind
@@ -554,18 +554,11 @@ impl DotnetInstance {
     fn start_attach(&mut self, version: Option<String>) {
         let pid = self.pid;
         let port = self.port.clone();
-        let job = std::thread::Builder::new()
-            .name(format!("clrbpf-attach-{pid}"))
-            .spawn(move || {
-                crate::process::priority::enter_background_thread();
-                PerfMapAttach::attach(&port)
-            });
-        match job {
-            Ok(job) => self.attach_job = Some((job, version)),
-            Err(e) => self.warnings.push(format!(
-                "pid {pid}: could not start the perf map attach: {e}"
-            )),
-        }
+        let job = super::jobs::spawn(move || {
+            tracing::trace!(pid, "perf map attach");
+            PerfMapAttach::attach(&port)
+        });
+        self.attach_job = Some((job, version));
     }
 
     /// Whether a perf map attach (or a turn-on-again) is under way.
@@ -597,10 +590,13 @@ impl DotnetInstance {
             return;
         };
         let pid = self.pid;
-        let Ok(outcome) = job.join() else {
-            self.warnings
-                .push(format!("pid {pid}: the perf map attach thread failed"));
-            return;
+        let outcome = match job.join() {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                self.warnings
+                    .push(format!("pid {pid}: the perf map attach failed: {e}"));
+                return;
+            }
         };
         match outcome {
             Ok(PerfMapAttachOutcome::Enabled(handle)) => self.perf_map = Some(*handle),
@@ -678,25 +674,17 @@ impl DotnetInstance {
                 "pid {pid}: its perf files were gone after clrbpf turned perf maps on (removed by another recorder attached to it?): turned on again; methods compiled in between may be unnamed"
             ));
         }
-        let job = std::thread::Builder::new()
-            .name(format!("clrbpf-attach-{pid}"))
-            .spawn(move || {
-                crate::process::priority::enter_background_thread();
-                // The handle is kept whatever the answer: it is what removes
-                // the files clrbpf made the runtime write when the
-                // recording ends (a process that exited meanwhile cannot
-                // answer, and its files must still go).
-                if let Err(error) = handle.reenable() {
-                    tracing::debug!(pid, %error, "perf maps not turned on again");
-                }
-                Ok(PerfMapAttachOutcome::Enabled(Box::new(handle)))
-            });
-        match job {
-            Ok(job) => self.attach_job = Some((job, None)),
-            Err(e) => self
-                .warnings
-                .push(format!("pid {pid}: could not turn perf maps on again: {e}")),
-        }
+        let job = super::jobs::spawn(move || {
+            // The handle is kept whatever the answer: it is what removes
+            // the files clrbpf made the runtime write when the recording
+            // ends (a process that exited meanwhile cannot answer, and its
+            // files must still go).
+            if let Err(error) = handle.reenable() {
+                tracing::debug!(pid, %error, "perf maps not turned on again");
+            }
+            Ok(PerfMapAttachOutcome::Enabled(Box::new(handle)))
+        });
+        self.attach_job = Some((job, None));
     }
 }
 

@@ -7,13 +7,15 @@
 //!    `Microsoft-Windows-DotNETRuntime`, the keywords of the chosen
 //!    [`ClrEventKinds`] plus Jit | Loader, level Verbose, no rundown) and
 //!    keeps the connection: the nettrace stream follows on it.
-//! 2. A reader thread feeds the stream to [`NettraceParser`], decodes each
-//!    event with [`ClrEventDecoder`], keeps the kinds asked for, converts
-//!    its timestamp to CLOCK_MONOTONIC ns (the runtime's tick clock on Linux,
+//! 2. The one reader thread of all sessions ([`super::session_reader`])
+//!    feeds the stream to [`NettraceParser`], decodes each event with
+//!    [`ClrEventDecoder`], keeps the kinds asked for, converts its
+//!    timestamp to CLOCK_MONOTONIC ns (the runtime's tick clock on Linux,
 //!    the clock of BPF samples) and sends it over a bounded channel. A full
-//!    channel blocks the reader, so back-pressure reaches the runtime, which
-//!    drops events into its own counters ([`NettraceStats::lost_events`])
-//!    rather than us dropping them silently.
+//!    channel stops the reading of this session alone, so back-pressure
+//!    reaches the runtime, which drops events into its own counters
+//!    ([`NettraceStats::lost_events`]) rather than us dropping them
+//!    silently.
 //! 3. [`ClrSession::stop`] sends StopTracing on a second connection and
 //!    drains the stream to its end (bounded by a deadline). A target that
 //!    exits mid-session just ends the stream: what was read is kept.
@@ -28,17 +30,17 @@
 
 use std::{
     io::Read,
-    os::unix::net::UnixStream,
-    sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, sync_channel},
-    thread::JoinHandle,
+    sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError, sync_channel},
     time::{Duration, Instant},
 };
 
 use super::{
-    counters::{CounterDecoder, CounterSample, counters_provider},
+    counters::{CounterSample, counters_provider},
     events::{ClrDecodeStats, ClrEvent, ClrEventDecoder, RUNTIME_PROVIDER},
     ipc::{DiagnosticClient, IpcError, encode_string},
+    jobs::Job,
     nettrace::{NettraceParser, NettraceStats, ParsedItem, TraceHeader},
+    session_reader::ReaderTicket,
 };
 
 /// Runtime keywords ([`RUNTIME_PROVIDER`]).
@@ -64,7 +66,7 @@ pub const SESSION_BUFFER_MB: u32 = 64;
 /// NetTrace format on the wire.
 const FORMAT_NETTRACE: u32 = 1;
 /// Batches in flight between the reader thread and the recording loop: one
-/// batch holds the events of one read of at most [`READ_CHUNK`] bytes, so
+/// batch holds the events of one read of at most 64 KiB of stream, so
 /// this bounds what waits to at most 4 MiB of stream. (A channel of single
 /// events allocates all its slots up front: 65,536 of them took 11 MiB per
 /// session, and a .NET process has two.)
@@ -72,7 +74,7 @@ const CHANNEL_BATCHES: usize = 64;
 /// How long the throwaway session of [`ClrSession::refresh_runtime_keywords`]
 /// may take to end.
 const REFRESH_DEADLINE: Duration = Duration::from_secs(5);
-/// Bytes per socket read.
+/// Bytes per socket read of a method rundown.
 const READ_CHUNK: usize = 64 * 1024;
 /// The first .NET with WaitHandle events.
 pub const WAIT_HANDLE_MIN_MAJOR: u32 = 9;
@@ -237,7 +239,7 @@ pub struct SessionEnd {
 }
 
 #[derive(Debug)]
-enum SessionMessage {
+pub(super) enum SessionMessage {
     Event(SessionEvent),
     Counter(CounterSample),
     Ended(Box<SessionEnd>),
@@ -251,9 +253,10 @@ pub struct ClrSession {
     receiver: Receiver<Vec<SessionMessage>>,
     /// The rest of the batch being handed out.
     inbox: std::vec::IntoIter<SessionMessage>,
-    reader: Option<JoinHandle<()>>,
-    /// StopTracing, sent from a thread of its own by [`Self::begin_stop`].
-    stopper: Option<JoinHandle<Result<(), IpcError>>>,
+    /// Its stream's place on the reader thread ([`super::session_reader`]).
+    reader: Option<ReaderTicket>,
+    /// StopTracing, sent from the job pool by [`Self::begin_stop`].
+    stopper: Option<Job<Result<(), IpcError>>>,
     end: Option<SessionEnd>,
     /// Counter values not yet taken, at most [`MAX_PENDING_COUNTERS`].
     counters: Vec<CounterSample>,
@@ -331,8 +334,12 @@ impl ClrSession {
             filter: String::new(),
         };
         let session = Self::start_providers(client, ClrEventKinds::NONE, &[provider])?;
-        let (_, stop_error) = session.stop(Instant::now() + REFRESH_DEADLINE, &mut |_| {});
-        stop_error.map_or(Ok(()), Err)
+        // Sent from this thread (a job of the pool, which must not wait on
+        // another job): the session carries no event, so nothing fills
+        // its channel while StopTracing waits for the runtime's flush.
+        let stopped = client.stop_tracing(session.session_id);
+        session.finish(Instant::now() + REFRESH_DEADLINE, &mut |_| {});
+        stopped
     }
 
     pub(super) fn start_providers(
@@ -344,16 +351,13 @@ impl ClrSession {
         let payload = collect_tracing2_payload(SESSION_BUFFER_MB, false, providers);
         let (stream, session_id) = client.collect_tracing(&payload)?;
         let (sender, receiver) = sync_channel(CHANNEL_BATCHES);
-        let reader = std::thread::Builder::new()
-            .name(format!("clr-events-{pid}"))
-            .spawn(move || {
-                crate::process::priority::enter_background_thread();
-                read_session(pid, stream, kinds, &sender)
-            })
-            .map_err(|source| IpcError::Io {
-                pid,
-                command: super::ipc::CommandId::COLLECT_TRACING_2,
-                source,
+        let reader =
+            super::session_reader::attach(pid, stream, kinds, sender).map_err(|source| {
+                IpcError::Io {
+                    pid,
+                    command: super::ipc::CommandId::COLLECT_TRACING_2,
+                    source,
+                }
             })?;
         tracing::debug!(pid, session_id, "EventPipe session started");
         Ok(Self {
@@ -439,6 +443,15 @@ impl ClrSession {
         on_event: &mut impl FnMut(SessionEvent),
     ) -> (SessionEnd, Option<IpcError>) {
         self.begin_stop();
+        self.finish(until, on_event)
+    }
+
+    /// Hands out what is left until the stream's end (StopTracing sent).
+    fn finish(
+        mut self,
+        until: Instant,
+        on_event: &mut impl FnMut(SessionEvent),
+    ) -> (SessionEnd, Option<IpcError>) {
         while self.end.is_none() {
             if crate::stop::hurry() {
                 self.end = Some(SessionEnd {
@@ -477,20 +490,15 @@ impl ClrSession {
                 }
             }
         }
-        // The reader has sent its last message, or is stuck in a read of a
-        // stopped process: join only the former (dropping the receiver ends
-        // the latter's next send).
-        if let Some(reader) = self.reader.take()
-            && reader.is_finished()
-        {
-            let _ = reader.join();
-        }
+        // The reader thread closes the stream, ended or not (a stopped
+        // process may never end it).
+        drop(self.reader.take());
         // Likewise StopTracing: a runtime that never answers it is not
         // waited for (the client's deadline ends that thread).
         let stop_error = self
             .stopper
             .take()
-            .filter(JoinHandle::is_finished)
+            .filter(Job::is_finished)
             .and_then(|stopper| stopper.join().ok().and_then(Result::err));
         let mut end = self.end.take().unwrap_or_default();
         end.counters = std::mem::take(&mut self.counters);
@@ -533,8 +541,13 @@ pub fn method_rundown(
     let payload = collect_tracing2_payload(SESSION_BUFFER_MB, true, &[provider]);
     let (mut stream, session_id) = client.collect_tracing(&payload)?;
     // The runtime writes the rundown before it answers StopTracing: read
-    // the stream here while another thread waits for the answer.
-    let stopper = stop_in_background(client, session_id);
+    // the stream here while another thread waits for the answer. A thread
+    // of its own, not a job: this runs on the job pool, and a job waiting
+    // on a job queued behind it could wait for ever.
+    let stopper = {
+        let client = client.clone();
+        std::thread::spawn(move || client.stop_tracing(session_id))
+    };
     let until = Instant::now() + deadline;
     let mut parser = NettraceParser::new();
     let mut decoder = ClrEventDecoder::new();
@@ -585,19 +598,16 @@ pub fn method_rundown(
     Ok((methods, error))
 }
 
-/// Sends StopTracing from a new thread; join it for the result.
-fn stop_in_background(
-    client: &DiagnosticClient,
-    session_id: u64,
-) -> JoinHandle<Result<(), IpcError>> {
+/// Sends StopTracing from the job pool; join it for the result.
+fn stop_in_background(client: &DiagnosticClient, session_id: u64) -> Job<Result<(), IpcError>> {
     let client = client.clone();
-    std::thread::spawn(move || client.stop_tracing(session_id))
+    super::jobs::spawn(move || client.stop_tracing(session_id))
 }
 
 /// How far the runtime's event clock (at the trace header's sync point)
 /// is from CLOCK_MONOTONIC, the clock of BPF samples; warns when it is
 /// clearly another clock.
-fn clock_skew(header: &TraceHeader) -> Option<i64> {
+pub(super) fn clock_skew(header: &TraceHeader) -> Option<i64> {
     let skew = header
         .ticks_to_ns(header.sync_time_qpc)
         .map(|t| t as i64 - crate::profile::monotonic_ns() as i64);
@@ -612,7 +622,7 @@ fn clock_skew(header: &TraceHeader) -> Option<i64> {
 
 /// Warns once for `pid` when its stream defined more metadata than the
 /// parser keeps.
-fn warn_if_metadata_over_budget(pid: u32, parser: &NettraceParser) {
+pub(super) fn warn_if_metadata_over_budget(pid: u32, parser: &NettraceParser) {
     if let Some(super::nettrace::NettraceError::MetadataOverBudget { max_bytes }) =
         parser.last_soft_error()
     {
@@ -623,109 +633,6 @@ fn warn_if_metadata_over_budget(pid: u32, parser: &NettraceParser) {
             )
         });
     }
-}
-
-/// The reader thread: socket -> parser -> decoder -> channel.
-fn read_session(
-    pid: u32,
-    mut stream: UnixStream,
-    kinds: ClrEventKinds,
-    sender: &SyncSender<Vec<SessionMessage>>,
-) {
-    let mut parser = NettraceParser::new();
-    let mut decoder = ClrEventDecoder::new();
-    let mut counter_decoder = CounterDecoder::new();
-    let mut counter_errors = 0u64;
-    let mut header: Option<TraceHeader> = None;
-    let mut undelivered = 0u64;
-    let mut clock_skew_ns = None;
-    let mut buf = vec![0u8; READ_CHUNK];
-    let mut batch = Vec::new();
-    let mut error = None;
-    loop {
-        let n = match stream.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                error = Some(format!("reading the event stream: {e}"));
-                break;
-            }
-        };
-        let fed = parser.feed(&buf[..n], &mut |item| match item {
-            ParsedItem::Trace(h) => {
-                header = Some(*h);
-                clock_skew_ns = clock_skew(h);
-            }
-            ParsedItem::Metadata(metadata) => counter_decoder.on_metadata(metadata),
-            ParsedItem::Event(record) => {
-                match counter_decoder.decode(&record) {
-                    Some(Ok(mut sample)) => {
-                        sample.time_ns = header
-                            .and_then(|h| h.ticks_to_ns(record.timestamp))
-                            .unwrap_or(0);
-                        batch.push(SessionMessage::Counter(sample));
-                        return;
-                    }
-                    Some(Err(error)) => {
-                        counter_errors += 1;
-                        tracing::debug!(%error, "undecodable EventCounters payload");
-                        return;
-                    }
-                    None => {}
-                }
-                let Some(event) = decoder.decode(&record) else {
-                    return;
-                };
-                if !kinds.wants(&event) {
-                    return;
-                }
-                let time_ns = header
-                    .and_then(|h| h.ticks_to_ns(record.timestamp))
-                    .unwrap_or(0);
-                let message = SessionMessage::Event(SessionEvent {
-                    time_ns,
-                    thread_id: record.thread_id,
-                    stack: record.stack.map(<[u64]>::to_vec).unwrap_or_default(),
-                    event,
-                });
-                batch.push(message);
-            }
-            _ => {}
-        });
-        if !batch.is_empty() {
-            let events = batch.len() as u64;
-            if sender.send(std::mem::take(&mut batch)).is_err() {
-                undelivered += events;
-            }
-        }
-        warn_if_metadata_over_budget(pid, &parser);
-        if let Err(e) = fed {
-            error = Some(e.to_string());
-            break;
-        }
-    }
-    if error.is_none()
-        && let Err(e) = parser.finish()
-    {
-        // A runtime that exits normally, or stops the session when asked,
-        // ends the stream with its end tag; a stream cut without it lost
-        // whatever the runtime still buffered (the process was killed or
-        // crashed, or something cut the connection).
-        error = Some(format!(
-            "it ended without its end-of-stream tag ({e}): the process was killed or crashed"
-        ));
-    }
-    let end = SessionEnd {
-        stream: *parser.stats(),
-        decode: decoder.stats().clone(),
-        error,
-        undelivered,
-        clock_skew_ns,
-        counter_errors,
-        counters: Vec::new(),
-    };
-    let _ = sender.send(vec![SessionMessage::Ended(Box::new(end))]);
 }
 
 #[cfg(test)]

@@ -437,6 +437,8 @@ impl ManagedSymbolErrors {
 const FINGERPRINT_LEN: usize = 64;
 /// Bytes read per `pread`.
 const READ_CHUNK: usize = 1024 * 1024;
+/// The read buffer a process keeps between refreshes, at most.
+const KEPT_READ_BUFFER: usize = 64 * 1024;
 
 /// What we know of one file between refreshes.
 #[derive(Debug, Default)]
@@ -1022,8 +1024,11 @@ fn read_incrementally<P: IncrementalParser>(
     max_bytes: u64,
     mut feed: impl FnMut(&mut P, &[u8]),
 ) -> io::Result<u64> {
+    // An idle process's files do not grow: one fstat says so, where a read
+    // would first zero a chunk of buffer for nothing.
+    let len = file.metadata()?.len();
     let mut total = 0u64;
-    while total < max_bytes {
+    while total < max_bytes && parser.offset() < len {
         buf.clear();
         let want =
             usize::try_from(max_bytes - total).map_or(READ_CHUNK, |left| left.min(READ_CHUNK));
@@ -1037,6 +1042,11 @@ fn read_incrementally<P: IncrementalParser>(
         if parser.offset() != before + n as u64 {
             break; // a stopped parser consumes nothing: do not spin
         }
+    }
+    // The buffer of a big first read would otherwise stay with the process
+    // for its life: about 1 MiB per .NET process on a node of them.
+    if buf.capacity() > KEPT_READ_BUFFER {
+        *buf = Vec::new();
     }
     Ok(total)
 }

@@ -243,9 +243,14 @@ pub(crate) struct StreamState {
     charge: Charge,
 }
 
-/// Frames of the stack cache charged at a time: a charge per stack block
-/// would be an atomic operation per few stacks.
+/// Frames of the stack cache charged at a time at most: a charge per stack
+/// block would be an atomic operation per few stacks.
 const STACK_CHARGE_FRAMES: usize = 64 << 10;
+/// The first charge, in frames (32 KiB), doubled while the cache grows up
+/// to [`STACK_CHARGE_FRAMES`] a step: the stacks of an idle process's
+/// method loads do not hold 512 KiB of a pool shared by a node's worth of
+/// processes.
+const FIRST_STACK_CHARGE_FRAMES: usize = 4 << 10;
 
 /// Heap bytes a metadata record holds, roughly: its fixed parts, its event
 /// name and every field's name and description.
@@ -477,7 +482,10 @@ impl StreamState {
         if frames <= self.charged_frames {
             return true;
         }
-        let step = (frames - self.charged_frames).max(STACK_CHARGE_FRAMES);
+        let step = (frames - self.charged_frames).max(
+            self.charged_frames
+                .clamp(FIRST_STACK_CHARGE_FRAMES, STACK_CHARGE_FRAMES),
+        );
         if !self.charge.try_add((step * size_of::<u64>()) as u64) {
             return false;
         }
