@@ -14,6 +14,7 @@ pub mod events;
 pub mod instance;
 pub mod intake;
 pub mod ipc;
+pub mod memory;
 pub mod nettrace;
 pub mod perf_map_attach;
 pub mod perf_map_ledger;
