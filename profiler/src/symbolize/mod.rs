@@ -10,6 +10,7 @@
 //! name .NET users read. [`stack`] names the frames of one raw stack with
 //! them.
 
+pub mod clr_metadata;
 pub mod jit_index;
 pub mod jitdump;
 pub mod kallsyms;
