@@ -27,6 +27,7 @@ use super::{
     counters::RuntimeCounters,
     intake::{ClrCounters, ClrSample},
     ipc::{DiagnosticPort, IpcError},
+    memory::names::JitMemoryNames,
     perf_map_attach::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
 };
 use crate::{
@@ -138,6 +139,8 @@ impl RuntimeLoader for DotnetLoader {
             clr: None,
             clr_slot: None,
             warnings: Vec::new(),
+            memory_names: None,
+            procfs: process.procfs.clone(),
         })
     }
 }
@@ -176,6 +179,10 @@ pub struct DotnetInstance {
     /// The session slot of the memory budget `clr` holds.
     clr_slot: Option<crate::memory_budget::SessionSlot>,
     warnings: Vec<String>,
+    /// JIT frames named from the runtime's memory when the other name
+    /// sources have no name ([`super::memory`]); `Err` says why not.
+    memory_names: Option<Result<JitMemoryNames, String>>,
+    procfs: ProcFs,
 }
 
 /// How a process's CLR events ended ([`RuntimeInstance::stop_events`]).
@@ -202,6 +209,7 @@ impl RuntimeInstance for DotnetInstance {
     type Detached = DotnetDetached;
 
     fn sync_mappings(&mut self, mappings: &MappingTable) {
+        self.sync_memory_names(mappings);
         // A process is often first seen before it maps libcoreclr.so (the
         // `dotnet` host loads it late), and its runtime starts a moment
         // after: it is looked at on every read until it has.
@@ -227,11 +235,20 @@ impl RuntimeInstance for DotnetInstance {
     }
 
     fn names_code(&self) -> bool {
-        self.managed.is_some()
+        self.managed.is_some() || matches!(self.memory_names, Some(Ok(_)))
     }
 
     fn frame(&self, lookup: u64, addr: u64, time_ns: u64) -> Option<Arc<Frame>> {
-        let symbol = self.managed.as_ref()?.lookup(lookup, time_ns)?;
+        let named = self
+            .managed
+            .as_ref()
+            .and_then(|m| m.lookup(lookup, time_ns));
+        let Some(symbol) = named else {
+            return match &self.memory_names {
+                Some(Ok(names)) => names.frame(lookup, addr),
+                _ => None,
+            };
+        };
         Some(Arc::new(Frame {
             kind: FrameKind::Managed,
             name: symbol.short_name.clone(),
@@ -395,6 +412,30 @@ impl DotnetInstance {
         self.start_events(settings, runtime.major());
         if attach {
             self.start_attach(runtime.version);
+        }
+    }
+
+    /// Prepares the memory name path once the runtime has started (it
+    /// needs the runtime's code range map), and keeps its mappings in step.
+    fn sync_memory_names(&mut self, mappings: &MappingTable) {
+        match &mut self.memory_names {
+            Some(Ok(names)) => names.sync_mappings(mappings),
+            Some(Err(_)) => {}
+            None => {
+                if !DotnetRuntime::detect(mappings).is_some_and(|r| r.started) {
+                    return;
+                }
+                let names = JitMemoryNames::attach(
+                    &self.procfs,
+                    self.pid,
+                    mappings,
+                    self.jit_module.clone(),
+                );
+                if let Err(e) = &names {
+                    tracing::debug!(pid = self.pid, "no JIT names from memory: {e}");
+                }
+                self.memory_names = Some(names.map_err(|e| e.to_string()));
+            }
         }
     }
 

@@ -34,6 +34,7 @@
 pub mod code_map;
 pub mod layout;
 pub mod method;
+pub mod names;
 pub mod runtime_image;
 pub mod target;
 
