@@ -5,8 +5,14 @@
 //! reading the method's metadata from its assembly file, and write nothing
 //! into the target. Run by `cargo xtask test` (root, one test at a time).
 
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
+use clrbpf::{
+    clr::memory::names::JitMemoryNames,
+    process::{MappingTable, ProcFs},
+    profile::Module,
+    symbolize::method_name::parse_method_name,
+};
 use clrbpf_integration_tests::{
     Env, Launch, Runtime, TempDir, TestProcess, parse_value, read_profile, record_pid, samples,
     value_index,
@@ -115,4 +121,112 @@ fn record_names_jit_frames_without_the_diagnostic_socket() {
         (measured - expected_ratio).abs() <= 0.05,
         "HotA share {measured:.4} in the profile, {expected_ratio:.4} measured by the workload"
     );
+}
+
+/// `Namespace.Type.Method` of a perf map name, generic arguments removed
+/// (metadata names generic types by their arity alone: ``List`1``); `None`
+/// for stubs, which have no such shape.
+fn perf_map_short_name(full: &str) -> Option<String> {
+    // `...(args)[OptimizedTier1]`: drop the tier.
+    let full = match full.rfind(")[") {
+        Some(at) if full.ends_with(']') => &full[..=at],
+        _ => full,
+    };
+    let name = parse_method_name(full)?.short();
+    let mut out = String::with_capacity(name.len());
+    let mut depth = 0usize;
+    for c in name.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    Some(out)
+}
+
+/// Every JIT-compiled method of a warm .NET 8 process that writes a perf
+/// map is looked up in its memory too: the two name the same method for
+/// at least 99% of them (the perf map is the runtime's own account).
+#[test]
+fn memory_names_agree_with_the_perf_map() {
+    let env = Env::privileged();
+    let app = TestProcess::start(&env, Runtime::Net8, "Demo", &["8"], true);
+    let pid = app.pid();
+    std::thread::sleep(Duration::from_secs(3));
+    let perf_map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    let _cleanup = RemoveOnDrop(vec![
+        perf_map.clone(),
+        PathBuf::from(format!("/tmp/jit-{pid}.dump")),
+    ]);
+    let text = std::fs::read_to_string(&perf_map)
+        .unwrap_or_else(|e| panic!("{}: {e}", perf_map.display()));
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let mappings = MappingTable::parse(maps.as_bytes()).expect("maps parse");
+    let module = Arc::new(Module {
+        path: "[jit]".into(),
+        build_id: None,
+        memory_start: 0,
+        memory_limit: 0,
+        file_offset: 0,
+        has_functions: true,
+    });
+    let names = JitMemoryNames::attach(&ProcFs::default(), pid, &mappings, module)
+        .unwrap_or_else(|e| panic!("memory path for pid {pid}: {e}"));
+    let (mut compared, mut agreed, mut dynamic, mut dynamic_agreed) = (0, 0, 0, 0);
+    let mut disagreements = Vec::new();
+    for line in text.lines() {
+        let mut fields = line.splitn(3, ' ');
+        let (Some(start), Some(size), Some(full)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let (Ok(start), Ok(size)) = (
+            u64::from_str_radix(start.trim_start_matches("0x"), 16),
+            u64::from_str_radix(size.trim_start_matches("0x"), 16),
+        ) else {
+            continue;
+        };
+        let Some(expected) = perf_map_short_name(full) else {
+            continue;
+        };
+        let pc = start + size / 2;
+        let got = names.frame(pc, pc).map(|f| f.name.to_string());
+        if expected.starts_with("dynamicClass.") {
+            dynamic += 1;
+            dynamic_agreed += usize::from(got.as_deref() == Some("[dynamic method]"));
+            continue;
+        }
+        compared += 1;
+        if got.as_deref() == Some(expected.as_str()) {
+            agreed += 1;
+        } else if disagreements.len() < 10 {
+            disagreements.push(format!("{start:#x} perf map {expected} memory {got:?}"));
+        }
+    }
+    eprintln!(
+        "pid {pid}: {agreed} of {compared} JIT methods named alike; {dynamic_agreed} of {dynamic} dynamic methods"
+    );
+    assert!(
+        compared >= 10,
+        "only {compared} JIT methods in {}",
+        perf_map.display()
+    );
+    assert!(
+        agreed * 100 >= compared * 99,
+        "memory and perf map agree on {agreed} of {compared} methods: {disagreements:#?}"
+    );
+    assert_eq!(dynamic_agreed, dynamic, "dynamic methods not named as such");
+}
+
+/// Removes the perf files a workload started with a perf map leaves.
+struct RemoveOnDrop(Vec<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
