@@ -608,6 +608,53 @@ mod tests {
         assert!(reader(mem).code_at(METHOD_START).is_err());
     }
 
+    /// The fuzz target's check (fuzz/fuzz_targets/clr_memory.rs) on a few
+    /// thousand pseudo-random images, in every layout: walks end, in a name
+    /// or an error.
+    #[test]
+    fn random_memory_never_panics() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for round in 0..2000u64 {
+            let mut mem = net8_memory();
+            // Scribble pointers to the image's own structures and junk over it.
+            let targets = [
+                RANGE_MAP,
+                FRAGMENT,
+                SECTION,
+                HEAP_LIST,
+                HEADER_MAP,
+                CODE_HEADER,
+                MODULE,
+            ];
+            for _ in 0..8 {
+                let at = targets[(next() % 7) as usize] + (next() % 0x40) * 8;
+                let value = match next() % 3 {
+                    0 => targets[(next() % 7) as usize] + (next() % 0x100),
+                    1 => next(),
+                    _ => 0,
+                };
+                if mem.read_u64(at).is_ok() {
+                    mem.poke(at, &value.to_le_bytes());
+                }
+            }
+            let major = 6 + (round % 5) as u32;
+            let reader = ClrMemoryReader::new(mem, &image(), BIAS, major, &mappings()).unwrap();
+            for pc in [
+                METHOD_START + next() % 0x100,
+                STUBS + next() % 0x100,
+                next(),
+            ] {
+                let _ = reader.code_at(pc);
+            }
+        }
+    }
+
     #[test]
     fn descriptor_json_is_bounded() {
         let mut mem = FakeMemory::new();
