@@ -433,6 +433,16 @@ pub struct SamplingArgs {
     /// between runs.
     #[arg(long)]
     pub no_cache: bool,
+
+    /// Where .NET frames get their names. auto: perf maps where the
+    /// runtime can write them (asked over its diagnostic socket), and for
+    /// the rest (no socket, as with DOTNET_EnableDiagnostics=0, or a
+    /// read-only /tmp) ReadyToRun code from its image files and JIT code
+    /// from the runtime's memory. memory: only those; nothing is asked of
+    /// the runtime or written into the target. perf-map: only perf maps
+    /// and runtime events.
+    #[arg(long, value_enum, value_name = "SOURCE", default_value = "auto")]
+    pub managed_names: crate::clr::name_sources::ManagedNames,
 }
 
 #[derive(Debug, clap::Args)]

@@ -71,6 +71,12 @@ impl MemoryBudget {
         self.total_bytes / 4
     }
 
+    /// Parsed .NET assemblies (metadata and ReadyToRun method tables) every
+    /// process shares (a sixteenth; System.Private.CoreLib takes 3 MiB).
+    pub fn assembly_bytes(&self) -> u64 {
+        self.total_bytes / 16
+    }
+
     /// Metadata and stack caches of every EventPipe stream (an eighth).
     pub fn nettrace_bytes(&self) -> u64 {
         self.total_bytes / 8
@@ -359,8 +365,11 @@ mod tests {
     #[test]
     fn shares_stay_within_the_budget() {
         let b = MemoryBudget::from_mb(256);
-        let shares =
-            b.managed_symbol_bytes() + b.mapping_bytes() + b.file_read_bytes() + b.nettrace_bytes();
+        let shares = b.managed_symbol_bytes()
+            + b.mapping_bytes()
+            + b.file_read_bytes()
+            + b.nettrace_bytes()
+            + b.assembly_bytes();
         assert!(shares < b.total_bytes, "{shares}");
         assert_eq!(b.max_sessions(), 32);
         assert_eq!(MemoryBudget::from_mb(1).max_sessions(), 1);

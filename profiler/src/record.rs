@@ -173,14 +173,16 @@ fn sudo_user() -> Option<(u32, u32, CString)> {
     (uid != 0).then_some((uid, gid, name))
 }
 
-fn spawn_command(command: &[OsString]) -> anyhow::Result<tokio::process::Child> {
+/// Starts the command; with `perf_maps`, its .NET processes write them.
+fn spawn_command(command: &[OsString], perf_maps: bool) -> anyhow::Result<tokio::process::Child> {
     let (program, args) = command.split_first().context("no command given")?;
     let mut cmd = tokio::process::Command::new(program);
-    // .NET 5+ reads DOTNET_ settings; .NET Core 3.x only COMPlus_ ones.
-    cmd.args(args)
-        .env("DOTNET_PerfMapEnabled", "1")
-        .env("COMPlus_PerfMapEnabled", "1")
-        .kill_on_drop(false);
+    cmd.args(args).kill_on_drop(false);
+    if perf_maps {
+        // .NET 5+ reads DOTNET_ settings; .NET Core 3.x only COMPlus_ ones.
+        cmd.env("DOTNET_PerfMapEnabled", "1")
+            .env("COMPlus_PerfMapEnabled", "1");
+    }
     if let Some((uid, gid, name)) = sudo_user() {
         // The groups are looked up now: between fork and exec of a
         // multi-threaded process only async-signal-safe calls are allowed,
@@ -250,6 +252,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         start_wait,
     } = config;
     let record_started_ns = crate::profile::monotonic_ns();
+    let launched_perf_maps = sampling.managed_names.uses_perf_maps();
     for &pid in &pids {
         if !process_exists(pid) {
             bail!(
@@ -292,7 +295,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     let child = if command.is_empty() || stopped_early.is_some() {
         None
     } else {
-        let child = spawn_command(&command)?;
+        let child = spawn_command(&command, launched_perf_maps)?;
         if let Some(pid) = child.id()
             && !whole_host
         {

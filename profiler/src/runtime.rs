@@ -93,6 +93,12 @@ pub trait RuntimeInstance {
     /// return address minus one) as it was at `time_ns`, reported at
     /// `addr`; `None` when the runtime has no name for it.
     fn frame(&self, lookup: u64, addr: u64, time_ns: u64) -> Option<Arc<Frame>>;
+    /// `samples` CPU samples had these user frames (named by
+    /// [`Self::frame`] or not): for the summary of which name source named
+    /// how many.
+    fn count_names(&mut self, frames: &[Arc<Frame>], samples: u64) {
+        let _ = (frames, samples);
+    }
     /// Reads the name sources again (what they added since the last
     /// read); rate limited unless `force`.
     fn refresh_names(&mut self, force: bool);

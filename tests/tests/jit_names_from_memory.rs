@@ -5,12 +5,11 @@
 //! reading the method's metadata from its assembly file, and write nothing
 //! into the target. Run by `cargo xtask test` (root, one test at a time).
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use clrbpf::{
     clr::memory::names::JitMemoryNames,
     process::{MappingTable, ProcFs},
-    profile::Module,
     symbolize::method_name::parse_method_name,
 };
 use clrbpf_integration_tests::{
@@ -164,15 +163,7 @@ fn memory_names_agree_with_the_perf_map() {
         .unwrap_or_else(|e| panic!("{}: {e}", perf_map.display()));
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
     let mappings = MappingTable::parse(maps.as_bytes()).expect("maps parse");
-    let module = Arc::new(Module {
-        path: "[jit]".into(),
-        build_id: None,
-        memory_start: 0,
-        memory_limit: 0,
-        file_offset: 0,
-        has_functions: true,
-    });
-    let names = JitMemoryNames::attach(&ProcFs::default(), pid, &mappings, module)
+    let names = JitMemoryNames::attach(&ProcFs::default(), pid, &mappings)
         .unwrap_or_else(|e| panic!("memory path for pid {pid}: {e}"));
     let (mut compared, mut agreed, mut dynamic, mut dynamic_agreed) = (0, 0, 0, 0);
     let mut disagreements = Vec::new();
@@ -192,7 +183,7 @@ fn memory_names_agree_with_the_perf_map() {
             continue;
         };
         let pc = start + size / 2;
-        let got = names.frame(pc, pc).map(|f| f.name.to_string());
+        let got = names.code_name(pc).map(|n| n.name.to_string());
         if expected.starts_with("dynamicClass.") {
             dynamic += 1;
             dynamic_agreed += usize::from(got.as_deref() == Some("[dynamic method]"));

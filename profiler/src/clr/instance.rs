@@ -8,10 +8,11 @@
 //! 2. It asks for perf maps ([`super::perf_map_attach`], .NET 8+) from a
 //!    thread of its own, and turns them on again if another recorder
 //!    removed their files.
-//! 3. It names JIT-compiled and ReadyToRun frames from its name sources:
-//!    the perf map and jitdump, or, on runtimes that cannot write them on
-//!    request, method rundown and MethodLoad events
-//!    ([`ManagedSymbols`]).
+//! 3. It names JIT-compiled and ReadyToRun frames from its name sources
+//!    ([`super::name_sources`]): the perf map and jitdump, or, on runtimes
+//!    that cannot write them on request, method rundown and MethodLoad
+//!    events ([`ManagedSymbols`]); the ReadyToRun images it maps
+//!    ([`ReadyToRunNames`]); the runtime's memory ([`JitMemoryNames`]).
 //! 4. It runs the EventPipe session(s) ([`ClrCollector`]) under the
 //!    memory budget's session slots.
 //! 5. At the process's or the run's end it stops them and hands back what
@@ -27,7 +28,9 @@ use super::{
     counters::RuntimeCounters,
     intake::{ClrCounters, ClrSample},
     ipc::{DiagnosticPort, IpcError},
-    memory::names::JitMemoryNames,
+    name_sources::{
+        JitMemoryContext, JitMemoryFactory, JitMemoryNames, ManagedNames, NameSourceCounts,
+    },
     perf_map_attach::{PerfMapAttach, PerfMapAttachOutcome, PerfMapUnsupported},
 };
 use crate::{
@@ -37,6 +40,7 @@ use crate::{
     symbolize::{
         managed::{FileStatus, ManagedSymbolBudget, ManagedSymbols, RefreshStats, TargetLocation},
         perf_files::remove_perf_files,
+        ready_to_run::{AssemblyCache, ReadyToRunNames},
     },
     unwind::jit_code::JitMethod,
 };
@@ -72,6 +76,12 @@ pub struct DotnetLoader {
     pub clr: ClrSettings,
     /// The budget every process's managed symbols share.
     pub managed_budget: ManagedSymbolBudget,
+    /// Which sources name managed frames.
+    pub managed_names: ManagedNames,
+    /// Parsed assemblies every process shares.
+    pub assemblies: AssemblyCache,
+    /// Makes a process's reader of JIT-compiled code in its memory.
+    pub jit_memory: JitMemoryFactory,
 }
 
 impl DotnetLoader {
@@ -86,6 +96,9 @@ impl DotnetLoader {
                 allocations_per_second: None,
             },
             managed_budget: ManagedSymbolBudget::new(0),
+            managed_names: ManagedNames::PerfMap,
+            assemblies: AssemblyCache::new(0),
+            jit_memory: super::name_sources::no_jit_memory_reader,
         }
     }
 }
@@ -114,6 +127,20 @@ impl RuntimeLoader for DotnetLoader {
         if !self.recognises(mappings) {
             return None;
         }
+        let ready_to_run = self
+            .managed_names
+            .uses_memory()
+            .then(|| ReadyToRunNames::new(process.pid, self.assemblies.clone()));
+        let module = |path: &str| {
+            Arc::new(Module {
+                path: path.into(),
+                build_id: None,
+                memory_start: 0,
+                memory_limit: 0,
+                file_offset: 0,
+                has_functions: true,
+            })
+        };
         Some(DotnetInstance {
             pid: process.pid,
             launched_here: process.launched_here,
@@ -122,14 +149,13 @@ impl RuntimeLoader for DotnetLoader {
             starting_since: None,
             managed: None,
             managed_read_at: None,
-            jit_module: Arc::new(Module {
-                path: "[jit]".into(),
-                build_id: None,
-                memory_start: 0,
-                memory_limit: 0,
-                file_offset: 0,
-                has_functions: true,
-            }),
+            jit_module: module("[jit]"),
+            ready_to_run,
+            jit_memory: None,
+            // The same path: a frame shows no difference; the summary
+            // tells the sources apart by this `Arc`.
+            jit_memory_module: module("[jit]"),
+            name_counts: NameSourceCounts::default(),
             methods_from_events: false,
             clr_symbols_stale: false,
             perf_map: None,
@@ -139,8 +165,6 @@ impl RuntimeLoader for DotnetLoader {
             clr: None,
             clr_slot: None,
             warnings: Vec::new(),
-            memory_names: None,
-            procfs: process.procfs.clone(),
         })
     }
 }
@@ -161,7 +185,18 @@ pub struct DotnetInstance {
     /// runtime has started.
     managed: Option<ManagedSymbols>,
     managed_read_at: Option<Instant>,
+    /// The module of the frames [`Self::managed`] names.
     jit_module: Arc<Module>,
+    /// Names ReadyToRun code from the images it maps (unless
+    /// `--managed-names perf-map`).
+    ready_to_run: Option<ReadyToRunNames>,
+    /// Names JIT-compiled code from the runtime's memory, once it has
+    /// started (when the loader's factory makes a reader).
+    jit_memory: Option<Box<dyn JitMemoryNames>>,
+    /// The module of the frames [`Self::jit_memory`] names.
+    jit_memory_module: Arc<Module>,
+    /// Managed frames of CPU samples named by each source.
+    name_counts: NameSourceCounts,
     /// Name methods from the session's MethodLoad events (no perf map).
     methods_from_events: bool,
     /// CLR events arrived since the perf map was last read.
@@ -179,10 +214,6 @@ pub struct DotnetInstance {
     /// The session slot of the memory budget `clr` holds.
     clr_slot: Option<crate::memory_budget::SessionSlot>,
     warnings: Vec<String>,
-    /// JIT frames named from the runtime's memory when the other name
-    /// sources have no name ([`super::memory`]); `Err` says why not.
-    memory_names: Option<Result<JitMemoryNames, String>>,
-    procfs: ProcFs,
 }
 
 /// How a process's CLR events ended ([`RuntimeInstance::stop_events`]).
@@ -201,6 +232,8 @@ pub struct DotnetDetached {
     /// The perf maps clrbpf turned on, to turn off.
     pub perf_maps: Option<PerfMapAttach>,
     pub warnings: Vec<String>,
+    /// Managed frames of CPU samples named by each source.
+    pub name_counts: NameSourceCounts,
 }
 
 impl RuntimeInstance for DotnetInstance {
@@ -209,10 +242,15 @@ impl RuntimeInstance for DotnetInstance {
     type Detached = DotnetDetached;
 
     fn sync_mappings(&mut self, mappings: &MappingTable) {
-        self.sync_memory_names(mappings);
         // A process is often first seen before it maps libcoreclr.so (the
         // `dotnet` host loads it late), and its runtime starts a moment
         // after: it is looked at on every read until it has.
+        if let Some(images) = self.ready_to_run.as_mut() {
+            images.sync_mappings(mappings);
+        }
+        if let Some(jit) = self.jit_memory.as_mut() {
+            jit.sync_mappings(mappings);
+        }
         if self.managed.is_some() {
             return;
         }
@@ -227,7 +265,7 @@ impl RuntimeInstance for DotnetInstance {
             return;
         }
         self.starting_since = None;
-        self.start(runtime);
+        self.start(runtime, mappings);
     }
 
     fn needs_mappings(&self) -> bool {
@@ -235,19 +273,17 @@ impl RuntimeInstance for DotnetInstance {
     }
 
     fn names_code(&self) -> bool {
-        self.managed.is_some() || matches!(self.memory_names, Some(Ok(_)))
+        self.managed.is_some()
     }
 
     fn frame(&self, lookup: u64, addr: u64, time_ns: u64) -> Option<Arc<Frame>> {
-        let named = self
+        let symbol = self
             .managed
             .as_ref()
-            .and_then(|m| m.lookup(lookup, time_ns));
-        let Some(symbol) = named else {
-            return match &self.memory_names {
-                Some(Ok(names)) => names.frame(lookup, addr),
-                _ => None,
-            };
+            .filter(|_| self.loader.managed_names.uses_perf_maps())
+            .and_then(|managed| managed.lookup(lookup, time_ns));
+        let Some(symbol) = symbol else {
+            return self.frame_from_memory(lookup, addr, time_ns);
         };
         Some(Arc::new(Frame {
             kind: FrameKind::Managed,
@@ -260,6 +296,11 @@ impl RuntimeInstance for DotnetInstance {
             line: 0,
             inlined: Vec::new(),
         }))
+    }
+
+    fn count_names(&mut self, frames: &[Arc<Frame>], samples: u64) {
+        self.name_counts
+            .count(frames, samples, &self.jit_module, &self.jit_memory_module);
     }
 
     fn refresh_names(&mut self, force: bool) {
@@ -372,6 +413,12 @@ impl RuntimeInstance for DotnetInstance {
     fn detach(&mut self, keep_files: bool) -> DotnetDetached {
         let attach_job = self.abandon_attach();
         let mut warnings = std::mem::take(&mut self.warnings);
+        if let Some(problems) = self.jit_memory.as_ref().and_then(|m| m.problems()) {
+            warnings.push(format!(
+                "pid {}: some JIT-compiled frames may be unnamed: {problems}",
+                self.pid
+            ));
+        }
         if let Some(problems) = self.managed.as_ref().and_then(|m| m.errors().problems()) {
             warnings.push(format!(
                 "pid {}: some managed frames may be unnamed: {problems}",
@@ -388,22 +435,62 @@ impl RuntimeInstance for DotnetInstance {
             attach_job,
             perf_maps: self.perf_map.take(),
             warnings,
+            name_counts: std::mem::take(&mut self.name_counts),
         }
     }
 }
 
 impl DotnetInstance {
+    /// The frame of code no perf map names: ReadyToRun code from its image,
+    /// JIT-compiled code from the runtime's memory.
+    fn frame_from_memory(&self, lookup: u64, addr: u64, time_ns: u64) -> Option<Arc<Frame>> {
+        if let Some(frame) = self
+            .ready_to_run
+            .as_ref()
+            .and_then(|images| images.frame(lookup, addr))
+        {
+            return Some(frame);
+        }
+        let name = self.jit_memory.as_ref()?.name(lookup, time_ns)?;
+        Some(Arc::new(Frame {
+            kind: FrameKind::Managed,
+            name: name.name,
+            system_name: name.system_name,
+            jit_tier: name.jit_tier,
+            module: Some(self.jit_memory_module.clone()),
+            address: addr,
+            file: name.assembly,
+            line: 0,
+            inlined: Vec::new(),
+        }))
+    }
+
     /// The runtime has started: its name sources, its session and its
     /// perf maps.
-    fn start(&mut self, runtime: DotnetRuntime) {
+    fn start(&mut self, runtime: DotnetRuntime, mappings: &MappingTable) {
         let pid = self.pid;
         tracing::debug!(pid, version = ?runtime.version, "found a .NET runtime");
         let DotnetLoader {
             attach,
             clr: settings,
             ref managed_budget,
+            managed_names,
+            ref assemblies,
+            jit_memory,
         } = self.loader;
         self.managed = Some(ManagedSymbols::with_budget(pid, managed_budget));
+        if managed_names.uses_memory() {
+            self.jit_memory = jit_memory(&JitMemoryContext {
+                procfs: &ProcFs::default(),
+                pid,
+                runtime: &runtime,
+                mappings,
+                assemblies,
+            });
+        }
+        // Without perf maps (`--managed-names memory`) the runtime is asked
+        // for none, and for no method events either.
+        let attach = attach && managed_names.uses_perf_maps();
         // Runtimes before .NET 8 cannot be asked for perf maps: a process we
         // did not start gets its JIT frames named from method rundown and
         // MethodLoad events.
@@ -412,30 +499,6 @@ impl DotnetInstance {
         self.start_events(settings, runtime.major());
         if attach {
             self.start_attach(runtime.version);
-        }
-    }
-
-    /// Prepares the memory name path once the runtime has started (it
-    /// needs the runtime's code range map), and keeps its mappings in step.
-    fn sync_memory_names(&mut self, mappings: &MappingTable) {
-        match &mut self.memory_names {
-            Some(Ok(names)) => names.sync_mappings(mappings),
-            Some(Err(_)) => {}
-            None => {
-                if !DotnetRuntime::detect(mappings).is_some_and(|r| r.started) {
-                    return;
-                }
-                let names = JitMemoryNames::attach(
-                    &self.procfs,
-                    self.pid,
-                    mappings,
-                    self.jit_module.clone(),
-                );
-                if let Err(e) = &names {
-                    tracing::debug!(pid = self.pid, "no JIT names from memory: {e}");
-                }
-                self.memory_names = Some(names.map_err(|e| e.to_string()));
-            }
         }
     }
 

@@ -83,6 +83,8 @@ pub struct SamplingConfig {
     /// Where unwind tables and this boot's kallsyms are kept between runs
     /// (`None`: nowhere).
     pub unwind_cache_dir: Option<PathBuf>,
+    /// Which sources name managed frames.
+    pub managed_names: crate::clr::name_sources::ManagedNames,
 }
 
 impl SamplingConfig {
@@ -100,6 +102,7 @@ impl SamplingConfig {
             unwind_table_memory_mb,
             cache_dir,
             no_cache,
+            managed_names,
         } = args;
         if !(off_cpu_min.is_finite() && off_cpu_min > 0.0 && off_cpu_min <= MAX_OFF_CPU_MIN_MS) {
             return Err(SamplingOptionError::OffCpuMin);
@@ -121,6 +124,7 @@ impl SamplingConfig {
             dwarf_unwind: !frame_pointers_only,
             unwind_table_memory_bytes: unwind_table_memory_mb << 20,
             unwind_cache_dir: (!no_cache).then_some(cache_dir),
+            managed_names,
         })
     }
 
@@ -216,7 +220,9 @@ impl Driver {
             off_cpu: sampling.off_cpu,
             ..SamplerConfig::default()
         })?;
+        let attach_perf_maps = attach_perf_maps && sampling.managed_names.uses_perf_maps();
         let mut pipeline = Pipeline::new(attach_perf_maps, sampling.clr_events, sampling.layout());
+        pipeline.managed_names = sampling.managed_names;
         pipeline.keep_perf_files = keep_perf_maps;
         pipeline.keep_perf_map_ledger_in(sampling.unwind_cache_dir.as_deref());
         pipeline.keep_kernel_symbols_in(sampling.unwind_cache_dir);

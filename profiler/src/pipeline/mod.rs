@@ -129,6 +129,12 @@ pub struct Pipeline {
     lifecycle: VecDeque<crate::bpf::ProcessEvent>,
     /// Whether perf files of processes clrbpf asked for are kept.
     keep_perf_files: bool,
+    /// Which sources name managed frames (`--managed-names`).
+    pub managed_names: crate::clr::name_sources::ManagedNames,
+    /// Parsed assemblies every process shares (ReadyToRun names, metadata).
+    assemblies: crate::symbolize::ready_to_run::AssemblyCache,
+    /// Makes each .NET process's reader of JIT-compiled code in memory.
+    pub jit_memory: crate::clr::name_sources::JitMemoryFactory,
     /// Abandoned attaches and the ledger of perf maps turned on.
     perf_maps: perf_maps::PerfMapKeeper,
     /// CPU samples of the current window counted by raw stack, named when
@@ -203,6 +209,12 @@ impl Pipeline {
             ),
             lifecycle: VecDeque::new(),
             keep_perf_files: false,
+            managed_names: crate::clr::name_sources::ManagedNames::default(),
+            assemblies: crate::symbolize::ready_to_run::AssemblyCache::new(
+                usize::try_from(crate::memory_budget::current().assembly_bytes())
+                    .unwrap_or(usize::MAX),
+            ),
+            jit_memory: crate::clr::memory::names::jit_memory_reader,
             perf_maps: perf_maps::PerfMapKeeper::default(),
             raw_cpu: RawStacks::default(),
             retry: Vec::new(),
@@ -294,6 +306,9 @@ impl Pipeline {
             attach: self.attach_perf_maps,
             clr: self.clr,
             managed_budget: self.managed_budget.clone(),
+            managed_names: self.managed_names,
+            assemblies: self.assemblies.clone(),
+            jit_memory: self.jit_memory,
         }
     }
 
@@ -760,6 +775,9 @@ impl Pipeline {
         summary.samples += count;
         let counts = namer.intern(native, sample, aggregator, stack).times(count);
         count_frames(summary, counts);
+        if let Some(runtime) = process.runtime_mut() {
+            runtime.count_names(namer.user_frames(), count);
+        }
         let tid = i64::from(sample.tid);
         let labels = labels::sample_labels(process, tid, Some(&sample.thread_name));
         match &sample.off_cpu {
@@ -862,7 +880,9 @@ fn release_process(
         attach_job,
         perf_maps: handle,
         warnings,
+        name_counts,
     } = process.runtime_mut()?.detach(keep_files);
+    summary.add_name_sources(pid, name_counts);
     if let Some(job) = attach_job {
         perf_maps.abandon(pid, job, keep_files);
     }

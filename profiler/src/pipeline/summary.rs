@@ -44,6 +44,11 @@ pub struct RecordSummary {
     pub unknown_frames: u64,
     pub truncated_stacks: u64,
     pub perf_maps_enabled: usize,
+    /// Which source named how many managed frames, per .NET process (the
+    /// processes with the most named frames, at most
+    /// [`MAX_NAME_SOURCE_LINES`]), and for all of them.
+    pub name_sources: Vec<(u32, crate::clr::name_sources::NameSourceCounts)>,
+    pub name_sources_total: crate::clr::name_sources::NameSourceCounts,
     pub kernel: KernelCounters,
     pub bpf_stats: ProgramStats,
     /// Kernel-side user-stack walks ended by each error kind.
@@ -69,6 +74,27 @@ pub struct RecordSummary {
     pub tables_at_start: Option<super::start_tables::TablesAtStart>,
     /// How long after `record` started its first sample was taken.
     pub first_sample_after: Option<Duration>,
+}
+
+/// .NET processes whose name sources the summary shows one by one.
+pub const MAX_NAME_SOURCE_LINES: usize = 8;
+
+impl RecordSummary {
+    /// Adds the name sources of a .NET process at its release.
+    pub fn add_name_sources(
+        &mut self,
+        pid: u32,
+        counts: crate::clr::name_sources::NameSourceCounts,
+    ) {
+        if counts.total() == 0 {
+            return;
+        }
+        self.name_sources_total.add(counts);
+        self.name_sources.push((pid, counts));
+        self.name_sources
+            .sort_by_key(|(pid, c)| (std::cmp::Reverse(c.total()), *pid));
+        self.name_sources.truncate(MAX_NAME_SOURCE_LINES);
+    }
 }
 
 /// What the bounded caches evicted during a recording (the unwind tables'
@@ -475,6 +501,17 @@ fn print_recorded(
         user_frames,
         summary.kernel_frames
     )?;
+    for (pid, counts) in &summary.name_sources {
+        writeln!(w, "clrbpf: pid {pid}: managed frames named: {counts}")?;
+    }
+    let shown: u64 = summary.name_sources.iter().map(|(_, c)| c.total()).sum();
+    if shown < summary.name_sources_total.total() {
+        writeln!(
+            w,
+            "clrbpf: all .NET processes: managed frames named: {}",
+            summary.name_sources_total
+        )?;
+    }
     if summary.processes_exited > 0 {
         let vanished = match summary.processes_vanished {
             0 => String::new(),

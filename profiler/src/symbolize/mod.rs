@@ -19,5 +19,6 @@ pub mod method_name;
 pub mod native;
 pub mod perf_files;
 pub mod perf_map;
+pub mod ready_to_run;
 pub mod stack;
 pub mod target_fs;

@@ -128,6 +128,11 @@ impl StackNamer {
                 .any(|f| f.kind == FrameKind::Unknown && f.module.is_none())
     }
 
+    /// The user frames [`Self::name_user`] named last, leaf first.
+    pub fn user_frames(&self) -> &[Arc<Frame>] {
+        &self.user
+    }
+
     /// Names the kernel frames of `sample` and puts the whole stack into
     /// `stack` (leaf first): kernel, then the user frames named by
     /// [`Self::name_user`], the truncation markers and the GC root.

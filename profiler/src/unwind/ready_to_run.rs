@@ -60,8 +60,6 @@ use super::table::push_merged;
 
 /// `READYTORUN_SIGNATURE`: "RTR" little-endian.
 const READY_TO_RUN_SIGNATURE: u32 = 0x0052_5452;
-/// `ReadyToRunSectionType::RuntimeFunctions`.
-const SECTION_RUNTIME_FUNCTIONS: u32 = 102;
 /// Sections an R2R header lists: about 20 in .NET 8; more is corrupt.
 const MAX_SECTIONS: u32 = 256;
 /// Most `RUNTIME_FUNCTION`s read from one image (System.Private.CoreLib
@@ -389,12 +387,47 @@ pub fn section_segments(pe: &PeFile64<'_>) -> Vec<(u64, u64, u64)> {
         .collect()
 }
 
-/// The `RUNTIME_FUNCTION` table of an R2R image (the bytes of its
-/// `RuntimeFunctions` section).
-fn runtime_functions<'data>(
-    pe: &PeFile64<'data>,
-    data: &'data [u8],
-) -> Result<&'data [u8], UnwindTableError> {
+/// `ReadyToRunSectionType`s read here and by
+/// [`crate::symbolize::ready_to_run`].
+pub mod section_type {
+    pub const RUNTIME_FUNCTIONS: u32 = 102;
+    pub const METHOD_DEF_ENTRY_POINTS: u32 = 103;
+    pub const INSTANCE_METHOD_ENTRY_POINTS: u32 = 109;
+    pub const HOT_COLD_MAP: u32 = 120;
+    /// Listed by a composite image (the code of several assemblies in one
+    /// file, each with its own component header).
+    pub const COMPONENT_ASSEMBLIES: u32 = 116;
+}
+
+/// `READYTORUN_FLAG_COMPONENT`: an assembly whose code is in a composite
+/// image.
+pub const READY_TO_RUN_FLAG_COMPONENT: u32 = 0x20;
+
+/// An R2R image's `READYTORUN_HEADER`: its flags and its sections.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadyToRunHeader {
+    pub major_version: u16,
+    pub flags: u32,
+    /// (type, RVA, size) of each section.
+    pub sections: Vec<(u32, u32, u32)>,
+}
+
+impl ReadyToRunHeader {
+    /// The (RVA, size) of the section of type `kind`, if listed.
+    pub fn section(&self, kind: u32) -> Option<(u32, u32)> {
+        self.sections
+            .iter()
+            .find(|s| s.0 == kind)
+            .map(|&(_, rva, size)| (rva, size))
+    }
+}
+
+/// The `READYTORUN_HEADER` of an image (through its CLI header's
+/// `ManagedNativeHeader`).
+pub fn ready_to_run_header(
+    pe: &PeFile64<'_>,
+    data: &[u8],
+) -> Result<ReadyToRunHeader, UnwindTableError> {
     let sections = pe.section_table();
     let not_r2r = |reason: &'static str| UnwindTableError::NotReadyToRun { reason };
     let cli = pe
@@ -418,28 +451,56 @@ fn runtime_functions<'data>(
     }
     // Signature, major and minor version, flags, then the section count and
     // the sections: (type, rva, size).
-    let count = u32_at(header, 12).ok_or(not_r2r("ReadyToRun header truncated"))?;
+    let truncated = || not_r2r("ReadyToRun header truncated");
+    let major_version = u16_at(header, 4).ok_or_else(truncated)?;
+    let flags = u32_at(header, 8).ok_or_else(truncated)?;
+    let count = u32_at(header, 12).ok_or_else(truncated)?;
     if count > MAX_SECTIONS {
         return Err(not_r2r("ReadyToRun header lists too many sections"));
     }
-    for i in 0..count as usize {
-        let at = 16 + 12 * i;
-        let (Some(kind), Some(rva), Some(size)) = (
-            u32_at(header, at),
-            u32_at(header, at + 4),
-            u32_at(header, at + 8),
-        ) else {
-            return Err(not_r2r("ReadyToRun header truncated"));
-        };
-        if kind == SECTION_RUNTIME_FUNCTIONS {
-            let bytes = sections
-                .pe_data_at(data, rva)
-                .and_then(|b| b.get(..size as usize))
-                .ok_or(not_r2r("RuntimeFunctions section outside the file"))?;
-            return Ok(bytes);
-        }
-    }
-    Err(not_r2r("no RuntimeFunctions section"))
+    let sections = (0..count as usize)
+        .map(|i| {
+            let at = 16 + 12 * i;
+            Some((
+                u32_at(header, at)?,
+                u32_at(header, at + 4)?,
+                u32_at(header, at + 8)?,
+            ))
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(truncated)?;
+    Ok(ReadyToRunHeader {
+        major_version,
+        flags,
+        sections,
+    })
+}
+
+/// The bytes of an image's R2R section at `rva`, `size` long; `None` when
+/// the file does not hold them all.
+pub fn section_bytes<'data>(
+    pe: &PeFile64<'data>,
+    data: &'data [u8],
+    (rva, size): (u32, u32),
+) -> Option<&'data [u8]> {
+    pe.section_table()
+        .pe_data_at(data, rva)
+        .and_then(|b| b.get(..size as usize))
+}
+
+/// The `RUNTIME_FUNCTION` table of an R2R image (the bytes of its
+/// `RuntimeFunctions` section), entries in the file's order (the order
+/// method entry points index).
+pub fn runtime_functions<'data>(
+    pe: &PeFile64<'data>,
+    data: &'data [u8],
+) -> Result<&'data [u8], UnwindTableError> {
+    let not_r2r = |reason: &'static str| UnwindTableError::NotReadyToRun { reason };
+    let header = ready_to_run_header(pe, data)?;
+    let section = header
+        .section(section_type::RUNTIME_FUNCTIONS)
+        .ok_or(not_r2r("no RuntimeFunctions section"))?;
+    section_bytes(pe, data, section).ok_or(not_r2r("RuntimeFunctions section outside the file"))
 }
 
 /// The image's `RUNTIME_FUNCTION`s with `begin < end`, sorted by `begin`

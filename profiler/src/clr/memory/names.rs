@@ -1,7 +1,9 @@
-//! Frames named by the memory path: what the .NET instance
-//! ([`crate::clr::instance`]) asks when its perf map or events have no name
-//! for an address. [`JitMemoryNames`] turns the [`ManagedCode`] the
-//! [`ClrMemoryReader`] finds into a [`Frame`], naming methods from their
+//! Names from the memory path: the JIT memory reader the .NET instance
+//! ([`crate::clr::instance`]) asks, through the
+//! [`name_sources::JitMemoryNames`] hook, when its perf map, events and
+//! ReadyToRun images have no name for an address ([`jit_memory_reader`]
+//! makes it). [`JitMemoryNames`] turns the [`ManagedCode`] the
+//! [`ClrMemoryReader`] finds into a [`CodeName`], naming methods from their
 //! image's ECMA-335 metadata ([`ClrMetadata`], read once per image file
 //! through the target's root) and the rest by kind.
 //!
@@ -20,8 +22,8 @@ use std::{
 
 use super::{AttachError, ClrMemoryReader, ManagedCode, target::ProcessMemory};
 use crate::{
+    clr::name_sources::{self, CodeName, JitMemoryContext},
     process::{MappingTable, ProcFs, root::TargetRoot},
-    profile::{Frame, FrameKind, Module},
     symbolize::clr_metadata::ClrMetadata,
 };
 
@@ -50,19 +52,13 @@ pub struct JitMemoryNames {
     /// `(start, end)` of file-backed mappings, sorted: never walked.
     files: Vec<(u64, u64)>,
     images: Mutex<HashMap<Arc<str>, Option<Arc<ClrMetadata>>>>,
-    names: Mutex<HashMap<MethodKey, Arc<Frame>>>,
-    module: Arc<Module>,
+    names: Mutex<HashMap<MethodKey, CodeName>>,
     pub counts: MemoryNameCounts,
 }
 
 impl JitMemoryNames {
     /// The memory path for process `pid`, or why it cannot be used.
-    pub fn attach(
-        procfs: &ProcFs,
-        pid: u32,
-        mappings: &MappingTable,
-        module: Arc<Module>,
-    ) -> Result<Self, AttachError> {
+    pub fn attach(procfs: &ProcFs, pid: u32, mappings: &MappingTable) -> Result<Self, AttachError> {
         let reader = ClrMemoryReader::attach(procfs, pid, mappings)?;
         let mut names = Self {
             reader,
@@ -70,7 +66,6 @@ impl JitMemoryNames {
             files: Vec::new(),
             images: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
-            module,
             counts: MemoryNameCounts::default(),
         };
         names.sync_mappings(mappings);
@@ -99,9 +94,9 @@ impl JitMemoryNames {
             .is_some_and(|&(_, end)| addr < end)
     }
 
-    /// The frame of the code at `lookup`, reported at `addr`; `None` when
-    /// the runtime's memory does not name it.
-    pub fn frame(&self, lookup: u64, addr: u64) -> Option<Arc<Frame>> {
+    /// The name of the code at `lookup`; `None` when the runtime's memory
+    /// does not name it.
+    pub fn code_name(&self, lookup: u64) -> Option<CodeName> {
         if self.in_file(lookup) {
             return None;
         }
@@ -113,49 +108,43 @@ impl JitMemoryNames {
                 return None;
             }
         };
-        let frame = match code {
-            ManagedCode::Method { image, token, .. } => self.method_frame(image?, token, addr)?,
-            ManagedCode::Dynamic { name } => {
-                let name = match name {
-                    Some(name) => format!("[dynamic method] {name}"),
-                    None => "[dynamic method]".to_string(),
-                };
-                Arc::new(self.frame_named(name.into(), None, addr))
-            }
-            ManagedCode::Stub { kind } => {
-                Arc::new(self.frame_named(format!("[stub: {kind}]").into(), None, addr))
-            }
+        let name = match code {
+            ManagedCode::Method { image, token, .. } => self.method_name(image?, token)?,
+            ManagedCode::Dynamic { name } => plain_name(match name {
+                Some(name) => format!("[dynamic method] {name}"),
+                None => "[dynamic method]".to_string(),
+            }),
+            ManagedCode::Stub { kind } => plain_name(format!("[stub: {kind}]")),
             // Named from the image file by the ReadyToRun path.
             ManagedCode::ReadyToRun { .. } => return None,
         };
         self.counts.named.fetch_add(1, Ordering::Relaxed);
-        Some(frame)
+        Some(name)
     }
 
-    fn method_frame(&self, image: Arc<str>, token: u32, addr: u64) -> Option<Arc<Frame>> {
+    fn method_name(&self, image: Arc<str>, token: u32) -> Option<CodeName> {
         let key = (image, token);
-        if let Some(frame) = self.names.lock().ok()?.get(&key) {
-            return Some(Arc::new(Frame {
-                address: addr,
-                ..(**frame).clone()
-            }));
+        if let Some(name) = self.names.lock().ok()?.get(&key) {
+            return Some(name.clone());
         }
         let Some(metadata) = self.metadata(&key.0) else {
             self.counts.no_metadata.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        let Some(name) = metadata.method_name(token) else {
+        let Some(method) = metadata.method_name(token) else {
             self.counts.no_metadata.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        let assembly = metadata.assembly_name().map(Arc::from);
-        let frame = Arc::new(self.frame_named(name.into(), assembly, addr));
+        let name = CodeName {
+            assembly: metadata.assembly_name().map(Arc::from),
+            ..plain_name(method)
+        };
         let mut names = self.names.lock().ok()?;
         if names.len() >= MAX_NAMES {
             names.clear();
         }
-        names.insert(key, frame.clone());
-        Some(frame)
+        names.insert(key, name.clone());
+        Some(name)
     }
 
     /// The metadata of the image at `path` (in the target's root), read
@@ -182,19 +171,69 @@ impl JitMemoryNames {
         images.insert(path.clone(), read.clone());
         read
     }
+}
 
-    fn frame_named(&self, name: Arc<str>, file: Option<Arc<str>>, addr: u64) -> Frame {
-        Frame {
-            kind: FrameKind::Managed,
-            name,
-            system_name: None,
-            // The tier needs the code version walk, not done yet.
-            jit_tier: None,
-            module: Some(self.module.clone()),
-            address: addr,
-            file,
-            line: 0,
-            inlined: Vec::new(),
-        }
+fn plain_name(name: String) -> CodeName {
+    CodeName {
+        name: name.into(),
+        system_name: None,
+        assembly: None,
+        // The tier needs the code version walk, not done yet.
+        jit_tier: None,
     }
+}
+
+impl name_sources::JitMemoryNames for JitMemoryNames {
+    fn sync_mappings(&mut self, mappings: &MappingTable) {
+        JitMemoryNames::sync_mappings(self, mappings);
+    }
+
+    fn name(&self, lookup: u64, _time_ns: u64) -> Option<CodeName> {
+        // Memory is read now: the name is the code's as of now.
+        self.code_name(lookup)
+    }
+
+    fn problems(&self) -> Option<String> {
+        let failed = self.counts.failed.load(Ordering::Relaxed);
+        let named = self.counts.named.load(Ordering::Relaxed);
+        (failed > 0 && named == 0).then(|| {
+            format!("no JIT frame named from the runtime's memory ({failed} lookups failed)")
+        })
+    }
+}
+
+/// Why a process has no memory path; names nothing, says why once.
+struct NoMemoryNames(String);
+
+impl name_sources::JitMemoryNames for NoMemoryNames {
+    fn sync_mappings(&mut self, _: &MappingTable) {}
+
+    fn name(&self, _: u64, _: u64) -> Option<CodeName> {
+        None
+    }
+
+    fn problems(&self) -> Option<String> {
+        Some(self.0.clone())
+    }
+}
+
+/// The [`name_sources::JitMemoryFactory`] of the memory path.
+pub fn jit_memory_reader(
+    context: &JitMemoryContext<'_>,
+) -> Option<Box<dyn name_sources::JitMemoryNames>> {
+    let JitMemoryContext {
+        procfs,
+        pid,
+        mappings,
+        ..
+    } = *context;
+    Some(match JitMemoryNames::attach(procfs, pid, mappings) {
+        Ok(names) => Box::new(names),
+        Err(e) => {
+            tracing::debug!(pid, "no JIT names from memory: {e}");
+            Box::new(NoMemoryNames(format!(
+                "JIT frames cannot be named from the runtime's memory: {e}"
+            )))
+        }
+    })
 }
