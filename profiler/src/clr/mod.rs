@@ -15,6 +15,7 @@ pub mod instance;
 pub mod intake;
 pub mod ipc;
 pub mod jobs;
+pub mod memory;
 pub mod name_sources;
 pub mod nettrace;
 pub mod perf_map_attach;

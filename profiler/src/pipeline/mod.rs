@@ -214,7 +214,7 @@ impl Pipeline {
                 usize::try_from(crate::memory_budget::current().assembly_bytes())
                     .unwrap_or(usize::MAX),
             ),
-            jit_memory: crate::clr::name_sources::no_jit_memory_reader,
+            jit_memory: crate::clr::memory::names::jit_memory_reader,
             perf_maps: perf_maps::PerfMapKeeper::default(),
             raw_cpu: RawStacks::default(),
             retry: Vec::new(),

@@ -1,0 +1,239 @@
+//! Names from the memory path: the JIT memory reader the .NET instance
+//! ([`crate::clr::instance`]) asks, through the
+//! [`name_sources::JitMemoryNames`] hook, when its perf map, events and
+//! ReadyToRun images have no name for an address ([`jit_memory_reader`]
+//! makes it). [`JitMemoryNames`] turns the [`ManagedCode`] the
+//! [`ClrMemoryReader`] finds into a [`CodeName`], naming methods from their
+//! image's ECMA-335 metadata ([`ClrMetadata`], read once per image file
+//! through the target's root) and the rest by kind.
+//!
+//! Addresses inside file-backed mappings (native libraries, ReadyToRun
+//! images) are left to the other name sources without a single read of
+//! target memory: only anonymous executable memory, where the runtime
+//! puts JIT code and stubs, or memory not seen mapped yet, is walked.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use super::{AttachError, ClrMemoryReader, ManagedCode, target::ProcessMemory};
+use crate::{
+    clr::name_sources::{self, CodeName, JitMemoryContext},
+    process::{MappingTable, ProcFs, root::TargetRoot},
+    symbolize::clr_metadata::ClrMetadata,
+};
+
+/// Images whose metadata is kept per process.
+const MAX_IMAGES: usize = 1024;
+/// Names kept per process before the cache starts over.
+const MAX_NAMES: usize = 65_536;
+
+/// A method: its image's path in the target and its MethodDef token.
+type MethodKey = (Arc<str>, u32);
+
+/// How many frames the memory path named and why it did not name others.
+#[derive(Debug, Default)]
+pub struct MemoryNameCounts {
+    pub named: AtomicU64,
+    /// The walk found a method but its image has no readable metadata.
+    pub no_metadata: AtomicU64,
+    /// The walk failed (unreadable or inconsistent memory).
+    pub failed: AtomicU64,
+}
+
+/// The memory name source of one process; see the module doc.
+pub struct JitMemoryNames {
+    reader: ClrMemoryReader<ProcessMemory>,
+    root: Option<TargetRoot>,
+    /// `(start, end)` of file-backed mappings, sorted: never walked.
+    files: Vec<(u64, u64)>,
+    images: Mutex<HashMap<Arc<str>, Option<Arc<ClrMetadata>>>>,
+    names: Mutex<HashMap<MethodKey, CodeName>>,
+    pub counts: MemoryNameCounts,
+}
+
+impl JitMemoryNames {
+    /// The memory path for process `pid`, or why it cannot be used.
+    pub fn attach(procfs: &ProcFs, pid: u32, mappings: &MappingTable) -> Result<Self, AttachError> {
+        let reader = ClrMemoryReader::attach(procfs, pid, mappings)?;
+        let mut names = Self {
+            reader,
+            root: TargetRoot::open(procfs, pid).ok(),
+            files: Vec::new(),
+            images: Mutex::new(HashMap::new()),
+            names: Mutex::new(HashMap::new()),
+            counts: MemoryNameCounts::default(),
+        };
+        names.sync_mappings(mappings);
+        Ok(names)
+    }
+
+    /// The .NET major version whose layout the reader uses.
+    pub fn major(&self) -> u32 {
+        self.reader.layout().major
+    }
+
+    pub fn sync_mappings(&mut self, mappings: &MappingTable) {
+        self.reader.sync_mappings(mappings);
+        self.files = mappings
+            .iter()
+            .filter(|m| m.file_path().is_some())
+            .map(|m| (m.start, m.end))
+            .collect();
+        self.files.sort_unstable();
+    }
+
+    fn in_file(&self, addr: u64) -> bool {
+        let at = self.files.partition_point(|&(start, _)| start <= addr);
+        at.checked_sub(1)
+            .and_then(|i| self.files.get(i))
+            .is_some_and(|&(_, end)| addr < end)
+    }
+
+    /// The name of the code at `lookup`; `None` when the runtime's memory
+    /// does not name it.
+    pub fn code_name(&self, lookup: u64) -> Option<CodeName> {
+        if self.in_file(lookup) {
+            return None;
+        }
+        let code = match self.reader.code_at(lookup) {
+            Ok(code) => code?,
+            Err(e) => {
+                self.counts.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::trace!(lookup, "memory path: {e}");
+                return None;
+            }
+        };
+        let name = match code {
+            ManagedCode::Method { image, token, .. } => self.method_name(image?, token)?,
+            ManagedCode::Dynamic { name } => plain_name(match name {
+                Some(name) => format!("[dynamic method] {name}"),
+                None => "[dynamic method]".to_string(),
+            }),
+            ManagedCode::Stub { kind } => plain_name(format!("[stub: {kind}]")),
+            // Named from the image file by the ReadyToRun path.
+            ManagedCode::ReadyToRun { .. } => return None,
+        };
+        self.counts.named.fetch_add(1, Ordering::Relaxed);
+        Some(name)
+    }
+
+    fn method_name(&self, image: Arc<str>, token: u32) -> Option<CodeName> {
+        let key = (image, token);
+        if let Some(name) = self.names.lock().ok()?.get(&key) {
+            return Some(name.clone());
+        }
+        let Some(metadata) = self.metadata(&key.0) else {
+            self.counts.no_metadata.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        let Some(method) = metadata.method_name(token) else {
+            self.counts.no_metadata.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        let name = CodeName {
+            assembly: metadata.assembly_name().map(Arc::from),
+            ..plain_name(method)
+        };
+        let mut names = self.names.lock().ok()?;
+        if names.len() >= MAX_NAMES {
+            names.clear();
+        }
+        names.insert(key, name.clone());
+        Some(name)
+    }
+
+    /// The metadata of the image at `path` (in the target's root), read
+    /// once; `None` (also remembered) when it has none.
+    fn metadata(&self, path: &Arc<str>) -> Option<Arc<ClrMetadata>> {
+        let mut images = self.images.lock().ok()?;
+        if let Some(known) = images.get(path) {
+            return known.clone();
+        }
+        let read = self
+            .root
+            .as_ref()
+            .and_then(|root| root.open_file(&**path).ok())
+            .and_then(|file| match ClrMetadata::read(&file) {
+                Ok(metadata) => Some(Arc::new(metadata)),
+                Err(e) => {
+                    tracing::debug!(path = &**path, "memory path: no metadata: {e}");
+                    None
+                }
+            });
+        if images.len() >= MAX_IMAGES {
+            images.clear();
+        }
+        images.insert(path.clone(), read.clone());
+        read
+    }
+}
+
+fn plain_name(name: String) -> CodeName {
+    CodeName {
+        name: name.into(),
+        system_name: None,
+        assembly: None,
+        // The tier needs the code version walk, not done yet.
+        jit_tier: None,
+    }
+}
+
+impl name_sources::JitMemoryNames for JitMemoryNames {
+    fn sync_mappings(&mut self, mappings: &MappingTable) {
+        JitMemoryNames::sync_mappings(self, mappings);
+    }
+
+    fn name(&self, lookup: u64, _time_ns: u64) -> Option<CodeName> {
+        // Memory is read now: the name is the code's as of now.
+        self.code_name(lookup)
+    }
+
+    fn problems(&self) -> Option<String> {
+        let failed = self.counts.failed.load(Ordering::Relaxed);
+        let named = self.counts.named.load(Ordering::Relaxed);
+        (failed > 0 && named == 0).then(|| {
+            format!("no JIT frame named from the runtime's memory ({failed} lookups failed)")
+        })
+    }
+}
+
+/// Why a process has no memory path; names nothing, says why once.
+struct NoMemoryNames(String);
+
+impl name_sources::JitMemoryNames for NoMemoryNames {
+    fn sync_mappings(&mut self, _: &MappingTable) {}
+
+    fn name(&self, _: u64, _: u64) -> Option<CodeName> {
+        None
+    }
+
+    fn problems(&self) -> Option<String> {
+        Some(self.0.clone())
+    }
+}
+
+/// The [`name_sources::JitMemoryFactory`] of the memory path.
+pub fn jit_memory_reader(
+    context: &JitMemoryContext<'_>,
+) -> Option<Box<dyn name_sources::JitMemoryNames>> {
+    let JitMemoryContext {
+        procfs,
+        pid,
+        mappings,
+        ..
+    } = *context;
+    Some(match JitMemoryNames::attach(procfs, pid, mappings) {
+        Ok(names) => Box::new(names),
+        Err(e) => {
+            tracing::debug!(pid, "no JIT names from memory: {e}");
+            Box::new(NoMemoryNames(format!(
+                "JIT frames cannot be named from the runtime's memory: {e}"
+            )))
+        }
+    })
+}
