@@ -55,9 +55,12 @@ use clrbpf_common::{
 
 use super::{
     BpfError,
+    stack_copies::{CopyReplayer, StackCopyStats},
     unwind_rows::{CHUNK_BYTES, CHUNK_ROWS, RowChunks},
 };
 use crate::process::maps::MappingTable;
+use crate::profile::RawSample;
+use crate::unwind::stack_copy::CopiedSample;
 use crate::unwind::{
     FileIdentity, LoadSegment, RowArena, UnwindTableCache, build_process_mappings,
     disk_cache::{DiskCacheStats, DiskTableCache},
@@ -337,6 +340,18 @@ impl UnwindMaps {
                 }
             }
         }
+    }
+
+    /// The index of `pid` the kernel holds now, and when the process was
+    /// last scanned; `None` before it is indexed.
+    pub(super) fn kernel_index(&self, pid: u32) -> Option<(ProcessMappings, Instant)> {
+        let scanned_at = self.processes.get(&pid)?.scanned_at;
+        Some((self.process_mappings.get(&pid, 0).ok()?, scanned_at))
+    }
+
+    /// A reader of the kernel's row array.
+    pub(super) fn row_reader(&self) -> super::unwind_rows::RowReader<'_> {
+        self.rows.reader()
     }
 
     /// Whether the kernel's `PROCESS_MAPPINGS` holds an index for `pid`
@@ -920,6 +935,11 @@ enum UnwindRequest {
     JitCode(u32, Vec<JitMethod>, u64),
     /// Work of the start of a recording ([`super::start_tables`]).
     Run(WorkerJob),
+    /// Samples with a copied user stack, to unwind once their process is
+    /// indexed ([`super::stack_copies`]).
+    StackCopies(Vec<CopiedSample>),
+    /// Unwind or give back every copy held now, then answer.
+    FlushCopies(std::sync::mpsc::Sender<()>),
 }
 
 /// Work run on the [`UnwindWorker`]'s thread, with the stop flag.
@@ -934,6 +954,8 @@ pub struct UnwindReport {
     pub stats: UnwindMapsStats,
     /// What the tables kept between runs did (`None`: no cache).
     pub disk_cache: Option<DiskCacheStats>,
+    /// What became of the copied stacks.
+    pub stack_copies: StackCopyStats,
 }
 
 /// How long [`UnwindWorker::finish`] waits for the table being built.
@@ -953,6 +975,8 @@ pub struct UnwindWorker {
     thread: Option<std::thread::JoinHandle<UnwindReport>>,
     /// Kernel memory of the row chunks and indexes, as the thread last saw.
     kernel_bytes: Arc<AtomicU64>,
+    /// Samples of copied stacks, unwound (or given back) by the thread.
+    replayed: std::sync::mpsc::Receiver<Vec<RawSample>>,
 }
 
 impl UnwindWorker {
@@ -963,16 +987,18 @@ impl UnwindWorker {
         let stop_flag = Arc::clone(&stop);
         let kernel_bytes = Arc::new(AtomicU64::new(0));
         let kernel_bytes_seen = Arc::clone(&kernel_bytes);
+        let (replayed_tx, replayed) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("clrbpf-unwind".into())
             .spawn(move || {
                 crate::process::priority::enter_background_thread();
                 let mut maps = maps;
+                let mut copies = CopyReplayer::new(replayed_tx);
                 loop {
                     if stop_flag.load(Ordering::Relaxed) {
                         break;
                     }
-                    match rx.recv_timeout(maps.next_wake()) {
+                    match rx.recv_timeout(maps.next_wake().min(copies.next_wake())) {
                         Ok(UnwindRequest::Track(pid)) => {
                             maps.track_process(pid);
                         }
@@ -985,9 +1011,15 @@ impl UnwindWorker {
                             maps.stats.jit_not_decoded += dropped;
                         }
                         Ok(UnwindRequest::Run(work)) => work(&mut maps, &stop_flag),
+                        Ok(UnwindRequest::StackCopies(batch)) => copies.add(&mut maps, batch),
+                        Ok(UnwindRequest::FlushCopies(done)) => {
+                            copies.replay(&mut maps, true);
+                            let _ = done.send(());
+                        }
                         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
+                    copies.replay(&mut maps, false);
                     maps.forget_exited();
                     maps.rescan_young();
                     maps.rebuild_jit_tables();
@@ -1003,6 +1035,7 @@ impl UnwindWorker {
                     memory: maps.memory(),
                     stats: maps.stats(),
                     disk_cache: maps.builder.disk_stats(),
+                    stack_copies: copies.stats(),
                 }
             })?;
         Ok(Self {
@@ -1010,6 +1043,7 @@ impl UnwindWorker {
             stop,
             thread: Some(thread),
             kernel_bytes,
+            replayed,
         })
     }
 
@@ -1054,6 +1088,28 @@ impl UnwindWorker {
         if !ranges.is_empty() || dropped > 0 {
             self.send(UnwindRequest::JitCode(pid, ranges, dropped));
         }
+    }
+
+    /// Unwind the copied user stacks of `copies` once their processes are
+    /// indexed ([`Self::take_replayed`] gives them back).
+    pub fn replay_stack_copies(&self, copies: Vec<CopiedSample>) {
+        if !copies.is_empty() {
+            self.send(UnwindRequest::StackCopies(copies));
+        }
+    }
+
+    /// The samples of copied stacks the thread is done with: unwound, or
+    /// with their frame-pointer walk when their tables never came.
+    pub fn take_replayed(&self) -> Vec<RawSample> {
+        self.replayed.try_iter().flatten().collect()
+    }
+
+    /// Has every copy held unwound or given back now (the end of a
+    /// recording), waiting at most `wait` for the thread.
+    pub fn flush_stack_copies(&self, wait: Duration) {
+        let (done, answered) = std::sync::mpsc::channel();
+        self.send(UnwindRequest::FlushCopies(done));
+        let _ = answered.recv_timeout(wait);
     }
 
     /// Stops the thread once the request under way is done (the queued

@@ -80,6 +80,11 @@ pub struct SamplingConfig {
     pub dwarf_unwind: bool,
     /// Kernel memory for unwind tables at most.
     pub unwind_table_memory_bytes: u64,
+    /// Bytes per second of user-stack copies of processes not indexed
+    /// yet (`--stack-copy-kib-per-second`).
+    pub stack_copy_bytes_per_second: u64,
+    /// Copy every sample's user stack (`--stack-copy-every-sample`).
+    pub stack_copy_always: bool,
     /// Where unwind tables and this boot's kallsyms are kept between runs
     /// (`None`: nowhere).
     pub unwind_cache_dir: Option<PathBuf>,
@@ -98,6 +103,8 @@ impl SamplingConfig {
             wall,
             frame_pointers_only,
             unwind_table_memory_mb,
+            stack_copy_kib_per_second,
+            stack_copy_every_sample,
             cache_dir,
             no_cache,
         } = args;
@@ -120,6 +127,8 @@ impl SamplingConfig {
             wall,
             dwarf_unwind: !frame_pointers_only,
             unwind_table_memory_bytes: unwind_table_memory_mb << 20,
+            stack_copy_bytes_per_second: stack_copy_kib_per_second << 10,
+            stack_copy_always: stack_copy_every_sample,
             unwind_cache_dir: (!no_cache).then_some(cache_dir),
         })
     }
@@ -212,6 +221,8 @@ impl Driver {
             target_pids,
             user_unwind: sampling.dwarf_unwind,
             unwind_table_memory_bytes: sampling.unwind_table_memory_bytes,
+            stack_copy_bytes_per_second: sampling.stack_copy_bytes_per_second,
+            stack_copy_always: sampling.stack_copy_always,
             unwind_cache_dir: sampling.unwind_cache_dir.clone(),
             off_cpu: sampling.off_cpu,
             ..SamplerConfig::default()
@@ -389,6 +400,7 @@ impl Driver {
         pipeline.summary.kernel = sampler.counters();
         pipeline.summary.bpf_stats = sampler.on_cpu_program_stats();
         pipeline.summary.off_cpu_bpf_stats = sampler.off_cpu_program_stats();
+        pipeline.flush_stack_copies();
         pipeline.finish_unwind();
         drop(sampler);
         tracing::debug!("finishing CLR sessions and symbolizing");

@@ -54,6 +54,7 @@ use crate::{
         native::NativeSymbolizer,
         stack::{FrameCounts, StackNamer},
     },
+    unwind::stack_copy::CopiedSample,
 };
 
 /// How long the end of a recording waits for the EventPipe sessions (all
@@ -69,6 +70,10 @@ pub const SYMBOLIZE_DELAY: std::time::Duration = std::time::Duration::from_milli
 /// together) to turn their perf maps off again.
 const DETACH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long the end of a recording waits for the unwind worker to walk
+/// the copied stacks it holds.
+const STACK_COPY_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Most samples held back for a late perf map (about 4 KiB each at most).
 const MAX_RETRY_SAMPLES: usize = 200_000;
 
@@ -83,6 +88,12 @@ pub trait SampleSource {
         out: &mut Vec<RawSample>,
         events: &mut Vec<crate::bpf::ProcessEventAt>,
     ) -> u64;
+
+    /// The samples drained so far whose user stack the kernel copied
+    /// (their processes were not indexed yet).
+    fn take_stack_copies(&mut self) -> Vec<CopiedSample> {
+        Vec::new()
+    }
 }
 
 impl SampleSource for crate::bpf::Sampler {
@@ -92,6 +103,10 @@ impl SampleSource for crate::bpf::Sampler {
         events: &mut Vec<crate::bpf::ProcessEventAt>,
     ) -> u64 {
         self.drain_with_events(out, events)
+    }
+
+    fn take_stack_copies(&mut self) -> Vec<CopiedSample> {
+        crate::bpf::Sampler::take_stack_copies(self)
     }
 }
 
@@ -517,6 +532,7 @@ impl Pipeline {
         let mut events = Vec::new();
         self.summary.malformed_records += source.drain(scratch, &mut events);
         self.accept(scratch);
+        self.take_stack_copies(source.take_stack_copies());
         self.lifecycle.extend(events.into_iter().map(|e| e.event));
     }
 
@@ -543,6 +559,41 @@ impl Pipeline {
         );
         profile.default_sample_type = Some(self.layout.default_index());
         profile
+    }
+
+    /// Hands the copied stacks of `copies` to the unwind worker (without
+    /// it, they keep their frame-pointer walk) and takes in the samples
+    /// it is done with, in time order among the pending ones (they come
+    /// late: their process had to be indexed first).
+    fn take_stack_copies(&mut self, copies: Vec<CopiedSample>) {
+        // Tracked now: a .NET process's perf map attach starts with its
+        // first sample, held or not.
+        for copy in &copies {
+            self.track(copy.sample.pid);
+        }
+        let mut done = match self.unwind.as_ref() {
+            Some(unwind) => {
+                unwind.replay_stack_copies(copies);
+                unwind.take_replayed()
+            }
+            None => copies.into_iter().map(|c| c.sample).collect(),
+        };
+        for sample in done.drain(..) {
+            self.track(sample.pid);
+            let at = self
+                .pending
+                .partition_point(|s| s.time_ns <= sample.time_ns);
+            self.pending.insert(at, sample);
+        }
+    }
+
+    /// The end of a recording: every copied stack the unwind worker holds
+    /// comes back now, unwound or with its frame-pointer walk.
+    pub fn flush_stack_copies(&mut self) {
+        if let Some(unwind) = self.unwind.as_ref() {
+            unwind.flush_stack_copies(STACK_COPY_FLUSH_WAIT);
+        }
+        self.take_stack_copies(Vec::new());
     }
 
     pub fn accept(&mut self, samples: &mut Vec<RawSample>) {
