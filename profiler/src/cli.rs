@@ -427,6 +427,12 @@ pub struct SamplingArgs {
     #[arg(long, hide = true)]
     pub stack_copy_every_sample: bool,
 
+    /// Index the processes that appear after sampling started only this
+    /// many milliseconds after they are first seen, as a busy unwind
+    /// worker or a cold cache does (for tests of their first stacks).
+    #[arg(long, hide = true, value_name = "MS", default_value_t = 0)]
+    pub hold_new_processes_ms: u64,
+
     /// Kernel memory unwind tables may take at most (unless
     /// --frame-pointers-only): allocated in 1.5 MiB chunks as tables are
     /// loaded (24 bytes per table row); at the cap the least-recently-used

@@ -10,6 +10,7 @@ mod bench_churn;
 mod bench_first;
 mod bench_offcpu;
 mod bench_saturated;
+mod bench_stack_copy;
 mod bench_steady;
 mod chart;
 mod cmd;

@@ -28,8 +28,8 @@ use aya::{
     },
 };
 use clrbpf_common::{
-    COUNTER_SLOTS, Counter, ProcessEventKind, ProcessEventRecord, RawSampleEvent, STACK_COPY_BYTES,
-    STACK_COPY_RECORD_HEADER, SampleKind, StackCopyHeader, names,
+    COUNTER_SLOTS, Counter, ProcessEventKind, ProcessEventRecord, RawSampleEvent, SampleKind,
+    names,
     offcpu::{ExitedThreadTotals, OffCpuThreadTotals, upscale_by_stack_p},
     sample_flags,
     unwind::{UNWIND_ROWS_PER_CHUNK, UnwindError, UnwindRow},
@@ -651,7 +651,7 @@ impl Sampler {
                 continue;
             }
             if item.len() > size_of::<RawSampleEvent>() {
-                match decode_stack_copy(&item, &mut self.thread_names) {
+                match stack_copies::decode(&item, &mut self.thread_names) {
                     Some(copy) => self.stack_copies.push(copy),
                     None => malformed += 1,
                 }
@@ -939,31 +939,6 @@ fn decode_event(
     // by convention.
     let event: RawSampleEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
     decode_record(&event, names)
-}
-
-/// Decodes a [`clrbpf_common::StackCopyEvent`] (its first
-/// [`STACK_COPY_RECORD_HEADER`] bytes and the stack bytes it says it
-/// holds); `None` when it is shorter than that or not an on-CPU sample.
-fn decode_stack_copy(
-    bytes: &[u8],
-    names: &mut std::collections::HashMap<[u8; 16], Arc<str>>,
-) -> Option<CopiedSample> {
-    let header_bytes = bytes.get(size_of::<RawSampleEvent>()..STACK_COPY_RECORD_HEADER)?;
-    // SAFETY: the length is checked by `get` and the header is plain old
-    // data, read unaligned.
-    let header: StackCopyHeader = unsafe { std::ptr::read_unaligned(header_bytes.as_ptr().cast()) };
-    let stack_len = (header.stack_len as usize).min(STACK_COPY_BYTES);
-    let stack = bytes.get(STACK_COPY_RECORD_HEADER..STACK_COPY_RECORD_HEADER + stack_len)?;
-    let (sample, _, _) = decode_event(bytes, names)?;
-    if sample.kind != SampleKind::OnCpu {
-        return None;
-    }
-    Some(CopiedSample {
-        sample,
-        regs: header.regs,
-        code: (header.code_len == 8).then_some(header.code),
-        stack: stack.to_vec(),
-    })
 }
 
 /// Decodes an [`ExitedThreadTotals`]; `None` for a wrong length.

@@ -15,7 +15,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use clrbpf_common::unwind::UnwindError;
+use std::sync::Arc;
+
+use clrbpf_common::{
+    RawSampleEvent, STACK_COPY_BYTES, STACK_COPY_RECORD_HEADER, SampleKind, StackCopyHeader,
+    unwind::UnwindError,
+};
 
 use super::unwind_maps::UnwindMaps;
 use crate::{
@@ -166,4 +171,29 @@ impl CopyReplayer {
             let _ = self.done.send(samples);
         }
     }
+}
+
+/// Decodes a [`clrbpf_common::StackCopyEvent`] (its first
+/// [`STACK_COPY_RECORD_HEADER`] bytes and the stack bytes it says it
+/// holds); `None` when it is shorter than that or not an on-CPU sample.
+pub(super) fn decode(
+    bytes: &[u8],
+    names: &mut HashMap<[u8; 16], Arc<str>>,
+) -> Option<CopiedSample> {
+    let header_bytes = bytes.get(size_of::<RawSampleEvent>()..STACK_COPY_RECORD_HEADER)?;
+    // SAFETY: the length is checked by `get` and the header is plain old
+    // data, read unaligned.
+    let header: StackCopyHeader = unsafe { std::ptr::read_unaligned(header_bytes.as_ptr().cast()) };
+    let stack_len = (header.stack_len as usize).min(STACK_COPY_BYTES);
+    let stack = bytes.get(STACK_COPY_RECORD_HEADER..STACK_COPY_RECORD_HEADER + stack_len)?;
+    let (sample, _, _) = super::decode_event(bytes, names)?;
+    if sample.kind != SampleKind::OnCpu {
+        return None;
+    }
+    Some(CopiedSample {
+        sample,
+        regs: header.regs,
+        code: (header.code_len == 8).then_some(header.code),
+        stack: stack.to_vec(),
+    })
 }

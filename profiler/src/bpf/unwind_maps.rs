@@ -230,6 +230,11 @@ pub struct UnwindMaps {
     jit: HashMap<u32, ProcessJitCode>,
     /// Makes each JIT table's key unique.
     jit_generation: u32,
+    /// Processes first seen after [`UnwindWorker::hold_new_processes`] are
+    /// indexed only this long after (0: at once), and when each was first
+    /// asked for.
+    hold_new: Duration,
+    held: HashMap<u32, Instant>,
     builder: UnwindTableCache,
     clock: u64,
     /// The last [`MappingEntry::table_serial`] given.
@@ -265,6 +270,8 @@ impl UnwindMaps {
             processes: HashMap::new(),
             jit: HashMap::new(),
             jit_generation: 0,
+            hold_new: Duration::ZERO,
+            held: HashMap::new(),
             builder: match disk {
                 Some(disk) => builder.with_disk(disk),
                 None => builder,
@@ -285,12 +292,22 @@ impl UnwindMaps {
         if self.processes.contains_key(&pid) {
             return true;
         }
+        if !self.hold_new.is_zero() {
+            let first = *self.held.entry(pid).or_insert_with(Instant::now);
+            if first.elapsed() < self.hold_new {
+                return true;
+            }
+            self.held.remove(&pid);
+        }
         self.scan(pid)
     }
 
     /// Re-reads a process's mappings (a sample's pc was in none of them:
     /// `dlopen`, new JIT memory), at most every [`RESCAN_EVERY`].
     pub fn refresh_process(&mut self, pid: u32) -> bool {
+        if !self.processes.contains_key(&pid) {
+            return self.track_process(pid);
+        }
         if self.processes.get(&pid).is_some_and(|p| {
             let every = if p.over_budget {
                 OVER_BUDGET_RESCAN_EVERY
@@ -434,7 +451,23 @@ impl UnwindMaps {
 
     /// How long the worker may sleep: until the first JIT table with
     /// changes is due for its rebuild, else [`IDLE_WAKE_EVERY`].
+    /// Indexes the held processes whose time has come.
+    fn index_held(&mut self) {
+        let due: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|(_, first)| first.elapsed() >= self.hold_new)
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in due {
+            self.track_process(pid);
+        }
+    }
+
     fn next_wake(&self) -> Duration {
+        if !self.held.is_empty() {
+            return Duration::from_millis(20);
+        }
         self.jit
             .values()
             .filter(|j| j.methods.is_changed())
@@ -940,6 +973,8 @@ enum UnwindRequest {
     StackCopies(Vec<CopiedSample>),
     /// Unwind or give back every copy held now, then answer.
     FlushCopies(std::sync::mpsc::Sender<()>),
+    /// Index processes seen from now on only this long after.
+    HoldNew(Duration),
 }
 
 /// Work run on the [`UnwindWorker`]'s thread, with the stop flag.
@@ -1012,6 +1047,7 @@ impl UnwindWorker {
                         }
                         Ok(UnwindRequest::Run(work)) => work(&mut maps, &stop_flag),
                         Ok(UnwindRequest::StackCopies(batch)) => copies.add(&mut maps, batch),
+                        Ok(UnwindRequest::HoldNew(delay)) => maps.hold_new = delay,
                         Ok(UnwindRequest::FlushCopies(done)) => {
                             copies.replay(&mut maps, true);
                             let _ = done.send(());
@@ -1019,6 +1055,7 @@ impl UnwindWorker {
                         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
+                    maps.index_held();
                     copies.replay(&mut maps, false);
                     maps.forget_exited();
                     maps.rescan_young();
@@ -1110,6 +1147,15 @@ impl UnwindWorker {
         let (done, answered) = std::sync::mpsc::channel();
         self.send(UnwindRequest::FlushCopies(done));
         let _ = answered.recv_timeout(wait);
+    }
+
+    /// Index the processes first seen from now on only `delay` after
+    /// (`--hold-new-processes-ms`, for tests): the wait a saturated worker
+    /// or a cold cache gives a new process, made certain.
+    pub fn hold_new_processes(&self, delay: Duration) {
+        if !delay.is_zero() {
+            self.send(UnwindRequest::HoldNew(delay));
+        }
     }
 
     /// Stops the thread once the request under way is done (the queued

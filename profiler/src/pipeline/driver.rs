@@ -85,6 +85,8 @@ pub struct SamplingConfig {
     pub stack_copy_bytes_per_second: u64,
     /// Copy every sample's user stack (`--stack-copy-every-sample`).
     pub stack_copy_always: bool,
+    /// `--hold-new-processes-ms` (tests).
+    pub hold_new_processes: Duration,
     /// Where unwind tables and this boot's kallsyms are kept between runs
     /// (`None`: nowhere).
     pub unwind_cache_dir: Option<PathBuf>,
@@ -105,6 +107,7 @@ impl SamplingConfig {
             unwind_table_memory_mb,
             stack_copy_kib_per_second,
             stack_copy_every_sample,
+            hold_new_processes_ms,
             cache_dir,
             no_cache,
         } = args;
@@ -129,6 +132,7 @@ impl SamplingConfig {
             unwind_table_memory_bytes: unwind_table_memory_mb << 20,
             stack_copy_bytes_per_second: stack_copy_kib_per_second << 10,
             stack_copy_always: stack_copy_every_sample,
+            hold_new_processes: Duration::from_millis(hold_new_processes_ms),
             unwind_cache_dir: (!no_cache).then_some(cache_dir),
         })
     }
@@ -199,6 +203,8 @@ pub struct Driver {
     /// Sample time against the wall clock, from [`Self::start_sampling`].
     clock: Clock,
     started: Instant,
+    /// `--hold-new-processes-ms`, applied once sampling starts.
+    hold_new_processes: Duration,
 }
 
 impl Driver {
@@ -239,6 +245,7 @@ impl Driver {
             None => None,
         };
         let period_ns = sampler.period_ns;
+        let hold_new_processes = sampling.hold_new_processes;
         Ok(Self {
             pipeline,
             sampler,
@@ -250,6 +257,7 @@ impl Driver {
             period_ns,
             clock: Clock::now(),
             started: Instant::now(),
+            hold_new_processes,
         })
     }
 
@@ -295,6 +303,9 @@ impl Driver {
     /// start of the first window.
     pub fn start_sampling(&mut self) -> anyhow::Result<()> {
         self.sampler.start_sampling()?;
+        if let Some(unwind) = self.pipeline.unwind.as_ref() {
+            unwind.hold_new_processes(self.hold_new_processes);
+        }
         self.clock = Clock::now();
         self.started = Instant::now();
         tracing::debug!("sampling started");
@@ -389,6 +400,7 @@ impl Driver {
             period_ns,
             clock,
             started: _,
+            hold_new_processes: _,
         } = self;
         pipeline.pull(&mut sampler, &mut raw);
         let mut off_cpu_totals = sampler.off_cpu_totals();

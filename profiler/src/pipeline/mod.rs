@@ -22,6 +22,7 @@ mod labels;
 pub mod perf_maps;
 pub mod raw_stacks;
 pub mod resolve;
+mod stack_copies;
 pub mod start_tables;
 pub mod summary;
 pub mod tracked;
@@ -69,10 +70,6 @@ pub const SYMBOLIZE_DELAY: std::time::Duration = std::time::Duration::from_milli
 /// How long the end of a recording waits for the runtimes (all of them
 /// together) to turn their perf maps off again.
 const DETACH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// How long the end of a recording waits for the unwind worker to walk
-/// the copied stacks it holds.
-const STACK_COPY_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Most samples held back for a late perf map (about 4 KiB each at most).
 const MAX_RETRY_SAMPLES: usize = 200_000;
@@ -559,41 +556,6 @@ impl Pipeline {
         );
         profile.default_sample_type = Some(self.layout.default_index());
         profile
-    }
-
-    /// Hands the copied stacks of `copies` to the unwind worker (without
-    /// it, they keep their frame-pointer walk) and takes in the samples
-    /// it is done with, in time order among the pending ones (they come
-    /// late: their process had to be indexed first).
-    fn take_stack_copies(&mut self, copies: Vec<CopiedSample>) {
-        // Tracked now: a .NET process's perf map attach starts with its
-        // first sample, held or not.
-        for copy in &copies {
-            self.track(copy.sample.pid);
-        }
-        let mut done = match self.unwind.as_ref() {
-            Some(unwind) => {
-                unwind.replay_stack_copies(copies);
-                unwind.take_replayed()
-            }
-            None => copies.into_iter().map(|c| c.sample).collect(),
-        };
-        for sample in done.drain(..) {
-            self.track(sample.pid);
-            let at = self
-                .pending
-                .partition_point(|s| s.time_ns <= sample.time_ns);
-            self.pending.insert(at, sample);
-        }
-    }
-
-    /// The end of a recording: every copied stack the unwind worker holds
-    /// comes back now, unwound or with its frame-pointer walk.
-    pub fn flush_stack_copies(&mut self) {
-        if let Some(unwind) = self.unwind.as_ref() {
-            unwind.flush_stack_copies(STACK_COPY_FLUSH_WAIT);
-        }
-        self.take_stack_copies(Vec::new());
     }
 
     pub fn accept(&mut self, samples: &mut Vec<RawSample>) {
