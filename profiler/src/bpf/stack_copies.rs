@@ -124,9 +124,13 @@ impl CopyReplayer {
         let reader = maps.row_reader();
         for (&pid, held) in &mut self.waiting {
             let index = maps.kernel_index(pid);
+            // A process that exited before it was indexed never will be:
+            // its samples go back now, while the pipeline still knows the
+            // process and can name their frame-pointer walks.
+            let gone = index.is_none() && std::fs::metadata(format!("/proc/{pid}")).is_err();
             let mut kept = Vec::new();
             for h in held.drain(..) {
-                let waited = h.since.elapsed() >= WAIT_FOR_TABLES || all;
+                let waited = h.since.elapsed() >= WAIT_FOR_TABLES || all || gone;
                 let Some((mappings, scanned_at)) = index.as_ref() else {
                     if waited {
                         self.stats.without_tables += 1;
