@@ -74,6 +74,11 @@ pub mod sample_flags {
     /// `--off-cpu-min` long, so its next one takes its stack whatever the
     /// rate limit (idle threads wait long and rarely).
     pub const OFF_CPU_LAST_WAIT_LONG: u32 = 1 << 7;
+    /// The process had no unwind index yet: the record is a
+    /// [`super::StackCopyEvent`], whose copy of the user stack userspace
+    /// unwinds once the process's tables exist. The sample's own user
+    /// stack is the frame-pointer walk, kept for when they never do.
+    pub const USER_STACK_COPIED: u32 = 1 << 8;
 }
 
 /// One sample, as the eBPF side writes it into the `SAMPLES` ring buffer.
@@ -136,6 +141,64 @@ const _: () = assert!(
 #[cfg(feature = "user")]
 // SAFETY: `#[repr(C)]`, only integers and arrays of integers, no implicit padding.
 unsafe impl aya::Pod for RawSampleEvent {}
+
+/// Most bytes of user stack a [`StackCopyEvent`] holds: from the sampled
+/// sp up, as perf's `--call-graph dwarf` copies (8 KiB there by default).
+/// 16 KiB hold a .NET thread's frames from a native leaf up to its managed
+/// entry point in the cases measured; a deeper stack ends where the copy
+/// does.
+pub const STACK_COPY_BYTES: usize = 16 * 1024;
+
+/// What the kernel adds to a [`RawSampleEvent`] when it copies the user
+/// stack of a process without unwind tables ([`StackCopyEvent`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackCopyHeader {
+    /// The user registers of the sample: the walk starts from them.
+    pub regs: unwind::UnwindRegs,
+    /// The 8 code bytes at `regs.pc` (the leaf's peek at `push rbp`, `ret`
+    /// or an epilog needs them), valid when `code_len` is 8.
+    pub code: u64,
+    /// Bytes of stack copied from `regs.sp` (at most [`STACK_COPY_BYTES`]):
+    /// the copy stops at the first page that cannot be read.
+    pub stack_len: u32,
+    pub code_len: u32,
+}
+
+const _: () = assert!(size_of::<StackCopyHeader>() == 48);
+
+/// A sample with a copy of its user stack, as the on-CPU program writes it
+/// into the `SAMPLES` ring buffer for a process userspace has not indexed
+/// yet (within a byte budget per second). Only the first
+/// [`STACK_COPY_RECORD_HEADER`] + `header.stack_len` bytes are written:
+/// userspace tells the record by a length above a [`RawSampleEvent`]'s.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct StackCopyEvent {
+    pub sample: RawSampleEvent,
+    pub header: StackCopyHeader,
+    /// [`STACK_COPY_BYTES`] and one page of slack: the copy goes a page at
+    /// a time, and the verifier must see every page's write in bounds.
+    pub stack: [u8; STACK_COPY_BYTES + 4096],
+}
+
+/// Bytes of a [`StackCopyEvent`] before its stack.
+pub const STACK_COPY_RECORD_HEADER: usize =
+    size_of::<RawSampleEvent>() + size_of::<StackCopyHeader>();
+
+const _: () =
+    assert!(size_of::<StackCopyEvent>() == STACK_COPY_RECORD_HEADER + STACK_COPY_BYTES + 4096);
+// A per-CPU map value is at most 32 KiB.
+const _: () = assert!(size_of::<StackCopyEvent>() <= 32 * 1024);
+
+/// The byte budget of stack copies on one CPU, in the kernel's
+/// `STACK_COPY_BUDGET` map: `used` bytes written since `window_start_ns`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StackCopyBudget {
+    pub window_start_ns: u64,
+    pub used: u64,
+}
 
 /// What a [`ProcessEventRecord`] reports. Numbered apart from
 /// [`SampleKind`] so one number names any ring-buffer record: never
@@ -229,13 +292,21 @@ pub enum Counter {
     /// Waker stacks of a process with no mapping index (outside the
     /// profiled set, or not indexed yet): walked by frame pointers.
     WakerProcessUnknown = 19,
+    /// On-CPU samples of a process without unwind tables whose user stack
+    /// was copied ([`StackCopyEvent`]).
+    StackCopies = 20,
+    /// Bytes of those records written to the ring buffer.
+    StackCopyBytes = 21,
+    /// Samples of a process without unwind tables whose stack was not
+    /// copied: the byte budget of the second was spent (frame pointers).
+    StackCopiesOverBudget = 22,
 }
 
 /// Slots of the `UNWIND_ERRORS` map: one per `UnwindError` number.
 pub const UNWIND_ERROR_SLOTS: u32 = 32;
 
 /// Number of slots in the `COUNTERS` map.
-pub const COUNTER_SLOTS: u32 = 20;
+pub const COUNTER_SLOTS: u32 = 23;
 
 /// Names of the eBPF programs, maps and globals, shared so a rename breaks the
 /// build instead of the load.
@@ -284,4 +355,10 @@ pub mod names {
     pub const GLOBAL_SELF_TGID: &str = "SELF_TGID";
     /// `u64`: the on-CPU sampling period in nanoseconds, stored as the value.
     pub const GLOBAL_ON_CPU_PERIOD_NS: &str = "ON_CPU_PERIOD_NS";
+    /// `u64`: bytes of stack copies each CPU may write per second; 0: no
+    /// copies (frame pointers until a process is indexed).
+    pub const GLOBAL_STACK_COPY_BYTES_PER_CPU: &str = "STACK_COPY_BYTES_PER_CPU";
+    /// `u32`: 1 = copy every on-CPU sample's user stack instead of walking
+    /// it (the bench's measure of a copy against the walk).
+    pub const GLOBAL_STACK_COPY_ALWAYS: &str = "STACK_COPY_ALWAYS";
 }

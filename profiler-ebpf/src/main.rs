@@ -29,6 +29,7 @@ use clrbpf_common::{
 };
 
 mod offcpu;
+mod stack_copy;
 mod stacks;
 mod unwind;
 
@@ -45,6 +46,16 @@ static ON_CPU_PERIOD_NS: Global<u64> = Global::new(10_101_010);
 /// indexed; 0: frame pointers only (`bpf_get_stack`).
 #[unsafe(no_mangle)]
 static USER_UNWIND: Global<u32> = Global::new(0);
+/// Bytes of user-stack copies each CPU may write per second for processes
+/// without unwind tables ([`stack_copy`]); 0: none.
+#[unsafe(no_mangle)]
+static STACK_COPY_BYTES_PER_CPU: Global<u64> = Global::new(0);
+/// 1: copy the user stack of every sample, indexed process or not, and
+/// leave the walk to userspace: `cargo xtask bench` measures what a copy
+/// costs against the walk. Set at load time, so the verifier drops the
+/// branch from the program when it is 0.
+#[unsafe(no_mangle)]
+static STACK_COPY_ALWAYS: Global<u32> = Global::new(0);
 /// Offset of `group_dead` in `sched_process_exit`'s record (read by
 /// userspace from the tracepoint's format file); 0: the kernel has none.
 #[unsafe(no_mangle)]
@@ -123,15 +134,24 @@ fn try_on_cpu_sample(ctx: &PerfEventContext) -> Result<(), i64> {
     let Some(event) = unwind::EVENT_SCRATCH.get_ptr_mut(0) else {
         return Ok(());
     };
-    let user = stacks::user_stack_for(tgid, Counter::UnwindProcessUnknown, || {
-        unwind::user_regs(ctx)
-    });
+    let user = if STACK_COPY_ALWAYS.load() != 0 {
+        stacks::UserStack::FramePointers
+    } else {
+        stacks::user_stack_for(tgid, Counter::UnwindProcessUnknown, || {
+            unwind::user_regs(ctx)
+        })
+    };
+    // Frame pointers with the tables on: the process is not indexed yet.
+    let unindexed = USER_UNWIND.load() != 0 && matches!(user, stacks::UserStack::FramePointers);
     // SAFETY: a per-CPU scratch record, only this program on this CPU uses
     // it (see `stacks::take_stacks`); every field read by userspace is
     // written before output.
     unsafe {
         stacks::take_stacks(ctx, event, SampleKind::OnCpu, tgid, tid, user);
         (*event).value = ON_CPU_PERIOD_NS.load();
+        if unindexed && stack_copy::output_with_copy(ctx, event) {
+            return Ok(());
+        }
         if SAMPLES
             .output::<RawSampleEvent>(&*event, ring_flags())
             .is_err()

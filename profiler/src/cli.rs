@@ -412,6 +412,27 @@ pub struct SamplingArgs {
     #[arg(long, visible_alias = "no-dwarf-unwind")]
     pub frame_pointers_only: bool,
 
+    /// Bytes per second, for the whole host, of user-stack copies taken
+    /// while a new process's unwind tables are being built (16 KiB per
+    /// sample at most, unwound once the tables exist, as `perf
+    /// --call-graph dwarf` does); past it, those samples are walked by
+    /// frame pointers and counted. 0: no copies.
+    #[arg(long, value_name = "KIB", default_value_t = 8192,
+          value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
+    pub stack_copy_kib_per_second: u64,
+
+    /// Copy the user stack of every on-CPU sample and walk it in
+    /// userspace, as if no process had tables in the kernel (for `cargo
+    /// xtask bench`, which compares the copies' cost with the walk's).
+    #[arg(long, hide = true)]
+    pub stack_copy_every_sample: bool,
+
+    /// Index the processes that appear after sampling started only this
+    /// many milliseconds after they are first seen, as a busy unwind
+    /// worker or a cold cache does (for tests of their first stacks).
+    #[arg(long, hide = true, value_name = "MS", default_value_t = 0)]
+    pub hold_new_processes_ms: u64,
+
     /// Kernel memory unwind tables may take at most (unless
     /// --frame-pointers-only): allocated in 1.5 MiB chunks as tables are
     /// loaded (24 bytes per table row); at the cap the least-recently-used

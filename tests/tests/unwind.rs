@@ -280,9 +280,10 @@ fn dotnet_stack_crosses_glibc_qsort_to_the_managed_caller() {
     ];
     assert_some_stack_contains(&profile, Some(pid), &through_qsort);
     // Until the tables of a new process are built (1-2 s here, more on a
-    // loaded machine) its stacks are walked by frame pointers and stop in
-    // glibc (then no sample reaches SortMany); after that, all but a few
-    // (samples in a prologue) do: 75-80% of a 10 s run here.
+    // loaded machine) its on-CPU samples carry stack copies, unwound once
+    // the tables exist; after that they are walked with them. All but a
+    // few (samples in a prologue) reach SortMany: 100% of a 10 s run here
+    // (75-80% when those first stacks were walked by frame pointers).
     let all = samples(&profile);
     let in_sort: Vec<_> = all
         .iter()
@@ -302,7 +303,7 @@ fn dotnet_stack_crosses_glibc_qsort_to_the_managed_caller() {
     );
     assert!(sorted >= 200, "only {sorted} samples in glibc's sort");
     assert!(
-        share >= 0.4,
+        share >= 0.9,
         "only {reached} of {sorted} samples in glibc's sort reach Qsort.SortMany"
     );
 }

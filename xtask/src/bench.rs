@@ -338,7 +338,11 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
                 "storm" => exception_storm(inputs)?,
                 "cpu" => cpu_table(inputs, have_perf)?,
                 "alloc" => crate::bench_alloc::run(inputs)?,
-                "first" => crate::bench_first::run(inputs)?,
+                "first" => {
+                    crate::bench_first::run(inputs)?;
+                    crate::bench_stack_copy::run(inputs)?;
+                    crate::bench_stack_copy::run(inputs)?;
+                }
                 "allocstorm" => crate::bench_alloc_storm::run(inputs)?,
                 "node" => crate::bench_node::run(inputs)?,
                 other => {

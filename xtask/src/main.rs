@@ -11,6 +11,7 @@ mod bench_first;
 mod bench_node;
 mod bench_offcpu;
 mod bench_saturated;
+mod bench_stack_copy;
 mod bench_steady;
 mod chart;
 mod cmd;

@@ -4,6 +4,7 @@
 //! [`RawSample`]s and [`ProcessEvent`]s (exits and execs, in order with the
 //! samples) for the rest of the pipeline.
 
+mod stack_copies;
 pub mod start_tables;
 pub mod system;
 pub mod unwind_maps;
@@ -35,7 +36,7 @@ use clrbpf_common::{
 };
 
 use crate::profile::{OffCpuDetail, RawSample, Waker};
-use crate::unwind::disk_cache::DiskTableCache;
+use crate::unwind::{disk_cache::DiskTableCache, stack_copy::CopiedSample};
 
 /// The eBPF object built by `build.rs`; empty when built with `AYA_BUILD_SKIP`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/clrbpf"));
@@ -112,6 +113,13 @@ pub struct SamplerConfig {
     pub unwind_cache_dir: Option<std::path::PathBuf>,
     /// Off-CPU intervals of the profiled threads (`None`: not recorded).
     pub off_cpu: Option<OffCpuConfig>,
+    /// Bytes per second, for the whole host, of user-stack copies of
+    /// processes not indexed yet (with [`Self::user_unwind`]), shared
+    /// evenly by the CPUs; 0: none, frame pointers until they are.
+    pub stack_copy_bytes_per_second: u64,
+    /// Copy every on-CPU sample's user stack, indexed process or not, for
+    /// userspace to walk (a benchmark's measure of the copies).
+    pub stack_copy_always: bool,
 }
 
 /// How off-CPU intervals are kept ([`clrbpf_common::offcpu::keep_interval`]).
@@ -139,6 +147,8 @@ impl Default for SamplerConfig {
             unwind_table_memory_bytes: DEFAULT_UNWIND_TABLE_MEMORY_BYTES,
             unwind_cache_dir: None,
             off_cpu: None,
+            stack_copy_bytes_per_second: 0,
+            stack_copy_always: false,
         }
     }
 }
@@ -169,6 +179,12 @@ pub struct KernelCounters {
     pub process_exits: u64,
     pub process_execs: u64,
     pub process_events_lost: u64,
+    /// On-CPU samples of processes not indexed yet whose user stack was
+    /// copied, the bytes of those records, and the samples not copied
+    /// because the second's byte budget was spent.
+    pub stack_copies: u64,
+    pub stack_copy_bytes: u64,
+    pub stack_copies_over_budget: u64,
 }
 
 /// A process lifecycle event from the kernel side, for a process in the
@@ -241,6 +257,9 @@ pub struct Sampler {
     unwind_maps: Option<UnwindMaps>,
     /// Processes with samples whose pc was in no indexed mapping.
     rescan: std::collections::HashSet<u32>,
+    /// Samples with a copy of their user stack (processes not indexed
+    /// yet), until [`Self::take_stack_copies`].
+    stack_copies: Vec<CopiedSample>,
     off_cpu: Option<OffCpuMaps>,
     process_event_counts: ProcessEventCounts,
 }
@@ -336,6 +355,12 @@ impl LoadedObject {
         let filter: u32 = u32::from(config.target_pids.is_some());
         let self_tgid = std::process::id();
         let user_unwind = u32::from(config.user_unwind);
+        let stack_copy_per_cpu = if config.user_unwind {
+            config.stack_copy_bytes_per_second
+                / aya::util::online_cpus().map_or(1, |cpus| cpus.len().max(1) as u64)
+        } else {
+            0
+        };
         let off_cpu = u32::from(config.off_cpu.is_some());
         let off_cpu_min_ns = config.off_cpu.map_or(0, |c| c.min_ns);
         let stacks_per_window = config.off_cpu.map_or(0, |c| {
@@ -357,6 +382,16 @@ impl LoadedObject {
             .override_global(names::GLOBAL_ON_CPU_PERIOD_NS, &period_ns, true)
             .override_global(names::GLOBAL_USER_UNWIND, &user_unwind, true)
             .override_global(names::GLOBAL_OFF_CPU, &off_cpu, true)
+            .override_global(
+                names::GLOBAL_STACK_COPY_BYTES_PER_CPU,
+                &stack_copy_per_cpu,
+                true,
+            )
+            .override_global(
+                names::GLOBAL_STACK_COPY_ALWAYS,
+                &u32::from(config.stack_copy_always && config.user_unwind),
+                true,
+            )
             .override_global(
                 names::GLOBAL_EXIT_GROUP_DEAD_OFFSET,
                 &exit_group_dead_offset(),
@@ -483,6 +518,7 @@ impl Sampler {
             thread_names: Default::default(),
             unwind_maps,
             rescan: Default::default(),
+            stack_copies: Vec::new(),
             off_cpu,
             process_event_counts: ProcessEventCounts::default(),
         })
@@ -556,6 +592,13 @@ impl Sampler {
         self.rescan.drain().collect()
     }
 
+    /// The samples drained since the last call whose user stack the
+    /// kernel copied: unwind them once their process is indexed
+    /// ([`UnwindWorker::replay_stack_copies`]).
+    pub fn take_stack_copies(&mut self) -> Vec<CopiedSample> {
+        std::mem::take(&mut self.stack_copies)
+    }
+
     /// Removes a process from the profiled set.
     pub fn remove_target(&mut self, pid: u32) {
         // Absent is fine: the exit tracepoint may have removed it already.
@@ -603,6 +646,13 @@ impl Sampler {
                             samples_before: samples.len(),
                         });
                     }
+                    None => malformed += 1,
+                }
+                continue;
+            }
+            if item.len() > size_of::<RawSampleEvent>() {
+                match stack_copies::decode(&item, &mut self.thread_names) {
+                    Some(copy) => self.stack_copies.push(copy),
                     None => malformed += 1,
                 }
                 continue;
@@ -676,6 +726,9 @@ impl Sampler {
             process_exits: get(Counter::ProcessExits),
             process_execs: get(Counter::ProcessExecs),
             process_events_lost: get(Counter::ProcessEventsLost),
+            stack_copies: get(Counter::StackCopies),
+            stack_copy_bytes: get(Counter::StackCopyBytes),
+            stack_copies_over_budget: get(Counter::StackCopiesOverBudget),
         }
     }
 

@@ -55,9 +55,12 @@ use clrbpf_common::{
 
 use super::{
     BpfError,
+    stack_copies::{CopyReplayer, StackCopyStats},
     unwind_rows::{CHUNK_BYTES, CHUNK_ROWS, RowChunks},
 };
 use crate::process::maps::MappingTable;
+use crate::profile::RawSample;
+use crate::unwind::stack_copy::CopiedSample;
 use crate::unwind::{
     FileIdentity, LoadSegment, RowArena, UnwindTableCache, build_process_mappings,
     disk_cache::{DiskCacheStats, DiskTableCache},
@@ -227,6 +230,11 @@ pub struct UnwindMaps {
     jit: HashMap<u32, ProcessJitCode>,
     /// Makes each JIT table's key unique.
     jit_generation: u32,
+    /// Processes first seen after [`UnwindWorker::hold_new_processes`] are
+    /// indexed only this long after (0: at once), and when each was first
+    /// asked for.
+    hold_new: Duration,
+    held: HashMap<u32, Instant>,
     builder: UnwindTableCache,
     clock: u64,
     /// The last [`MappingEntry::table_serial`] given.
@@ -262,6 +270,8 @@ impl UnwindMaps {
             processes: HashMap::new(),
             jit: HashMap::new(),
             jit_generation: 0,
+            hold_new: Duration::ZERO,
+            held: HashMap::new(),
             builder: match disk {
                 Some(disk) => builder.with_disk(disk),
                 None => builder,
@@ -282,12 +292,22 @@ impl UnwindMaps {
         if self.processes.contains_key(&pid) {
             return true;
         }
+        if !self.hold_new.is_zero() {
+            let first = *self.held.entry(pid).or_insert_with(Instant::now);
+            if first.elapsed() < self.hold_new {
+                return true;
+            }
+            self.held.remove(&pid);
+        }
         self.scan(pid)
     }
 
     /// Re-reads a process's mappings (a sample's pc was in none of them:
     /// `dlopen`, new JIT memory), at most every [`RESCAN_EVERY`].
     pub fn refresh_process(&mut self, pid: u32) -> bool {
+        if !self.processes.contains_key(&pid) {
+            return self.track_process(pid);
+        }
         if self.processes.get(&pid).is_some_and(|p| {
             let every = if p.over_budget {
                 OVER_BUDGET_RESCAN_EVERY
@@ -337,6 +357,18 @@ impl UnwindMaps {
                 }
             }
         }
+    }
+
+    /// The index of `pid` the kernel holds now, and when the process was
+    /// last scanned; `None` before it is indexed.
+    pub(super) fn kernel_index(&self, pid: u32) -> Option<(ProcessMappings, Instant)> {
+        let scanned_at = self.processes.get(&pid)?.scanned_at;
+        Some((self.process_mappings.get(&pid, 0).ok()?, scanned_at))
+    }
+
+    /// A reader of the kernel's row array.
+    pub(super) fn row_reader(&self) -> super::unwind_rows::RowReader<'_> {
+        self.rows.reader()
     }
 
     /// Whether the kernel's `PROCESS_MAPPINGS` holds an index for `pid`
@@ -419,7 +451,23 @@ impl UnwindMaps {
 
     /// How long the worker may sleep: until the first JIT table with
     /// changes is due for its rebuild, else [`IDLE_WAKE_EVERY`].
+    /// Indexes the held processes whose time has come.
+    fn index_held(&mut self) {
+        let due: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|(_, first)| first.elapsed() >= self.hold_new)
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in due {
+            self.track_process(pid);
+        }
+    }
+
     fn next_wake(&self) -> Duration {
+        if !self.held.is_empty() {
+            return Duration::from_millis(20);
+        }
         self.jit
             .values()
             .filter(|j| j.methods.is_changed())
@@ -920,6 +968,13 @@ enum UnwindRequest {
     JitCode(u32, Vec<JitMethod>, u64),
     /// Work of the start of a recording ([`super::start_tables`]).
     Run(WorkerJob),
+    /// Samples with a copied user stack, to unwind once their process is
+    /// indexed ([`super::stack_copies`]).
+    StackCopies(Vec<CopiedSample>),
+    /// Unwind or give back every copy held now, then answer.
+    FlushCopies(std::sync::mpsc::Sender<()>),
+    /// Index processes seen from now on only this long after.
+    HoldNew(Duration),
 }
 
 /// Work run on the [`UnwindWorker`]'s thread, with the stop flag.
@@ -934,6 +989,8 @@ pub struct UnwindReport {
     pub stats: UnwindMapsStats,
     /// What the tables kept between runs did (`None`: no cache).
     pub disk_cache: Option<DiskCacheStats>,
+    /// What became of the copied stacks.
+    pub stack_copies: StackCopyStats,
 }
 
 /// How long [`UnwindWorker::finish`] waits for the table being built.
@@ -953,6 +1010,8 @@ pub struct UnwindWorker {
     thread: Option<std::thread::JoinHandle<UnwindReport>>,
     /// Kernel memory of the row chunks and indexes, as the thread last saw.
     kernel_bytes: Arc<AtomicU64>,
+    /// Samples of copied stacks, unwound (or given back) by the thread.
+    replayed: std::sync::mpsc::Receiver<Vec<RawSample>>,
 }
 
 impl UnwindWorker {
@@ -963,16 +1022,18 @@ impl UnwindWorker {
         let stop_flag = Arc::clone(&stop);
         let kernel_bytes = Arc::new(AtomicU64::new(0));
         let kernel_bytes_seen = Arc::clone(&kernel_bytes);
+        let (replayed_tx, replayed) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("clrbpf-unwind".into())
             .spawn(move || {
                 crate::process::priority::enter_background_thread();
                 let mut maps = maps;
+                let mut copies = CopyReplayer::new(replayed_tx);
                 loop {
                     if stop_flag.load(Ordering::Relaxed) {
                         break;
                     }
-                    match rx.recv_timeout(maps.next_wake()) {
+                    match rx.recv_timeout(maps.next_wake().min(copies.next_wake())) {
                         Ok(UnwindRequest::Track(pid)) => {
                             maps.track_process(pid);
                         }
@@ -985,9 +1046,17 @@ impl UnwindWorker {
                             maps.stats.jit_not_decoded += dropped;
                         }
                         Ok(UnwindRequest::Run(work)) => work(&mut maps, &stop_flag),
+                        Ok(UnwindRequest::StackCopies(batch)) => copies.add(&mut maps, batch),
+                        Ok(UnwindRequest::HoldNew(delay)) => maps.hold_new = delay,
+                        Ok(UnwindRequest::FlushCopies(done)) => {
+                            copies.replay(&mut maps, true);
+                            let _ = done.send(());
+                        }
                         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
+                    maps.index_held();
+                    copies.replay(&mut maps, false);
                     maps.forget_exited();
                     maps.rescan_young();
                     maps.rebuild_jit_tables();
@@ -1003,6 +1072,7 @@ impl UnwindWorker {
                     memory: maps.memory(),
                     stats: maps.stats(),
                     disk_cache: maps.builder.disk_stats(),
+                    stack_copies: copies.stats(),
                 }
             })?;
         Ok(Self {
@@ -1010,6 +1080,7 @@ impl UnwindWorker {
             stop,
             thread: Some(thread),
             kernel_bytes,
+            replayed,
         })
     }
 
@@ -1053,6 +1124,37 @@ impl UnwindWorker {
     pub fn add_jit_code(&self, pid: u32, ranges: Vec<JitMethod>, dropped: u64) {
         if !ranges.is_empty() || dropped > 0 {
             self.send(UnwindRequest::JitCode(pid, ranges, dropped));
+        }
+    }
+
+    /// Unwind the copied user stacks of `copies` once their processes are
+    /// indexed ([`Self::take_replayed`] gives them back).
+    pub fn replay_stack_copies(&self, copies: Vec<CopiedSample>) {
+        if !copies.is_empty() {
+            self.send(UnwindRequest::StackCopies(copies));
+        }
+    }
+
+    /// The samples of copied stacks the thread is done with: unwound, or
+    /// with their frame-pointer walk when their tables never came.
+    pub fn take_replayed(&self) -> Vec<RawSample> {
+        self.replayed.try_iter().flatten().collect()
+    }
+
+    /// Has every copy held unwound or given back now (the end of a
+    /// recording), waiting at most `wait` for the thread.
+    pub fn flush_stack_copies(&self, wait: Duration) {
+        let (done, answered) = std::sync::mpsc::channel();
+        self.send(UnwindRequest::FlushCopies(done));
+        let _ = answered.recv_timeout(wait);
+    }
+
+    /// Index the processes first seen from now on only `delay` after
+    /// (`--hold-new-processes-ms`, for tests): the wait a saturated worker
+    /// or a cold cache gives a new process, made certain.
+    pub fn hold_new_processes(&self, delay: Duration) {
+        if !delay.is_zero() {
+            self.send(UnwindRequest::HoldNew(delay));
         }
     }
 

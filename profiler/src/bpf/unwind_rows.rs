@@ -68,6 +68,17 @@ impl ChunkWriter {
     }
 }
 
+impl ChunkWriter {
+    /// Row `within` of the chunk.
+    fn read(&self, within: usize) -> Option<UnwindRow> {
+        (within < UNWIND_ROWS_PER_CHUNK).then(|| {
+            // SAFETY: in bounds of the mapping (checked above); rows are
+            // plain data, written by this thread only.
+            unsafe { self.base.as_ptr().add(within).read() }
+        })
+    }
+}
+
 impl Drop for ChunkWriter {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `ChunkWriter::map`.
@@ -75,7 +86,41 @@ impl Drop for ChunkWriter {
     }
 }
 
+/// Reads rows of the array, mapping each chunk it touches once, until
+/// dropped: the userspace replay of copied stacks
+/// ([`crate::unwind::stack_copy::replay`]) reads the rows the kernel would.
+pub(super) struct RowReader<'a> {
+    chunks: &'a RowChunks,
+    mapped: std::cell::RefCell<std::collections::HashMap<usize, ChunkWriter>>,
+}
+
+impl RowReader<'_> {
+    /// Row `i` of the array, `None` past the chunks created or when a
+    /// chunk cannot be mapped.
+    pub(super) fn row(&self, i: u32) -> Option<UnwindRow> {
+        let (chunk, within) = (
+            i as usize / UNWIND_ROWS_PER_CHUNK,
+            i as usize % UNWIND_ROWS_PER_CHUNK,
+        );
+        let data = self.chunks.chunks.get(chunk)?;
+        let mut mapped = self.mapped.borrow_mut();
+        let writer = match mapped.entry(chunk) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(ChunkWriter::map(data).ok()?),
+        };
+        writer.read(within)
+    }
+}
+
 impl RowChunks {
+    /// A reader of the rows; chunks stay mapped while it lives.
+    pub(super) fn reader(&self) -> RowReader<'_> {
+        RowReader {
+            chunks: self,
+            mapped: Default::default(),
+        }
+    }
+
     pub(super) fn new(outer: ArrayOfMaps<MapData, MapData>, max_chunks: u32) -> Self {
         Self {
             outer,

@@ -80,6 +80,13 @@ pub struct SamplingConfig {
     pub dwarf_unwind: bool,
     /// Kernel memory for unwind tables at most.
     pub unwind_table_memory_bytes: u64,
+    /// Bytes per second of user-stack copies of processes not indexed
+    /// yet (`--stack-copy-kib-per-second`).
+    pub stack_copy_bytes_per_second: u64,
+    /// Copy every sample's user stack (`--stack-copy-every-sample`).
+    pub stack_copy_always: bool,
+    /// `--hold-new-processes-ms` (tests).
+    pub hold_new_processes: Duration,
     /// Where unwind tables and this boot's kallsyms are kept between runs
     /// (`None`: nowhere).
     pub unwind_cache_dir: Option<PathBuf>,
@@ -100,6 +107,9 @@ impl SamplingConfig {
             wall,
             frame_pointers_only,
             unwind_table_memory_mb,
+            stack_copy_kib_per_second,
+            stack_copy_every_sample,
+            hold_new_processes_ms,
             cache_dir,
             no_cache,
             managed_names,
@@ -123,6 +133,9 @@ impl SamplingConfig {
             wall,
             dwarf_unwind: !frame_pointers_only,
             unwind_table_memory_bytes: unwind_table_memory_mb << 20,
+            stack_copy_bytes_per_second: stack_copy_kib_per_second << 10,
+            stack_copy_always: stack_copy_every_sample,
+            hold_new_processes: Duration::from_millis(hold_new_processes_ms),
             unwind_cache_dir: (!no_cache).then_some(cache_dir),
             managed_names,
         })
@@ -194,6 +207,8 @@ pub struct Driver {
     /// Sample time against the wall clock, from [`Self::start_sampling`].
     clock: Clock,
     started: Instant,
+    /// `--hold-new-processes-ms`, applied once sampling starts.
+    hold_new_processes: Duration,
 }
 
 impl Driver {
@@ -221,6 +236,8 @@ impl Driver {
             target_pids,
             user_unwind: sampling.dwarf_unwind,
             unwind_table_memory_bytes: sampling.unwind_table_memory_bytes,
+            stack_copy_bytes_per_second: sampling.stack_copy_bytes_per_second,
+            stack_copy_always: sampling.stack_copy_always,
             unwind_cache_dir: sampling.unwind_cache_dir.clone(),
             off_cpu: sampling.off_cpu,
             ..SamplerConfig::default()
@@ -239,6 +256,7 @@ impl Driver {
             None => None,
         };
         let period_ns = sampler.period_ns;
+        let hold_new_processes = sampling.hold_new_processes;
         Ok(Self {
             pipeline,
             sampler,
@@ -250,6 +268,7 @@ impl Driver {
             period_ns,
             clock: Clock::now(),
             started: Instant::now(),
+            hold_new_processes,
         })
     }
 
@@ -295,6 +314,9 @@ impl Driver {
     /// start of the first window.
     pub fn start_sampling(&mut self) -> anyhow::Result<()> {
         self.sampler.start_sampling()?;
+        if let Some(unwind) = self.pipeline.unwind.as_ref() {
+            unwind.hold_new_processes(self.hold_new_processes);
+        }
         self.clock = Clock::now();
         self.started = Instant::now();
         tracing::debug!("sampling started");
@@ -389,6 +411,7 @@ impl Driver {
             period_ns,
             clock,
             started: _,
+            hold_new_processes: _,
         } = self;
         pipeline.pull(&mut sampler, &mut raw);
         let mut off_cpu_totals = sampler.off_cpu_totals();
@@ -400,6 +423,7 @@ impl Driver {
         pipeline.summary.kernel = sampler.counters();
         pipeline.summary.bpf_stats = sampler.on_cpu_program_stats();
         pipeline.summary.off_cpu_bpf_stats = sampler.off_cpu_program_stats();
+        pipeline.flush_stack_copies();
         pipeline.finish_unwind();
         drop(sampler);
         tracing::debug!("finishing CLR sessions and symbolizing");

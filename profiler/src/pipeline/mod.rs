@@ -22,6 +22,7 @@ mod labels;
 pub mod perf_maps;
 pub mod raw_stacks;
 pub mod resolve;
+mod stack_copies;
 pub mod start_tables;
 pub mod summary;
 pub mod tracked;
@@ -54,6 +55,7 @@ use crate::{
         native::NativeSymbolizer,
         stack::{FrameCounts, StackNamer},
     },
+    unwind::stack_copy::CopiedSample,
 };
 
 /// How long the end of a recording waits for the EventPipe sessions (all
@@ -83,6 +85,12 @@ pub trait SampleSource {
         out: &mut Vec<RawSample>,
         events: &mut Vec<crate::bpf::ProcessEventAt>,
     ) -> u64;
+
+    /// The samples drained so far whose user stack the kernel copied
+    /// (their processes were not indexed yet).
+    fn take_stack_copies(&mut self) -> Vec<CopiedSample> {
+        Vec::new()
+    }
 }
 
 impl SampleSource for crate::bpf::Sampler {
@@ -92,6 +100,10 @@ impl SampleSource for crate::bpf::Sampler {
         events: &mut Vec<crate::bpf::ProcessEventAt>,
     ) -> u64 {
         self.drain_with_events(out, events)
+    }
+
+    fn take_stack_copies(&mut self) -> Vec<CopiedSample> {
+        crate::bpf::Sampler::take_stack_copies(self)
     }
 }
 
@@ -532,6 +544,7 @@ impl Pipeline {
         let mut events = Vec::new();
         self.summary.malformed_records += source.drain(scratch, &mut events);
         self.accept(scratch);
+        self.take_stack_copies(source.take_stack_copies());
         self.lifecycle.extend(events.into_iter().map(|e| e.event));
     }
 

@@ -712,7 +712,11 @@ fn print_unwind(
         memory.allocated_bytes as f64 / 1048576.0,
         memory.capacity_bytes as f64 / 1048576.0,
         summary.kernel.user_stacks_unwound,
-        summary.kernel.unwind_process_unknown,
+        // Copied stacks unwound later count as walked with the tables.
+        summary
+            .kernel
+            .unwind_process_unknown
+            .saturating_sub(unwind.stack_copies.unwound),
         match summary.kernel.waker_process_unknown {
             0 => String::new(),
             n => format!(", {n} wakers' stacks in processes without tables"),
@@ -723,6 +727,7 @@ fn print_unwind(
             errors.join(", ")
         }
     )?;
+    write_stack_copies(summary, unwind, w)?;
     if let Some(disk) = unwind.disk_cache
         && disk.hits + disk.misses > 0
     {
@@ -807,6 +812,33 @@ fn wait_totals(counters: &ClrCounters) -> String {
     format!(
         ", {waits} waits, {:.1} ms waiting{uncounted}",
         wait_ns as f64 / 1e6
+    )
+}
+
+/// The summary's line on the user stacks copied while processes had no
+/// unwind tables (nothing when none was).
+fn write_stack_copies(
+    summary: &RecordSummary,
+    unwind: &UnwindReport,
+    w: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    let kernel = &summary.kernel;
+    let copies = &unwind.stack_copies;
+    if kernel.stack_copies + kernel.stack_copies_over_budget == 0 {
+        return Ok(());
+    }
+    writeln!(
+        w,
+        "clrbpf: stack copies while processes had no unwind tables: {} ({:.1} MiB, {:.1} KiB each), {} unwound once the tables came ({} still meeting unindexed code), {} kept by frame pointers (no tables in time {}, memory {}); {} samples not copied (over --stack-copy-kib-per-second)",
+        kernel.stack_copies,
+        kernel.stack_copy_bytes as f64 / 1048576.0,
+        kernel.stack_copy_bytes as f64 / 1024.0 / kernel.stack_copies.max(1) as f64,
+        copies.unwound,
+        copies.unwound_unindexed,
+        copies.without_tables + copies.over_memory,
+        copies.without_tables,
+        copies.over_memory,
+        kernel.stack_copies_over_budget,
     )
 }
 

@@ -18,6 +18,7 @@ pub mod disk_cache;
 pub mod eh_frame;
 pub mod jit_code;
 pub mod ready_to_run;
+pub mod stack_copy;
 pub mod table;
 
 #[cfg(test)]
