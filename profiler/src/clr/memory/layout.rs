@@ -254,6 +254,15 @@ impl ClrLayout {
                 name: "Path".into(),
             })?;
         }
+        next.apply_globals(&root)?;
+        *self = next;
+        Ok(())
+    }
+
+    /// The globals and contract versions of a descriptor (see
+    /// [`Self::apply_descriptor`]).
+    fn apply_globals(&mut self, root: &Value) -> Result<(), LayoutError> {
+        let next = self;
         let globals = root.get("globals").and_then(Value::as_object);
         let global = |name: &str| -> Option<u64> {
             match globals?.get(name)? {
@@ -284,7 +293,6 @@ impl ClrLayout {
                 NibbleMapKind::Linear
             };
         }
-        *self = next;
         Ok(())
     }
 }
