@@ -304,7 +304,7 @@ pub enum IpcError {
     )]
     SocketNotFound { pid: u32, dir: PathBuf },
     #[error(
-        "process {pid} runs with DOTNET_EnableDiagnostics=0: its runtime opened no diagnostic socket, so no perf map, CLR events or runtime metrics (its ReadyToRun frames are named from its image files); restart it without that setting for them"
+        "process {pid} runs with DOTNET_EnableDiagnostics=0: its runtime opened no diagnostic socket, so no CLR events or runtime metrics (restart it without that setting for them); its managed frames are named from its image files and the runtime's memory instead of a perf map (unless --managed-names perf-map)"
     )]
     DiagnosticsDisabled { pid: u32 },
     #[error(
