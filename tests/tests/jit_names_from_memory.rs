@@ -5,7 +5,10 @@
 //! reading the method's metadata from its assembly file, and write nothing
 //! into the target. Run by `cargo xtask test` (root, one test at a time).
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use clrbpf::{
     clr::memory::names::JitMemoryNames,
@@ -54,21 +57,53 @@ fn record_names_jit_frames_without_the_diagnostic_socket() {
         !has_socket,
         "pid {pid} has a diagnostic socket: the test needs none"
     );
+    assert_jit_frames_named(&env, &dir, ratio, Path::new("/tmp"), "p.pb.gz");
+}
+
+/// The same app in a mount namespace whose `/tmp` is a read-only tmpfs (a
+/// container with a read-only root and nothing mounted there): it can
+/// write neither its socket nor a perf map, and says nothing; its JIT
+/// frames are named all the same.
+#[test]
+fn record_names_jit_frames_of_a_process_with_a_read_only_tmp() {
+    let env = Env::privileged();
+    let dir = TempDir::new("jit-memory-read-only-tmp");
+    let script = "mount -t tmpfs -o ro tmpfs /tmp && exec \"$0\" \"$@\"";
+    let argv: Vec<std::ffi::OsString> = ["unshare", "--mount", "--propagation", "private"]
+        .into_iter()
+        .chain(["sh", "-c", script])
+        .map(Into::into)
+        .chain([
+            env.dotnet(Runtime::Net8).as_os_str().to_owned(),
+            env.workload(Runtime::Net8, "Ratio").into_os_string(),
+            "12".into(),
+        ])
+        .collect();
+    let ratio = TestProcess::start_as_user("Ratio", &argv, 0);
+    let root_tmp = PathBuf::from(format!("/proc/{}/root/tmp", ratio.pid()));
+    assert_jit_frames_named(&env, &dir, ratio, &root_tmp, "read-only-tmp.pb.gz");
+}
+
+/// Records the running Ratio app `ratio` with `record -p` and checks that
+/// at least 95% of its main thread's JIT CPU is named, that the HotA/HotB
+/// split is within 5 points of the app's own timing, and that no perf map
+/// or jitdump appeared in `tmp` (its `/tmp`, from the host).
+fn assert_jit_frames_named(env: &Env, dir: &TempDir, ratio: TestProcess, tmp: &Path, file: &str) {
+    let pid = ratio.pid();
     // HotA and HotB are compiled and tiered up by now.
     std::thread::sleep(Duration::from_secs(2));
-    let (_, output_path) = record_pid(&env, &dir, pid, &["-F", "499", "-d", "5"], "p.pb.gz");
+    let (_, output_path) = record_pid(env, dir, pid, &["-F", "499", "-d", "5"], file);
+    for name in [format!("perf-{pid}.map"), format!("jit-{pid}.dump")] {
+        let path = tmp.join(&name);
+        assert!(
+            !path.exists(),
+            "{} exists: the memory path must write nothing into the target",
+            path.display()
+        );
+    }
     let (_, lines) = ratio.wait(Duration::from_secs(60));
     let expected_ratio: f64 = parse_value(&lines, "RATIO_A")
         .unwrap_or_else(|| panic!("Ratio printed no RATIO_A: {lines:?}"));
-    for file in [
-        format!("/tmp/perf-{pid}.map"),
-        format!("/tmp/jit-{pid}.dump"),
-    ] {
-        assert!(
-            !PathBuf::from(&file).exists(),
-            "{file} exists: the memory path must write nothing into the target"
-        );
-    }
 
     let profile = read_profile(&output_path);
     let cpu = value_index(&profile, "cpu/nanoseconds");
