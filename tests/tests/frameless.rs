@@ -77,16 +77,18 @@ fn user_method_holds_the_waits(runtime: Runtime, label: &str) {
         // The thread's off-CPU time in the framework's code (not the page
         // faults of its start; a walk before the process's tables were
         // built stops in glibc and is not counted either): a named
-        // framework method (.NET 8 names ReadyToRun code in its jitdump) or
-        // an unnamed one in System.Private.CoreLib.dll (.NET Core 3.1
-        // writes no names for it).
+        // framework method (`System.*`: .NET 8 names ReadyToRun code in its
+        // jitdump, and clrbpf names .NET Core 3.1's from the image files)
+        // or an unnamed one (`System.Private.CoreLib.dll+0x...`). Any
+        // framework frame, not only `System.Threading.`: since 3.1's
+        // CoreLib frames are named, its waits entered through other
+        // namespaces would otherwise drop out of the total.
         let waits: Vec<&SampleView> = all
             .iter()
             .filter(|s| {
                 s.values[off_cpu] > 0
                     && s.label_num("thread.id") == tids.get(thread).copied()
-                    && (s.stack_contains(&["System.Threading."])
-                        || s.stack_contains(&["System.Private.CoreLib"]))
+                    && s.stack_contains(&["System."])
             })
             .collect();
         let total: i64 = waits.iter().map(|s| s.values[off_cpu]).sum();
