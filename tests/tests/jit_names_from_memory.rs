@@ -6,18 +6,23 @@
 //! into the target. Run by `cargo xtask test` (root, one test at a time).
 
 use std::{
+    collections::HashMap,
     path::{Path, PathBuf},
     time::Duration,
 };
 
 use clrbpf::{
     clr::memory::names::JitMemoryNames,
+    pprof_proto::Profile,
     process::{MappingTable, ProcFs},
-    symbolize::method_name::parse_method_name,
+    symbolize::{
+        method_name::parse_method_name,
+        ready_to_run::{AssemblyCache, ReadyToRunNames},
+    },
 };
 use clrbpf_integration_tests::{
     Env, Launch, Runtime, TempDir, TestProcess, parse_value, read_profile, record_pid, samples,
-    value_index,
+    string, value_index,
 };
 
 /// A frame nothing named in memory no file backs (JIT code and stubs):
@@ -261,4 +266,193 @@ impl Drop for RemoveOnDrop {
             let _ = std::fs::remove_file(path);
         }
     }
+}
+
+/// How one frame the perf map named compares with the memory path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FrameAgreement {
+    /// The same `Namespace.Type.Method`, or both say stub, or both say
+    /// dynamic method.
+    Same,
+    /// Another name, or none.
+    Differs,
+}
+
+/// The memory path of a running process as the .NET instance asks it:
+/// ReadyToRun images first, then the runtime's memory.
+struct MemoryPath {
+    images: ReadyToRunNames,
+    jit: JitMemoryNames,
+}
+
+impl MemoryPath {
+    fn attach(pid: u32) -> Self {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+        let mappings = MappingTable::parse(maps.as_bytes()).expect("maps parse");
+        let mut images = ReadyToRunNames::new(pid, AssemblyCache::new(64 << 20));
+        images.sync_mappings(&mappings);
+        let jit = JitMemoryNames::attach(&ProcFs::default(), pid, &mappings)
+            .unwrap_or_else(|e| panic!("memory path for pid {pid}: {e}"));
+        Self { images, jit }
+    }
+
+    /// The memory path's name of the code at `lookup`.
+    fn name(&self, lookup: u64) -> Option<String> {
+        match self.images.frame(lookup, lookup) {
+            Some(frame) => Some(frame.name.to_string()),
+            None => self.jit.code_name(lookup).map(|n| n.name.to_string()),
+        }
+    }
+
+    /// Compares the perf map's name `perf_map` (the function's system
+    /// name, the runtime's own string) of the code at `lookup`.
+    fn compare(&self, lookup: u64, perf_map: &str) -> (FrameAgreement, Option<String>) {
+        let got = self.name(lookup);
+        let same = match (perf_map_short_name(perf_map), got.as_deref()) {
+            (Some(expected), Some(got)) if expected.starts_with("dynamicClass.") => {
+                got.starts_with("[dynamic method]")
+            }
+            (Some(expected), Some(got)) => expected == got,
+            // A stub in the perf map (`stub<1> ...`, no method shape).
+            (None, Some(got)) => got.starts_with("[stub: "),
+            (_, None) => false,
+        };
+        let agreement = if same {
+            FrameAgreement::Same
+        } else {
+            FrameAgreement::Differs
+        };
+        (agreement, got)
+    }
+}
+
+/// A warm .NET 8 app recorded with perf maps only: every managed frame of
+/// every sample (as the perf map named it) is looked up with the memory
+/// path while the app still runs. The two must name the same method for
+/// at least 99% of the app's samples with a managed frame, weighted by CPU;
+/// a sample agrees when all of its perf-map frames do, and a frame the
+/// perf map names but memory does not is a disagreement.
+#[test]
+fn memory_names_agree_with_the_perf_map_per_sample() {
+    let env = Env::privileged();
+    let dir = TempDir::new("jit-memory-samples");
+    let app = TestProcess::start(&env, Runtime::Net8, "Demo", &["20"], false);
+    let pid = app.pid();
+    let _cleanup = RemoveOnDrop(vec![
+        PathBuf::from(format!("/tmp/perf-{pid}.map")),
+        PathBuf::from(format!("/tmp/jit-{pid}.dump")),
+    ]);
+    // Tiered up by now.
+    std::thread::sleep(Duration::from_secs(3));
+    let (_, output_path) = record_pid(
+        &env,
+        &dir,
+        pid,
+        &[
+            "-F",
+            "499",
+            "-d",
+            "5",
+            "--managed-names",
+            "perf-map",
+            "--no-clr-events",
+        ],
+        "perf-map.pb.gz",
+    );
+    let memory = MemoryPath::attach(pid);
+    let profile = read_profile(&output_path);
+    let (mut total, mut agreed, mut frames, mut frames_agreed) = (0i64, 0i64, 0u64, 0u64);
+    let mut disagreements = std::collections::BTreeMap::<String, i64>::new();
+    for sample in perf_map_frames_of(&profile, pid) {
+        let mut all_same = true;
+        for (lookup, perf_map) in &sample.frames {
+            let (agreement, got) = memory.compare(*lookup, perf_map);
+            frames += 1;
+            if agreement == FrameAgreement::Same {
+                frames_agreed += 1;
+            } else {
+                all_same = false;
+                *disagreements
+                    .entry(format!("{perf_map} / memory {got:?}"))
+                    .or_default() += sample.weight;
+            }
+        }
+        total += sample.weight;
+        if all_same {
+            agreed += sample.weight;
+        }
+    }
+    drop(app);
+    let share = agreed as f64 / total.max(1) as f64;
+    let mut worst: Vec<_> = disagreements.into_iter().collect();
+    worst.sort_by_key(|(_, weight)| -weight);
+    worst.truncate(10);
+    eprintln!(
+        "pid {pid}: {:.2}% of managed CPU samples named alike ({frames_agreed} of {frames} frames; {} looked up in images, {} in JIT memory); most CPU disagreeing: {worst:#?}",
+        share * 100.0,
+        memory.images.named(),
+        memory.jit.counts.named.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    assert!(total > 0, "no managed sample of pid {pid}");
+    assert!(
+        share >= 0.99,
+        "memory and perf map agree on {:.2}% of pid {pid}'s managed CPU: {worst:#?}",
+        share * 100.0
+    );
+}
+
+/// A sample's frames the perf map named: the address to look up (the
+/// leaf's own, a caller's return address minus one) and the perf map's
+/// name of it; and the sample's CPU.
+struct PerfMapSample {
+    frames: Vec<(u64, String)>,
+    weight: i64,
+}
+
+/// The samples of process `pid` with at least one frame named by the perf
+/// map path (whose frames sit in the `[jit]` mapping).
+fn perf_map_frames_of(profile: &Profile, pid: u32) -> Vec<PerfMapSample> {
+    let cpu = value_index(profile, "cpu/nanoseconds");
+    let locations: HashMap<u64, _> = profile.location.iter().map(|l| (l.id, l)).collect();
+    let functions: HashMap<u64, _> = profile.function.iter().map(|f| (f.id, f)).collect();
+    let jit_mappings: Vec<u64> = profile
+        .mapping
+        .iter()
+        .filter(|m| string(profile, m.filename) == "[jit]")
+        .map(|m| m.id)
+        .collect();
+    let views = samples(profile);
+    let mut out = Vec::new();
+    for (sample, view) in profile.sample.iter().zip(&views) {
+        if view.pid() != Some(pid) {
+            continue;
+        }
+        let mut frames = Vec::new();
+        for (depth, id) in sample.location_id.iter().enumerate() {
+            let location = locations[id];
+            if !jit_mappings.contains(&location.mapping_id) {
+                continue;
+            }
+            let Some(function) = location.line.first().map(|l| functions[&l.function_id]) else {
+                continue;
+            };
+            let name = match string(profile, function.system_name) {
+                "" => string(profile, function.name),
+                system => system,
+            };
+            let lookup = if depth == 0 {
+                location.address
+            } else {
+                location.address - 1
+            };
+            frames.push((lookup, name.to_owned()));
+        }
+        if !frames.is_empty() {
+            out.push(PerfMapSample {
+                frames,
+                weight: view.values[cpu],
+            });
+        }
+    }
+    out
 }
