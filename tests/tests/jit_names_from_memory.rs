@@ -21,8 +21,8 @@ use clrbpf::{
     },
 };
 use clrbpf_integration_tests::{
-    Env, Launch, Runtime, TempDir, TestProcess, parse_value, read_profile, record_pid, samples,
-    string, value_index,
+    Env, Launch, Runtime, TempDir, TestProcess, agent::TestAgent, assert_success, parse_value,
+    read_profile, record_pid, run_clrbpf, samples, string, value_index,
 };
 
 /// A frame nothing named in memory no file backs (JIT code and stubs):
@@ -37,42 +37,38 @@ fn named_jit(frame: &str) -> bool {
         || frame.starts_with("[dynamic method]")
 }
 
-#[test]
-fn record_names_jit_frames_without_the_diagnostic_socket() {
-    let env = Env::privileged();
-    let dir = TempDir::new("jit-memory");
+/// The Ratio app for `seconds`, started with `DOTNET_EnableDiagnostics=0`
+/// (checked: it has no diagnostic socket).
+fn start_ratio_without_socket(env: &Env, seconds: &str) -> TestProcess {
     let ratio = TestProcess::launch(
-        &env,
+        env,
         Runtime::Net8,
         "Ratio",
-        &["12"],
+        &[seconds],
         &Launch {
             env: &[("DOTNET_EnableDiagnostics", "0")],
             ..Launch::default()
         },
     );
     let pid = ratio.pid();
-    let socket_prefix = format!("dotnet-diagnostic-{pid}-");
-    let has_socket = std::fs::read_dir("/tmp")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|e| e.file_name().to_string_lossy().starts_with(&socket_prefix));
+    // Named by pid and start time: a process killed before it removed
+    // its socket leaves one under a pid reused since.
+    let start = ProcFs::default()
+        .start_time_ticks(pid)
+        .expect("the workload's start time");
+    let has_socket = Path::new(&format!("/tmp/dotnet-diagnostic-{pid}-{start}-socket")).exists();
     assert!(
         !has_socket,
         "pid {pid} has a diagnostic socket: the test needs none"
     );
-    assert_jit_frames_named(&env, &dir, ratio, Path::new("/tmp"), "p.pb.gz");
+    ratio
 }
 
-/// The same app in a mount namespace whose `/tmp` is a read-only tmpfs (a
-/// container with a read-only root and nothing mounted there): it can
-/// write neither its socket nor a perf map, and says nothing; its JIT
-/// frames are named all the same.
-#[test]
-fn record_names_jit_frames_of_a_process_with_a_read_only_tmp() {
-    let env = Env::privileged();
-    let dir = TempDir::new("jit-memory-read-only-tmp");
+/// The Ratio app for `seconds` in a mount namespace whose `/tmp` is a
+/// read-only tmpfs (a container with a read-only root and nothing mounted
+/// there): it can write neither its socket nor a perf map, and says
+/// nothing.
+fn start_ratio_in_read_only_tmp(env: &Env, seconds: &str) -> TestProcess {
     let script = "mount -t tmpfs -o ro tmpfs /tmp && exec \"$0\" \"$@\"";
     let argv: Vec<std::ffi::OsString> = ["unshare", "--mount", "--propagation", "private"]
         .into_iter()
@@ -81,23 +77,39 @@ fn record_names_jit_frames_of_a_process_with_a_read_only_tmp() {
         .chain([
             env.dotnet(Runtime::Net8).as_os_str().to_owned(),
             env.workload(Runtime::Net8, "Ratio").into_os_string(),
-            "12".into(),
+            seconds.into(),
         ])
         .collect();
-    let ratio = TestProcess::start_as_user("Ratio", &argv, 0);
-    let root_tmp = PathBuf::from(format!("/proc/{}/root/tmp", ratio.pid()));
+    TestProcess::start_as_user("Ratio", &argv, 0)
+}
+
+/// Its `/tmp`, seen from the host.
+fn tmp_of(process: &TestProcess) -> PathBuf {
+    PathBuf::from(format!("/proc/{}/root/tmp", process.pid()))
+}
+
+#[test]
+fn record_names_jit_frames_without_the_diagnostic_socket() {
+    let env = Env::privileged();
+    let dir = TempDir::new("jit-memory");
+    let ratio = start_ratio_without_socket(&env, "12");
+    assert_jit_frames_named(&env, &dir, ratio, Path::new("/tmp"), "p.pb.gz");
+}
+
+/// The same app with a read-only `/tmp`: its JIT frames are named all the
+/// same.
+#[test]
+fn record_names_jit_frames_of_a_process_with_a_read_only_tmp() {
+    let env = Env::privileged();
+    let dir = TempDir::new("jit-memory-read-only-tmp");
+    let ratio = start_ratio_in_read_only_tmp(&env, "12");
+    let root_tmp = tmp_of(&ratio);
     assert_jit_frames_named(&env, &dir, ratio, &root_tmp, "read-only-tmp.pb.gz");
 }
 
-/// Records the running Ratio app `ratio` with `record -p` and checks that
-/// at least 95% of its main thread's JIT CPU is named, that the HotA/HotB
-/// split is within 5 points of the app's own timing, and that no perf map
-/// or jitdump appeared in `tmp` (its `/tmp`, from the host).
-fn assert_jit_frames_named(env: &Env, dir: &TempDir, ratio: TestProcess, tmp: &Path, file: &str) {
-    let pid = ratio.pid();
-    // HotA and HotB are compiled and tiered up by now.
-    std::thread::sleep(Duration::from_secs(2));
-    let (_, output_path) = record_pid(env, dir, pid, &["-F", "499", "-d", "5"], file);
+/// Asserts that `tmp` (a process's `/tmp`, from the host) holds no perf
+/// map or jitdump of `pid`.
+fn assert_no_perf_files(tmp: &Path, pid: u32) {
     for name in [format!("perf-{pid}.map"), format!("jit-{pid}.dump")] {
         let path = tmp.join(&name);
         assert!(
@@ -106,60 +118,193 @@ fn assert_jit_frames_named(env: &Env, dir: &TempDir, ratio: TestProcess, tmp: &P
             path.display()
         );
     }
-    let (_, lines) = ratio.wait(Duration::from_secs(60));
-    let expected_ratio: f64 = parse_value(&lines, "RATIO_A")
-        .unwrap_or_else(|| panic!("Ratio printed no RATIO_A: {lines:?}"));
+}
 
-    let profile = read_profile(&output_path);
-    let cpu = value_index(&profile, "cpu/nanoseconds");
-    let (mut managed, mut named, mut cpu_a, mut cpu_b) = (0i64, 0i64, 0i64, 0i64);
-    let mut unnamed_examples = Vec::new();
-    // The hot loop runs on the main thread, whose tid is the pid: its
-    // samples whose leaf is JIT code (named by the memory path, or an
-    // address in anonymous memory nothing named) are the managed ones;
-    // ReadyToRun framework code is named from its files, not here.
-    for sample in samples(&profile) {
-        if sample.pid() != Some(pid) || sample.label_num("thread.id") != Some(i64::from(pid)) {
-            continue;
+/// Records the running Ratio app `ratio` with `record -p` and checks
+/// [`assert_ratio_named`] and that no perf map or jitdump appeared in
+/// `tmp` (its `/tmp`, from the host).
+fn assert_jit_frames_named(env: &Env, dir: &TempDir, ratio: TestProcess, tmp: &Path, file: &str) {
+    let pid = ratio.pid();
+    // HotA and HotB are compiled and tiered up by now.
+    std::thread::sleep(Duration::from_secs(2));
+    let (_, output_path) = record_pid(env, dir, pid, &["-F", "499", "-d", "5"], file);
+    assert_no_perf_files(tmp, pid);
+    let expected_ratio = ratio_a(ratio);
+    let shares = RatioShares::of(&[read_profile(&output_path)], pid);
+    shares.assert_named("record -p", pid, expected_ratio);
+}
+
+/// Waits for the Ratio app to end and returns the HotA share it measured.
+fn ratio_a(ratio: TestProcess) -> f64 {
+    let (_, lines) = ratio.wait(Duration::from_secs(60));
+    parse_value(&lines, "RATIO_A").unwrap_or_else(|| panic!("Ratio printed no RATIO_A: {lines:?}"))
+}
+
+/// The CPU of a Ratio app's main thread in some profiles: its managed
+/// part, how much of it is named, and how it splits between HotA and
+/// HotB; the names of its JIT leaves with their CPU.
+#[derive(Default)]
+struct RatioShares {
+    managed: i64,
+    named: i64,
+    cpu_a: i64,
+    cpu_b: i64,
+    /// Samples with HotA or HotB: how far the split can be trusted.
+    hot_samples: i64,
+    leaves: HashMap<String, i64>,
+}
+
+impl RatioShares {
+    fn of(profiles: &[Profile], pid: u32) -> Self {
+        let mut shares = Self::default();
+        for profile in profiles {
+            let cpu = value_index(profile, "cpu/nanoseconds");
+            let count = value_index(profile, "samples/count");
+            // The hot loop runs on the main thread, whose tid is the pid:
+            // its samples whose leaf is JIT code (named by the memory path,
+            // or an address in anonymous memory nothing named) are the
+            // managed ones; ReadyToRun framework code is named from its
+            // files, not here.
+            for sample in samples(profile) {
+                if sample.pid() != Some(pid)
+                    || sample.label_num("thread.id") != Some(i64::from(pid))
+                {
+                    continue;
+                }
+                let Some(leaf) = sample.frames.first() else {
+                    continue;
+                };
+                let weight = sample.values[cpu];
+                if named_jit(leaf) {
+                    shares.managed += weight;
+                    shares.named += weight;
+                    *shares.leaves.entry(leaf.clone()).or_default() += weight;
+                } else if leaf == UNNAMED_ANONYMOUS {
+                    shares.managed += weight;
+                }
+                if sample.stack_contains(&["Ratio.HotA"]) {
+                    shares.cpu_a += weight;
+                } else if sample.stack_contains(&["Ratio.HotB"]) {
+                    shares.cpu_b += weight;
+                } else {
+                    continue;
+                }
+                shares.hot_samples += sample.values[count];
+            }
         }
-        let Some(leaf) = sample.frames.first() else {
-            continue;
-        };
-        let weight = sample.values[cpu];
-        if named_jit(leaf) {
-            managed += weight;
-            named += weight;
-        } else if leaf == UNNAMED_ANONYMOUS {
-            managed += weight;
-            unnamed_examples.push(leaf.clone());
-        }
-        if sample.stack_contains(&["Ratio.HotA"]) {
-            cpu_a += weight;
-        } else if sample.stack_contains(&["Ratio.HotB"]) {
-            cpu_b += weight;
-        }
+        shares
     }
-    assert!(managed > 0, "no managed samples of pid {pid}");
-    let named_share = named as f64 / managed as f64;
-    unnamed_examples.truncate(5);
-    assert!(
-        named_share >= 0.95,
-        "only {:.1}% of pid {pid}'s managed CPU is named (unnamed leaves: {unnamed_examples:?})",
-        named_share * 100.0
+
+    /// The JIT leaves that hold at least 2% of the named CPU, sorted.
+    fn heavy_leaves(&self) -> Vec<&str> {
+        let mut heavy: Vec<&str> = self
+            .leaves
+            .iter()
+            .filter(|&(_, &weight)| weight * 50 >= self.named)
+            .map(|(name, _)| name.as_str())
+            .collect();
+        heavy.sort_unstable();
+        heavy
+    }
+
+    /// At least 95% of the managed CPU is named, and the HotA/HotB split
+    /// is within 5 points of `expected_ratio`, the app's own timing.
+    fn assert_named(&self, what: &str, pid: u32, expected_ratio: f64) {
+        assert!(self.managed > 0, "{what}: no managed samples of pid {pid}");
+        let named_share = self.named as f64 / self.managed as f64;
+        assert!(
+            named_share >= 0.95,
+            "{what}: only {:.1}% of pid {pid}'s managed CPU is named",
+            named_share * 100.0
+        );
+        assert!(
+            self.cpu_a + self.cpu_b > 0,
+            "{what}: no sample of pid {pid} holds Ratio.HotA or Ratio.HotB"
+        );
+        let measured = self.cpu_a as f64 / (self.cpu_a + self.cpu_b) as f64;
+        eprintln!(
+            "{what}: pid {pid}: {:.1}% of managed CPU named; HotA share {measured:.4} ({} samples), workload says {expected_ratio:.4}",
+            named_share * 100.0,
+            self.hot_samples
+        );
+        assert!(
+            (measured - expected_ratio).abs() <= 0.05,
+            "{what}: HotA share {measured:.4} in the profile ({} samples), {expected_ratio:.4} measured by the workload",
+            self.hot_samples
+        );
+    }
+}
+
+/// Both hardened set-ups at once, seen by a whole-host `record -a` and by
+/// the agent (directory sink) at the same time: each names at least 95%
+/// of each app's managed CPU, splits it between HotA and HotB within 5
+/// points of the app's own timing, and the agent's windows carry the same
+/// names as the recording; nothing is written into either app.
+#[test]
+fn record_a_and_the_agent_name_jit_frames_of_hardened_processes() {
+    let env = Env::privileged();
+    let dir = TempDir::new("jit-memory-host");
+    let no_socket = start_ratio_without_socket(&env, "30");
+    let read_only = start_ratio_in_read_only_tmp(&env, "30");
+    let windows = dir.join("windows");
+    let agent = TestAgent::start(
+        &env,
+        &dir,
+        &[
+            // Enough samples for a 5-point bound on a loaded host.
+            "-F".as_ref(),
+            "499".as_ref(),
+            "--upload-interval".as_ref(),
+            "5s".as_ref(),
+            "--output-dir".as_ref(),
+            windows.as_os_str(),
+        ],
+    )
+    .wait_ready();
+    // HotA and HotB are compiled and tiered up by now.
+    std::thread::sleep(Duration::from_secs(2));
+    let record_path = dir.join("host.pb.gz");
+    let output = run_clrbpf(
+        &env,
+        &[
+            "record".as_ref(),
+            "-a".as_ref(),
+            "-F".as_ref(),
+            "999".as_ref(),
+            "-d".as_ref(),
+            "8".as_ref(),
+            "-o".as_ref(),
+            record_path.as_os_str(),
+        ],
+        dir.path(),
+        Duration::from_secs(120),
     );
-    assert!(
-        cpu_a + cpu_b > 0,
-        "no sample of pid {pid} holds Ratio.HotA or Ratio.HotB"
-    );
-    let measured = cpu_a as f64 / (cpu_a + cpu_b) as f64;
-    eprintln!(
-        "pid {pid}: {:.1}% of managed CPU named; HotA share {measured:.4}, workload says {expected_ratio:.4}",
-        named_share * 100.0
-    );
-    assert!(
-        (measured - expected_ratio).abs() <= 0.05,
-        "HotA share {measured:.4} in the profile, {expected_ratio:.4} measured by the workload"
-    );
+    assert_success(&output);
+    agent.stop();
+    assert_no_perf_files(Path::new("/tmp"), no_socket.pid());
+    assert_no_perf_files(&tmp_of(&read_only), read_only.pid());
+
+    let recorded = read_profile(&record_path);
+    let mut window_files: Vec<PathBuf> = std::fs::read_dir(&windows)
+        .expect("the agent's output directory")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().contains(".process_cpu."))
+        .collect();
+    window_files.sort();
+    let uploaded: Vec<Profile> = window_files.iter().map(|p| read_profile(p)).collect();
+    for (what, app) in [("no socket", no_socket), ("read-only /tmp", read_only)] {
+        let pid = app.pid();
+        let expected_ratio = ratio_a(app);
+        let host = RatioShares::of(std::slice::from_ref(&recorded), pid);
+        host.assert_named(&format!("{what}, record -a"), pid, expected_ratio);
+        let agent = RatioShares::of(&uploaded, pid);
+        agent.assert_named(&format!("{what}, agent"), pid, expected_ratio);
+        assert_eq!(
+            agent.heavy_leaves(),
+            host.heavy_leaves(),
+            "{what}: pid {pid}'s heaviest JIT frames are named otherwise by the agent than by record -a"
+        );
+    }
 }
 
 /// `Namespace.Type.Method` of a perf map name, generic arguments removed
@@ -391,7 +536,11 @@ fn memory_names_agree_with_the_perf_map_per_sample() {
         "pid {pid}: {:.2}% of managed CPU samples named alike ({frames_agreed} of {frames} frames; {} looked up in images, {} in JIT memory); most CPU disagreeing: {worst:#?}",
         share * 100.0,
         memory.images.named(),
-        memory.jit.counts.named.load(std::sync::atomic::Ordering::Relaxed),
+        memory
+            .jit
+            .counts
+            .named
+            .load(std::sync::atomic::Ordering::Relaxed),
     );
     assert!(total > 0, "no managed sample of pid {pid}");
     assert!(
