@@ -83,12 +83,12 @@ impl Mode {
 
 /// Resource use of a finished child, from wait4(2).
 #[derive(Clone, Copy, Debug, Default)]
-struct Usage {
-    cpu: Duration,
-    max_rss_kib: u64,
+pub struct Usage {
+    pub cpu: Duration,
+    pub max_rss_kib: u64,
 }
 
-fn wait_with_usage(child: &mut Child) -> anyhow::Result<(std::process::ExitStatus, Usage)> {
+pub fn wait_with_usage(child: &mut Child) -> anyhow::Result<(std::process::ExitStatus, Usage)> {
     let pid = i32::try_from(child.id()).context("pid out of range")?;
     let mut status = 0;
     // SAFETY: zeroed rusage is a valid value for the kernel to fill.
@@ -328,7 +328,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    // `CLRBPF_BENCH_ONLY=cpu,alloc,steady,churn,storm,first,allocstorm,node` runs
+    // `CLRBPF_BENCH_ONLY=cpu,alloc,steady,churn,storm,first,allocstorm,node,names` runs
     // only those parts.
     if let Ok(only) = std::env::var("CLRBPF_BENCH_ONLY") {
         for part in only.split(',') {
@@ -345,9 +345,10 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
                 }
                 "allocstorm" => crate::bench_alloc_storm::run(inputs)?,
                 "node" => crate::bench_node::run(inputs)?,
+                "names" => crate::bench_names::run(inputs)?,
                 other => {
                     bail!(
-                        "CLRBPF_BENCH_ONLY: no bench part {other:?} (cpu, alloc, steady, churn, storm, first, allocstorm, node)"
+                        "CLRBPF_BENCH_ONLY: no bench part {other:?} (cpu, alloc, steady, churn, storm, first, allocstorm, node, names)"
                     )
                 }
             }
@@ -386,6 +387,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     crate::bench_saturated::run(inputs, have_perf)?;
     crate::bench_churn::run(inputs)?;
     crate::bench_node::run(inputs)?;
+    crate::bench_names::run(inputs)?;
     if !have_perf {
         println!("\nbench: perf is not installed (apt-get install linux-perf): no comparison row");
     }
