@@ -136,7 +136,13 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         let mut runs: Vec<Vec<NamesRun>> = sources.iter().map(|_| Vec::new()).collect();
         for _ in 0..ROUNDS {
             for (source, runs) in sources.iter().zip(runs.iter_mut()) {
-                runs.push(record_once(inputs, pid, source, &cache_arg)?);
+                let run = record_once(inputs, pid, source, &cache_arg)?;
+                // Each round, for a noisy machine's outliers.
+                eprintln!(
+                    "bench: names: {source}: {:.0} ms, {:.1} MiB, {} frames, {} bytes written",
+                    run.cpu_ms, run.max_rss_mib, run.named, run.written
+                );
+                runs.push(run);
             }
         }
         Ok(runs)
