@@ -3,7 +3,11 @@
 //! no perf map can be asked for and no events come; `record -p` must still
 //! name its managed frames, by walking the runtime's code range map and
 //! reading the method's metadata from its assembly file, and write nothing
-//! into the target. Run by `cargo xtask test` (root, one test at a time).
+//! into the target. The same holds for `record -a` and the agent, and for
+//! a process whose `/tmp` is read-only. On a warm app that does write a
+//! perf map, the memory path must name what the perf map names, per
+//! method and per CPU sample. Run by `cargo xtask test` (root, one test at
+//! a time).
 
 use std::{
     collections::HashMap,
