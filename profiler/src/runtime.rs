@@ -106,8 +106,9 @@ pub trait RuntimeInstance {
     /// dropped, for the unwinder. `read_first`: the name sources are read
     /// first if they were not lately.
     fn take_new_code(&mut self, read_first: bool) -> (Vec<JitMethod>, u64);
-    /// Takes what the runtime answered or sent since the last poll.
-    fn poll(&mut self);
+    /// Takes what the runtime answered or sent since the last poll;
+    /// returns how many events came.
+    fn poll(&mut self) -> usize;
     /// The event samples of the sampling windows closed so far.
     fn take_events(&mut self) -> Self::Events;
     /// Asks the runtime to stop its events, without waiting: every

@@ -5,9 +5,9 @@
 use std::{process::Command, time::Duration};
 
 use clrbpf_integration_tests::{
-    EXCEPTIONS_WORKLOAD_TYPES, Env, LabelValue, Runtime, TempDir, TestProcess, assert_success,
-    exceptions_thrown, go_pprof_top, parse_value, read_profile, record_pid, run_clrbpf,
-    sample_types, samples, value_index,
+    EXCEPTIONS_WORKLOAD_TYPES, Env, LabelValue, Launch, Runtime, TempDir, TestProcess,
+    assert_success, exceptions_thrown, go_pprof_top, parse_value, read_profile, record_pid,
+    run_clrbpf, sample_types, samples, value_index,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -88,6 +88,74 @@ fn net8_contention_delay_matches_the_waiting_threads() {
 #[test]
 fn netcore31_contention_delay_matches_the_waiting_threads() {
     assert_contention_matches(Runtime::NetCore31);
+}
+
+/// A .NET 8 app in a PID namespace of its own, as in a container: its
+/// runtime reports the thread ids of that namespace. Contention samples
+/// carry the host's ids (those of its CPU samples) and the thread's name,
+/// and a lock owner's id is a host thread of the app too.
+#[test]
+fn contention_in_a_pid_namespace_carries_host_thread_ids_and_names() {
+    let env = Env::privileged();
+    let dir = TempDir::new("contention-pidns");
+    let workload = TestProcess::launch(
+        &env,
+        Runtime::Net8,
+        "Contention",
+        &[START_DELAY_S, "4", "20", "25"],
+        &Launch {
+            pid_in_namespace: Some(500),
+            ..Launch::default()
+        },
+    );
+    let pid = workload.pid();
+    // The app's host thread ids, gathered while it runs.
+    let watcher = std::thread::spawn(move || {
+        let mut tids = std::collections::HashSet::new();
+        while let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            tids.extend(
+                tasks
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse::<i64>().ok()),
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        tids
+    });
+    let (_, path) = record_pid(&env, &dir, pid, &[], "contention.pb.gz");
+    let (status, lines) = workload.wait(TIMEOUT);
+    assert!(status.success(), "workload failed: {lines:?}");
+    let host_tids = watcher.join().expect("watcher");
+    let profile = read_profile(&path);
+    let contentions = value_index(&profile, "contentions/count");
+    let contended: Vec<_> = samples(&profile)
+        .into_iter()
+        .filter(|s| s.values[contentions] > 0)
+        .collect();
+    assert!(!contended.is_empty(), "no contention recorded");
+    for sample in &contended {
+        let tid = sample.label_num("thread.id");
+        assert!(
+            tid.is_some_and(|tid| host_tids.contains(&tid)),
+            "contention sample with thread.id {tid:?}, not one of the app's host threads {host_tids:?}"
+        );
+        assert!(
+            matches!(sample.label("thread.name"), Some(LabelValue::Str(name)) if !name.is_empty()),
+            "contention sample of thread {tid:?} without thread.name"
+        );
+        if let Some(owner) = sample.label_num("lock.owner.thread.id") {
+            assert!(
+                host_tids.contains(&owner),
+                "lock.owner.thread.id {owner} is not one of the app's host threads {host_tids:?}"
+            );
+        }
+    }
+    assert!(
+        contended
+            .iter()
+            .any(|s| s.label_num("lock.owner.thread.id").is_some()),
+        "no contention sample names the lock's owner"
+    );
 }
 
 #[test]

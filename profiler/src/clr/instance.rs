@@ -354,10 +354,10 @@ impl RuntimeInstance for DotnetInstance {
 
     /// Takes the perf map attach's answer, then starts or drains the
     /// EventPipe session.
-    fn poll(&mut self) {
+    fn poll(&mut self) -> usize {
         self.poll_attach();
         let Some(clr) = self.clr.as_mut() else {
-            return;
+            return 0;
         };
         let mut managed = self.managed.as_mut().filter(|_| self.methods_from_events);
         let taken = clr.poll(&mut |method, time_ns| {
@@ -377,6 +377,7 @@ impl RuntimeInstance for DotnetInstance {
             self.clr_symbols_stale = false;
             self.refresh_names(true);
         }
+        taken
     }
 
     fn take_events(&mut self) -> Vec<Weighted<ClrSample>> {

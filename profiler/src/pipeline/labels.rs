@@ -8,10 +8,10 @@ use super::tracked::TrackedProcess;
 use crate::profile::{Label, Waker, label_keys};
 
 /// The labels of a sample of `tid` in `process`, in this order: pid,
-/// executable, thread id, thread name (when known), container, pod.
+/// executable, thread id and thread name (when known), container, pod.
 pub(super) fn sample_labels(
     process: &TrackedProcess,
-    tid: i64,
+    tid: Option<i64>,
     thread_name: Option<&Arc<str>>,
 ) -> Vec<Label> {
     let mut labels = vec![
@@ -20,8 +20,10 @@ pub(super) fn sample_labels(
             label_keys::PROCESS_EXECUTABLE_NAME,
             process.exe_name.clone(),
         ),
-        Label::num(label_keys::THREAD_ID, tid),
     ];
+    if let Some(tid) = tid {
+        labels.push(Label::num(label_keys::THREAD_ID, tid));
+    }
     if let Some(name) = thread_name {
         labels.push(Label::str(label_keys::THREAD_NAME, name.clone()));
     }

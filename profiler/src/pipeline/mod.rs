@@ -340,8 +340,10 @@ impl Pipeline {
             {
                 process.refresh_maps(procfs, native);
             }
-            if let Some(runtime) = process.runtime_mut() {
-                runtime.poll();
+            let events = process.runtime_mut().map_or(0, RuntimeInstance::poll);
+            if events > 0 {
+                // Their threads' host ids and names, while they run.
+                process.threads.refresh(procfs, process.pid);
             }
         }
     }
@@ -794,7 +796,7 @@ impl Pipeline {
             runtime.count_names(namer.user_frames(), count);
         }
         let tid = i64::from(sample.tid);
-        let labels = labels::sample_labels(process, tid, Some(&sample.thread_name));
+        let labels = labels::sample_labels(process, Some(tid), Some(&sample.thread_name));
         match &sample.off_cpu {
             None => aggregator.add(stack, labels, &layout.on_cpu(count, sample.value)),
             Some(off_cpu) => self.add_off_cpu(sample, off_cpu, labels),

@@ -4,9 +4,9 @@
 
 use super::{labels, tracked::TrackedProcess};
 use crate::{
-    clr::intake::{ClrSample, ClrSampleKind},
+    clr::intake::{ClrSample, ClrSampleKind, clr_label_keys},
     process::ProcFs,
-    profile::{Aggregator, Frame, clr_sampling::Weighted, layout::ValueLayout},
+    profile::{Aggregator, Frame, Label, LabelValue, clr_sampling::Weighted, layout::ValueLayout},
     symbolize::{native::NativeSymbolizer, stack::user_frame},
 };
 
@@ -47,14 +47,41 @@ pub(super) fn add_clr_samples(
         if item.stack.is_empty() {
             stack.push(aggregator.intern(&Frame::synthetic("[no stack]")));
         }
-        let tid = i64::try_from(item.thread_id).unwrap_or(i64::MAX);
-        let mut labels = labels::sample_labels(process, tid, None);
-        labels.extend(item.labels);
+        // The runtime's thread ids are its PID namespace's: the host's
+        // make a thread the same in every sample type.
+        let thread = process.threads.host(procfs, process.pid, item.thread_id);
+        let mut labels = labels::sample_labels(
+            process,
+            thread.as_ref().map(|t| i64::from(t.tid)),
+            thread.as_ref().and_then(|t| t.name.as_ref()),
+        );
+        labels.extend(
+            item.labels
+                .into_iter()
+                .filter_map(|label| host_lock_owner(procfs, process, label)),
+        );
         let Some(values) = values else {
             continue;
         };
         aggregator.add(stack, labels, &values);
     }
+}
+
+/// `label`, with a lock owner's thread id made the host's; `None` when the
+/// owner's host id is not known (a thread of a process in its own PID
+/// namespace that is gone).
+fn host_lock_owner(procfs: &ProcFs, process: &mut TrackedProcess, label: Label) -> Option<Label> {
+    let owner = match &label.value {
+        LabelValue::Num { value, .. } if &*label.key == clr_label_keys::LOCK_OWNER_THREAD_ID => {
+            u64::try_from(*value).ok()?
+        }
+        _ => return Some(label),
+    };
+    let owner = process.threads.host(procfs, process.pid, owner)?;
+    Some(Label::num(
+        clr_label_keys::LOCK_OWNER_THREAD_ID,
+        i64::from(owner.tid),
+    ))
 }
 
 /// The type name an allocation sample's leaf frame shows.
@@ -63,11 +90,7 @@ fn allocation_leaf(item: &ClrSample) -> Option<&str> {
         return None;
     }
     item.labels.iter().find_map(|label| match &label.value {
-        crate::profile::LabelValue::Str(name)
-            if &*label.key == crate::clr::intake::clr_label_keys::ALLOCATION_TYPE =>
-        {
-            Some(&**name)
-        }
+        LabelValue::Str(name) if &*label.key == clr_label_keys::ALLOCATION_TYPE => Some(&**name),
         _ => None,
     })
 }

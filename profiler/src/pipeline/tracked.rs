@@ -16,6 +16,7 @@ use crate::{
     process::{
         ProcFs,
         maps::{Mapping, MappingTable},
+        threads::ThreadIds,
     },
     profile::Frame,
     runtime::{ProcessContext, RuntimeInstance, RuntimeLoader},
@@ -55,6 +56,8 @@ pub(super) struct TrackedProcess {
     /// PID namespaces: what its runtime writes is ours to remove.
     pub(super) launched_here: bool,
     pub(super) warnings: Vec<String>,
+    /// Its threads by the ids its runtime's events carry.
+    pub(super) threads: ThreadIds,
     runtime: RuntimeSlot<Loader>,
 }
 
@@ -72,6 +75,7 @@ impl TrackedProcess {
         loader: Loader,
     ) -> Self {
         let info = procfs.process_info(pid).ok();
+        let threads = ThreadIds::new(info.as_ref().is_some_and(|i| i.ns_pid != pid));
         let launched_here = info.as_ref().is_some_and(|i| i.ns_pid == pid)
             && is_descendant_of_self(procfs, pid)
             && same_mount_namespace(pid);
@@ -96,6 +100,7 @@ impl TrackedProcess {
             maps_read_at: None,
             launched_here,
             warnings: Vec::new(),
+            threads,
             runtime: RuntimeSlot::Looking(loader),
         };
         process.refresh_maps(procfs, native);

@@ -20,6 +20,7 @@ pub mod main_module;
 pub mod maps;
 pub mod priority;
 pub mod root;
+pub mod threads;
 
 use std::{
     fs::File,
