@@ -243,7 +243,7 @@ pub fn jit_memory_reader(
         Err(e) => {
             tracing::debug!(pid, "no JIT names from memory: {e}");
             Box::new(NoMemoryNames(format!(
-                "JIT frames cannot be named from the runtime's memory: {e}"
+                "the runtime's memory cannot name them: {e}"
             )))
         }
     })
