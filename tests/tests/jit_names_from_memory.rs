@@ -38,6 +38,7 @@ const UNNAMED_ANONYMOUS: &str = "[unknown]";
 fn named_jit(frame: &str) -> bool {
     frame.starts_with("Ratio.")
         || frame.starts_with("[stub: ")
+        || frame.starts_with("dynamicClass.")
         || frame.starts_with("[dynamic method]")
 }
 
@@ -374,11 +375,14 @@ fn memory_names_agree_with_the_perf_map() {
         };
         let pc = start + size / 2;
         let got = names.code_name(pc).map(|n| n.name.to_string());
+        // LCG methods and IL stubs: the runtime keeps their name in the
+        // DynamicMethodDesc, and the memory path says it as the perf map does.
         if expected.starts_with("dynamicClass.") {
             dynamic += 1;
-            dynamic_agreed += usize::from(got.as_deref() == Some("[dynamic method]"));
-            if dynamic_examples.len() < 3 {
-                dynamic_examples.push(format!("{start:#x} {expected}: {got:?}"));
+            if got.as_deref() == Some(expected.as_str()) {
+                dynamic_agreed += 1;
+            } else if dynamic_examples.len() < 5 {
+                dynamic_examples.push(format!("{start:#x} perf map {expected} memory {got:?}"));
             }
             continue;
         }
@@ -401,9 +405,77 @@ fn memory_names_agree_with_the_perf_map() {
         agreed * 100 >= compared * 99,
         "memory and perf map agree on {agreed} of {compared} methods: {disagreements:#?}"
     );
-    // Dynamic methods (LCG, `InvokeStub_*`) are not asserted on: the
-    // memory path does not name them as such yet (see the report).
-    eprintln!("dynamic methods: {dynamic_examples:?}");
+    assert!(
+        dynamic_agreed * 100 >= dynamic * 99,
+        "memory and perf map agree on {dynamic_agreed} of {dynamic} dynamic methods: {dynamic_examples:#?}"
+    );
+}
+
+/// Code with no metadata behind it (an LCG method, a reflection invoke
+/// stub, a P/Invoke IL stub: tests/workloads/Dynamic.cs) is named from
+/// the name its DynamicMethodDesc keeps, as the perf map names it:
+/// `dynamicClass.SquareLcg`, `dynamicClass.IL_STUB_PInvoke`.
+#[test]
+fn memory_names_dynamic_methods_as_the_perf_map_does() {
+    let env = Env::privileged();
+    let app = TestProcess::start(&env, Runtime::Net8, "Dynamic", &["8"], true);
+    let pid = app.pid();
+    std::thread::sleep(Duration::from_secs(2));
+    let perf_map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    let _cleanup = RemoveOnDrop(vec![
+        perf_map.clone(),
+        PathBuf::from(format!("/tmp/jit-{pid}.dump")),
+    ]);
+    let text = std::fs::read_to_string(&perf_map)
+        .unwrap_or_else(|e| panic!("{}: {e}", perf_map.display()));
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let mappings = MappingTable::parse(maps.as_bytes()).expect("maps parse");
+    let names = JitMemoryNames::attach(&ProcFs::default(), pid, &mappings)
+        .unwrap_or_else(|e| panic!("memory path for pid {pid}: {e}"));
+    let mut seen = Vec::new();
+    let mut disagreements = Vec::new();
+    for line in text.lines() {
+        let mut fields = line.splitn(3, ' ');
+        let (Some(start), Some(size), Some(full)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let (Ok(start), Ok(size)) = (
+            u64::from_str_radix(start.trim_start_matches("0x"), 16),
+            u64::from_str_radix(size.trim_start_matches("0x"), 16),
+        ) else {
+            continue;
+        };
+        let Some(expected) = perf_map_short_name(full).filter(|n| n.starts_with("dynamicClass."))
+        else {
+            continue;
+        };
+        let got = names
+            .code_name(start + size / 2)
+            .map(|n| n.name.to_string());
+        if got.as_deref() != Some(expected.as_str()) {
+            disagreements.push(format!("{start:#x} perf map {expected} memory {got:?}"));
+        }
+        seen.push(expected);
+    }
+    eprintln!("pid {pid}: dynamic methods in the perf map: {seen:?}");
+    for wanted in [
+        "dynamicClass.SquareLcg",
+        "dynamicClass.IL_STUB_PInvoke",
+        "dynamicClass.InvokeStub_Dynamic.Twice",
+    ] {
+        assert!(
+            seen.iter().any(|n| n == wanted),
+            "{wanted} is not in {}: {seen:?}",
+            perf_map.display()
+        );
+    }
+    assert!(
+        disagreements.is_empty(),
+        "memory and perf map name {} of {} dynamic methods differently: {disagreements:#?}",
+        disagreements.len(),
+        seen.len()
+    );
 }
 
 /// Removes the perf files a workload started with a perf map leaves.

@@ -235,3 +235,77 @@ fn ready_to_run_names_agree_with_the_runtimes_jitdump() {
         &other[..other.len().min(20)]
     );
 }
+
+/// The summary of `record -p` over a .NET 8 and a .NET Core 3.1 process
+/// without their sockets says, once per process, what is named and why
+/// not: the .NET 8 one is named from its images and memory, with no perf
+/// map warning; the 3.1 one (whose runtime exports no `g_dacTable`) gets
+/// one line saying its JIT frames are not named and how to name them.
+#[test]
+fn summary_says_once_why_jit_frames_of_a_net_core_3_1_process_are_unnamed() {
+    let env = Env::privileged();
+    let dir = TempDir::new("names-without-socket-summary");
+    let no_socket = Launch {
+        env: &[
+            ("DOTNET_EnableDiagnostics", "0"),
+            ("COMPlus_EnableDiagnostics", "0"),
+        ],
+        ..Launch::default()
+    };
+    let net8 = TestProcess::launch(&env, Runtime::Net8, "Ratio", &["20"], &no_socket);
+    let net31 = TestProcess::launch(&env, Runtime::NetCore31, "Ratio", &["20"], &no_socket);
+    let (pid8, pid31) = (net8.pid(), net31.pid());
+    let other = pid31.to_string();
+    let (output, _) = record_pid(&env, &dir, pid8, &["-d", "3", "-p", &other], "both.pb.gz");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stderr.contains("could not turn on perf maps"),
+        "a perf map warning for processes named without perf maps:\n{stderr}"
+    );
+    let memory: u64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("clrbpf: pid {pid8}: managed frames named: ")))
+        .and_then(|l| {
+            l.split(", ")
+                .last()?
+                .strip_suffix(" by runtime memory")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no runtime memory count for pid {pid8}:\n{stderr}"));
+    assert!(memory > 0, "pid {pid8}'s JIT frames unnamed:\n{stderr}");
+    let about = |pid: u32| -> Vec<&str> {
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("clrbpf: warning: ") && l.contains(&pid.to_string()))
+            .collect()
+    };
+    let unnamed: Vec<&str> = about(pid31)
+        .into_iter()
+        .filter(|l| l.contains("JIT-compiled frames"))
+        .collect();
+    assert_eq!(unnamed.len(), 1, "{stderr}");
+    for needed in [
+        "g_dacTable",
+        "DOTNET_PerfMapEnabled=1",
+        "ReadyToRun frames are named",
+    ] {
+        assert!(
+            unnamed[0].contains(needed),
+            "{needed} not in {}",
+            unnamed[0]
+        );
+    }
+    assert!(
+        about(pid8)
+            .iter()
+            .all(|l| !l.contains("JIT-compiled frames")),
+        "{stderr}"
+    );
+    // Each warning names its process once.
+    for pid in [pid8, pid31] {
+        for line in about(pid) {
+            assert_eq!(line.matches(&pid.to_string()).count(), 1, "{line}");
+        }
+    }
+}

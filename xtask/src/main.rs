@@ -16,6 +16,7 @@ mod bench_stack_copy;
 mod bench_steady;
 mod chart;
 mod cmd;
+mod fuzz;
 mod limits;
 mod setup;
 mod workloads;
@@ -80,6 +81,15 @@ enum Task {
     /// time per sample, CPU and memory of clrbpf, perf map load time) and
     /// print one table (needs root).
     Bench,
+    /// Run each cargo-fuzz target of fuzz/ briefly (nightly; installs
+    /// cargo-fuzz, seeds the corpora from real files). Not part of `test`.
+    Fuzz {
+        /// Seconds per target
+        #[arg(long, default_value_t = 30)]
+        seconds: u32,
+        /// Targets to run [default: all]
+        targets: Vec<String>,
+    },
     /// List production functions over 120 lines and files over 1,200
     /// lines in profiler/src (test code excluded); fails when there is one.
     Limits,
@@ -147,6 +157,7 @@ fn main() -> ExitCode {
         Task::Test => test(&repo),
         Task::Demo => demo(&repo),
         Task::Bench => bench(&repo),
+        Task::Fuzz { seconds, targets } => fuzz::run(&repo, &targets, seconds),
         Task::Limits => limits::check(&repo.root.join("profiler/src")),
     });
     match result {

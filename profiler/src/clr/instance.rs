@@ -48,6 +48,19 @@ use crate::{
 /// A perf map attach running on the job pool ([`super::jobs`]).
 pub type AttachJob = super::jobs::Job<Result<PerfMapAttachOutcome, IpcError>>;
 
+/// Whether something other than the runtime's memory names a process's
+/// JIT code, as far as the perf map attach tells: the memory path's
+/// problems are worth a warning only when nothing does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum JitNamesElsewhere {
+    /// Not known (yet): the attach has not answered, or failed otherwise.
+    Unknown,
+    /// Perf maps are on, or method events name its methods.
+    Yes,
+    /// It has no diagnostic socket: nothing can turn perf maps on.
+    NoSocket,
+}
+
 /// How often a process's perf map / jitdump are re-read at most (only the
 /// bytes added since the last read). It is also how late a method's unwind
 /// rows can be after it was compiled (see `JIT_REBUILD_EVERY`).
@@ -156,6 +169,7 @@ impl RuntimeLoader for DotnetLoader {
             // tells the sources apart by this `Arc`.
             jit_memory_module: module("[jit]"),
             name_counts: NameSourceCounts::default(),
+            jit_names: JitNamesElsewhere::Unknown,
             methods_from_events: false,
             clr_symbols_stale: false,
             perf_map: None,
@@ -198,6 +212,9 @@ pub struct DotnetInstance {
     jit_memory_module: Arc<Module>,
     /// Managed frames of CPU samples named by each source.
     name_counts: NameSourceCounts,
+    /// What the perf map attach says of naming JIT code without the
+    /// runtime's memory.
+    jit_names: JitNamesElsewhere,
     /// Name methods from the session's MethodLoad events (no perf map).
     methods_from_events: bool,
     /// CLR events arrived since the perf map was last read.
@@ -420,11 +437,18 @@ impl RuntimeInstance for DotnetInstance {
     fn detach(&mut self, keep_files: bool) -> DotnetDetached {
         let attach_job = self.abandon_attach();
         let mut warnings = std::mem::take(&mut self.warnings);
-        if let Some(problems) = self.jit_memory.as_ref().and_then(|m| m.problems()) {
-            warnings.push(format!(
+        let memory_problems = self.jit_memory.as_ref().and_then(|m| m.problems());
+        match (memory_problems, self.jit_names) {
+            // Perf maps or method events name its JIT code.
+            (_, JitNamesElsewhere::Yes) | (None, _) => {}
+            (Some(problems), JitNamesElsewhere::NoSocket) => warnings.push(format!(
+                "pid {}: its JIT-compiled frames are not named: {problems}, and with no diagnostic socket no perf map can be turned on (start it with DOTNET_PerfMapEnabled=1, COMPlus_PerfMapEnabled=1 before .NET 5, to name them); its ReadyToRun frames are named from the image files",
+                self.pid
+            )),
+            (Some(problems), JitNamesElsewhere::Unknown) => warnings.push(format!(
                 "pid {}: some JIT-compiled frames may be unnamed: {problems}",
                 self.pid
-            ));
+            )),
         }
         if let Some(problems) = self.managed.as_ref().and_then(|m| m.errors().problems()) {
             warnings.push(format!(
@@ -600,11 +624,17 @@ impl DotnetInstance {
             }
         };
         match outcome {
-            Ok(PerfMapAttachOutcome::Enabled(handle)) => self.perf_map = Some(*handle),
-            Ok(PerfMapAttachOutcome::AlreadyEnabled { .. }) => {}
+            Ok(PerfMapAttachOutcome::Enabled(handle)) => {
+                self.perf_map = Some(*handle);
+                self.jit_names = JitNamesElsewhere::Yes;
+            }
+            Ok(PerfMapAttachOutcome::AlreadyEnabled { .. }) => {
+                self.jit_names = JitNamesElsewhere::Yes;
+            }
             Ok(PerfMapAttachOutcome::Unsupported(PerfMapUnsupported::BeforeNet8 { .. }))
                 if self.methods_from_events && self.clr.is_some() =>
             {
+                self.jit_names = JitNamesElsewhere::Yes;
                 tracing::debug!(
                     pid,
                     "no EnablePerfMap before .NET 8: naming methods by rundown"
@@ -618,6 +648,16 @@ impl DotnetInstance {
             }
             Ok(PerfMapAttachOutcome::Unsupported(other)) => {
                 self.warnings.push(format!("pid {pid}: {other}"))
+            }
+            // No socket: the images and the runtime's memory name its
+            // frames (the summary says how many), the CLR events warning
+            // says why there is no socket, and the memory path's warning
+            // says if its JIT frames stay unnamed.
+            Err(e @ (IpcError::DiagnosticsDisabled { .. } | IpcError::SocketNotFound { .. }))
+                if self.ready_to_run.is_some() =>
+            {
+                self.jit_names = JitNamesElsewhere::NoSocket;
+                tracing::debug!(pid, "no perf maps: {e}");
             }
             Err(e) => self
                 .warnings

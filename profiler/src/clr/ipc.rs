@@ -304,7 +304,7 @@ pub enum IpcError {
     )]
     SocketNotFound { pid: u32, dir: PathBuf },
     #[error(
-        "process {pid} runs with DOTNET_EnableDiagnostics=0: its runtime opened no diagnostic socket, so no CLR events or runtime metrics (restart it without that setting for them); its managed frames are named from its image files and the runtime's memory instead of a perf map (unless --managed-names perf-map)"
+        "it runs with DOTNET_EnableDiagnostics=0, so its runtime opened no diagnostic socket (restart it without that setting for CLR events and runtime metrics)"
     )]
     DiagnosticsDisabled { pid: u32 },
     #[error(

@@ -83,7 +83,8 @@ pub struct ClrLayout {
     pub method_desc_flags: u64,
     pub method_desc_alignment: u64,
     pub token_remainder_bits: u32,
-    /// `DynamicMethodDesc::m_pszMethodName` (from the descriptor, 9+).
+    /// `DynamicMethodDesc::m_pszMethodName` (8 written down, 9+ from the
+    /// descriptor).
     pub dynamic_method_name: Option<u64>,
 
     pub chunk_method_table: u64,
@@ -140,7 +141,13 @@ impl ClrLayout {
                 7 => 13,
                 _ => 12,
             },
-            dynamic_method_name: None,
+            // `DynamicMethodDesc::m_pszMethodName` follows `MethodDesc` (8
+            // bytes) and `StoredSigMethodDesc`'s `m_pSig`, `m_cSig` and
+            // `m_dwExtendedFlags` (method.hpp at v8.0.0); checked against a
+            // live 8.0.4 by tests/tests/jit_names_from_memory.rs. Left out
+            // for .NET 6/7, whose headers (relative pointers in 6) are not
+            // checked against a runtime here: `[dynamic method]` there.
+            dynamic_method_name: (major == 8).then_some(0x18),
             chunk_method_table: 0,
             chunk_token_range: 0x12,
             chunk_size: 0x18,

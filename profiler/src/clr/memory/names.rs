@@ -110,10 +110,7 @@ impl JitMemoryNames {
         };
         let name = match code {
             ManagedCode::Method { image, token, .. } => self.method_name(image?, token)?,
-            ManagedCode::Dynamic { name } => plain_name(match name {
-                Some(name) => format!("[dynamic method] {name}"),
-                None => "[dynamic method]".to_string(),
-            }),
+            ManagedCode::Dynamic { name } => plain_name(dynamic_method_name(name.as_deref())),
             ManagedCode::Stub { kind } => plain_name(format!("[stub: {kind}]")),
             // Named from the image file by the ReadyToRun path.
             ManagedCode::ReadyToRun { .. } => return None,
@@ -170,6 +167,20 @@ impl JitMemoryNames {
         }
         images.insert(path.clone(), read.clone());
         read
+    }
+}
+
+/// The type that holds LCG methods and IL stubs, as the runtime names it
+/// in perf maps and stack traces (`dynamicClass::IL_STUB_PInvoke`).
+const DYNAMIC_CLASS: &str = "dynamicClass";
+
+/// A dynamic method's frame name: `dynamicClass.Name` as the perf map says
+/// it, so a frame is named alike whichever source names it; its kind when
+/// the runtime keeps no name (or it is empty).
+fn dynamic_method_name(name: Option<&str>) -> String {
+    match name.filter(|n| !n.is_empty()) {
+        Some(name) => format!("{DYNAMIC_CLASS}.{name}"),
+        None => "[dynamic method]".to_string(),
     }
 }
 
@@ -232,8 +243,27 @@ pub fn jit_memory_reader(
         Err(e) => {
             tracing::debug!(pid, "no JIT names from memory: {e}");
             Box::new(NoMemoryNames(format!(
-                "JIT frames cannot be named from the runtime's memory: {e}"
+                "the runtime's memory cannot name them: {e}"
             )))
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamic_methods_are_named_as_the_perf_map_names_them() {
+        assert_eq!(
+            dynamic_method_name(Some("InvokeStub_EventAttribute.set_Level")),
+            "dynamicClass.InvokeStub_EventAttribute.set_Level"
+        );
+        assert_eq!(
+            dynamic_method_name(Some("IL_STUB_PInvoke")),
+            "dynamicClass.IL_STUB_PInvoke"
+        );
+        assert_eq!(dynamic_method_name(None), "[dynamic method]");
+        assert_eq!(dynamic_method_name(Some("")), "[dynamic method]");
+    }
 }
