@@ -368,6 +368,9 @@ pub struct FileRefresh {
     pub symbols_over_budget: u64,
     /// Parsed again from the start: the file was replaced or truncated.
     pub restarted: bool,
+    /// Of `symbols_added`, the ReadyToRun code found in the run's shared
+    /// image tables ([`SharedImageCode`]) instead of this process's index.
+    pub symbols_shared: u64,
 }
 
 /// What [`ManagedSymbols::refresh`] did.
@@ -506,6 +509,9 @@ pub struct ManagedSymbols {
 struct SymbolTables {
     index: JitCodeIndex,
     interner: SymbolInterner,
+    /// The process's ReadyToRun code named in the run's shared tables, when
+    /// it was given them ([`ManagedSymbols::share_image_code`]).
+    images: Option<ProcessImageCode>,
     /// Dropped by the budget since the last refresh: the files are read
     /// again from the start.
     evicted: bool,
@@ -513,7 +519,8 @@ struct SymbolTables {
 
 impl SymbolTables {
     fn memory_bytes(&self) -> u64 {
-        self.index.memory_bytes() + self.interner.memory_bytes()
+        let images = self.images.as_ref().map_or(0, ProcessImageCode::memory_bytes);
+        self.index.memory_bytes() + self.interner.memory_bytes() + images
     }
 }
 
@@ -524,6 +531,8 @@ fn lock_tables(tables: &Mutex<SymbolTables>) -> MutexGuard<'_, SymbolTables> {
 }
 
 mod budget;
+mod image_code;
+pub use image_code::{ImageKey, ProcessImageCode, SharedImageCode, SharedImageCodeStats};
 pub use budget::{
     DEFAULT_MANAGED_SYMBOL_BUDGET_BYTES, ManagedSymbolBudget, ManagedSymbolBudgetStats,
     TYPICAL_ENTRY_BYTES,
@@ -652,6 +661,23 @@ impl ManagedSymbols {
         &self.location
     }
 
+    /// Names the process's ReadyToRun code (jitdump entries inside its
+    /// assembly mappings) in the run's `shared` tables instead of its own
+    /// index; see [`image_code`](self::image_code). Its mappings come with
+    /// [`Self::sync_mappings`].
+    pub fn share_image_code(&mut self, shared: SharedImageCode) {
+        let pid = self.location.pid;
+        lock_tables(&self.tables).images = Some(ProcessImageCode::new(pid, shared));
+    }
+
+    /// Takes the process's assembly mappings from a new read of its
+    /// mappings (for [`Self::share_image_code`]).
+    pub fn sync_mappings(&mut self, mappings: &crate::process::MappingTable) {
+        if let Some(images) = lock_tables(&self.tables).images.as_mut() {
+            images.sync_mappings(mappings);
+        }
+    }
+
     /// The perf files' paths inside the target.
     pub fn files(&self) -> &PerfFilePaths {
         &self.paths
@@ -747,10 +773,15 @@ impl ManagedSymbols {
     /// also while the budget has dropped the tables ([`Self::is_evicted`]):
     /// [`Self::refresh`] reads them again.
     pub fn lookup(&self, addr: u64, time_ns: u64) -> Option<ManagedSymbol> {
-        let found = lock_tables(&self.tables)
-            .index
-            .lookup(addr, time_ns)
-            .cloned();
+        let found = {
+            let tables = lock_tables(&self.tables);
+            tables.index.lookup(addr, time_ns).cloned().or_else(|| {
+                tables
+                    .images
+                    .as_ref()
+                    .and_then(|images| images.lookup(addr))
+            })
+        };
         if let Some((budget, id)) = &self.budget {
             budget.touch(*id);
         }
@@ -773,9 +804,11 @@ impl ManagedSymbols {
         lock_tables(&self.tables).index.take_new_code()
     }
 
-    /// Symbols held.
+    /// Symbols held, the shared ones this process declared included.
     pub fn len(&self) -> usize {
-        lock_tables(&self.tables).index.len()
+        let tables = lock_tables(&self.tables);
+        let shared = tables.images.as_ref().map_or(0, ProcessImageCode::declared);
+        tables.index.len() + usize::try_from(shared).unwrap_or(usize::MAX)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -816,7 +849,10 @@ impl ManagedSymbols {
             ..
         } = self;
         let SymbolTables {
-            index, interner, ..
+            index,
+            interner,
+            images,
+            ..
         } = tables;
         let mut refresh = FileRefresh::default();
         let opened = open_tracked(location, &paths.jitdump, jitdump_file, jitdump);
@@ -836,6 +872,13 @@ impl ManagedSymbols {
             config.max_bytes_per_refresh,
             |parser, bytes| {
                 parser.feed(bytes, |load| {
+                    if let Some(images) = images.as_mut()
+                        && images.declare(load.code_addr, load.code_size, &load.name)
+                    {
+                        refresh.symbols_added += 1;
+                        refresh.symbols_shared += 1;
+                        return;
+                    }
                     if index.memory_bytes() >= config.max_table_bytes {
                         refresh.symbols_over_budget += 1;
                         return;
@@ -1170,13 +1213,13 @@ mod tests {
     }
 
     /// A fake target: `<root>/tmp` with writable perf files.
-    struct Target {
+    pub(super) struct Target {
         _dir: tempfile::TempDir,
-        location: TargetLocation,
+        pub(super) location: TargetLocation,
     }
 
     impl Target {
-        fn new() -> Self {
+        pub(super) fn new() -> Self {
             let dir = tempfile::tempdir().expect("temp dir");
             let root = dir.path().join("root");
             std::fs::create_dir_all(root.join("tmp")).expect("mkdir");
@@ -1198,7 +1241,7 @@ mod tests {
             self.location.root.join("tmp").join(name)
         }
 
-        fn append(&self, name: &str, bytes: &[u8]) {
+        pub(super) fn append(&self, name: &str, bytes: &[u8]) {
             let mut file = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -1377,7 +1420,7 @@ mod tests {
         assert!(all[1].is_evicted());
     }
 
-    fn jitdump_header() -> Vec<u8> {
+    pub(super) fn jitdump_header() -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&0x4A69_5444u32.to_le_bytes());
         out.extend_from_slice(&1u32.to_le_bytes());
@@ -1390,7 +1433,7 @@ mod tests {
         out
     }
 
-    fn code_load(timestamp_ns: u64, addr: u64, code_size: u64, name: &str) -> Vec<u8> {
+    pub(super) fn code_load(timestamp_ns: u64, addr: u64, code_size: u64, name: &str) -> Vec<u8> {
         let total = 56 + name.len() + 1 + code_size as usize;
         let mut out = Vec::new();
         out.extend_from_slice(&0u32.to_le_bytes());

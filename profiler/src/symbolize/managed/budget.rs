@@ -169,6 +169,9 @@ impl ManagedSymbolBudget {
                 let mut tables = lock_tables(&tables);
                 tables.index = JitCodeIndex::new();
                 tables.interner = SymbolInterner::default();
+                if let Some(images) = tables.images.as_mut() {
+                    images.forget_declared();
+                }
                 tables.evicted = true;
             }
             book.stats.used_bytes -= freed;
