@@ -139,10 +139,13 @@ pub fn is_stub_name(raw: &str) -> bool {
     raw.starts_with("stub<") || raw.starts_with("stub ")
 }
 
-/// Shares the few distinct tier and assembly strings among all symbols.
+/// Shares the few distinct tier and assembly strings among all symbols,
+/// and, when made with [`Self::sharing`], method names with other
+/// processes' symbols.
 #[derive(Debug, Default)]
 pub struct SymbolInterner {
     strings: HashSet<Arc<str>, BuildHasherDefault<FnvHasher>>,
+    names: Option<SharedNames>,
 }
 
 /// FNV-1a: the interned strings are short and few, SipHash's DoS
@@ -170,6 +173,27 @@ impl Hasher for FnvHasher {
 }
 
 impl SymbolInterner {
+    /// An interner whose method names are shared through `names`.
+    pub fn sharing(names: SharedNames) -> Self {
+        Self {
+            names: Some(names),
+            ..Self::default()
+        }
+    }
+
+    /// Forgets the interned strings, still sharing names.
+    pub fn clear(&mut self) {
+        self.strings = HashSet::default();
+    }
+
+    /// A method name: the one another process's symbols hold, if shared.
+    pub fn name(&mut self, text: &str) -> Arc<str> {
+        match &self.names {
+            Some(names) => names.get(text),
+            None => text.into(),
+        }
+    }
+
     pub fn intern(&mut self, text: &str) -> Arc<str> {
         if let Some(known) = self.strings.get(text) {
             return known.clone();
@@ -198,17 +222,17 @@ pub(crate) fn arc_str_bytes(len: usize) -> u64 {
 impl ManagedSymbol {
     /// A symbol from a name as the runtime writes it (tier suffix included).
     pub fn from_raw_name(raw: &str, start: u64, size: u64, interner: &mut SymbolInterner) -> Self {
-        let raw_name: Arc<str> = raw.into();
+        let raw_name = interner.name(raw);
         let (name, tier) = split_tier(raw);
         let jit_tier = tier.map(|tier| interner.intern(tier));
         let name = if tier.is_some() {
-            name.into()
+            interner.name(name)
         } else {
             raw_name.clone()
         };
         let assembly = assembly_of(&name).map(|assembly| interner.intern(assembly));
         let short_name = match parse_method_name(&name) {
-            Some(method) if !is_stub_name(raw) => method.short().into(),
+            Some(method) if !is_stub_name(raw) => interner.name(&method.short()),
             _ => name.clone(),
         };
         Self {
@@ -519,7 +543,10 @@ struct SymbolTables {
 
 impl SymbolTables {
     fn memory_bytes(&self) -> u64 {
-        let images = self.images.as_ref().map_or(0, ProcessImageCode::memory_bytes);
+        let images = self
+            .images
+            .as_ref()
+            .map_or(0, ProcessImageCode::memory_bytes);
         self.index.memory_bytes() + self.interner.memory_bytes() + images
     }
 }
@@ -532,16 +559,25 @@ fn lock_tables(tables: &Mutex<SymbolTables>) -> MutexGuard<'_, SymbolTables> {
 
 mod budget;
 mod image_code;
-pub use image_code::{ImageKey, ProcessImageCode, SharedImageCode, SharedImageCodeStats};
 pub use budget::{
     DEFAULT_MANAGED_SYMBOL_BUDGET_BYTES, ManagedSymbolBudget, ManagedSymbolBudgetStats,
     TYPICAL_ENTRY_BYTES,
 };
+mod shared_names;
+pub use image_code::{ImageKey, ProcessImageCode, SharedImageCode, SharedImageCodeStats};
+pub use shared_names::SharedNames;
 
 impl Drop for ManagedSymbols {
     fn drop(&mut self) {
         if let Some((budget, id)) = &self.budget {
             budget.leave(*id);
+        }
+        // The names only this process held are freed now: forget them.
+        let tables = std::mem::take(&mut *lock_tables(&self.tables));
+        let names = tables.images.as_ref().map(|i| i.shared().names().clone());
+        drop(tables);
+        if let Some(names) = names {
+            names.sweep();
         }
     }
 }
@@ -667,7 +703,9 @@ impl ManagedSymbols {
     /// [`Self::sync_mappings`].
     pub fn share_image_code(&mut self, shared: SharedImageCode) {
         let pid = self.location.pid;
-        lock_tables(&self.tables).images = Some(ProcessImageCode::new(pid, shared));
+        let mut tables = lock_tables(&self.tables);
+        tables.interner = SymbolInterner::sharing(shared.names().clone());
+        tables.images = Some(ProcessImageCode::new(pid, shared));
     }
 
     /// Takes the process's assembly mappings from a new read of its

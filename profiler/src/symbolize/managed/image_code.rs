@@ -39,7 +39,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use super::{ManagedSymbol, SymbolInterner, arc_str_bytes};
+use super::{ManagedSymbol, SharedNames, SymbolInterner, arc_str_bytes};
 use crate::process::{MappingTable, ProcFs, root::TargetRoot};
 
 /// Bytes counted for a table besides its entries: the table, its map slot.
@@ -94,6 +94,8 @@ pub struct SharedImageCode {
     tables: Arc<Mutex<HashMap<ImageKey, Weak<ImageCodeTable>>>>,
     counters: Arc<Counters>,
     limit_bytes: u64,
+    /// Method names of JIT-compiled code, shared by the processes' symbols.
+    names: SharedNames,
 }
 
 impl SharedImageCode {
@@ -103,7 +105,13 @@ impl SharedImageCode {
             tables: Arc::default(),
             counters: Arc::default(),
             limit_bytes,
+            names: SharedNames::default(),
         }
+    }
+
+    /// The method names every process's symbols share.
+    pub fn names(&self) -> &SharedNames {
+        &self.names
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<ImageKey, Weak<ImageCodeTable>>> {
@@ -149,7 +157,11 @@ impl SharedImageCode {
     }
 
     pub fn stats(&self) -> SharedImageCodeStats {
-        let tables = self.lock().values().filter(|t| t.strong_count() > 0).count();
+        let tables = self
+            .lock()
+            .values()
+            .filter(|t| t.strong_count() > 0)
+            .count();
         let c = &self.counters;
         SharedImageCodeStats {
             limit_bytes: self.limit_bytes,
@@ -289,8 +301,21 @@ struct ImageMapping {
 
 impl ImageMapping {
     fn same_place(&self, other: &Self) -> bool {
-        (self.start, self.end, self.offset, self.inode, self.dev_major, self.dev_minor)
-            == (other.start, other.end, other.offset, other.inode, other.dev_major, other.dev_minor)
+        (
+            self.start,
+            self.end,
+            self.offset,
+            self.inode,
+            self.dev_major,
+            self.dev_minor,
+        ) == (
+            other.start,
+            other.end,
+            other.offset,
+            other.inode,
+            other.dev_major,
+            other.dev_minor,
+        )
     }
 }
 
@@ -418,6 +443,10 @@ impl ProcessImageCode {
         Some(symbol)
     }
 
+    pub fn shared(&self) -> &SharedImageCode {
+        &self.shared
+    }
+
     /// Entries this process declared (its share of the tables).
     pub fn declared(&self) -> u64 {
         self.mappings
@@ -430,7 +459,11 @@ impl ProcessImageCode {
     /// Heap bytes this process holds (its mappings and declared sets; the
     /// shared tables are the run's).
     pub fn memory_bytes(&self) -> u64 {
-        let sets: usize = self.mappings.iter().map(|m| m.declared.capacity() * 8).sum();
+        let sets: usize = self
+            .mappings
+            .iter()
+            .map(|m| m.declared.capacity() * 8)
+            .sum();
         (self.mappings.capacity() * size_of::<ImageMapping>() + sets) as u64
     }
 }
@@ -530,7 +563,8 @@ mod tests {
         (dir, file)
     }
 
-    const SLEEP: &str = "void [System.Private.CoreLib] System.Threading.Thread::Sleep(int32)[PreJIT]";
+    const SLEEP: &str =
+        "void [System.Private.CoreLib] System.Threading.Thread::Sleep(int32)[PreJIT]";
 
     #[test]
     fn two_processes_share_one_entry_at_their_own_addresses() {
@@ -636,7 +670,12 @@ mod tests {
             let jit = 0x7f00_0000_0000 + i as u64 * 0x1000;
             let mut dump = jitdump_header();
             dump.extend(code_load(10, map.start() + 0x100, 0x40, SLEEP));
-            dump.extend(code_load(11, jit, 0x20, "void [App] App::Run()[QuickJitted]"));
+            dump.extend(code_load(
+                11,
+                jit,
+                0x20,
+                "void [App] App::Run()[QuickJitted]",
+            ));
             target.append("jit-7.dump", &dump);
             let mut location = target.location.clone();
             location.pid = std::process::id();
