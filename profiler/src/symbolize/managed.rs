@@ -536,6 +536,8 @@ struct SymbolTables {
     /// The process's ReadyToRun code named in the run's shared tables, when
     /// it was given them ([`ManagedSymbols::share_image_code`]).
     images: Option<ProcessImageCode>,
+    /// The runtime's stub blocks, compact.
+    stubs: StubIndex,
     /// Dropped by the budget since the last refresh: the files are read
     /// again from the start.
     evicted: bool,
@@ -547,7 +549,10 @@ impl SymbolTables {
             .images
             .as_ref()
             .map_or(0, ProcessImageCode::memory_bytes);
-        self.index.memory_bytes() + self.interner.memory_bytes() + images
+        self.index.memory_bytes()
+            + self.interner.memory_bytes()
+            + self.stubs.memory_bytes()
+            + images
     }
 }
 
@@ -564,8 +569,10 @@ pub use budget::{
     TYPICAL_ENTRY_BYTES,
 };
 mod shared_names;
+mod stubs;
 pub use image_code::{ImageKey, ProcessImageCode, SharedImageCode, SharedImageCodeStats};
 pub use shared_names::SharedNames;
+use stubs::StubIndex;
 
 impl Drop for ManagedSymbols {
     fn drop(&mut self) {
@@ -746,6 +753,7 @@ impl ManagedSymbols {
                 self.refresh_perf_map(&mut tables, now_ns)
             };
             tables.index.commit();
+            tables.stubs.commit();
             RefreshStats { perf_map, jitdump }
         };
         let over = stats.perf_map.symbols_over_budget + stats.jitdump.symbols_over_budget;
@@ -813,12 +821,17 @@ impl ManagedSymbols {
     pub fn lookup(&self, addr: u64, time_ns: u64) -> Option<ManagedSymbol> {
         let found = {
             let tables = lock_tables(&self.tables);
-            tables.index.lookup(addr, time_ns).cloned().or_else(|| {
-                tables
-                    .images
-                    .as_ref()
-                    .and_then(|images| images.lookup(addr))
-            })
+            tables
+                .index
+                .lookup(addr, time_ns)
+                .cloned()
+                .or_else(|| tables.stubs.lookup(addr))
+                .or_else(|| {
+                    tables
+                        .images
+                        .as_ref()
+                        .and_then(|images| images.lookup(addr))
+                })
         };
         if let Some((budget, id)) = &self.budget {
             budget.touch(*id);
@@ -846,7 +859,7 @@ impl ManagedSymbols {
     pub fn len(&self) -> usize {
         let tables = lock_tables(&self.tables);
         let shared = tables.images.as_ref().map_or(0, ProcessImageCode::declared);
-        tables.index.len() + usize::try_from(shared).unwrap_or(usize::MAX)
+        tables.index.len() + tables.stubs.len() + usize::try_from(shared).unwrap_or(usize::MAX)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -890,6 +903,7 @@ impl ManagedSymbols {
             index,
             interner,
             images,
+            stubs,
             ..
         } = tables;
         let mut refresh = FileRefresh::default();
@@ -917,8 +931,12 @@ impl ManagedSymbols {
                         refresh.symbols_shared += 1;
                         return;
                     }
-                    if index.memory_bytes() >= config.max_table_bytes {
+                    if index.memory_bytes() + stubs.memory_bytes() >= config.max_table_bytes {
                         refresh.symbols_over_budget += 1;
+                        return;
+                    }
+                    if stubs.insert(load.code_addr, load.code_size, &load.name) {
+                        refresh.symbols_added += 1;
                         return;
                     }
                     let valid_from = if load.monotonic_time {

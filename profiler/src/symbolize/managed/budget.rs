@@ -169,6 +169,7 @@ impl ManagedSymbolBudget {
                 let mut tables = lock_tables(&tables);
                 tables.index = JitCodeIndex::new();
                 tables.interner.clear();
+                tables.stubs = Default::default();
                 if let Some(images) = tables.images.as_mut() {
                     images.forget_declared();
                 }

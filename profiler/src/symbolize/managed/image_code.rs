@@ -676,6 +676,7 @@ mod tests {
                 0x20,
                 "void [App] App::Run()[QuickJitted]",
             ));
+            dump.extend(code_load(12, jit + 0x800, 0x100, "stub<5> FixupPrecode"));
             target.append("jit-7.dump", &dump);
             let mut location = target.location.clone();
             location.pid = std::process::id();
@@ -685,7 +686,7 @@ mod tests {
             let stats = symbols.refresh(20);
             assert_eq!(
                 (stats.jitdump.symbols_added, stats.jitdump.symbols_shared),
-                (2, 1)
+                (3, 1)
             );
             let name = |addr| symbols.lookup(addr, 30).map(|s| s.short_name.to_string());
             assert_eq!(
@@ -693,10 +694,11 @@ mod tests {
                 Some("System.Threading.Thread.Sleep")
             );
             assert_eq!(name(jit + 4).as_deref(), Some("App.Run"));
+            assert_eq!(name(jit + 0x810).as_deref(), Some("stub<5> FixupPrecode"));
             let (new_code, _) = symbols.take_new_code();
             assert_eq!(new_code.len(), 1, "only the JIT-compiled method");
             assert_eq!(new_code[0].start, jit);
-            assert_eq!(symbols.len(), 2);
+            assert_eq!(symbols.len(), 3);
             all.push(symbols);
         }
         assert_eq!(shared.stats().entries, 1);
