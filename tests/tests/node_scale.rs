@@ -14,7 +14,8 @@ use std::{
 };
 
 use clrbpf_integration_tests::{
-    Env, Runtime, TempDir, TestProcess, agent::TestAgent, read_profile, samples,
+    Env, Runtime, TempDir, TestProcess, agent::TestAgent, assert_success, read_profile, run_clrbpf,
+    samples,
 };
 
 /// Idle .NET processes on the node.
@@ -129,5 +130,60 @@ fn agent_profiles_fifty_idle_dotnet_processes_on_a_few_threads() {
         most_threads <= MAX_AGENT_THREADS,
         "the agent ran {most_threads} threads beside {PROCESSES} .NET processes (at most {MAX_AGENT_THREADS})"
     );
+    drop(apps);
+}
+
+/// Idle .NET processes whose framework frames are named from their
+/// jitdumps.
+const SHARING_PROCESSES: usize = 8;
+
+/// `[PreJIT]` (ReadyToRun) entries one idle .NET 8 process lists in its
+/// jitdump, about (8.0.4: 2,100-2,150).
+const READY_TO_RUN_ENTRIES: u64 = 2100;
+
+/// The framework's ReadyToRun code, which every .NET process's jitdump
+/// lists at its own addresses, is held once for all of them (it was held
+/// once per process: most of the agent's memory per idle service), and
+/// each process's frames in it are still named from its own jitdump
+/// (`--managed-names perf-map`: no other source).
+#[test]
+fn record_holds_the_frameworks_jitdump_entries_once_for_many_processes() {
+    let env = Env::privileged();
+    let apps: Vec<TestProcess> = (0..SHARING_PROCESSES)
+        .map(|_| TestProcess::start(&env, Runtime::Net8, "Idle", &["120", "100"], false))
+        .collect();
+    let dir = TempDir::new("node-share");
+    let profile = dir.join("idle.pb.gz");
+    let mut args = vec!["record", "-v", "--off-cpu", "-d", "6"];
+    args.extend(["--managed-names", "perf-map", "-o"]);
+    let profile_arg = profile.to_string_lossy().into_owned();
+    args.push(&profile_arg);
+    let pid_args: Vec<String> = apps.iter().map(|a| a.pid().to_string()).collect();
+    for pid in &pid_args {
+        args.extend(["-p", pid.as_str()]);
+    }
+    let output = run_clrbpf(&env, &args, dir.path(), Duration::from_secs(120));
+    assert_success(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let shared: u64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("clrbpf: ReadyToRun code named once for every process: "))
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no shared ReadyToRun code line:\n{stderr}"));
+    // Each process lists about the same methods: held once, not once per
+    // process (8 x 2,100).
+    assert!(
+        shared > READY_TO_RUN_ENTRIES / 2 && shared < READY_TO_RUN_ENTRIES * 2,
+        "{shared} shared entries for {SHARING_PROCESSES} processes:\n{stderr}"
+    );
+    let samples = samples(&read_profile(&profile));
+    for app in &apps {
+        let pid = app.pid();
+        assert!(
+            samples.iter().any(|s| s.pid() == Some(pid)
+                && s.stack_contains(&["System.Threading.Thread.Sleep", "Idle.Nap"])),
+            "pid {pid}: no Thread.Sleep under Idle.Nap:\n{stderr}"
+        );
+    }
     drop(apps);
 }

@@ -38,7 +38,10 @@ use crate::{
     profile::{Frame, FrameKind, Module, clr_sampling::Weighted},
     runtime::{ProcessContext, RuntimeInstance, RuntimeLoader, RuntimeSummary},
     symbolize::{
-        managed::{FileStatus, ManagedSymbolBudget, ManagedSymbols, RefreshStats, TargetLocation},
+        managed::{
+            FileStatus, ManagedSymbolBudget, ManagedSymbols, RefreshStats, SharedImageCode,
+            TargetLocation,
+        },
         perf_files::remove_perf_files,
         ready_to_run::{AssemblyCache, ReadyToRunNames},
     },
@@ -93,6 +96,8 @@ pub struct DotnetLoader {
     pub managed_names: ManagedNames,
     /// Parsed assemblies every process shares.
     pub assemblies: AssemblyCache,
+    /// The jitdump's ReadyToRun entries every process shares.
+    pub image_code: SharedImageCode,
     /// Makes a process's reader of JIT-compiled code in its memory.
     pub jit_memory: JitMemoryFactory,
 }
@@ -111,6 +116,7 @@ impl DotnetLoader {
             managed_budget: ManagedSymbolBudget::new(0),
             managed_names: ManagedNames::PerfMap,
             assemblies: AssemblyCache::new(0),
+            image_code: SharedImageCode::new(0),
             jit_memory: super::name_sources::no_jit_memory_reader,
         }
     }
@@ -274,7 +280,8 @@ impl RuntimeInstance for DotnetInstance {
         if let Some(jit) = self.jit_memory.as_mut() {
             jit.sync_mappings(mappings);
         }
-        if self.managed.is_some() {
+        if let Some(managed) = self.managed.as_mut() {
+            managed.sync_mappings(mappings);
             return;
         }
         let Some(runtime) = DotnetRuntime::detect(mappings) else {
@@ -507,9 +514,13 @@ impl DotnetInstance {
             ref managed_budget,
             managed_names,
             ref assemblies,
+            ref image_code,
             jit_memory,
         } = self.loader;
-        self.managed = Some(ManagedSymbols::with_budget(pid, managed_budget));
+        let mut managed = ManagedSymbols::with_budget(pid, managed_budget);
+        managed.share_image_code(image_code.clone());
+        managed.sync_mappings(mappings);
+        self.managed = Some(managed);
         if managed_names.uses_memory() {
             self.jit_memory = jit_memory(&JitMemoryContext {
                 procfs: &ProcFs::default(),

@@ -145,6 +145,8 @@ pub struct Pipeline {
     pub managed_names: crate::clr::name_sources::ManagedNames,
     /// Parsed assemblies every process shares (ReadyToRun names, metadata).
     assemblies: crate::symbolize::ready_to_run::AssemblyCache,
+    /// The jitdumps' ReadyToRun entries, shared by every .NET process.
+    image_code: crate::symbolize::managed::SharedImageCode,
     /// Makes each .NET process's reader of JIT-compiled code in memory.
     pub jit_memory: crate::clr::name_sources::JitMemoryFactory,
     /// Abandoned attaches and the ledger of perf maps turned on.
@@ -225,6 +227,9 @@ impl Pipeline {
             assemblies: crate::symbolize::ready_to_run::AssemblyCache::new(
                 usize::try_from(crate::memory_budget::current().assembly_bytes())
                     .unwrap_or(usize::MAX),
+            ),
+            image_code: crate::symbolize::managed::SharedImageCode::new(
+                crate::memory_budget::current().shared_image_code_bytes(),
             ),
             jit_memory: crate::clr::memory::names::jit_memory_reader,
             perf_maps: perf_maps::PerfMapKeeper::default(),
@@ -320,6 +325,7 @@ impl Pipeline {
             managed_budget: self.managed_budget.clone(),
             managed_names: self.managed_names,
             assemblies: self.assemblies.clone(),
+            image_code: self.image_code.clone(),
             jit_memory: self.jit_memory,
         }
     }
@@ -357,6 +363,7 @@ impl Pipeline {
             managed_bytes: managed.evicted_bytes,
             native_files: native.files_evicted,
             native_frames: native.frames_evicted,
+            shared_image_code: self.image_code.stats(),
         };
         self.summary.over_budget = crate::memory_budget::drops().snapshot();
     }
@@ -502,8 +509,14 @@ impl Pipeline {
             return;
         }
         self.sizes_logged_at = std::time::Instant::now();
+        let managed = self.managed_budget.stats();
+        let shared = self.image_code.stats();
         tracing::debug!(
             processes = self.processes.len(),
+            managed_symbol_bytes = managed.used_bytes,
+            shared_image_code_bytes = shared.bytes,
+            shared_image_code_tables = shared.tables,
+            shared_image_code_entries = shared.entries,
             frames = self.aggregator.frame_count(),
             samples = self.aggregator.distinct_samples(),
             raw_stacks = self.raw_cpu.len(),

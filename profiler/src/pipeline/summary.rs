@@ -109,6 +109,9 @@ pub struct Evictions {
     pub native_files: u64,
     /// Cached native frames dropped by the frame-cache bounds.
     pub native_frames: u64,
+    /// The ReadyToRun code the processes' jitdumps share, and what was
+    /// kept per process (tables full, or an entry disagreeing).
+    pub shared_image_code: crate::symbolize::managed::SharedImageCodeStats,
 }
 
 /// Warnings for the summary, bounded: a host that starts a .NET process
@@ -663,6 +666,20 @@ fn print_internals(summary: &RecordSummary, w: &mut impl std::io::Write) -> std:
             e.managed_bytes as f64 / 1048576.0,
             e.native_files,
             e.native_frames
+        )?;
+    }
+    let shared = e.shared_image_code;
+    if shared.entries > 0 || shared.tables_freed > 0 {
+        writeln!(
+            w,
+            "clrbpf: ReadyToRun code named once for every process: {} entries of {} images ({:.1} MiB, at most {:.0} MiB), {} images freed with their last process; {} entries kept per process (tables full), {} (another name at their place)",
+            shared.entries,
+            shared.tables,
+            shared.bytes as f64 / 1048576.0,
+            shared.limit_bytes as f64 / 1048576.0,
+            shared.tables_freed,
+            shared.refused_full,
+            shared.conflicts
         )?;
     }
     if summary.bpf_stats.run_count > 0 {

@@ -139,10 +139,13 @@ pub fn is_stub_name(raw: &str) -> bool {
     raw.starts_with("stub<") || raw.starts_with("stub ")
 }
 
-/// Shares the few distinct tier and assembly strings among all symbols.
+/// Shares the few distinct tier and assembly strings among all symbols,
+/// and, when made with [`Self::sharing`], method names with other
+/// processes' symbols.
 #[derive(Debug, Default)]
 pub struct SymbolInterner {
     strings: HashSet<Arc<str>, BuildHasherDefault<FnvHasher>>,
+    names: Option<SharedNames>,
 }
 
 /// FNV-1a: the interned strings are short and few, SipHash's DoS
@@ -170,6 +173,27 @@ impl Hasher for FnvHasher {
 }
 
 impl SymbolInterner {
+    /// An interner whose method names are shared through `names`.
+    pub fn sharing(names: SharedNames) -> Self {
+        Self {
+            names: Some(names),
+            ..Self::default()
+        }
+    }
+
+    /// Forgets the interned strings, still sharing names.
+    pub fn clear(&mut self) {
+        self.strings = HashSet::default();
+    }
+
+    /// A method name: the one another process's symbols hold, if shared.
+    pub fn name(&mut self, text: &str) -> Arc<str> {
+        match &self.names {
+            Some(names) => names.get(text),
+            None => text.into(),
+        }
+    }
+
     pub fn intern(&mut self, text: &str) -> Arc<str> {
         if let Some(known) = self.strings.get(text) {
             return known.clone();
@@ -198,17 +222,17 @@ pub(crate) fn arc_str_bytes(len: usize) -> u64 {
 impl ManagedSymbol {
     /// A symbol from a name as the runtime writes it (tier suffix included).
     pub fn from_raw_name(raw: &str, start: u64, size: u64, interner: &mut SymbolInterner) -> Self {
-        let raw_name: Arc<str> = raw.into();
+        let raw_name = interner.name(raw);
         let (name, tier) = split_tier(raw);
         let jit_tier = tier.map(|tier| interner.intern(tier));
         let name = if tier.is_some() {
-            name.into()
+            interner.name(name)
         } else {
             raw_name.clone()
         };
         let assembly = assembly_of(&name).map(|assembly| interner.intern(assembly));
         let short_name = match parse_method_name(&name) {
-            Some(method) if !is_stub_name(raw) => method.short().into(),
+            Some(method) if !is_stub_name(raw) => interner.name(&method.short()),
             _ => name.clone(),
         };
         Self {
@@ -368,6 +392,9 @@ pub struct FileRefresh {
     pub symbols_over_budget: u64,
     /// Parsed again from the start: the file was replaced or truncated.
     pub restarted: bool,
+    /// Of `symbols_added`, the ReadyToRun code found in the run's shared
+    /// image tables ([`SharedImageCode`]) instead of this process's index.
+    pub symbols_shared: u64,
 }
 
 /// What [`ManagedSymbols::refresh`] did.
@@ -506,6 +533,11 @@ pub struct ManagedSymbols {
 struct SymbolTables {
     index: JitCodeIndex,
     interner: SymbolInterner,
+    /// The process's ReadyToRun code named in the run's shared tables, when
+    /// it was given them ([`ManagedSymbols::share_image_code`]).
+    images: Option<ProcessImageCode>,
+    /// The runtime's stub blocks, compact.
+    stubs: StubIndex,
     /// Dropped by the budget since the last refresh: the files are read
     /// again from the start.
     evicted: bool,
@@ -513,7 +545,14 @@ struct SymbolTables {
 
 impl SymbolTables {
     fn memory_bytes(&self) -> u64 {
-        self.index.memory_bytes() + self.interner.memory_bytes()
+        let images = self
+            .images
+            .as_ref()
+            .map_or(0, ProcessImageCode::memory_bytes);
+        self.index.memory_bytes()
+            + self.interner.memory_bytes()
+            + self.stubs.memory_bytes()
+            + images
     }
 }
 
@@ -524,15 +563,28 @@ fn lock_tables(tables: &Mutex<SymbolTables>) -> MutexGuard<'_, SymbolTables> {
 }
 
 mod budget;
+mod image_code;
 pub use budget::{
     DEFAULT_MANAGED_SYMBOL_BUDGET_BYTES, ManagedSymbolBudget, ManagedSymbolBudgetStats,
     TYPICAL_ENTRY_BYTES,
 };
+mod shared_names;
+mod stubs;
+pub use image_code::{ImageKey, ProcessImageCode, SharedImageCode, SharedImageCodeStats};
+pub use shared_names::SharedNames;
+use stubs::StubIndex;
 
 impl Drop for ManagedSymbols {
     fn drop(&mut self) {
         if let Some((budget, id)) = &self.budget {
             budget.leave(*id);
+        }
+        // The names only this process held are freed now: forget them.
+        let tables = std::mem::take(&mut *lock_tables(&self.tables));
+        let names = tables.images.as_ref().map(|i| i.shared().names().clone());
+        drop(tables);
+        if let Some(names) = names {
+            names.sweep();
         }
     }
 }
@@ -652,6 +704,25 @@ impl ManagedSymbols {
         &self.location
     }
 
+    /// Names the process's ReadyToRun code (jitdump entries inside its
+    /// assembly mappings) in the run's `shared` tables instead of its own
+    /// index; see [`image_code`](self::image_code). Its mappings come with
+    /// [`Self::sync_mappings`].
+    pub fn share_image_code(&mut self, shared: SharedImageCode) {
+        let pid = self.location.pid;
+        let mut tables = lock_tables(&self.tables);
+        tables.interner = SymbolInterner::sharing(shared.names().clone());
+        tables.images = Some(ProcessImageCode::new(pid, shared));
+    }
+
+    /// Takes the process's assembly mappings from a new read of its
+    /// mappings (for [`Self::share_image_code`]).
+    pub fn sync_mappings(&mut self, mappings: &crate::process::MappingTable) {
+        if let Some(images) = lock_tables(&self.tables).images.as_mut() {
+            images.sync_mappings(mappings);
+        }
+    }
+
     /// The perf files' paths inside the target.
     pub fn files(&self) -> &PerfFilePaths {
         &self.paths
@@ -682,6 +753,7 @@ impl ManagedSymbols {
                 self.refresh_perf_map(&mut tables, now_ns)
             };
             tables.index.commit();
+            tables.stubs.commit();
             RefreshStats { perf_map, jitdump }
         };
         let over = stats.perf_map.symbols_over_budget + stats.jitdump.symbols_over_budget;
@@ -747,10 +819,20 @@ impl ManagedSymbols {
     /// also while the budget has dropped the tables ([`Self::is_evicted`]):
     /// [`Self::refresh`] reads them again.
     pub fn lookup(&self, addr: u64, time_ns: u64) -> Option<ManagedSymbol> {
-        let found = lock_tables(&self.tables)
-            .index
-            .lookup(addr, time_ns)
-            .cloned();
+        let found = {
+            let tables = lock_tables(&self.tables);
+            tables
+                .index
+                .lookup(addr, time_ns)
+                .cloned()
+                .or_else(|| tables.stubs.lookup(addr))
+                .or_else(|| {
+                    tables
+                        .images
+                        .as_ref()
+                        .and_then(|images| images.lookup(addr))
+                })
+        };
         if let Some((budget, id)) = &self.budget {
             budget.touch(*id);
         }
@@ -773,9 +855,11 @@ impl ManagedSymbols {
         lock_tables(&self.tables).index.take_new_code()
     }
 
-    /// Symbols held.
+    /// Symbols held, the shared ones this process declared included.
     pub fn len(&self) -> usize {
-        lock_tables(&self.tables).index.len()
+        let tables = lock_tables(&self.tables);
+        let shared = tables.images.as_ref().map_or(0, ProcessImageCode::declared);
+        tables.index.len() + tables.stubs.len() + usize::try_from(shared).unwrap_or(usize::MAX)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -816,7 +900,11 @@ impl ManagedSymbols {
             ..
         } = self;
         let SymbolTables {
-            index, interner, ..
+            index,
+            interner,
+            images,
+            stubs,
+            ..
         } = tables;
         let mut refresh = FileRefresh::default();
         let opened = open_tracked(location, &paths.jitdump, jitdump_file, jitdump);
@@ -836,8 +924,19 @@ impl ManagedSymbols {
             config.max_bytes_per_refresh,
             |parser, bytes| {
                 parser.feed(bytes, |load| {
-                    if index.memory_bytes() >= config.max_table_bytes {
+                    if let Some(images) = images.as_mut()
+                        && images.declare(load.code_addr, load.code_size, &load.name)
+                    {
+                        refresh.symbols_added += 1;
+                        refresh.symbols_shared += 1;
+                        return;
+                    }
+                    if index.memory_bytes() + stubs.memory_bytes() >= config.max_table_bytes {
                         refresh.symbols_over_budget += 1;
+                        return;
+                    }
+                    if stubs.insert(load.code_addr, load.code_size, &load.name) {
+                        refresh.symbols_added += 1;
                         return;
                     }
                     let valid_from = if load.monotonic_time {
@@ -1170,13 +1269,13 @@ mod tests {
     }
 
     /// A fake target: `<root>/tmp` with writable perf files.
-    struct Target {
+    pub(super) struct Target {
         _dir: tempfile::TempDir,
-        location: TargetLocation,
+        pub(super) location: TargetLocation,
     }
 
     impl Target {
-        fn new() -> Self {
+        pub(super) fn new() -> Self {
             let dir = tempfile::tempdir().expect("temp dir");
             let root = dir.path().join("root");
             std::fs::create_dir_all(root.join("tmp")).expect("mkdir");
@@ -1198,7 +1297,7 @@ mod tests {
             self.location.root.join("tmp").join(name)
         }
 
-        fn append(&self, name: &str, bytes: &[u8]) {
+        pub(super) fn append(&self, name: &str, bytes: &[u8]) {
             let mut file = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -1377,7 +1476,7 @@ mod tests {
         assert!(all[1].is_evicted());
     }
 
-    fn jitdump_header() -> Vec<u8> {
+    pub(super) fn jitdump_header() -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&0x4A69_5444u32.to_le_bytes());
         out.extend_from_slice(&1u32.to_le_bytes());
@@ -1390,7 +1489,7 @@ mod tests {
         out
     }
 
-    fn code_load(timestamp_ns: u64, addr: u64, code_size: u64, name: &str) -> Vec<u8> {
+    pub(super) fn code_load(timestamp_ns: u64, addr: u64, code_size: u64, name: &str) -> Vec<u8> {
         let total = 56 + name.len() + 1 + code_size as usize;
         let mut out = Vec::new();
         out.extend_from_slice(&0u32.to_le_bytes());

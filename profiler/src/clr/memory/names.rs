@@ -24,7 +24,7 @@ use super::{AttachError, ClrMemoryReader, ManagedCode, target::ProcessMemory};
 use crate::{
     clr::name_sources::{self, CodeName, JitMemoryContext},
     process::{MappingTable, ProcFs, root::TargetRoot},
-    symbolize::clr_metadata::ClrMetadata,
+    symbolize::{clr_metadata::ClrMetadata, ready_to_run::AssemblyCache},
 };
 
 /// Images whose metadata is kept per process.
@@ -53,6 +53,9 @@ pub struct JitMemoryNames {
     files: Vec<(u64, u64)>,
     images: Mutex<HashMap<Arc<str>, Option<Arc<ClrMetadata>>>>,
     names: Mutex<HashMap<MethodKey, CodeName>>,
+    /// Reads metadata shared with every process (CoreLib's is MiBs); `None`:
+    /// this reader's own copies.
+    shared: Option<AssemblyCache>,
     pub counts: MemoryNameCounts,
 }
 
@@ -66,10 +69,18 @@ impl JitMemoryNames {
             files: Vec::new(),
             images: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
+            shared: None,
             counts: MemoryNameCounts::default(),
         };
         names.sync_mappings(mappings);
         Ok(names)
+    }
+
+    /// Holds the images' metadata in `assemblies`, once for every process
+    /// mapping the same file, instead of a copy of its own.
+    pub fn sharing_metadata(mut self, assemblies: AssemblyCache) -> Self {
+        self.shared = Some(assemblies);
+        self
     }
 
     /// The .NET major version whose layout the reader uses.
@@ -155,8 +166,12 @@ impl JitMemoryNames {
             .root
             .as_ref()
             .and_then(|root| root.open_file(&**path).ok())
-            .and_then(|file| match ClrMetadata::read(&file) {
-                Ok(metadata) => Some(Arc::new(metadata)),
+            .map(|file| match &self.shared {
+                Some(shared) => shared.shared_metadata(&file),
+                None => ClrMetadata::read(&file).map(Arc::new),
+            })
+            .and_then(|read| match read {
+                Ok(metadata) => Some(metadata),
                 Err(e) => {
                     tracing::debug!(path = &**path, "memory path: no metadata: {e}");
                     None
@@ -236,10 +251,11 @@ pub fn jit_memory_reader(
         procfs,
         pid,
         mappings,
+        assemblies,
         ..
     } = *context;
     Some(match JitMemoryNames::attach(procfs, pid, mappings) {
-        Ok(names) => Box::new(names),
+        Ok(names) => Box::new(names.sharing_metadata(assemblies.clone())),
         Err(e) => {
             tracing::debug!(pid, "no JIT names from memory: {e}");
             Box::new(NoMemoryNames(format!(

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use super::{SymbolInterner, SymbolTables, lock_tables};
+use super::{SymbolTables, lock_tables};
 use crate::symbolize::jit_index::JitCodeIndex;
 
 /// Heap bytes of one perf map entry of a real service (a signature of about
@@ -168,7 +168,11 @@ impl ManagedSymbolBudget {
                 // call the budget while holding their own tables.
                 let mut tables = lock_tables(&tables);
                 tables.index = JitCodeIndex::new();
-                tables.interner = SymbolInterner::default();
+                tables.interner.clear();
+                tables.stubs = Default::default();
+                if let Some(images) = tables.images.as_mut() {
+                    images.forget_declared();
+                }
                 tables.evicted = true;
             }
             book.stats.used_bytes -= freed;

@@ -12,12 +12,14 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::os::unix::fs::MetadataExt as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use super::AssemblyImage;
 use crate::process::{MappingTable, ProcFs, root::TargetRoot};
 use crate::profile::{Frame, FrameKind, Module};
+use crate::symbolize::clr_metadata::{ClrMetadata, MetadataError};
 use crate::symbolize::native::FileKey;
 
 /// The tier a ReadyToRun frame shows, as the runtime's jitdump names
@@ -39,6 +41,9 @@ struct CacheInner {
     limit: usize,
     tick: u64,
     stats: AssemblyCacheStats,
+    /// Metadata (of any assembly, IL-only too) that processes' memory
+    /// readers hold, by file identity: read once while any holds it.
+    metadata: HashMap<(u64, u64, u64, i64), Weak<ClrMetadata>>,
 }
 
 #[derive(Debug)]
@@ -110,6 +115,28 @@ impl AssemblyCache {
         );
         inner.evict(key);
         image
+    }
+
+    /// The metadata of the assembly opened as `file`, shared with every
+    /// other holder of the same file (device, inode, size, mtime): read
+    /// only when no one holds it, freed with its last holder.
+    pub fn shared_metadata(&self, file: &File) -> Result<Arc<ClrMetadata>, MetadataError> {
+        let meta = file
+            .metadata()
+            .map_err(|source| MetadataError::Read { source })?;
+        let mtime_ns = meta
+            .mtime()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(meta.mtime_nsec());
+        let key = (meta.dev(), meta.ino(), meta.size(), mtime_ns);
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(known) = inner.metadata.get(&key).and_then(Weak::upgrade) {
+            return Ok(known);
+        }
+        let read = Arc::new(ClrMetadata::read(file)?);
+        inner.metadata.retain(|_, held| held.strong_count() > 0);
+        inner.metadata.insert(key, Arc::downgrade(&read));
+        Ok(read)
     }
 
     pub fn stats(&self) -> AssemblyCacheStats {
@@ -319,6 +346,25 @@ mod tests {
         assert!(is_assembly_path("/app/tool.exe"));
         assert!(!is_assembly_path("/usr/lib/libcoreclr.so"));
         assert!(!is_assembly_path("dll"));
+    }
+
+    /// Two readers of the same file hold one copy of its metadata, freed
+    /// with the last of them.
+    #[test]
+    fn metadata_is_shared_while_held() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("Names.dll");
+        std::fs::write(&path, include_bytes!("../clr_metadata/testdata/Names.dll")).expect("write");
+        let cache = AssemblyCache::new(0);
+        let open = || File::open(&path).expect("open");
+        let first = cache.shared_metadata(&open()).expect("metadata");
+        let second = cache.shared_metadata(&open()).expect("metadata");
+        assert!(Arc::ptr_eq(&first, &second), "read once");
+        let weak = Arc::downgrade(&first);
+        drop((first, second));
+        assert!(weak.upgrade().is_none(), "freed with its last holder");
+        let again = cache.shared_metadata(&open()).expect("read again");
+        assert_eq!(again.assembly_name(), Some("Names"));
     }
 
     #[test]
