@@ -15,14 +15,7 @@
 //!    (retried every [`RETRY_FULL`]), so the runtime's own buffer fills and
 //!    it counts what it drops, as when a reader thread blocked on a send.
 //!    The other sessions are read on.
-//! 4. After a round of reads that each found less than a chunk, the thread
-//!    waits [`QUIET_PAUSE`] before it waits on the streams again: an idle
-//!    .NET process sends its counter values every second in a few writes,
-//!    and fifty of them woke the thread hundreds of times a second, one
-//!    small read each. The runtime holds what comes meanwhile in its
-//!    session buffer (64 MiB); a stream that filled a chunk is read on at
-//!    once.
-//! 5. The end of a stream (the session stopped, the process exited, or a
+//! 4. The end of a stream (the session stopped, the process exited, or a
 //!    read failed) is sent as the session's [`SessionMessage::Ended`];
 //!    dropping the [`ReaderTicket`] closes the stream, ended or not.
 
@@ -54,10 +47,6 @@ const READ_CHUNK: usize = 64 * 1024;
 const RETRY_FULL: Duration = Duration::from_millis(5);
 /// Readiness events taken per `epoll_wait`.
 const MAX_EVENTS: usize = 64;
-/// The pause after a round of reads that each found less than a chunk
-/// (step 4 of the module documentation): the thread wakes at most ten
-/// times a second for streams that trickle.
-const QUIET_PAUSE: Duration = Duration::from_millis(100);
 /// The epoll key of the wake-up eventfd (session ids start at 1).
 const WAKE_KEY: u64 = 0;
 
@@ -377,7 +366,6 @@ fn run(reader: &Reader, epoll: RawFd, wake: RawFd) {
         let Ok(ready) = usize::try_from(ready) else {
             continue; // EINTR
         };
-        let (mut read_streams, mut full_chunk) = (false, false);
         for event in &events[..ready.min(MAX_EVENTS)] {
             let key = event.u64;
             if key == WAKE_KEY {
@@ -392,9 +380,7 @@ fn run(reader: &Reader, epoll: RawFd, wake: RawFd) {
             if stream.parked.is_some() || stream.decoder.is_none() {
                 continue; // taken out of the set earlier in this batch
             }
-            let n = read_once(stream, &mut buf);
-            read_streams = true;
-            full_chunk |= n == buf.len();
+            read_once(stream, &mut buf);
             match deliver_parked(stream) {
                 // Dropping the socket takes it out of the epoll set.
                 Delivery::Gone => drop(streams.remove(&key)),
@@ -411,33 +397,24 @@ fn run(reader: &Reader, epoll: RawFd, wake: RawFd) {
                 }
             }
         }
-        if read_streams && !full_chunk {
-            std::thread::sleep(QUIET_PAUSE);
-        }
     }
 }
 
 /// Reads one chunk of `stream` and parks what it decoded (and its end, if
-/// the stream ended) for delivery; returns the bytes read.
-fn read_once(stream: &mut Stream, buf: &mut [u8]) -> usize {
+/// the stream ended) for delivery.
+fn read_once(stream: &mut Stream, buf: &mut [u8]) {
     let Some(decoder) = stream.decoder.as_mut() else {
-        return 0;
+        return;
     };
     let n = match stream.stream.read(buf) {
-        Ok(0) => {
-            end(stream, None);
-            return 0;
-        }
+        Ok(0) => return end(stream, None),
         Ok(n) => n,
         Err(e)
             if e.kind() == io::ErrorKind::Interrupted || e.kind() == io::ErrorKind::WouldBlock =>
         {
-            return 0;
+            return;
         }
-        Err(e) => {
-            end(stream, Some(format!("reading the event stream: {e}")));
-            return 0;
-        }
+        Err(e) => return end(stream, Some(format!("reading the event stream: {e}"))),
     };
     let mut batch = Vec::new();
     let fed = decoder.feed(&buf[..n], &mut batch);
@@ -450,7 +427,6 @@ fn read_once(stream: &mut Stream, buf: &mut [u8]) -> usize {
     if let Err(error) = fed {
         end(stream, Some(error));
     }
-    n
 }
 
 /// Parks the session's end (its decoder's [`SessionEnd`]) after what is
