@@ -379,7 +379,10 @@ impl ClrCollector {
 
     /// Starts the session if due, then takes what it delivered. Method
     /// load events go to `on_method` (with their time), the others to the
-    /// intake. Returns the number of events taken.
+    /// intake. Returns the number of events taken whose stacks are named
+    /// later (contention, exception, wait and allocation events): method,
+    /// module and rundown events carry none, and an idle process's tier-ups
+    /// must not make its caller read the perf map for them.
     pub fn poll(&mut self, on_method: &mut impl FnMut(&MethodLoad, u64)) -> usize {
         if !self.start_if_due() {
             return 0;
@@ -397,7 +400,7 @@ impl ClrCollector {
         } = self;
         let mut taken = 0;
         if let CollectorState::Running(session) = state {
-            taken = session.drain(&mut |event| route(intake, on_method, event));
+            session.drain(&mut |event| taken += usize::from(route(intake, on_method, event)));
             for sample in session.take_counters() {
                 runtime.observe(&sample);
                 if let Some(events) = exception_events.as_mut() {
@@ -414,9 +417,9 @@ impl ClrCollector {
                 else {
                     unreachable!("matched above");
                 };
-                let (session_end, _) = session
-                    .stop(Instant::now() + ENDED_STREAM_DEADLINE, &mut |event| {
-                        route(intake, on_method, event)
+                let (session_end, _) =
+                    session.stop(Instant::now() + ENDED_STREAM_DEADLINE, &mut |event| {
+                        taken += usize::from(route(intake, on_method, event));
                     });
                 for sample in &session_end.counters {
                     runtime.observe(sample);
@@ -722,7 +725,9 @@ impl ClrCollector {
             CollectorState::Running(session) => {
                 let intake = &mut self.intake;
                 let (session_end, stop_error) =
-                    session.stop(until, &mut |event| route(intake, on_method, event));
+                    session.stop(until, &mut |event| {
+                        route(intake, on_method, event);
+                    });
                 for sample in &session_end.counters {
                     self.runtime.observe(sample);
                     if let Some(events) = self.exception_events.as_mut() {
@@ -856,20 +861,74 @@ impl ClrCollector {
     }
 }
 
+/// Hands a main-session event to `on_method` or the intake; true for an
+/// event whose stack is named later.
 fn route(
     intake: &mut ClrIntake,
     on_method: &mut impl FnMut(&MethodLoad, u64),
     event: SessionEvent,
-) {
-    if let ClrEvent::Method(method) = &event.event {
-        on_method(method, event.time_ns);
-    }
+) -> bool {
+    let has_stack_to_name = match &event.event {
+        ClrEvent::Method(method) => {
+            on_method(method, event.time_ns);
+            false
+        }
+        ClrEvent::Module(_) | ClrEvent::R2REntryPoint(_) | ClrEvent::Rundown(_) => false,
+        ClrEvent::ContentionStart(_)
+        | ClrEvent::ContentionStop(_)
+        | ClrEvent::ContentionLockCreated(_)
+        | ClrEvent::ExceptionThrown(_)
+        | ClrEvent::WaitHandleWaitStart(_)
+        | ClrEvent::WaitHandleWaitStop(_)
+        | ClrEvent::Allocation(_) => true,
+    };
     intake.add(event);
+    has_stack_to_name
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clr::events::{ContentionStart, MethodEventKind};
+
+    #[test]
+    fn only_events_with_stacks_to_name_are_counted_as_taken() {
+        // An idle process's tier-ups come as method loads: they must not
+        // make the instance read its perf map every second.
+        let mut intake = ClrIntake::new(10, 10, super::super::intake::CLR_WINDOW_NS);
+        let mut methods = 0;
+        let mut on_method = |_: &MethodLoad, _| methods += 1;
+        let event = |event| SessionEvent {
+            time_ns: 1_000,
+            thread_id: 7,
+            stack: vec![0x1000],
+            event,
+        };
+        let method = ClrEvent::Method(MethodLoad {
+            kind: MethodEventKind::Load,
+            method_id: 1,
+            module_id: 2,
+            start: 0x1000,
+            size: 16,
+            token: 0x0600_0001,
+            flags: 0,
+            namespace: "App".to_owned(),
+            name: "Tick".to_owned(),
+            signature: "void  ()".to_owned(),
+            clr_instance_id: 0,
+            rejit_id: 0,
+        });
+        assert!(!route(&mut intake, &mut on_method, event(method)));
+        let contention = ClrEvent::ContentionStart(ContentionStart {
+            flags: 0,
+            clr_instance_id: 0,
+            lock_id: None,
+            associated_object_id: None,
+            lock_owner_thread_id: None,
+        });
+        assert!(route(&mut intake, &mut on_method, event(contention)));
+        assert_eq!(methods, 1, "the method still reaches on_method");
+    }
 
     fn count(value: f64, time_ns: u64) -> CounterSample {
         CounterSample {

@@ -1129,9 +1129,12 @@ fn read_incrementally<P: IncrementalParser>(
     let mut total = 0u64;
     while total < max_bytes && parser.offset() < len {
         buf.clear();
-        let want =
-            usize::try_from(max_bytes - total).map_or(READ_CHUNK, |left| left.min(READ_CHUNK));
         let before = parser.offset();
+        // No more than the file holds past the parser: the buffer is
+        // zeroed up to what is asked for, and a few new lines must not
+        // cost a chunk's worth of fresh pages every refresh.
+        let left = (max_bytes - total).min(len - before);
+        let want = usize::try_from(left).map_or(READ_CHUNK, |left| left.min(READ_CHUNK));
         let n = target_fs::read_from_offset(file, before, buf, want)?;
         if n == 0 {
             break;
