@@ -339,6 +339,18 @@ impl RuntimeInstance for DotnetInstance {
         let Some(managed) = self.managed.as_ref() else {
             return (Vec::new(), 0);
         };
+        if read_first && self.code_from_memory() {
+            let mut code = self
+                .jit_memory
+                .as_mut()
+                .map_or_else(Vec::new, |m| m.take_new_code());
+            let (listed, dropped) = self
+                .managed
+                .as_mut()
+                .map_or((Vec::new(), 0), ManagedSymbols::take_new_code);
+            code.extend(listed);
+            return (code, dropped);
+        }
         if read_first
             && !managed.is_evicted()
             && self
@@ -469,6 +481,18 @@ impl DotnetInstance {
             line: 0,
             inlined: Vec::new(),
         }))
+    }
+
+    /// Whether the unwinder's JIT methods come from the runtime's memory:
+    /// names come from it alone (`--managed-names memory`), or no perf map
+    /// is there or on its way (no socket, attach refused or failed).
+    fn code_from_memory(&self) -> bool {
+        self.jit_memory.is_some()
+            && (!self.loader.managed_names.uses_perf_maps()
+                || (self.perf_map.is_none()
+                    && self.attach_job.is_none()
+                    && !self.launched_here
+                    && !self.methods_from_events))
     }
 
     /// The runtime has started: its name sources, its session and its

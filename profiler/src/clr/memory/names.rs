@@ -54,6 +54,8 @@ pub struct JitMemoryNames {
     images: Mutex<HashMap<Arc<str>, Option<Arc<ClrMetadata>>>>,
     names: Mutex<HashMap<MethodKey, CodeName>>,
     pub counts: MemoryNameCounts,
+    /// The JIT methods handed to the unwinder ([`super::code_heap_scan`]).
+    code_scan: super::code_heap_scan::CodeHeapScan,
 }
 
 impl JitMemoryNames {
@@ -67,6 +69,7 @@ impl JitMemoryNames {
             images: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
             counts: MemoryNameCounts::default(),
+            code_scan: Default::default(),
         };
         names.sync_mappings(mappings);
         Ok(names)
@@ -191,6 +194,10 @@ impl name_sources::JitMemoryNames for JitMemoryNames {
     fn name(&self, lookup: u64, _time_ns: u64) -> Option<CodeName> {
         // Memory is read now: the name is the code's as of now.
         self.code_name(lookup)
+    }
+
+    fn take_new_code(&mut self) -> Vec<crate::unwind::jit_code::JitMethod> {
+        super::code_heap_scan::take_new_code(&self.reader, &mut self.code_scan)
     }
 
     fn problems(&self) -> Option<String> {
