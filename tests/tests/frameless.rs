@@ -7,15 +7,17 @@
 //! kernel walker keeps the user method. `ManualResetEventSlim.Wait()`,
 //! called often enough to be re-jitted at tier 1, is JIT-compiled code
 //! without a frame: the rows made from its prologue keep its caller; so do
-//! those of an OSR method, made with its tier-0 code's. Real `sched_switch` programs and real .NET processes; run by
+//! those of an OSR method, made with its tier-0 code's. A process without
+//! its diagnostic socket gets the same rows from the methods found in the
+//! runtime's memory. Real `sched_switch` programs and real .NET processes; run by
 //! `cargo xtask test` (root, one test at a time).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use clrbpf_integration_tests::{
-    Env, Runtime, SampleView, TempDir, assert_success, read_profile, run_clrbpf, samples,
-    value_index,
+    Env, Launch, Runtime, SampleView, TempDir, TestProcess, assert_success, read_profile,
+    record_pid, run_clrbpf, samples, value_index,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -237,5 +239,99 @@ fn net8_osr_method_keeps_its_caller() {
         share >= 0.95,
         "Osr.Caller is on {:.1}% of the CPU in Osr.Loop; without it:\n{heaviest}",
         share * 100.0
+    );
+}
+
+/// A process started with `DOTNET_EnableDiagnostics=0` has no perf map: its
+/// JIT-compiled methods are found in the runtime's memory (code heaps,
+/// nibble maps, code headers), and the tier-1 `ManualResetEventSlim.Wait()`
+/// without a frame gets rows from its prologue all the same, so
+/// `record -p` keeps `Frameless.WaitMresOften` on the "often" thread's
+/// off-CPU stacks. Before the memory path gave the unwinder methods, a
+/// frame-pointer walk skipped it on nearly all of them.
+#[test]
+fn net8_jit_wrapper_keeps_its_caller_without_the_diagnostic_socket() {
+    let env = Env::privileged();
+    let dir = TempDir::new("frameless-no-socket");
+    let app = TestProcess::launch(
+        &env,
+        Runtime::Net8,
+        "Frameless",
+        &["3", "9", "300"],
+        &Launch {
+            env: &[("DOTNET_EnableDiagnostics", "0")],
+            ..Launch::default()
+        },
+    );
+    let pid = app.pid();
+    // Wait() is re-jitted at tier 1 during the start delay.
+    std::thread::sleep(Duration::from_secs(3));
+    let (output, output_path) = record_pid(
+        &env,
+        &dir,
+        pid,
+        &[
+            "-v",
+            "--off-cpu",
+            "--dwarf-unwind",
+            "--no-clr-events",
+            "-d",
+            "5",
+        ],
+        "no-socket.pb.gz",
+    );
+    let (_, lines) = app.wait(TIMEOUT);
+    let tids = thread_ids(lines.join("\n").as_bytes());
+    let often = *tids
+        .get("often")
+        .unwrap_or_else(|| panic!("no often thread in {lines:?}"));
+
+    let profile = read_profile(&output_path);
+    let off_cpu = value_index(&profile, "off_cpu/nanoseconds");
+    let all = samples(&profile);
+    let waits: Vec<&SampleView> = all
+        .iter()
+        .filter(|s| {
+            s.values[off_cpu] > 0
+                && s.label_num("thread.id") == Some(often)
+                && s.stack_contains(&["System.Threading.ManualResetEventSlim"])
+        })
+        .collect();
+    let total: i64 = waits.iter().map(|s| s.values[off_cpu]).sum();
+    let with_caller: i64 = waits
+        .iter()
+        .filter(|s| s.stack_contains(&["Frameless.WaitMresOften"]))
+        .map(|s| s.values[off_cpu])
+        .sum();
+    let share = with_caller as f64 / total.max(1) as f64;
+    let heaviest = waits
+        .iter()
+        .filter(|s| !s.stack_contains(&["Frameless.WaitMresOften"]))
+        .take(3)
+        .map(|s| format!("  {} {}", s.values[off_cpu], s.frames.join(" <- ")))
+        .collect::<Vec<_>>()
+        .join("\n");
+    eprintln!(
+        "frameless-no-socket often: {:.1}% of {:.1} ms off-CPU on Frameless.WaitMresOften",
+        share * 100.0,
+        total as f64 / 1e6
+    );
+    assert!(
+        total > 200_000_000,
+        "only {:.1} ms off-CPU in ManualResetEventSlim waits",
+        total as f64 / 1e6
+    );
+    assert!(
+        share >= 0.95,
+        "Frameless.WaitMresOften is on {:.1}% of its {:.1} ms of waits; without it:\n{heaviest}",
+        share * 100.0,
+        total as f64 / 1e6
+    );
+    // The rows came from methods the memory path found.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("without an rbp frame given rows")
+            && !stderr.contains("decoded, 0 without an rbp frame"),
+        "no JIT method was given rows:\n{stderr}"
     );
 }
