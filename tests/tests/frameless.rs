@@ -9,12 +9,16 @@
 //! without a frame: the rows made from its prologue keep its caller; so do
 //! those of an OSR method, made with its tier-0 code's. A process without
 //! its diagnostic socket gets the same rows from the methods found in the
-//! runtime's memory. Real `sched_switch` programs and real .NET processes; run by
+//! runtime's memory, whose extents are the perf map's. Real `sched_switch` programs and real .NET processes; run by
 //! `cargo xtask test` (root, one test at a time).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use clrbpf::{
+    clr::{memory::names::JitMemoryNames, name_sources},
+    process::{MappingTable, ProcFs},
+};
 use clrbpf_integration_tests::{
     Env, Launch, Runtime, SampleView, TempDir, TestProcess, assert_success, read_profile,
     record_pid, run_clrbpf, samples, value_index,
@@ -334,4 +338,80 @@ fn net8_jit_wrapper_keeps_its_caller_without_the_diagnostic_socket() {
             && !stderr.contains("decoded, 0 without an rbp frame"),
         "no JIT method was given rows:\n{stderr}"
     );
+}
+
+/// The JIT methods the memory path finds for the unwinder are the perf
+/// map's: same start and same size (the perf map is the runtime's own list
+/// of the code it compiled), on a process started with perf maps on.
+#[test]
+fn net8_memory_method_extents_agree_with_the_perf_map() {
+    let env = Env::privileged();
+    let app = TestProcess::start(&env, Runtime::Net8, "Frameless", &["1", "4", "300"], true);
+    let pid = app.pid();
+    let perf_map = std::path::PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    let _remove = RemoveOnDrop(vec![
+        perf_map.clone(),
+        format!("/tmp/jit-{pid}.dump").into(),
+    ]);
+    std::thread::sleep(Duration::from_secs(3));
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let mappings = MappingTable::parse(maps.as_bytes()).expect("maps parse");
+    let mut jit = JitMemoryNames::attach(&ProcFs::default(), pid, &mappings)
+        .unwrap_or_else(|e| panic!("memory path for pid {pid}: {e}"));
+    let methods = name_sources::JitMemoryNames::take_new_code(&mut jit);
+    // Read after the scan: every method it found is listed by now.
+    let listed: HashMap<u64, u64> = std::fs::read_to_string(&perf_map)
+        .expect("the runtime's perf map")
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let hex = |field: &str| u64::from_str_radix(field.trim_start_matches("0x"), 16).ok();
+            let start = hex(fields.next()?)?;
+            let size = hex(fields.next()?)?;
+            Some((start, size))
+        })
+        .collect();
+    let same = methods
+        .iter()
+        .filter(|m| listed.get(&m.start) == Some(&(m.end - m.start)))
+        .count();
+    let differing: Vec<String> = methods
+        .iter()
+        .filter(|m| listed.get(&m.start) != Some(&(m.end - m.start)))
+        .take(5)
+        .map(|m| {
+            format!(
+                "{:#x} size {:#x} vs {:?}",
+                m.start,
+                m.end - m.start,
+                listed.get(&m.start)
+            )
+        })
+        .collect();
+    eprintln!(
+        "memory extents: {same} of {} methods as in the perf map ({} entries); differing: {differing:?}",
+        methods.len(),
+        listed.len()
+    );
+    assert!(
+        methods.len() >= 20,
+        "only {} JIT methods found in memory",
+        methods.len()
+    );
+    assert!(
+        same * 100 >= methods.len() * 95,
+        "{same} of {} methods have the perf map's extent; differing: {differing:?}",
+        methods.len()
+    );
+}
+
+/// Removes the perf files a workload started with a perf map leaves.
+struct RemoveOnDrop(Vec<std::path::PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
