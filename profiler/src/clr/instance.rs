@@ -334,23 +334,13 @@ impl RuntimeInstance for DotnetInstance {
     /// See [`ManagedSymbols::take_new_code`]. With `read_first`, the perf
     /// map and jitdump are read first if they were not for
     /// [`JIT_CODE_REFRESH_EVERY`] (unless the symbol budget dropped the
-    /// process's tables: reading them again is for its samples to ask).
+    /// process's tables: reading them again is for its samples to ask), and
+    /// a process with no perf map gets the methods its runtime's memory
+    /// shows ([`Self::code_from_memory`]).
     fn take_new_code(&mut self, read_first: bool) -> (Vec<JitMethod>, u64) {
         let Some(managed) = self.managed.as_ref() else {
             return (Vec::new(), 0);
         };
-        if read_first && self.code_from_memory() {
-            let mut code = self
-                .jit_memory
-                .as_mut()
-                .map_or_else(Vec::new, |m| m.take_new_code());
-            let (listed, dropped) = self
-                .managed
-                .as_mut()
-                .map_or((Vec::new(), 0), ManagedSymbols::take_new_code);
-            code.extend(listed);
-            return (code, dropped);
-        }
         if read_first
             && !managed.is_evicted()
             && self
@@ -359,9 +349,17 @@ impl RuntimeInstance for DotnetInstance {
         {
             self.refresh_names(true);
         }
-        self.managed
+        let (mut code, dropped) = self
+            .managed
             .as_mut()
-            .map_or((Vec::new(), 0), ManagedSymbols::take_new_code)
+            .map_or((Vec::new(), 0), ManagedSymbols::take_new_code);
+        if read_first
+            && self.code_from_memory()
+            && let Some(memory) = self.jit_memory.as_mut()
+        {
+            code.extend(memory.take_new_code());
+        }
+        (code, dropped)
     }
 
     /// Takes the perf map attach's answer, then starts or drains the

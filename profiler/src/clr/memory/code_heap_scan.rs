@@ -404,8 +404,9 @@ fn list_code_heaps(
             Ok(Some(range)) => range,
             _ => continue,
         };
-        if let CodeRangeKind::JitHeap(heap) = range.kind {
-            let heap_list = mem.read_ptr(section + layout.range_heap_list)?;
+        if let CodeRangeKind::JitHeap(heap) = range.kind
+            && let Ok(heap_list) = mem.read_ptr(section + layout.range_heap_list)
+        {
             heaps.push(KnownHeap { heap_list, heap });
             if heaps.len() >= MAX_HEAPS {
                 break;
