@@ -7,15 +7,21 @@
 //! kernel walker keeps the user method. `ManualResetEventSlim.Wait()`,
 //! called often enough to be re-jitted at tier 1, is JIT-compiled code
 //! without a frame: the rows made from its prologue keep its caller; so do
-//! those of an OSR method, made with its tier-0 code's. Real `sched_switch` programs and real .NET processes; run by
+//! those of an OSR method, made with its tier-0 code's. A process without
+//! its diagnostic socket gets the same rows from the methods found in the
+//! runtime's memory, whose extents are the perf map's. Real `sched_switch` programs and real .NET processes; run by
 //! `cargo xtask test` (root, one test at a time).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use clrbpf::{
+    clr::{memory::names::JitMemoryNames, name_sources},
+    process::{MappingTable, ProcFs},
+};
 use clrbpf_integration_tests::{
-    Env, Runtime, SampleView, TempDir, assert_success, read_profile, run_clrbpf, samples,
-    value_index,
+    Env, Launch, Runtime, SampleView, TempDir, TestProcess, assert_success, read_profile,
+    record_pid, run_clrbpf, samples, value_index,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -238,4 +244,182 @@ fn net8_osr_method_keeps_its_caller() {
         "Osr.Caller is on {:.1}% of the CPU in Osr.Loop; without it:\n{heaviest}",
         share * 100.0
     );
+}
+
+/// A process started with `DOTNET_EnableDiagnostics=0` has no perf map: its
+/// JIT-compiled methods are found in the runtime's memory (code heaps,
+/// nibble maps, code headers), and the tier-1 `ManualResetEventSlim.Wait()`
+/// without a frame gets rows from its prologue all the same, so
+/// `record -p` keeps `Frameless.WaitMresOften` on the "often" thread's
+/// off-CPU stacks. Before the memory path gave the unwinder methods, a
+/// frame-pointer walk skipped it on nearly all of them.
+#[test]
+fn net8_jit_wrapper_keeps_its_caller_without_the_diagnostic_socket() {
+    let env = Env::privileged();
+    let dir = TempDir::new("frameless-no-socket");
+    let app = TestProcess::launch(
+        &env,
+        Runtime::Net8,
+        "Frameless",
+        &["3", "9", "300"],
+        &Launch {
+            env: &[("DOTNET_EnableDiagnostics", "0")],
+            ..Launch::default()
+        },
+    );
+    let pid = app.pid();
+    // Wait() is re-jitted at tier 1 during the start delay.
+    std::thread::sleep(Duration::from_secs(3));
+    let (output, output_path) = record_pid(
+        &env,
+        &dir,
+        pid,
+        &[
+            "-v",
+            "--off-cpu",
+            "--dwarf-unwind",
+            "--no-clr-events",
+            "-d",
+            "5",
+        ],
+        "no-socket.pb.gz",
+    );
+    let (_, lines) = app.wait(TIMEOUT);
+    let tids = thread_ids(lines.join("\n").as_bytes());
+    let often = *tids
+        .get("often")
+        .unwrap_or_else(|| panic!("no often thread in {lines:?}"));
+
+    let profile = read_profile(&output_path);
+    let off_cpu = value_index(&profile, "off_cpu/nanoseconds");
+    let all = samples(&profile);
+    let waits: Vec<&SampleView> = all
+        .iter()
+        .filter(|s| {
+            s.values[off_cpu] > 0
+                && s.label_num("thread.id") == Some(often)
+                && s.stack_contains(&["System.Threading.ManualResetEventSlim"])
+        })
+        .collect();
+    let total: i64 = waits.iter().map(|s| s.values[off_cpu]).sum();
+    let with_caller: i64 = waits
+        .iter()
+        .filter(|s| s.stack_contains(&["Frameless.WaitMresOften"]))
+        .map(|s| s.values[off_cpu])
+        .sum();
+    let share = with_caller as f64 / total.max(1) as f64;
+    let heaviest = waits
+        .iter()
+        .filter(|s| !s.stack_contains(&["Frameless.WaitMresOften"]))
+        .take(3)
+        .map(|s| format!("  {} {}", s.values[off_cpu], s.frames.join(" <- ")))
+        .collect::<Vec<_>>()
+        .join("\n");
+    eprintln!(
+        "frameless-no-socket often: {:.1}% of {:.1} ms off-CPU on Frameless.WaitMresOften",
+        share * 100.0,
+        total as f64 / 1e6
+    );
+    assert!(
+        total > 200_000_000,
+        "only {:.1} ms off-CPU in ManualResetEventSlim waits",
+        total as f64 / 1e6
+    );
+    assert!(
+        share >= 0.95,
+        "Frameless.WaitMresOften is on {:.1}% of its {:.1} ms of waits; without it:\n{heaviest}",
+        share * 100.0,
+        total as f64 / 1e6
+    );
+    // The rows came from methods the memory path found.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("without an rbp frame given rows")
+            && !stderr.contains("decoded, 0 without an rbp frame"),
+        "no JIT method was given rows:\n{stderr}"
+    );
+}
+
+/// The JIT methods the memory path finds for the unwinder are the perf
+/// map's: same start and same size (the perf map is the runtime's own list
+/// of the code it compiled), on a process started with perf maps on.
+#[test]
+fn net8_memory_method_extents_agree_with_the_perf_map() {
+    let env = Env::privileged();
+    let app = TestProcess::start(&env, Runtime::Net8, "Frameless", &["1", "4", "300"], true);
+    let pid = app.pid();
+    let perf_map = std::path::PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    let _remove = RemoveOnDrop(vec![
+        perf_map.clone(),
+        format!("/tmp/jit-{pid}.dump").into(),
+    ]);
+    std::thread::sleep(Duration::from_secs(3));
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let mappings = MappingTable::parse(maps.as_bytes()).expect("maps parse");
+    let mut jit = JitMemoryNames::attach(&ProcFs::default(), pid, &mappings)
+        .unwrap_or_else(|e| panic!("memory path for pid {pid}: {e}"));
+    let scan_began = std::time::Instant::now();
+    let methods = name_sources::JitMemoryNames::take_new_code(&mut jit);
+    let first_scan = scan_began.elapsed();
+    // The next scan reads the nibble map again but no header it read.
+    std::thread::sleep(Duration::from_millis(1100));
+    let scan_began = std::time::Instant::now();
+    let later = name_sources::JitMemoryNames::take_new_code(&mut jit);
+    let next_scan = scan_began.elapsed();
+    // Read after the scan: every method it found is listed by now.
+    let listed: HashMap<u64, u64> = std::fs::read_to_string(&perf_map)
+        .expect("the runtime's perf map")
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let hex = |field: &str| u64::from_str_radix(field.trim_start_matches("0x"), 16).ok();
+            let start = hex(fields.next()?)?;
+            let size = hex(fields.next()?)?;
+            Some((start, size))
+        })
+        .collect();
+    let same = methods
+        .iter()
+        .filter(|m| listed.get(&m.start) == Some(&(m.end - m.start)))
+        .count();
+    let differing: Vec<String> = methods
+        .iter()
+        .filter(|m| listed.get(&m.start) != Some(&(m.end - m.start)))
+        .take(5)
+        .map(|m| {
+            format!(
+                "{:#x} size {:#x} vs {:?}",
+                m.start,
+                m.end - m.start,
+                listed.get(&m.start)
+            )
+        })
+        .collect();
+    eprintln!(
+        "memory extents: {same} of {} methods as in the perf map ({} entries); differing: {differing:?}; scans {first_scan:?} then {next_scan:?} ({} new)",
+        methods.len(),
+        listed.len(),
+        later.len()
+    );
+    assert!(
+        methods.len() >= 20,
+        "only {} JIT methods found in memory",
+        methods.len()
+    );
+    assert!(
+        same * 100 >= methods.len() * 95,
+        "{same} of {} methods have the perf map's extent; differing: {differing:?}",
+        methods.len()
+    );
+}
+
+/// Removes the perf files a workload started with a perf map leaves.
+struct RemoveOnDrop(Vec<std::path::PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }

@@ -358,7 +358,9 @@ impl RuntimeInstance for DotnetInstance {
     /// See [`ManagedSymbols::take_new_code`]. With `read_first`, the perf
     /// map and jitdump are read first if they were not for
     /// [`JIT_CODE_REFRESH_EVERY`] (unless the symbol budget dropped the
-    /// process's tables: reading them again is for its samples to ask).
+    /// process's tables: reading them again is for its samples to ask), and
+    /// a process with no perf map gets the methods its runtime's memory
+    /// shows ([`Self::code_from_memory`]).
     fn take_new_code(&mut self, read_first: bool) -> (Vec<JitMethod>, u64) {
         let Some(managed) = self.managed.as_ref() else {
             return (Vec::new(), 0);
@@ -371,9 +373,17 @@ impl RuntimeInstance for DotnetInstance {
         {
             self.refresh_names(true);
         }
-        self.managed
+        let (mut code, dropped) = self
+            .managed
             .as_mut()
-            .map_or((Vec::new(), 0), ManagedSymbols::take_new_code)
+            .map_or((Vec::new(), 0), ManagedSymbols::take_new_code);
+        if read_first
+            && self.code_from_memory()
+            && let Some(memory) = self.jit_memory.as_mut()
+        {
+            code.extend(memory.take_new_code());
+        }
+        (code, dropped)
     }
 
     /// Takes the perf map attach's answer, then starts or drains the
@@ -501,6 +511,18 @@ impl DotnetInstance {
             line: 0,
             inlined: Vec::new(),
         }))
+    }
+
+    /// Whether the unwinder's JIT methods come from the runtime's memory:
+    /// names come from it alone (`--managed-names memory`), or no perf map
+    /// is there or on its way (no socket, attach refused or failed).
+    fn code_from_memory(&self) -> bool {
+        self.jit_memory.is_some()
+            && (!self.loader.managed_names.uses_perf_maps()
+                || (self.perf_map.is_none()
+                    && self.attach_job.is_none()
+                    && !self.launched_here
+                    && !self.methods_from_events))
     }
 
     /// The runtime has started: its name sources, its session and its

@@ -25,6 +25,7 @@ use crate::{
     process::{MappingTable, ProcFs, dotnet::DotnetRuntime},
     profile::{Frame, FrameKind, Module},
     symbolize::ready_to_run::AssemblyCache,
+    unwind::jit_code::JitMethod,
 };
 
 /// Which sources name managed frames (`--managed-names`).
@@ -79,6 +80,12 @@ pub trait JitMemoryNames: Send {
     /// What went wrong reading the process, for the summary's warnings.
     fn problems(&self) -> Option<String> {
         None
+    }
+    /// The JIT-compiled methods found in the runtime's memory since the
+    /// last call, for the unwinder's rows when no perf map lists them (the
+    /// reader decides how often it looks).
+    fn take_new_code(&mut self) -> Vec<JitMethod> {
+        Vec::new()
     }
 }
 

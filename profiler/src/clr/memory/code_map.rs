@@ -151,7 +151,8 @@ fn find_in_list(
     Err(CodeMapError::ListTooLong)
 }
 
-fn read_range_section(
+/// The range `section` registers, `None` when `pc` is not in it.
+pub(super) fn read_range_section(
     mem: &dyn TargetMemory,
     layout: &ClrLayout,
     section: u64,

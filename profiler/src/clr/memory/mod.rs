@@ -31,6 +31,7 @@
 //! open-telemetry/opentelemetry-ebpf-profiler@b442421 `interpreter/dotnet`
 //! and dotnet/runtime `docs/design/datacontracts/ExecutionManager.md`.
 
+pub mod code_heap_scan;
 pub mod code_map;
 pub mod layout;
 pub mod method;
@@ -268,6 +269,19 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
         Ok(Some(code))
     }
 
+    /// The JIT methods `scan` found since its last call (at most every
+    /// [`code_heap_scan::SCAN_EVERY`]); none until the runtime's code range
+    /// map is set up.
+    pub fn take_new_methods(
+        &self,
+        scan: &mut code_heap_scan::CodeHeapScan,
+    ) -> Vec<crate::unwind::jit_code::JitMethod> {
+        match self.code_ranges() {
+            Ok(code_ranges) => scan.take_new_methods(&self.mem, &self.layout, code_ranges),
+            Err(_) => Vec::new(),
+        }
+    }
+
     /// DAC slot 0, read until the runtime has set it.
     fn code_ranges(&self) -> Result<u64, MemoryNameError> {
         let known = self.code_ranges.load(Ordering::Relaxed);
@@ -412,7 +426,7 @@ fn read_descriptor_json(mem: &dyn TargetMemory, addr: u64) -> Result<Vec<u8>, Re
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::clr::memory::{
         code_map::tests::{HEADER_MAP, MAP_BASE, nibble_map},
@@ -422,14 +436,14 @@ mod tests {
 
     const BIAS: u64 = 0x7fa0_0000_0000;
     const DAC_TABLE: u64 = 0x6aecc8;
-    const RANGE_MAP: u64 = 0x5600_0000_0000;
+    pub const RANGE_MAP: u64 = 0x5600_0000_0000;
     const FRAGMENT: u64 = 0x5600_0001_0000;
     const SECTION: u64 = 0x5600_0002_0000;
     const HEAP_LIST: u64 = 0x5600_0003_0000;
     const STUB_SECTION: u64 = 0x5600_0004_0000;
     const RANGE_LIST: u64 = 0x5600_0005_0000;
     const IMAGE: u64 = 0x7fb0_0000_0000;
-    const METHOD_START: u64 = MAP_BASE + 0x1920;
+    pub const METHOD_START: u64 = MAP_BASE + 0x1920;
     const STUBS: u64 = MAP_BASE + 0x10_0000;
 
     fn image() -> RuntimeImage {
@@ -452,7 +466,7 @@ mod tests {
 
     /// A .NET 8 process image: one code heap holding one method and one
     /// stub range, reachable through a five-level RangeSectionMap.
-    fn net8_memory() -> FakeMemory {
+    pub fn net8_memory() -> FakeMemory {
         let mut mem = FakeMemory::new();
         mem.put_u64(BIAS + DAC_TABLE, RANGE_MAP);
         // Levels: RANGE_MAP -> L4 -> L3 -> L2 -> L1 -> fragment list.

@@ -57,6 +57,8 @@ pub struct JitMemoryNames {
     /// this reader's own copies.
     shared: Option<AssemblyCache>,
     pub counts: MemoryNameCounts,
+    /// The JIT methods handed to the unwinder ([`super::code_heap_scan`]).
+    code_scan: super::code_heap_scan::CodeHeapScan,
 }
 
 impl JitMemoryNames {
@@ -71,6 +73,7 @@ impl JitMemoryNames {
             names: Mutex::new(HashMap::new()),
             shared: None,
             counts: MemoryNameCounts::default(),
+            code_scan: Default::default(),
         };
         names.sync_mappings(mappings);
         Ok(names)
@@ -217,6 +220,10 @@ impl name_sources::JitMemoryNames for JitMemoryNames {
     fn name(&self, lookup: u64, _time_ns: u64) -> Option<CodeName> {
         // Memory is read now: the name is the code's as of now.
         self.code_name(lookup)
+    }
+
+    fn take_new_code(&mut self) -> Vec<crate::unwind::jit_code::JitMethod> {
+        super::code_heap_scan::take_new_code(&self.reader, &mut self.code_scan)
     }
 
     fn problems(&self) -> Option<String> {
