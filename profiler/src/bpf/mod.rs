@@ -7,10 +7,13 @@
 mod stack_copies;
 pub mod start_tables;
 pub mod system;
+pub mod table_times;
 pub mod unwind_maps;
 mod unwind_rows;
+mod unwind_worker;
 
-pub use unwind_maps::{UnwindMaps, UnwindMapsStats, UnwindMemory, UnwindReport, UnwindWorker};
+pub use unwind_maps::{UnwindMaps, UnwindMapsStats, UnwindMemory};
+pub use unwind_worker::{UnwindReport, UnwindWorker};
 
 use std::{
     fs, io,
