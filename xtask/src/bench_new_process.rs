@@ -92,7 +92,7 @@ fn start_clrbpf(
     match mode {
         Mode::Record => {
             command
-                .args(["record", "-a", "-v", "-d", "18", "-o"])
+                .args(["record", "-a", "-v", "-d", "20", "-o"])
                 .arg(inputs.scratch.join("new-process.pb.gz"));
         }
         Mode::Agent => {
@@ -128,7 +128,7 @@ fn round(
     binary: &Path,
     mode: Mode,
     cache: &Path,
-) -> anyhow::Result<[NewProcess; 2]> {
+) -> anyhow::Result<[Option<NewProcess>; 2]> {
     let mut clrbpf = start_clrbpf(inputs, binary, mode, cache)?;
     thread::sleep(SETTLE);
     let mut pids = [0; 2];
@@ -143,7 +143,7 @@ fn round(
         app.wait()?;
     }
     // The exits reach clrbpf, which then reports the processes.
-    thread::sleep(Duration::from_millis(1500));
+    thread::sleep(Duration::from_secs(3));
     if mode == Mode::Agent {
         // SAFETY: a signal to the child we started.
         unsafe { libc::kill(clrbpf.id() as i32, libc::SIGINT) };
@@ -155,16 +155,22 @@ fn round(
     let status = clrbpf.wait()?;
     anyhow::ensure!(status.success(), "clrbpf failed:\n{stderr}");
     let figures = pids.map(|pid| parse_line(&stderr, pid));
-    match figures {
-        [Some(a), Some(b)] => Ok([a, b]),
-        _ => anyhow::bail!("no figures for pids {pids:?} in clrbpf's output:\n{stderr}"),
+    if figures.iter().any(Option::is_none) {
+        // A busy host can keep the agent from reporting a process before
+        // it stops: the round counts as missing.
+        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+        println!(
+            "bench: new processes: no figures for some of pids {pids:?}; clrbpf's last lines: {tail:?}"
+        );
     }
+    Ok(figures)
 }
 
 fn print_row(label: &str, runs: &[NewProcess]) {
     let m = |f: fn(&NewProcess) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
     println!(
-        "| {label} | {:.3} s | {:.3} s | {:.3} s | {:.3} s | {:.3} s | {:.0} built ({:.0} ms), {:.0} read ({:.0} ms), {:.0} already loaded | {:.1} ms |",
+        "| {label} ({} rounds) | {:.3} s | {:.3} s | {:.3} s | {:.3} s | {:.3} s | {:.0} built ({:.0} ms), {:.0} read ({:.0} ms), {:.0} already loaded | {:.1} ms |",
+        runs.len(),
         m(|p| p.seen),
         m(|p| p.indexed),
         m(|p| p.files),
@@ -188,7 +194,10 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     println!(
         "\nbench: new processes: CpuBound.dll (.NET 8) started twice in a row under record -a / the agent; seconds from its exec; {ROUNDS} rounds, medians"
     );
-    let mut rows: Vec<(String, Vec<NewProcess>)> = Vec::new();
+    println!(
+        "| new .NET 8 process | seen | first index | files' tables | JIT table | whole stacks | its files' tables | rows written |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for (mode, mode_name) in [(Mode::Record, "record -a"), (Mode::Agent, "agent")] {
         for cold in [false, true] {
             let mut runs = vec![(Vec::new(), Vec::new()); binaries.len()];
@@ -210,8 +219,8 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
                         round(inputs, binary, mode, &cache)?;
                     }
                     let [a, b] = round(inputs, binary, mode, &cache)?;
-                    first.push(a);
-                    second.push(b);
+                    first.extend(a);
+                    second.extend(b);
                     if cold {
                         let _ = std::fs::remove_dir_all(&cache);
                     }
@@ -219,23 +228,12 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
             }
             let cache_name = if cold { "cold" } else { "warm" };
             for ((name, _), (first, second)) in binaries.iter().zip(runs) {
-                rows.push((
-                    format!("{mode_name}, {cache_name} cache, {name}: first process"),
-                    first,
-                ));
-                rows.push((
-                    format!("{mode_name}, {cache_name} cache, {name}: second process"),
-                    second,
-                ));
+                let label = format!("{mode_name}, {cache_name} cache, {name}");
+                // As they come: a later failure keeps them.
+                print_row(&format!("{label}: first process"), &first);
+                print_row(&format!("{label}: second process"), &second);
             }
         }
-    }
-    println!(
-        "| new .NET 8 process | seen | first index | files' tables | JIT table | whole stacks | its files' tables | rows written |"
-    );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    for (label, runs) in &rows {
-        print_row(label, runs);
     }
     Ok(())
 }

@@ -229,6 +229,14 @@ impl TableTimes {
         }
     }
 
+    /// The end: every timeline is final.
+    pub fn finish_all(&mut self) {
+        let followed: Vec<ProcessTableTimes> = self.followed.drain().map(|(_, p)| p).collect();
+        for times in followed {
+            self.finish(times);
+        }
+    }
+
     /// Every timeline, finished or not (the end of a recording), by pid.
     pub fn report(&self) -> Vec<ProcessTableTimes> {
         let mut all: Vec<ProcessTableTimes> = self
@@ -244,9 +252,25 @@ impl TableTimes {
 
 impl UnwindWorker {
     /// `pid` exec'd at `exec_ns` (the kernel's event): follow its way to
-    /// its tables (queued).
+    /// its tables, and rescan it if it is indexed (its old image's index is
+    /// stale) (queued).
     pub fn process_exec(&self, pid: u32, exec_ns: u64) {
-        self.run(Box::new(move |maps, _| maps.times.exec(pid, exec_ns)));
+        self.run(Box::new(move |maps, _| {
+            maps.times.exec(pid, exec_ns);
+            maps.code_mapped(pid, exec_ns);
+        }));
+    }
+
+    /// These processes mapped executable memory, at these times (the
+    /// kernel's events): the indexed ones are rescanned (queued).
+    pub fn code_mapped(&self, mapped: Vec<(u32, u64)>) {
+        if !mapped.is_empty() {
+            self.run(Box::new(move |maps, _| {
+                for (pid, at_ns) in mapped {
+                    maps.code_mapped(pid, at_ns);
+                }
+            }));
+        }
     }
 }
 

@@ -18,9 +18,13 @@
 //! 4. A sample whose walk met a pc in no indexed mapping (a `dlopen` or a
 //!    new JIT code heap after the scan; the kernel stepped it by frame
 //!    pointer and flagged the sample) makes the record loop call
-//!    [`UnwindMaps::refresh_process`]; a process is also rescanned every
-//!    second for its first ten ([`UnwindMaps::rescan_young`]), while a
-//!    runtime maps its code; exited processes are dropped by
+//!    [`UnwindMaps::refresh_process`]. A process that maps executable
+//!    memory (`mmap`/`mprotect` with `PROT_EXEC`: a library, a ReadyToRun
+//!    image, a code heap) is rescanned right after, as the kernel reports
+//!    it ([`UnwindMaps::code_mapped`]), so a runtime's code is indexed as
+//!    it is mapped; without those events (no syscall tracepoints), a
+//!    process is rescanned every second for its first ten
+//!    ([`UnwindMaps::rescan_young`]). Exited processes are dropped by
 //!    [`UnwindMaps::forget_process`] or [`UnwindMaps::forget_exited`].
 //! 5. JIT-compiled code has no file to read rows from: the pipeline sends
 //!    the code ranges of new methods (perf map, jitdump, MethodLoad
@@ -78,6 +82,9 @@ const OVER_BUDGET_RESCAN_EVERY: Duration = Duration::from_secs(10);
 const YOUNG_FOR: Duration = Duration::from_secs(10);
 /// See [`YOUNG_FOR`].
 const YOUNG_RESCAN_EVERY: Duration = Duration::from_secs(1);
+/// A young process that maps code is rescanned at most this often (a
+/// runtime maps tens of files in its first second, in bursts).
+const CODE_MAPPED_RESCAN_EVERY: Duration = Duration::from_millis(20);
 /// The heap is trimmed at most this often (see
 /// [`UnwindMaps::trim_heap_after_loads`]).
 const TRIM_EVERY: Duration = Duration::from_secs(2);
@@ -100,6 +107,10 @@ const IDLE_WAKE_EVERY: Duration = Duration::from_millis(500);
 /// are forgotten (a churning host maps many one-off files: each .NET
 /// process's double-mapped code heap is a memfd of its own).
 const MAX_KNOWN_FILES: usize = 16_384;
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// The high bit of a JIT table's key (with a generation and the pid below
 /// it), apart from the file tables' hashes.
@@ -242,6 +253,12 @@ pub struct UnwindMaps {
     trimmed_at: Instant,
     /// How long processes exec'd meanwhile waited for their tables.
     pub(super) times: TableTimes,
+    /// The kernel reports when a process maps executable memory
+    /// ([`Self::code_mapped`]): young processes need no timed rescans.
+    pub(super) rescan_on_code_mapped: bool,
+    /// Indexed processes that mapped code, and when (CLOCK_MONOTONIC ns)
+    /// their rescan is due.
+    code_mapped: HashMap<u32, u64>,
 }
 
 impl UnwindMaps {
@@ -280,6 +297,8 @@ impl UnwindMaps {
             loads_at_trim: 0,
             trimmed_at: Instant::now(),
             times: TableTimes::default(),
+            rescan_on_code_mapped: false,
+            code_mapped: HashMap::new(),
         })
     }
 
@@ -322,6 +341,9 @@ impl UnwindMaps {
     /// scan is older than [`YOUNG_RESCAN_EVERY`] (when the kernel does not
     /// report their new code mappings).
     pub fn rescan_young(&mut self) {
+        if self.rescan_on_code_mapped {
+            return;
+        }
         let due: Vec<u32> = self
             .processes
             .iter()
@@ -337,6 +359,48 @@ impl UnwindMaps {
         }
     }
 
+    /// `pid` mapped executable memory at `at_ns` (the kernel's
+    /// [`clrbpf_common::ProcessEventKind::CodeMapped`]): an indexed process
+    /// is rescanned once the kernel's interval is over, and at most every
+    /// [`CODE_MAPPED_RESCAN_EVERY`] while young ([`RESCAN_EVERY`] after).
+    pub fn code_mapped(&mut self, pid: u32, at_ns: u64) {
+        let Some(index) = self.processes.get(&pid) else {
+            return;
+        };
+        let every = if index.first_scanned_at.elapsed() < YOUNG_FOR {
+            CODE_MAPPED_RESCAN_EVERY
+        } else {
+            RESCAN_EVERY
+        };
+        let since_scan = u64::try_from(index.scanned_at.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let now = crate::profile::monotonic_ns();
+        let due = (at_ns + clrbpf_common::CODE_MAPPED_EVERY_NS)
+            .max((now + nanos(every)).saturating_sub(since_scan));
+        let slot = self.code_mapped.entry(pid).or_insert(due);
+        *slot = (*slot).min(due);
+    }
+
+    /// Rescans the processes whose code mappings are due
+    /// ([`Self::code_mapped`]).
+    pub fn rescan_code_mapped(&mut self) {
+        if self.code_mapped.is_empty() {
+            return;
+        }
+        let now = crate::profile::monotonic_ns();
+        let due: Vec<u32> = self
+            .code_mapped
+            .iter()
+            .filter(|&(_, &at)| at <= now)
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in due {
+            if self.processes.contains_key(&pid) {
+                self.scan(pid);
+            }
+            self.code_mapped.remove(&pid);
+        }
+    }
+
     /// Drops a process's index (it exited): its entry in the kernel's
     /// `PROCESS_MAPPINGS` and its use of each table (the tables' user
     /// counts). Its tables stay loaded until memory is needed: another
@@ -348,6 +412,7 @@ impl UnwindMaps {
             self.free_table(key);
         }
         self.times.forget(pid);
+        self.code_mapped.remove(&pid);
         if let Some(index) = self.processes.remove(&pid) {
             self.stats.processes_forgotten += 1;
             for key in index.tables {
@@ -402,7 +467,11 @@ impl UnwindMaps {
         let jit = self.jit.entry(pid).or_insert_with(|| ProcessJitCode {
             mem: File::open(format!("/proc/{pid}/mem")).ok(),
             methods: JitCodeRows::default(),
-            built_at: Instant::now(),
+            // The first table is loaded at once: the process's first
+            // methods are its start's, which are all it runs for a while.
+            built_at: Instant::now()
+                .checked_sub(JIT_REBUILD_EVERY)
+                .unwrap_or_else(Instant::now),
             table: None,
         });
         let mut code = [0u8; PROLOGUE_BYTES];
@@ -468,10 +537,16 @@ impl UnwindMaps {
         if !self.held.is_empty() {
             return Duration::from_millis(20);
         }
+        let now = crate::profile::monotonic_ns();
+        let code_mapped = self
+            .code_mapped
+            .values()
+            .map(|&due| Duration::from_nanos(due.saturating_sub(now)));
         self.jit
             .values()
             .filter(|j| j.methods.is_changed())
             .map(|j| JIT_REBUILD_EVERY.saturating_sub(j.built_at.elapsed()))
+            .chain(code_mapped)
             .min()
             .unwrap_or(IDLE_WAKE_EVERY)
             .max(Duration::from_millis(1))
@@ -596,7 +671,14 @@ impl UnwindMaps {
             self.forget_process(pid);
             return false;
         };
-        self.times.scan_began(pid, false);
+        // A code mapping is covered by a scan from its due time on (the
+        // kernel's interval is over), not before.
+        let now_ns = crate::profile::monotonic_ns();
+        let mapped = self.code_mapped.get(&pid).is_some_and(|&due| due <= now_ns);
+        if mapped {
+            self.code_mapped.remove(&pid);
+        }
+        self.times.scan_began(pid, mapped);
         self.clock += 1;
         let now = self.clock;
         let mut entries = Vec::new();

@@ -123,6 +123,7 @@ impl UnwindWorker {
                         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
                     maps.index_held();
+                    maps.rescan_code_mapped();
                     copies.replay(&mut maps, false);
                     maps.forget_exited();
                     maps.rescan_young();
@@ -134,6 +135,9 @@ impl UnwindWorker {
                         Ordering::Relaxed,
                     );
                 }
+                // The agent has no summary: its log gets the processes
+                // still running too.
+                maps.times.finish_all();
                 UnwindReport {
                     errors: maps.error_counts(),
                     memory: maps.memory(),

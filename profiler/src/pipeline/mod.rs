@@ -451,6 +451,7 @@ impl Pipeline {
             for pid in sampler.take_pids_to_rescan() {
                 unwind.refresh_process(pid);
             }
+            unwind.code_mapped(sampler.take_code_mapped());
         }
         self.poll_clr();
         self.flush_clr_windows();
