@@ -212,13 +212,24 @@ pub enum ProcessEventKind {
     Exit = 16,
     /// The process replaced its image (`execve`): every mapping changed.
     Exec = 17,
+    /// The process asked for executable memory (`mmap` or `mprotect` with
+    /// `PROT_EXEC`): a library, an image or a code heap is being mapped,
+    /// and its unwind index is due for a rescan. At most one per process
+    /// per [`CODE_MAPPED_EVERY_NS`].
+    CodeMapped = 18,
 }
+
+/// The kernel side reports a process's [`ProcessEventKind::CodeMapped`] at
+/// most this often; userspace rescans it at least this long after an
+/// event, so that the mappings of the whole interval are seen.
+pub const CODE_MAPPED_EVERY_NS: u64 = 10_000_000;
 
 impl ProcessEventKind {
     pub const fn from_u32(v: u32) -> Option<Self> {
         match v {
             16 => Some(Self::Exit),
             17 => Some(Self::Exec),
+            18 => Some(Self::CodeMapped),
             _ => None,
         }
     }
@@ -316,6 +327,7 @@ pub mod names {
     pub const PROG_FORGET_EXIT: &str = "forget_exit";
     /// `sched:sched_process_exec`: a [`super::ProcessEventKind::Exec`] record.
     pub const PROG_PROCESS_EXEC: &str = "process_exec";
+    pub const PROG_CODE_MAPPED: &str = "code_mapped";
     /// `u32`: offset of `group_dead` in `sched_process_exit`'s record, 0
     /// when the kernel's tracepoint has none (the leader's exit then
     /// stands for the process's).

@@ -21,11 +21,12 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     helpers::bpf_get_current_pid_tgid,
     macros::{map, perf_event, tracepoint},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{PerfEventContext, TracePointContext},
 };
 use clrbpf_common::{
-    COUNTER_SLOTS, Counter, ProcessEventKind, ProcessEventRecord, RawSampleEvent, SampleKind,
+    CODE_MAPPED_EVERY_NS, COUNTER_SLOTS, Counter, ProcessEventKind, ProcessEventRecord,
+    RawSampleEvent, SampleKind,
 };
 
 mod offcpu;
@@ -243,6 +244,45 @@ pub fn process_exec(_ctx: TracePointContext) -> u32 {
     0
 }
 
+/// When each process last sent [`ProcessEventKind::CodeMapped`].
+#[map]
+static CODE_MAPPED_AT: LruHashMap<u32, u64> = LruHashMap::with_max_entries(8192, 0);
+
+/// `PROT_EXEC` from include/uapi/asm-generic/mman-common.h.
+const PROT_EXEC: u64 = 4;
+/// Offset of `prot` in `syscalls:sys_enter_mmap` and `sys_enter_mprotect`
+/// (the third argument of both: arguments start at 16, 8 bytes each).
+const SYSCALL_PROT: usize = 32;
+
+/// `syscalls:sys_enter_mmap` and `sys_enter_mprotect` (attached only when
+/// user stacks are walked with unwind tables): a profiled process asks
+/// for executable memory, so userspace rescans its mappings right after
+/// instead of on a timer, and its tables are in before its new code runs
+/// long. Rate-limited per process ([`CODE_MAPPED_EVERY_NS`]).
+#[tracepoint]
+pub fn code_mapped(ctx: TracePointContext) -> u32 {
+    // SAFETY: the offset of an argument every syscall record has.
+    let prot: u64 = unsafe { ctx.read_at(SYSCALL_PROT) }.unwrap_or(0);
+    if prot & PROT_EXEC == 0 {
+        return 0;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if tgid == SELF_TGID.load() || !is_profiled(tgid) {
+        return 0;
+    }
+    // SAFETY: a helper without arguments or memory access.
+    let now = unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_ns() };
+    // SAFETY: a plain u64 copied out at once.
+    if let Some(&last) = unsafe { CODE_MAPPED_AT.get(&tgid) }
+        && now.wrapping_sub(last) < CODE_MAPPED_EVERY_NS
+    {
+        return 0;
+    }
+    let _ = CODE_MAPPED_AT.insert(&tgid, &now, 0);
+    send_process_event(ProcessEventKind::CodeMapped, tgid);
+    0
+}
+
 #[inline(always)]
 fn send_process_event(kind: ProcessEventKind, pid: u32) {
     let record = ProcessEventRecord {
@@ -261,6 +301,7 @@ fn send_process_event(kind: ProcessEventKind, pid: u32) {
     count(match kind {
         ProcessEventKind::Exit => Counter::ProcessExits,
         ProcessEventKind::Exec => Counter::ProcessExecs,
+        ProcessEventKind::CodeMapped => return,
     });
 }
 

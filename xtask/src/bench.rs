@@ -340,7 +340,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
                 "alloc" => crate::bench_alloc::run(inputs)?,
                 "first" => {
                     crate::bench_first::run(inputs)?;
-                    crate::bench_stack_copy::run(inputs)?;
+                    crate::bench_new_process::run(inputs)?;
                     crate::bench_stack_copy::run(inputs)?;
                 }
                 "allocstorm" => crate::bench_alloc_storm::run(inputs)?,
@@ -359,6 +359,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     crate::bench_alloc::run(inputs)?;
     crate::bench_steady::run(inputs, have_perf)?;
     crate::bench_first::run(inputs)?;
+    crate::bench_new_process::run(inputs)?;
 
     let perf_map = Command::new(inputs.micro_benches)
         .args(["perf-map", "--entries", "100000"])

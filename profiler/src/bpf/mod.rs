@@ -7,10 +7,13 @@
 mod stack_copies;
 pub mod start_tables;
 pub mod system;
+pub mod table_times;
 pub mod unwind_maps;
 mod unwind_rows;
+mod unwind_worker;
 
-pub use unwind_maps::{UnwindMaps, UnwindMapsStats, UnwindMemory, UnwindReport, UnwindWorker};
+pub use unwind_maps::{UnwindMaps, UnwindMapsStats, UnwindMemory};
+pub use unwind_worker::{UnwindReport, UnwindWorker};
 
 use std::{
     fs, io,
@@ -257,6 +260,9 @@ pub struct Sampler {
     unwind_maps: Option<UnwindMaps>,
     /// Processes with samples whose pc was in no indexed mapping.
     rescan: std::collections::HashSet<u32>,
+    /// Processes that mapped executable memory, with when, until
+    /// [`Self::take_code_mapped`].
+    code_mapped: Vec<(u32, u64)>,
     /// Samples with a copy of their user stack (processes not indexed
     /// yet), until [`Self::take_stack_copies`].
     stack_copies: Vec<CopiedSample>,
@@ -448,7 +454,7 @@ impl Sampler {
         }
         let samples: RingBuf<MapData> = take_map(&mut ebpf, names::MAP_SAMPLES)?;
         let counters: PerCpuArray<MapData, u64> = take_map(&mut ebpf, names::MAP_COUNTERS)?;
-        let unwind_maps = if config.user_unwind {
+        let mut unwind_maps = if config.user_unwind {
             let row_chunks = take_map(&mut ebpf, names::MAP_UNWIND_ROW_CHUNKS)?;
             let process_mappings = take_map(&mut ebpf, names::MAP_PROCESS_MAPPINGS)?;
             let errors = take_map(&mut ebpf, names::MAP_UNWIND_ERRORS)?;
@@ -480,6 +486,9 @@ impl Sampler {
             log_verified(program, tp.info(), started);
             tp.attach(category, name)
                 .map_err(|source| BpfError::Program { program, source })?;
+        }
+        if let Some(maps) = unwind_maps.as_mut() {
+            maps.rescan_on_code_mapped = attach_code_mapped(&mut ebpf);
         }
 
         let off_cpu = if config.off_cpu.is_some() {
@@ -518,6 +527,7 @@ impl Sampler {
             thread_names: Default::default(),
             unwind_maps,
             rescan: Default::default(),
+            code_mapped: Vec::new(),
             stack_copies: Vec::new(),
             off_cpu,
             process_event_counts: ProcessEventCounts::default(),
@@ -595,6 +605,12 @@ impl Sampler {
     /// The samples drained since the last call whose user stack the
     /// kernel copied: unwind them once their process is indexed
     /// ([`UnwindWorker::replay_stack_copies`]).
+    /// The processes that mapped executable memory since the last call,
+    /// with when ([`ProcessEventKind::CodeMapped`]).
+    pub fn take_code_mapped(&mut self) -> Vec<(u32, u64)> {
+        std::mem::take(&mut self.code_mapped)
+    }
+
     pub fn take_stack_copies(&mut self) -> Vec<CopiedSample> {
         std::mem::take(&mut self.stack_copies)
     }
@@ -635,6 +651,10 @@ impl Sampler {
                 continue;
             }
             if item.len() == size_of::<ProcessEventRecord>() {
+                if let Some(mapped) = decode_code_mapped(&item) {
+                    self.code_mapped.push(mapped);
+                    continue;
+                }
                 match decode_process_event(&item) {
                     Some(event) => {
                         match event {
@@ -853,6 +873,26 @@ fn group_dead_offset(format: &str) -> u32 {
         .unwrap_or(0)
 }
 
+/// Attaches [`names::PROG_CODE_MAPPED`] to the `mmap` and `mprotect`
+/// syscall tracepoints; false (logged) where the kernel has no syscall
+/// tracepoints: young processes are then rescanned on a timer.
+fn attach_code_mapped(ebpf: &mut Ebpf) -> bool {
+    let attached = (|| -> Result<(), BpfError> {
+        let program = names::PROG_CODE_MAPPED;
+        let tp: &mut TracePoint = program_mut(ebpf, program)?;
+        load_program(program, tp.load())?;
+        for name in ["sys_enter_mmap", "sys_enter_mprotect"] {
+            tp.attach("syscalls", name)
+                .map_err(|source| BpfError::Program { program, source })?;
+        }
+        Ok(())
+    })();
+    if let Err(error) = &attached {
+        tracing::debug!(%error, "no mmap events: new processes' mappings are rescanned on a timer");
+    }
+    attached.is_ok()
+}
+
 fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError>
 where
     T: TryFrom<aya::maps::Map, Error = MapError>,
@@ -962,7 +1002,19 @@ fn decode_process_event(bytes: &[u8]) -> Option<ProcessEvent> {
     Some(match ProcessEventKind::from_u32(kind)? {
         ProcessEventKind::Exit => ProcessEvent::Exited { pid, time_ns },
         ProcessEventKind::Exec => ProcessEvent::Exec { pid, time_ns },
+        ProcessEventKind::CodeMapped => return None,
     })
+}
+
+/// The pid and time of a [`ProcessEventKind::CodeMapped`] record; `None`
+/// for any other record.
+fn decode_code_mapped(bytes: &[u8]) -> Option<(u32, u64)> {
+    if bytes.len() != size_of::<ProcessEventRecord>() {
+        return None;
+    }
+    // SAFETY: the length is checked above and the record is plain old data.
+    let record: ProcessEventRecord = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    (record.kind == ProcessEventKind::CodeMapped as u32).then_some((record.pid, record.time_ns))
 }
 
 /// [`decode_event`] of a record already read (or a parked one from a map).

@@ -18,20 +18,24 @@
 //! 4. A sample whose walk met a pc in no indexed mapping (a `dlopen` or a
 //!    new JIT code heap after the scan; the kernel stepped it by frame
 //!    pointer and flagged the sample) makes the record loop call
-//!    [`UnwindMaps::refresh_process`]; a process is also rescanned every
-//!    second for its first ten ([`UnwindMaps::rescan_young`]), while a
-//!    runtime maps its code; exited processes are dropped by
+//!    [`UnwindMaps::refresh_process`]. A process that maps executable
+//!    memory (`mmap`/`mprotect` with `PROT_EXEC`: a library, a ReadyToRun
+//!    image, a code heap) is rescanned right after, as the kernel reports
+//!    it ([`UnwindMaps::code_mapped`]), so a runtime's code is indexed as
+//!    it is mapped; without those events (no syscall tracepoints), a
+//!    process is rescanned every second for its first ten
+//!    ([`UnwindMaps::rescan_young`]). Exited processes are dropped by
 //!    [`UnwindMaps::forget_process`] or [`UnwindMaps::forget_exited`].
 //! 5. JIT-compiled code has no file to read rows from: the pipeline sends
 //!    the code ranges of new methods (perf map, jitdump, MethodLoad
-//!    events) with [`UnwindWorker::add_jit_code`]; each method's prologue
+//!    events) with [`super::UnwindWorker::add_jit_code`]; each method's prologue
 //!    is read through `/proc/PID/mem` and decoded
 //!    ([`crate::unwind::jit_code`]), and the frameless ones make one table
 //!    per process, rebuilt at most every [`JIT_REBUILD_EVERY`], which the
 //!    process's mappings without a file table (anonymous memory, .NET 8's
 //!    `/memfd:doublemapper`) use from its first method on. Methods with an
 //!    rbp frame need no rows: the table's gaps keep the frame-pointer rule.
-//! 6. All of it runs on its own thread ([`UnwindWorker`]): indexing a .NET
+//! 6. All of it runs on its own thread ([`super::UnwindWorker`]): indexing a .NET
 //!    process reads and parses ~20 files (seconds on a loaded machine), and
 //!    the record loop must keep draining samples and reading the maps of
 //!    short-lived processes meanwhile.
@@ -40,10 +44,6 @@ use std::{
     collections::{HashMap, HashSet},
     fs::{self, File},
     os::unix::fs::MetadataExt as _,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
     time::{Duration, Instant},
 };
 
@@ -55,15 +55,13 @@ use clrbpf_common::{
 
 use super::{
     BpfError,
-    stack_copies::{CopyReplayer, StackCopyStats},
+    table_times::{Stopwatch, TableSource, TableTimes},
     unwind_rows::{CHUNK_BYTES, CHUNK_ROWS, RowChunks},
 };
 use crate::process::maps::MappingTable;
-use crate::profile::RawSample;
-use crate::unwind::stack_copy::CopiedSample;
 use crate::unwind::{
     FileIdentity, LoadSegment, RowArena, UnwindTableCache, build_process_mappings,
-    disk_cache::{DiskCacheStats, DiskTableCache},
+    disk_cache::DiskTableCache,
     jit_code::{self, JitCodeRows, JitMethod, MethodFrame, PROLOGUE_BYTES},
     load_bias,
     table::{UnwindTable, build_row_index, pack_index_words, read_build_id, read_elf_file},
@@ -84,6 +82,9 @@ const OVER_BUDGET_RESCAN_EVERY: Duration = Duration::from_secs(10);
 const YOUNG_FOR: Duration = Duration::from_secs(10);
 /// See [`YOUNG_FOR`].
 const YOUNG_RESCAN_EVERY: Duration = Duration::from_secs(1);
+/// A young process that maps code is rescanned at most this often (a
+/// runtime maps tens of files in its first second, in bursts).
+const CODE_MAPPED_RESCAN_EVERY: Duration = Duration::from_millis(20);
 /// The heap is trimmed at most this often (see
 /// [`UnwindMaps::trim_heap_after_loads`]).
 const TRIM_EVERY: Duration = Duration::from_secs(2);
@@ -106,6 +107,10 @@ const IDLE_WAKE_EVERY: Duration = Duration::from_millis(500);
 /// are forgotten (a churning host maps many one-off files: each .NET
 /// process's double-mapped code heap is a memfd of its own).
 const MAX_KNOWN_FILES: usize = 16_384;
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// The high bit of a JIT table's key (with a generation and the pid below
 /// it), apart from the file tables' hashes.
@@ -230,22 +235,30 @@ pub struct UnwindMaps {
     jit: HashMap<u32, ProcessJitCode>,
     /// Makes each JIT table's key unique.
     jit_generation: u32,
-    /// Processes first seen after [`UnwindWorker::hold_new_processes`] are
+    /// Processes first seen after [`super::UnwindWorker::hold_new_processes`] are
     /// indexed only this long after (0: at once), and when each was first
     /// asked for.
-    hold_new: Duration,
+    pub(super) hold_new: Duration,
     held: HashMap<u32, Instant>,
-    builder: UnwindTableCache,
+    pub(super) builder: UnwindTableCache,
     clock: u64,
     /// The last [`MappingEntry::table_serial`] given.
     table_serial: u16,
     /// The last [`ProcessMappings::generation`] given.
     mappings_generation: u32,
     exits_checked_at: Instant,
-    stats: UnwindMapsStats,
+    pub(super) stats: UnwindMapsStats,
     /// [`UnwindMapsStats::tables_loaded`] at the last heap trim, and when.
     loads_at_trim: u64,
     trimmed_at: Instant,
+    /// How long processes exec'd meanwhile waited for their tables.
+    pub(super) times: TableTimes,
+    /// The kernel reports when a process maps executable memory
+    /// ([`Self::code_mapped`]): young processes need no timed rescans.
+    pub(super) rescan_on_code_mapped: bool,
+    /// Indexed processes that mapped code, and when (CLOCK_MONOTONIC ns)
+    /// their rescan is due.
+    code_mapped: HashMap<u32, u64>,
 }
 
 impl UnwindMaps {
@@ -283,6 +296,9 @@ impl UnwindMaps {
             stats: UnwindMapsStats::default(),
             loads_at_trim: 0,
             trimmed_at: Instant::now(),
+            times: TableTimes::default(),
+            rescan_on_code_mapped: false,
+            code_mapped: HashMap::new(),
         })
     }
 
@@ -322,8 +338,12 @@ impl UnwindMaps {
     }
 
     /// Rescans the processes indexed less than [`YOUNG_FOR`] ago whose last
-    /// scan is older than [`YOUNG_RESCAN_EVERY`].
+    /// scan is older than [`YOUNG_RESCAN_EVERY`] (when the kernel does not
+    /// report their new code mappings).
     pub fn rescan_young(&mut self) {
+        if self.rescan_on_code_mapped {
+            return;
+        }
         let due: Vec<u32> = self
             .processes
             .iter()
@@ -339,6 +359,48 @@ impl UnwindMaps {
         }
     }
 
+    /// `pid` mapped executable memory at `at_ns` (the kernel's
+    /// [`clrbpf_common::ProcessEventKind::CodeMapped`]): an indexed process
+    /// is rescanned once the kernel's interval is over, and at most every
+    /// [`CODE_MAPPED_RESCAN_EVERY`] while young ([`RESCAN_EVERY`] after).
+    pub fn code_mapped(&mut self, pid: u32, at_ns: u64) {
+        let Some(index) = self.processes.get(&pid) else {
+            return;
+        };
+        let every = if index.first_scanned_at.elapsed() < YOUNG_FOR {
+            CODE_MAPPED_RESCAN_EVERY
+        } else {
+            RESCAN_EVERY
+        };
+        let since_scan = u64::try_from(index.scanned_at.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let now = crate::profile::monotonic_ns();
+        let due = (at_ns + clrbpf_common::CODE_MAPPED_EVERY_NS)
+            .max((now + nanos(every)).saturating_sub(since_scan));
+        let slot = self.code_mapped.entry(pid).or_insert(due);
+        *slot = (*slot).min(due);
+    }
+
+    /// Rescans the processes whose code mappings are due
+    /// ([`Self::code_mapped`]).
+    pub fn rescan_code_mapped(&mut self) {
+        if self.code_mapped.is_empty() {
+            return;
+        }
+        let now = crate::profile::monotonic_ns();
+        let due: Vec<u32> = self
+            .code_mapped
+            .iter()
+            .filter(|&(_, &at)| at <= now)
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in due {
+            if self.processes.contains_key(&pid) {
+                self.scan(pid);
+            }
+            self.code_mapped.remove(&pid);
+        }
+    }
+
     /// Drops a process's index (it exited): its entry in the kernel's
     /// `PROCESS_MAPPINGS` and its use of each table (the tables' user
     /// counts). Its tables stay loaded until memory is needed: another
@@ -349,6 +411,8 @@ impl UnwindMaps {
         if let Some((key, _)) = self.jit.remove(&pid).and_then(|j| j.table) {
             self.free_table(key);
         }
+        self.times.forget(pid);
+        self.code_mapped.remove(&pid);
         if let Some(index) = self.processes.remove(&pid) {
             self.stats.processes_forgotten += 1;
             for key in index.tables {
@@ -399,10 +463,15 @@ impl UnwindMaps {
     /// with its tier-0 code's); the process's JIT table is rebuilt by
     /// [`Self::rebuild_jit_tables`].
     pub fn add_jit_code(&mut self, pid: u32, methods: &[JitMethod]) {
+        self.times.jit_code(pid);
         let jit = self.jit.entry(pid).or_insert_with(|| ProcessJitCode {
             mem: File::open(format!("/proc/{pid}/mem")).ok(),
             methods: JitCodeRows::default(),
-            built_at: Instant::now(),
+            // The first table is loaded at once: the process's first
+            // methods are its start's, which are all it runs for a while.
+            built_at: Instant::now()
+                .checked_sub(JIT_REBUILD_EVERY)
+                .unwrap_or_else(Instant::now),
             table: None,
         });
         let mut code = [0u8; PROLOGUE_BYTES];
@@ -452,7 +521,7 @@ impl UnwindMaps {
     /// How long the worker may sleep: until the first JIT table with
     /// changes is due for its rebuild, else [`IDLE_WAKE_EVERY`].
     /// Indexes the held processes whose time has come.
-    fn index_held(&mut self) {
+    pub(super) fn index_held(&mut self) {
         let due: Vec<u32> = self
             .held
             .iter()
@@ -464,14 +533,20 @@ impl UnwindMaps {
         }
     }
 
-    fn next_wake(&self) -> Duration {
+    pub(super) fn next_wake(&self) -> Duration {
         if !self.held.is_empty() {
             return Duration::from_millis(20);
         }
+        let now = crate::profile::monotonic_ns();
+        let code_mapped = self
+            .code_mapped
+            .values()
+            .map(|&due| Duration::from_nanos(due.saturating_sub(now)));
         self.jit
             .values()
             .filter(|j| j.methods.is_changed())
             .map(|j| JIT_REBUILD_EVERY.saturating_sub(j.built_at.elapsed()))
+            .chain(code_mapped)
             .min()
             .unwrap_or(IDLE_WAKE_EVERY)
             .max(Duration::from_millis(1))
@@ -527,6 +602,7 @@ impl UnwindMaps {
         if new.is_some() {
             self.stats.jit_tables_loaded += 1;
         }
+        self.times.jit_table(pid, new.is_some());
         let Some(jit) = self.jit.get_mut(&pid) else {
             return;
         };
@@ -595,6 +671,14 @@ impl UnwindMaps {
             self.forget_process(pid);
             return false;
         };
+        // A code mapping is covered by a scan from its due time on (the
+        // kernel's interval is over), not before.
+        let now_ns = crate::profile::monotonic_ns();
+        let mapped = self.code_mapped.get(&pid).is_some_and(|&due| due <= now_ns);
+        if mapped {
+            self.code_mapped.remove(&pid);
+        }
+        self.times.scan_began(pid, mapped);
         self.clock += 1;
         let now = self.clock;
         let mut entries = Vec::new();
@@ -641,6 +725,10 @@ impl UnwindMaps {
             }
         }
         let old = self.processes.remove(&pid);
+        let new_files = used
+            .iter()
+            .filter(|k| old.as_ref().is_none_or(|o| !o.tables.contains(k)))
+            .count();
         let first_scanned_at = old
             .as_ref()
             .map_or_else(Instant::now, |old| old.first_scanned_at);
@@ -666,6 +754,7 @@ impl UnwindMaps {
             over_budget: maps.stats().over_budget(),
         };
         self.write_index(pid, &index);
+        self.times.scanned(pid, index.tables.len(), new_files);
         self.processes.insert(pid, index);
         true
     }
@@ -732,7 +821,18 @@ impl UnwindMaps {
             Some(FileState::Table(key)) if self.tables.contains_key(key) => return Some(*key),
             _ => {}
         }
+        let watch = Stopwatch::start();
+        let disk_hits = |maps: &Self| maps.builder.disk_stats().map_or(0, |d| d.hits);
+        let (loaded, hits) = (self.stats.tables_loaded, disk_hits(self));
         let state = self.load_file(pid, &file);
+        if matches!(state, FileState::Table(_)) {
+            let source = match () {
+                () if self.stats.tables_loaded == loaded => TableSource::Loaded,
+                () if disk_hits(self) > hits => TableSource::Read,
+                () => TableSource::Built,
+            };
+            self.times.file_done(pid, source, watch.took());
+        }
         if self.files.len() >= MAX_KNOWN_FILES {
             self.files
                 .retain(|_, state| matches!(state, FileState::Table(_)));
@@ -835,10 +935,12 @@ impl UnwindMaps {
             self.stats.tables_too_large += 1;
             return false;
         };
+        let watch = Stopwatch::start();
         let written = self
             .rows
             .write(offset, rows)
             .and_then(|()| self.rows.write(offset + row_count, index_slots));
+        self.times.rows_written(watch.took());
         if let Err(error) = written {
             tracing::debug!(%error, "could not map an unwind row chunk to write a table");
             self.arena.free(offset, len);
@@ -865,7 +967,7 @@ impl UnwindMaps {
     /// (at most every [`TRIM_EVERY`], and only after a table was loaded):
     /// file buffers and table builds free tens of MiB in pieces that
     /// otherwise stay resident between smaller live allocations.
-    fn trim_heap_after_loads(&mut self) {
+    pub(super) fn trim_heap_after_loads(&mut self) {
         if self.stats.tables_loaded == self.loads_at_trim || self.trimmed_at.elapsed() < TRIM_EVERY
         {
             return;
@@ -955,237 +1057,5 @@ impl UnwindMaps {
             .retain(|_, state| !matches!(state, FileState::Table(k) if *k == key));
         self.arena.free(table.offset, table.len);
         self.stats.tables_evicted += 1;
-    }
-}
-
-/// What the record loop asks of the [`UnwindWorker`].
-enum UnwindRequest {
-    Track(u32),
-    Refresh(u32),
-    Forget(u32),
-    /// New JIT-compiled code: `(start, end)` ranges, and how many more
-    /// ranges were dropped before they were sent.
-    JitCode(u32, Vec<JitMethod>, u64),
-    /// Work of the start of a recording ([`super::start_tables`]).
-    Run(WorkerJob),
-    /// Samples with a copied user stack, to unwind once their process is
-    /// indexed ([`super::stack_copies`]).
-    StackCopies(Vec<CopiedSample>),
-    /// Unwind or give back every copy held now, then answer.
-    FlushCopies(std::sync::mpsc::Sender<()>),
-    /// Index processes seen from now on only this long after.
-    HoldNew(Duration),
-}
-
-/// Work run on the [`UnwindWorker`]'s thread, with the stop flag.
-pub(super) type WorkerJob = Box<dyn FnOnce(&mut UnwindMaps, &AtomicBool) + Send>;
-
-/// What the worker knows when it stops: for the end summary.
-#[derive(Clone, Debug, Default)]
-pub struct UnwindReport {
-    /// Kernel-side walks ended by each error kind.
-    pub errors: Vec<(UnwindError, u64)>,
-    pub memory: UnwindMemory,
-    pub stats: UnwindMapsStats,
-    /// What the tables kept between runs did (`None`: no cache).
-    pub disk_cache: Option<DiskCacheStats>,
-    /// What became of the copied stacks.
-    pub stack_copies: StackCopyStats,
-}
-
-/// How long [`UnwindWorker::finish`] waits for the table being built.
-const FINISH_WAIT: Duration = Duration::from_secs(1);
-
-/// [`UnwindMaps`] on a thread of its own. Indexing a .NET process builds
-/// tables for libcoreclr, libclrjit, ICU and the rest: seconds of CPU on a
-/// busy machine, which must not stall the loop that drains the ring buffer
-/// and reads a short-lived process's maps while it is alive. Until a
-/// process's index is written, the kernel side walks it by frame pointers.
-pub struct UnwindWorker {
-    requests: Option<std::sync::mpsc::Sender<UnwindRequest>>,
-    /// Set by [`Self::finish`]: the requests still queued are dropped (a
-    /// saturated host can queue hundreds of processes to index, which the
-    /// end of a recording must not wait for).
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<UnwindReport>>,
-    /// Kernel memory of the row chunks and indexes, as the thread last saw.
-    kernel_bytes: Arc<AtomicU64>,
-    /// Samples of copied stacks, unwound (or given back) by the thread.
-    replayed: std::sync::mpsc::Receiver<Vec<RawSample>>,
-}
-
-impl UnwindWorker {
-    /// Moves `maps` to a new thread.
-    pub fn spawn(maps: UnwindMaps) -> std::io::Result<Self> {
-        let (tx, rx) = std::sync::mpsc::channel::<UnwindRequest>();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop_flag = Arc::clone(&stop);
-        let kernel_bytes = Arc::new(AtomicU64::new(0));
-        let kernel_bytes_seen = Arc::clone(&kernel_bytes);
-        let (replayed_tx, replayed) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("clrbpf-unwind".into())
-            .spawn(move || {
-                crate::process::priority::enter_background_thread();
-                let mut maps = maps;
-                let mut copies = CopyReplayer::new(replayed_tx);
-                loop {
-                    if stop_flag.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    match rx.recv_timeout(maps.next_wake().min(copies.next_wake())) {
-                        Ok(UnwindRequest::Track(pid)) => {
-                            maps.track_process(pid);
-                        }
-                        Ok(UnwindRequest::Refresh(pid)) => {
-                            maps.refresh_process(pid);
-                        }
-                        Ok(UnwindRequest::Forget(pid)) => maps.forget_process(pid),
-                        Ok(UnwindRequest::JitCode(pid, ranges, dropped)) => {
-                            maps.add_jit_code(pid, &ranges);
-                            maps.stats.jit_not_decoded += dropped;
-                        }
-                        Ok(UnwindRequest::Run(work)) => work(&mut maps, &stop_flag),
-                        Ok(UnwindRequest::StackCopies(batch)) => copies.add(&mut maps, batch),
-                        Ok(UnwindRequest::HoldNew(delay)) => maps.hold_new = delay,
-                        Ok(UnwindRequest::FlushCopies(done)) => {
-                            copies.replay(&mut maps, true);
-                            let _ = done.send(());
-                        }
-                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-                    }
-                    maps.index_held();
-                    copies.replay(&mut maps, false);
-                    maps.forget_exited();
-                    maps.rescan_young();
-                    maps.rebuild_jit_tables();
-                    maps.trim_heap_after_loads();
-                    let memory = maps.memory();
-                    kernel_bytes_seen.store(
-                        memory.allocated_bytes + memory.index_bytes,
-                        Ordering::Relaxed,
-                    );
-                }
-                UnwindReport {
-                    errors: maps.error_counts(),
-                    memory: maps.memory(),
-                    stats: maps.stats(),
-                    disk_cache: maps.builder.disk_stats(),
-                    stack_copies: copies.stats(),
-                }
-            })?;
-        Ok(Self {
-            requests: Some(tx),
-            stop,
-            thread: Some(thread),
-            kernel_bytes,
-            replayed,
-        })
-    }
-
-    /// Kernel memory held for unwinding now: the row chunks created and
-    /// the process indexes.
-    pub fn kernel_memory_bytes(&self) -> u64 {
-        self.kernel_bytes.load(Ordering::Relaxed)
-    }
-
-    fn send(&self, request: UnwindRequest) {
-        if let Some(tx) = &self.requests {
-            // A send fails only when the thread is gone (it panicked): the
-            // kernel side then keeps walking by frame pointers.
-            let _ = tx.send(request);
-        }
-    }
-
-    /// Runs `work` on the thread after the requests queued before it (the
-    /// maps, and the flag [`Self::finish`] sets).
-    pub(super) fn run(&self, work: WorkerJob) {
-        self.send(UnwindRequest::Run(work));
-    }
-
-    /// Index a process seen for the first time (queued; returns at once).
-    pub fn track_process(&self, pid: u32) {
-        self.send(UnwindRequest::Track(pid));
-    }
-
-    /// Re-read a process's mappings (a walk met a pc in none of them).
-    pub fn refresh_process(&self, pid: u32) {
-        self.send(UnwindRequest::Refresh(pid));
-    }
-
-    pub fn forget_process(&self, pid: u32) {
-        self.send(UnwindRequest::Forget(pid));
-    }
-
-    /// Give rows to the JIT-compiled code at the `(start, end)` ranges of
-    /// `pid` (methods just seen in its perf map, jitdump or events);
-    /// `dropped` more were not kept to be sent.
-    pub fn add_jit_code(&self, pid: u32, ranges: Vec<JitMethod>, dropped: u64) {
-        if !ranges.is_empty() || dropped > 0 {
-            self.send(UnwindRequest::JitCode(pid, ranges, dropped));
-        }
-    }
-
-    /// Unwind the copied user stacks of `copies` once their processes are
-    /// indexed ([`Self::take_replayed`] gives them back).
-    pub fn replay_stack_copies(&self, copies: Vec<CopiedSample>) {
-        if !copies.is_empty() {
-            self.send(UnwindRequest::StackCopies(copies));
-        }
-    }
-
-    /// The samples of copied stacks the thread is done with: unwound, or
-    /// with their frame-pointer walk when their tables never came.
-    pub fn take_replayed(&self) -> Vec<RawSample> {
-        self.replayed.try_iter().flatten().collect()
-    }
-
-    /// Has every copy held unwound or given back now (the end of a
-    /// recording), waiting at most `wait` for the thread.
-    pub fn flush_stack_copies(&self, wait: Duration) {
-        let (done, answered) = std::sync::mpsc::channel();
-        self.send(UnwindRequest::FlushCopies(done));
-        let _ = answered.recv_timeout(wait);
-    }
-
-    /// Index the processes first seen from now on only `delay` after
-    /// (`--hold-new-processes-ms`, for tests): the wait a saturated worker
-    /// or a cold cache gives a new process, made certain.
-    pub fn hold_new_processes(&self, delay: Duration) {
-        if !delay.is_zero() {
-            self.send(UnwindRequest::HoldNew(delay));
-        }
-    }
-
-    /// Stops the thread once the request under way is done (the queued
-    /// ones are dropped) and returns what it counted; `None` if it
-    /// panicked. Call before the sampler (the owner of the programs) is
-    /// dropped, so the error counters are read while the maps are still
-    /// loaded.
-    pub fn finish(mut self) -> Option<UnwindReport> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.requests = None;
-        let thread = self.thread.take()?;
-        // One table can take seconds to build on a saturated host: the
-        // recording does not wait for it (the thread ends by itself after).
-        crate::stop::wait_until(Instant::now() + FINISH_WAIT, || thread.is_finished());
-        if !thread.is_finished() {
-            tracing::debug!("the unwind table thread is still busy: no unwind report");
-            return None;
-        }
-        thread.join().ok()
-    }
-}
-
-impl Drop for UnwindWorker {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.requests = None;
-        if let Some(thread) = self.thread.take()
-            && thread.is_finished()
-        {
-            let _ = thread.join();
-        }
     }
 }

@@ -460,6 +460,7 @@ impl Pipeline {
             for pid in sampler.take_pids_to_rescan() {
                 unwind.refresh_process(pid);
             }
+            unwind.code_mapped(sampler.take_code_mapped());
         }
         self.poll_clr();
         self.flush_clr_windows();
@@ -558,6 +559,15 @@ impl Pipeline {
     pub fn pull(&mut self, source: &mut impl SampleSource, scratch: &mut Vec<RawSample>) {
         let mut events = Vec::new();
         self.summary.malformed_records += source.drain(scratch, &mut events);
+        // Before the samples' processes are asked for: a process exec'd
+        // and sampled in this drain is followed from its exec.
+        if let Some(unwind) = self.unwind.as_ref() {
+            for event in &events {
+                if let crate::bpf::ProcessEvent::Exec { pid, time_ns } = event.event {
+                    unwind.process_exec(pid, time_ns);
+                }
+            }
+        }
         self.accept(scratch);
         self.take_stack_copies(source.take_stack_copies());
         self.lifecycle.extend(events.into_iter().map(|e| e.event));

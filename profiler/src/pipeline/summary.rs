@@ -760,12 +760,33 @@ fn print_unwind(
             }
         )?;
     }
+    write_new_processes(&unwind.new_processes, w)?;
     let s = &unwind.stats;
     if s.jit_methods > 0 {
         writeln!(
             w,
             "clrbpf: JIT-compiled methods: {} prologues decoded, {} without an rbp frame given rows ({} OSR methods, through their tier-0 frame), {} unrecognised and {} unread (walked by frame pointer)",
             s.jit_methods, s.jit_frameless, s.jit_osr, s.jit_unrecognised, s.jit_not_decoded
+        )?;
+    }
+    Ok(())
+}
+
+/// How long the processes exec'd while recording that ran JIT code (.NET)
+/// waited for their unwind tables: one line each (10 at most).
+fn write_new_processes(
+    times: &[crate::bpf::table_times::ProcessTableTimes],
+    w: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    let dotnet: Vec<_> = times.iter().filter(|p| p.jit_code_ns.is_some()).collect();
+    for p in dotnet.iter().take(10) {
+        writeln!(w, "clrbpf: unwind tables of a new process: {}", p.line())?;
+    }
+    if dotnet.len() > 10 {
+        writeln!(
+            w,
+            "clrbpf: unwind tables of {} more new .NET processes not shown",
+            dotnet.len() - 10
         )?;
     }
     Ok(())
