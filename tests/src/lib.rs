@@ -1021,6 +1021,43 @@ pub fn record_pid(
     (output, output_path)
 }
 
+/// Starts `clrbpf record -v -a` with `args` (and `-o out`), its stderr in
+/// `log`, and returns once it says sampling started: processes a test
+/// starts after that are new to the recording, not known at its start
+/// (those are indexed before sampling, another path).
+pub fn start_whole_host_recording(env: &Env, args: &[&str], out: &Path, log: &Path) -> Child {
+    let mut clrbpf = Command::new(&env.clrbpf)
+        .args(["record", "-v", "-a"])
+        // The driver's debug line says when sampling started.
+        .args(["--log-level", "warn,clrbpf::pipeline::driver=debug"])
+        .args(args)
+        .arg("-o")
+        .arg(out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(log).expect("create the log"))
+        .spawn()
+        .expect("start clrbpf");
+    let waiting = Instant::now();
+    while !fs::read_to_string(log)
+        .unwrap_or_default()
+        .contains("sampling started")
+    {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(60),
+            "clrbpf did not start sampling:\n{}",
+            fs::read_to_string(log).unwrap_or_default()
+        );
+        assert!(
+            clrbpf.try_wait().expect("clrbpf's status").is_none(),
+            "clrbpf ended before sampling:\n{}",
+            fs::read_to_string(log).unwrap_or_default()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    clrbpf
+}
+
 /// Whether a `clrbpf: warning:` line of `stderr` names `pid`: as `pid N:`
 /// or in the list of a warning several processes share (`pids N, M and 3
 /// more: ...`, which names the first five).

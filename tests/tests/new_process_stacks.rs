@@ -12,14 +12,11 @@
 //! Real perf_event programs and real .NET 8 processes; run by
 //! `cargo xtask test` (root, one test at a time).
 
-use std::{
-    fs,
-    process::{Command, Stdio},
-    thread,
-    time::{Duration, Instant},
-};
+use std::{fs, thread, time::Duration};
 
-use clrbpf_integration_tests::{Env, Runtime, TempDir, TestProcess, read_profile, samples};
+use clrbpf_integration_tests::{
+    Env, Runtime, TempDir, TestProcess, read_profile, samples, start_whole_host_recording,
+};
 
 /// Apps started one after the other during the recording.
 const APPS: usize = 3;
@@ -41,16 +38,9 @@ fn a_process_started_during_a_whole_host_recording_keeps_its_first_stacks_whole(
     let dir = TempDir::new("new-process-stacks");
     let out = dir.join("new.pb.gz");
     let log = dir.join("stderr.txt");
-    let mut clrbpf = Command::new(&env.clrbpf)
-        .args([
-            "record",
-            "-v",
-            "-a",
-            // The driver's debug line says when sampling started: the apps
-            // must start after it (processes known at the start are
-            // indexed before sampling, which is another path).
-            "--log-level",
-            "warn,clrbpf::pipeline::driver=debug",
+    let mut clrbpf = start_whole_host_recording(
+        &env,
+        &[
             // Room for every table of a busy host (other tests' processes
             // too): evictions under the cap walk a table's users by frame
             // pointer, another limit than the one tested here.
@@ -68,31 +58,10 @@ fn a_process_started_during_a_whole_host_recording_keeps_its_first_stacks_whole(
             "32768",
             "-d",
             "20",
-            "-o",
-        ])
-        .arg(&out)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(&log).expect("create the log"))
-        .spawn()
-        .expect("start clrbpf");
-    let waiting = Instant::now();
-    while !fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("sampling started")
-    {
-        assert!(
-            waiting.elapsed() < Duration::from_secs(60),
-            "clrbpf did not start sampling:\n{}",
-            fs::read_to_string(&log).unwrap_or_default()
-        );
-        assert!(
-            clrbpf.try_wait().expect("clrbpf's status").is_none(),
-            "clrbpf ended before sampling:\n{}",
-            fs::read_to_string(&log).unwrap_or_default()
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
+        ],
+        &out,
+        &log,
+    );
     // The processes running at the start that sampling did not wait for
     // are indexed right after it starts: the apps come after them, so
     // that what holds their tables back is the hold alone.

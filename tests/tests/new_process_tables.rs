@@ -10,14 +10,9 @@
 //! Real tracepoint programs and a real .NET 8 process; run by
 //! `cargo xtask test` (root, one test at a time).
 
-use std::{
-    fs,
-    process::{Command, Stdio},
-    thread,
-    time::{Duration, Instant},
-};
+use std::{fs, thread, time::Duration};
 
-use clrbpf_integration_tests::{Env, Runtime, TempDir, TestProcess};
+use clrbpf_integration_tests::{Env, Runtime, TempDir, TestProcess, start_whole_host_recording};
 
 /// The figure after `key` in `line` (`key 0.123 s`, `key 4 on`, ...).
 fn after(line: &str, key: &str) -> Option<f64> {
@@ -30,44 +25,14 @@ fn a_new_dotnet_process_is_rescanned_as_it_maps_code_and_gets_its_jit_table() {
     let env = Env::privileged();
     let dir = TempDir::new("new-process-tables");
     let log = dir.join("stderr.txt");
-    let mut clrbpf = Command::new(&env.clrbpf)
-        .args([
-            "record",
-            "-v",
-            "-a",
-            "--log-level",
-            "warn,clrbpf::pipeline::driver=debug",
-            // Room for every table of a busy host: evictions are another
-            // matter than the one tested here.
-            "--unwind-table-memory-mb",
-            "512",
-            "-d",
-            "14",
-            "-o",
-        ])
-        .arg(dir.join("out.pb.gz"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(&log).expect("create the log"))
-        .spawn()
-        .expect("start clrbpf");
-    let waiting = Instant::now();
-    while !fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("sampling started")
-    {
-        assert!(
-            waiting.elapsed() < Duration::from_secs(60),
-            "clrbpf did not start sampling:\n{}",
-            fs::read_to_string(&log).unwrap_or_default()
-        );
-        assert!(
-            clrbpf.try_wait().expect("clrbpf's status").is_none(),
-            "clrbpf ended before sampling:\n{}",
-            fs::read_to_string(&log).unwrap_or_default()
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
+    let mut clrbpf = start_whole_host_recording(
+        &env,
+        // Room for every table of a busy host: evictions are another
+        // matter than the one tested here.
+        &["--unwind-table-memory-mb", "512", "-d", "14"],
+        &dir.join("out.pb.gz"),
+        &log,
+    );
     // The host's processes are indexed right after sampling starts.
     thread::sleep(Duration::from_secs(3));
     let app = TestProcess::start(&env, Runtime::Net8, "CpuBound", &["2", "1"], false);
