@@ -203,14 +203,19 @@ fn try_follow_fork(ctx: &TracePointContext) -> Result<(), i64> {
 }
 
 /// `sched:sched_process_exit` (once per exiting thread): when the whole
-/// process ends, tell userspace and drop it from the set so the map does
-/// not fill with dead pids; always drop the thread's parked off-CPU record.
+/// process ends, tell userspace and drop it from the set and from
+/// [`CODE_MAPPED_AT`] so the maps do not fill with dead pids; always drop
+/// the thread's parked off-CPU record.
 #[tracepoint]
 pub fn forget_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     offcpu::forget_thread(pid_tgid as u32);
-    if !process_ends(&ctx, pid_tgid) || tgid == SELF_TGID.load() || !is_profiled(tgid) {
+    if !process_ends(&ctx, pid_tgid) {
+        return 0;
+    }
+    let _ = CODE_MAPPED_AT.remove(&tgid);
+    if tgid == SELF_TGID.load() || !is_profiled(tgid) {
         return 0;
     }
     send_process_event(ProcessEventKind::Exit, tgid);
