@@ -266,8 +266,12 @@ fn a_saturated_host_neither_delays_nor_starves_the_recording() {
     clrbpf_integration_tests::assert_success(&output);
     let stderr = stderr(&output);
     let (samples, lost) = clrbpf_integration_tests::summary_samples_and_lost(&stderr);
+    // Without the raised priority it took 45 s. With it, 8-10 s, but 24-26 s
+    // in 2 full-suite runs of many (the end's symbolizing of ~72k frames
+    // from 400 processes, still under the load, is the suspect): the bound
+    // catches the starvation, not that.
     assert!(
-        took < Duration::from_secs(20),
+        took < Duration::from_secs(30),
         "a 5 s recording took {took:?} on a saturated host:\n{stderr}"
     );
     assert!(samples > 1000, "only {samples} samples:\n{stderr}");

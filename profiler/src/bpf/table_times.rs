@@ -36,7 +36,8 @@ pub struct ProcessTableTimes {
     pub indexed_ns: Option<u64>,
     /// The last scan that gave it a file table it had not had.
     pub files_ns: Option<u64>,
-    /// File tables its index used at its last scan.
+    /// The most file tables its index used (a scan as it exits sees
+    /// none).
     pub files: u32,
     /// Scans of its mappings, and how many of them its code mappings
     /// asked for (the kernel's `mmap`/`mprotect` events).
@@ -166,7 +167,7 @@ impl TableTimes {
             if new > 0 {
                 p.files_ns = Some(now);
             }
-            p.files = u32::try_from(files).unwrap_or(u32::MAX);
+            p.files = p.files.max(u32::try_from(files).unwrap_or(u32::MAX));
         }
     }
 
@@ -305,6 +306,11 @@ mod tests {
         let files = times.followed[&7].files_ns;
         times.scanned(7, 2, 0);
         assert_eq!(times.followed[&7].files_ns, files, "no new file: unchanged");
+        times.scanned(7, 0, 0);
+        assert_eq!(
+            times.followed[&7].files, 2,
+            "a scan as it exits keeps the count"
+        );
         assert!(times.followed[&7].whole_ns().is_none(), "no JIT table yet");
         times.jit_code(7);
         times.jit_table(7, true);
