@@ -335,26 +335,53 @@ fn perf_map_short_name(full: &str) -> Option<String> {
     Some(out)
 }
 
+/// A .NET 8 app that writes a perf map, `warm_s` seconds after its start:
+/// its perf map's text and its memory path attached. Its perf files go
+/// when it is dropped.
+struct WarmApp {
+    pid: u32,
+    perf_map: PathBuf,
+    text: String,
+    names: JitMemoryNames,
+    _cleanup: RemoveOnDrop,
+    _app: TestProcess,
+}
+
+impl WarmApp {
+    fn start(env: &Env, workload: &str, warm_s: u64) -> Self {
+        let app = TestProcess::start(env, Runtime::Net8, workload, &["8"], true);
+        let pid = app.pid();
+        std::thread::sleep(Duration::from_secs(warm_s));
+        let perf_map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+        let cleanup = RemoveOnDrop(vec![
+            perf_map.clone(),
+            PathBuf::from(format!("/tmp/jit-{pid}.dump")),
+        ]);
+        let text = std::fs::read_to_string(&perf_map)
+            .unwrap_or_else(|e| panic!("{}: {e}", perf_map.display()));
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+        let mappings = MappingTable::parse(maps.as_bytes()).expect("maps parse");
+        let names = JitMemoryNames::attach(&ProcFs::default(), pid, &mappings)
+            .unwrap_or_else(|e| panic!("memory path for pid {pid}: {e}"));
+        Self {
+            pid,
+            perf_map,
+            text,
+            names,
+            _cleanup: cleanup,
+            _app: app,
+        }
+    }
+}
+
 /// Every JIT-compiled method of a warm .NET 8 process that writes a perf
 /// map is looked up in its memory too: the two name the same method for
 /// at least 99% of them (the perf map is the runtime's own account).
 #[test]
 fn memory_names_agree_with_the_perf_map() {
     let env = Env::privileged();
-    let app = TestProcess::start(&env, Runtime::Net8, "Demo", &["8"], true);
-    let pid = app.pid();
-    std::thread::sleep(Duration::from_secs(3));
-    let perf_map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
-    let _cleanup = RemoveOnDrop(vec![
-        perf_map.clone(),
-        PathBuf::from(format!("/tmp/jit-{pid}.dump")),
-    ]);
-    let text = std::fs::read_to_string(&perf_map)
-        .unwrap_or_else(|e| panic!("{}: {e}", perf_map.display()));
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
-    let mappings = MappingTable::parse(maps.as_bytes()).expect("maps parse");
-    let names = JitMemoryNames::attach(&ProcFs::default(), pid, &mappings)
-        .unwrap_or_else(|e| panic!("memory path for pid {pid}: {e}"));
+    let warm = WarmApp::start(&env, "Demo", 3);
+    let (pid, perf_map, text, names) = (warm.pid, &warm.perf_map, &warm.text, &warm.names);
     let (mut compared, mut agreed, mut dynamic, mut dynamic_agreed) = (0, 0, 0, 0);
     let mut disagreements = Vec::new();
     let mut dynamic_examples = Vec::new();
@@ -418,20 +445,8 @@ fn memory_names_agree_with_the_perf_map() {
 #[test]
 fn memory_names_dynamic_methods_as_the_perf_map_does() {
     let env = Env::privileged();
-    let app = TestProcess::start(&env, Runtime::Net8, "Dynamic", &["8"], true);
-    let pid = app.pid();
-    std::thread::sleep(Duration::from_secs(2));
-    let perf_map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
-    let _cleanup = RemoveOnDrop(vec![
-        perf_map.clone(),
-        PathBuf::from(format!("/tmp/jit-{pid}.dump")),
-    ]);
-    let text = std::fs::read_to_string(&perf_map)
-        .unwrap_or_else(|e| panic!("{}: {e}", perf_map.display()));
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
-    let mappings = MappingTable::parse(maps.as_bytes()).expect("maps parse");
-    let names = JitMemoryNames::attach(&ProcFs::default(), pid, &mappings)
-        .unwrap_or_else(|e| panic!("memory path for pid {pid}: {e}"));
+    let warm = WarmApp::start(&env, "Dynamic", 2);
+    let (pid, perf_map, text, names) = (warm.pid, &warm.perf_map, &warm.text, &warm.names);
     let mut seen = Vec::new();
     let mut disagreements = Vec::new();
     for line in text.lines() {
