@@ -348,6 +348,17 @@ struct WarmApp {
 }
 
 impl WarmApp {
+    /// The perf map's lines: start, size, the runtime's full name.
+    fn entries(&self) -> impl Iterator<Item = (u64, u64, &str)> {
+        self.text.lines().filter_map(|line| {
+            let mut fields = line.splitn(3, ' ');
+            let (start, size, full) = (fields.next()?, fields.next()?, fields.next()?);
+            let start = u64::from_str_radix(start.trim_start_matches("0x"), 16).ok()?;
+            let size = u64::from_str_radix(size.trim_start_matches("0x"), 16).ok()?;
+            Some((start, size, full))
+        })
+    }
+
     fn start(env: &Env, workload: &str, warm_s: u64) -> Self {
         let app = TestProcess::start(env, Runtime::Net8, workload, &["8"], true);
         let pid = app.pid();
@@ -381,22 +392,11 @@ impl WarmApp {
 fn memory_names_agree_with_the_perf_map() {
     let env = Env::privileged();
     let warm = WarmApp::start(&env, "Demo", 3);
-    let (pid, perf_map, text, names) = (warm.pid, &warm.perf_map, &warm.text, &warm.names);
+    let (pid, perf_map, names) = (warm.pid, &warm.perf_map, &warm.names);
     let (mut compared, mut agreed, mut dynamic, mut dynamic_agreed) = (0, 0, 0, 0);
     let mut disagreements = Vec::new();
     let mut dynamic_examples = Vec::new();
-    for line in text.lines() {
-        let mut fields = line.splitn(3, ' ');
-        let (Some(start), Some(size), Some(full)) = (fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        let (Ok(start), Ok(size)) = (
-            u64::from_str_radix(start.trim_start_matches("0x"), 16),
-            u64::from_str_radix(size.trim_start_matches("0x"), 16),
-        ) else {
-            continue;
-        };
+    for (start, size, full) in warm.entries() {
         let Some(expected) = perf_map_short_name(full) else {
             continue;
         };
@@ -446,21 +446,10 @@ fn memory_names_agree_with_the_perf_map() {
 fn memory_names_dynamic_methods_as_the_perf_map_does() {
     let env = Env::privileged();
     let warm = WarmApp::start(&env, "Dynamic", 2);
-    let (pid, perf_map, text, names) = (warm.pid, &warm.perf_map, &warm.text, &warm.names);
+    let (pid, perf_map, names) = (warm.pid, &warm.perf_map, &warm.names);
     let mut seen = Vec::new();
     let mut disagreements = Vec::new();
-    for line in text.lines() {
-        let mut fields = line.splitn(3, ' ');
-        let (Some(start), Some(size), Some(full)) = (fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        let (Ok(start), Ok(size)) = (
-            u64::from_str_radix(start.trim_start_matches("0x"), 16),
-            u64::from_str_radix(size.trim_start_matches("0x"), 16),
-        ) else {
-            continue;
-        };
+    for (start, size, full) in warm.entries() {
         let Some(expected) = perf_map_short_name(full).filter(|n| n.starts_with("dynamicClass."))
         else {
             continue;
