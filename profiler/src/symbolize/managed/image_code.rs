@@ -563,19 +563,31 @@ mod tests {
         (dir, file)
     }
 
+    /// Two processes (of this test's pid) mapping the same image, and the
+    /// table they share.
+    fn two_processes() -> (
+        tempfile::TempDir,
+        [MappedImage; 2],
+        SharedImageCode,
+        [ProcessImageCode; 2],
+    ) {
+        let (dir, file) = image_file();
+        let maps = [MappedImage::map(&file, 8192), MappedImage::map(&file, 8192)];
+        let shared = SharedImageCode::new(1 << 20);
+        let processes = maps.each_ref().map(|map| {
+            let mut process = ProcessImageCode::new(std::process::id(), shared.clone());
+            process.sync_mappings(&map.table());
+            process
+        });
+        (dir, maps, shared, processes)
+    }
+
     const SLEEP: &str =
         "void [System.Private.CoreLib] System.Threading.Thread::Sleep(int32)[PreJIT]";
 
     #[test]
     fn two_processes_share_one_entry_at_their_own_addresses() {
-        let (_dir, file) = image_file();
-        let (a_map, b_map) = (MappedImage::map(&file, 8192), MappedImage::map(&file, 8192));
-        let shared = SharedImageCode::new(1 << 20);
-        let pid = std::process::id();
-        let mut a = ProcessImageCode::new(pid, shared.clone());
-        let mut b = ProcessImageCode::new(pid, shared.clone());
-        a.sync_mappings(&a_map.table());
-        b.sync_mappings(&b_map.table());
+        let (_dir, [a_map, b_map], shared, [mut a, mut b]) = two_processes();
 
         assert!(a.declare(a_map.start() + 0x100, 0x40, SLEEP));
         assert!(b.declare(b_map.start() + 0x100, 0x40, SLEEP));
@@ -602,14 +614,7 @@ mod tests {
 
     #[test]
     fn a_process_sees_only_what_it_declared_and_cannot_rename_others() {
-        let (_dir, file) = image_file();
-        let (a_map, b_map) = (MappedImage::map(&file, 8192), MappedImage::map(&file, 8192));
-        let shared = SharedImageCode::new(1 << 20);
-        let pid = std::process::id();
-        let mut a = ProcessImageCode::new(pid, shared.clone());
-        let mut b = ProcessImageCode::new(pid, shared.clone());
-        a.sync_mappings(&a_map.table());
-        b.sync_mappings(&b_map.table());
+        let (_dir, [a_map, b_map], shared, [mut a, mut b]) = two_processes();
         assert!(a.declare(a_map.start() + 0x100, 0x40, SLEEP));
         assert!(
             b.lookup(b_map.start() + 0x100).is_none(),
