@@ -40,7 +40,7 @@ use std::{
 };
 
 use super::{
-    code_map::{CodeHeap, CodeMapError, CodeRangeKind, read_range_section},
+    code_map::{CodeHeap, CodeMapError, CodeRangeKind, RangeFragment, read_range_section},
     layout::{ClrLayout, CodeRangeMapKind, NibbleMapKind},
     target::{MAX_READ, ReadError, ReadExt, TargetMemory, checked_ptr},
 };
@@ -452,16 +452,11 @@ fn map_sections(mem: &dyn TargetMemory, map: u64) -> Result<Vec<u64>, CodeMapErr
                 if fragments_read > MAX_FRAGMENTS_READ {
                     return Err(CodeMapError::ListTooLong);
                 }
-                let raw: [u8; 32] = mem.read_array(fragment)?;
-                let word = |i: usize| {
-                    let mut b = [0u8; 8];
-                    b.copy_from_slice(&raw[i * 8..i * 8 + 8]);
-                    u64::from_le_bytes(b)
-                };
-                if word(3) != 0 {
-                    sections.insert(checked_ptr(word(3))?);
+                let RangeFragment { next, section, .. } = RangeFragment::read(mem, fragment)?;
+                if section != 0 {
+                    sections.insert(checked_ptr(section)?);
                 }
-                match word(0) & !1 {
+                match next {
                     0 => break,
                     next => fragment = checked_ptr(next)?,
                 }

@@ -110,14 +110,13 @@ fn find_in_map(mem: &dyn TargetMemory, map: u64, pc: u64) -> Result<Option<u64>,
     }
     let mut fragment = level;
     for _ in 0..MAX_FRAGMENTS {
-        let raw: [u8; 32] = mem.read_array(fragment)?;
-        let word = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&raw[i * 8..i * 8 + 8]);
-            u64::from_le_bytes(b)
-        };
-        let (next, begin, end, section) = (word(0) & !1, word(1), word(2), word(3));
-        if (begin..end).contains(&pc) {
+        let RangeFragment {
+            next,
+            begin,
+            end_open,
+            section,
+        } = RangeFragment::read(mem, fragment)?;
+        if (begin..end_open).contains(&pc) {
             return Ok(Some(checked_ptr(section)?));
         }
         if next == 0 {
@@ -126,6 +125,33 @@ fn find_in_map(mem: &dyn TargetMemory, map: u64, pc: u64) -> Result<Option<u64>,
         fragment = checked_ptr(next)?;
     }
     Err(CodeMapError::ListTooLong)
+}
+
+/// A `RangeSectionFragment` of a map leaf's list (.NET 8+).
+pub(super) struct RangeFragment {
+    /// The next fragment, its collectible tag (bit 0) masked; 0 ends.
+    pub next: u64,
+    pub begin: u64,
+    pub end_open: u64,
+    /// Its `RangeSection*`.
+    pub section: u64,
+}
+
+impl RangeFragment {
+    pub(super) fn read(mem: &dyn TargetMemory, at: u64) -> Result<Self, CodeMapError> {
+        let raw: [u8; 32] = mem.read_array(at)?;
+        let word = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&raw[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(b)
+        };
+        Ok(Self {
+            next: word(0) & !1,
+            begin: word(1),
+            end_open: word(2),
+            section: word(3),
+        })
+    }
 }
 
 /// `ExecutionManager::m_CodeRangeList` walk (.NET 6/7).
