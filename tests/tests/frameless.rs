@@ -423,3 +423,147 @@ impl Drop for RemoveOnDrop {
         }
     }
 }
+
+/// A log line without its colour codes.
+fn without_colours(line: &str) -> String {
+    let mut out = String::new();
+    let mut in_escape = false;
+    for c in line.chars() {
+        match (in_escape, c) {
+            (false, '\u{1b}') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, c) => out.push(c),
+        }
+    }
+    out
+}
+
+/// Seconds since midnight UTC of a log line's RFC 3339 timestamp (its
+/// first field).
+fn log_line_second(line: &str) -> Option<f64> {
+    let stamp = line.split_whitespace().next()?;
+    let time = stamp.split_once('T')?.1.trim_end_matches('Z');
+    let mut parts = time.split(':');
+    let hours: f64 = parts.next()?.parse().ok()?;
+    let minutes: f64 = parts.next()?.parse().ok()?;
+    let seconds: f64 = parts.next()?.parse().ok()?;
+    Some(hours * 3600.0 + minutes * 60.0 + seconds)
+}
+
+/// Seconds since midnight UTC now.
+fn now_second() -> f64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970");
+    since_epoch.as_secs_f64() % 86_400.0
+}
+
+/// Code the runtime compiles after the process idled is unwound in time,
+/// and the idle spell costs no reads: `record -p` attaches to a Frameless
+/// app that first idles for 10 s (its jitdump, once read, is watched and
+/// not written), then re-jits `ManualResetEventSlim.Wait()` at tier 1
+/// (JIT code without a frame) and waits in it a few hundred times a second.
+/// The jitdump's write wakes the check, so the method's rows are in the
+/// kernel before the waits and `Frameless.WaitMresOften` stays on them.
+/// While the app idled, its jitdump was not read (it was read once a
+/// second before inotify told the check when it grew).
+#[test]
+fn net8_code_compiled_after_an_idle_spell_is_unwound_and_the_spell_costs_no_reads() {
+    const IDLE_S: f64 = 10.0;
+    let env = Env::privileged();
+    let dir = TempDir::new("frameless-after-idle");
+    let app = TestProcess::launch(
+        &env,
+        Runtime::Net8,
+        "Frameless",
+        &["3", "4", "300", "10"],
+        &Launch::default(),
+    );
+    let ready_at = now_second();
+    let pid = app.pid();
+    let (output, output_path) = record_pid(
+        &env,
+        &dir,
+        pid,
+        &[
+            "-v",
+            "--off-cpu",
+            "--dwarf-unwind",
+            "--no-clr-events",
+            "--log-level",
+            "warn,clrbpf::clr::instance=debug",
+            "-d",
+            "16",
+        ],
+        "after-idle.pb.gz",
+    );
+    let (_, lines) = app.wait(TIMEOUT);
+    let tids = thread_ids(lines.join("\n").as_bytes());
+    let often = *tids
+        .get("often")
+        .unwrap_or_else(|| panic!("no often thread in {lines:?}"));
+
+    // The reads of its files while it idled: from 4 s after READY (the
+    // perf map attach and its first reads are done) to 1 s before the
+    // warm-up.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let reads: Vec<f64> = stderr
+        .lines()
+        .map(without_colours)
+        .filter(|l| l.contains("read perf map and jitdump") && l.contains(&format!("pid={pid}")))
+        .filter_map(|l| log_line_second(&l))
+        .map(|t| (t - ready_at).rem_euclid(86_400.0))
+        .collect();
+    assert!(
+        !reads.is_empty(),
+        "no read of pid {pid}'s files logged:\n{stderr}"
+    );
+    let while_idle = reads
+        .iter()
+        .filter(|&&t| (4.0..IDLE_S - 1.0).contains(&t))
+        .count();
+    eprintln!(
+        "frameless-after-idle: {} reads in all, {while_idle} while idle (s after READY: {reads:.1?})",
+        reads.len()
+    );
+    assert!(
+        while_idle <= 1,
+        "pid {pid}'s jitdump was read {while_idle} times in 5 s while nothing was written to it: {reads:.1?}"
+    );
+
+    let profile = read_profile(&output_path);
+    let off_cpu = value_index(&profile, "off_cpu/nanoseconds");
+    let all = samples(&profile);
+    let waits: Vec<&SampleView> = all
+        .iter()
+        .filter(|s| {
+            s.values[off_cpu] > 0
+                && s.label_num("thread.id") == Some(often)
+                && s.stack_contains(&["System.Threading.ManualResetEventSlim"])
+        })
+        .collect();
+    let total: i64 = waits.iter().map(|s| s.values[off_cpu]).sum();
+    let with_caller: i64 = waits
+        .iter()
+        .filter(|s| s.stack_contains(&["Frameless.WaitMresOften"]))
+        .map(|s| s.values[off_cpu])
+        .sum();
+    let share = with_caller as f64 / total.max(1) as f64;
+    eprintln!(
+        "frameless-after-idle often: {:.1}% of {:.1} ms off-CPU on Frameless.WaitMresOften",
+        share * 100.0,
+        total as f64 / 1e6
+    );
+    assert!(
+        total > 200_000_000,
+        "only {:.1} ms off-CPU in ManualResetEventSlim waits",
+        total as f64 / 1e6
+    );
+    assert!(
+        share >= 0.95,
+        "Frameless.WaitMresOften is on {:.1}% of its {:.1} ms of waits",
+        share * 100.0,
+        total as f64 / 1e6
+    );
+}

@@ -20,7 +20,11 @@
 // Each thread prints `TID name tid` first. The waits are timed with
 // Stopwatch and printed at the end (WAITED_NS).
 //
-// Usage: Frameless.dll [START_DELAY_S=2] [SECONDS=4] [WAIT_MS=300]
+// With IDLE_S, the process first idles that long after READY (nothing
+// compiled, only sleeping threads), so the warm-up's tier-1 Wait() is code
+// compiled after an idle spell.
+//
+// Usage: Frameless.dll [START_DELAY_S=2] [SECONDS=4] [WAIT_MS=300] [IDLE_S=0]
 using System;
 using System.Collections.Generic;
 using System.Diagnostics;
@@ -158,9 +162,11 @@ static class Frameless
         double delay = args.Length > 0 ? double.Parse(args[0], CultureInfo.InvariantCulture) : 2;
         double seconds = args.Length > 1 ? double.Parse(args[1], CultureInfo.InvariantCulture) : 4;
         int waitMs = args.Length > 2 ? int.Parse(args[2]) : 300;
+        double idle = args.Length > 3 ? double.Parse(args[3], CultureInfo.InvariantCulture) : 0;
         Console.WriteLine("PID " + Process.GetCurrentProcess().Id);
         Console.WriteLine("READY");
         Console.Out.Flush();
+        Thread.Sleep((int)(idle * 1000));
         var warmUp = Stopwatch.StartNew();
         WarmUpWait(Math.Min(1.5, delay / 2));
         Thread.Sleep(Math.Max(0, (int)(delay * 1000 - warmUp.ElapsedMilliseconds)));

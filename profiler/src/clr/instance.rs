@@ -38,6 +38,7 @@ use crate::{
     profile::{Frame, FrameKind, Module, clr_sampling::Weighted},
     runtime::{ProcessContext, RuntimeInstance, RuntimeLoader, RuntimeSummary},
     symbolize::{
+        file_watch::FileWatch,
         managed::{
             FileStatus, ManagedSymbolBudget, ManagedSymbols, RefreshStats, SharedImageCode,
             TargetLocation,
@@ -72,6 +73,11 @@ const MANAGED_REFRESH_EVERY: Duration = Duration::from_millis(100);
 /// when none of its samples is due: a method compiled while the process is
 /// idle needs its unwind rows before the samples that run it.
 const JIT_CODE_REFRESH_EVERY: Duration = Duration::from_secs(1);
+/// How often a watched jitdump nothing was written to since its last read
+/// ([`ManagedSymbols::jit_code_unchanged`]) is read all the same, for
+/// samples or new code: a backstop for writes inotify does not report, so
+/// an idle process costs next to nothing.
+const WATCHED_JIT_CODE_REFRESH_EVERY: Duration = Duration::from_secs(30);
 /// How long a runtime that maps no `System.Private.CoreLib.dll` (a
 /// single-file app keeps it in its bundle) is given to start before it is
 /// talked to anyway.
@@ -100,6 +106,8 @@ pub struct DotnetLoader {
     pub image_code: SharedImageCode,
     /// Makes a process's reader of JIT-compiled code in its memory.
     pub jit_memory: JitMemoryFactory,
+    /// Tells which processes' jitdumps grew (one inotify for all).
+    pub file_watch: FileWatch,
 }
 
 impl DotnetLoader {
@@ -118,6 +126,7 @@ impl DotnetLoader {
             assemblies: AssemblyCache::new(0),
             image_code: SharedImageCode::new(0),
             jit_memory: super::name_sources::no_jit_memory_reader,
+            file_watch: FileWatch::unavailable(),
         }
     }
 }
@@ -337,10 +346,14 @@ impl RuntimeInstance for DotnetInstance {
         let Some(managed) = self.managed.as_mut() else {
             return;
         };
-        if !force
-            && self
-                .managed_read_at
-                .is_some_and(|t| t.elapsed() < MANAGED_REFRESH_EVERY)
+        let since_read = self.managed_read_at.map(|t| t.elapsed());
+        if !force && since_read.is_some_and(|d| d < MANAGED_REFRESH_EVERY) {
+            return;
+        }
+        // A watched jitdump nothing was written to since its last read
+        // holds nothing new: an idle process costs no open, no fstat.
+        if managed.jit_code_unchanged()
+            && since_read.is_some_and(|d| d < WATCHED_JIT_CODE_REFRESH_EVERY)
         {
             return;
         }
@@ -357,7 +370,8 @@ impl RuntimeInstance for DotnetInstance {
 
     /// See [`ManagedSymbols::take_new_code`]. With `read_first`, the perf
     /// map and jitdump are read first if they were not for
-    /// [`JIT_CODE_REFRESH_EVERY`] (unless the symbol budget dropped the
+    /// [`JIT_CODE_REFRESH_EVERY`] (and, if watched, written to: see
+    /// [`Self::refresh_names`]; unless the symbol budget dropped the
     /// process's tables: reading them again is for its samples to ask), and
     /// a process with no perf map gets the methods its runtime's memory
     /// shows ([`Self::code_from_memory`]).
@@ -538,9 +552,11 @@ impl DotnetInstance {
             ref assemblies,
             ref image_code,
             jit_memory,
+            ref file_watch,
         } = self.loader;
         let mut managed = ManagedSymbols::with_budget(pid, managed_budget);
         managed.share_image_code(image_code.clone());
+        managed.watch_files(file_watch.clone());
         managed.sync_mappings(mappings);
         self.managed = Some(managed);
         if managed_names.uses_memory() {

@@ -149,6 +149,8 @@ pub struct Pipeline {
     image_code: crate::symbolize::managed::SharedImageCode,
     /// Makes each .NET process's reader of JIT-compiled code in memory.
     pub jit_memory: crate::clr::name_sources::JitMemoryFactory,
+    /// Tells which processes' jitdumps grew since they were last read.
+    file_watch: crate::symbolize::file_watch::FileWatch,
     /// Abandoned attaches and the ledger of perf maps turned on.
     perf_maps: perf_maps::PerfMapKeeper,
     /// CPU samples of the current window counted by raw stack, named when
@@ -232,6 +234,7 @@ impl Pipeline {
                 crate::memory_budget::current().shared_image_code_bytes(),
             ),
             jit_memory: crate::clr::memory::names::jit_memory_reader,
+            file_watch: crate::symbolize::file_watch::FileWatch::new(),
             perf_maps: perf_maps::PerfMapKeeper::default(),
             raw_cpu: RawStacks::default(),
             retry: Vec::new(),
@@ -327,6 +330,7 @@ impl Pipeline {
             assemblies: self.assemblies.clone(),
             image_code: self.image_code.clone(),
             jit_memory: self.jit_memory,
+            file_watch: self.file_watch.clone(),
         }
     }
 
@@ -538,6 +542,7 @@ impl Pipeline {
     /// worker, which gives the frameless ones rows.
     /// Without the worker (frame pointers only), the ranges are dropped.
     fn send_new_jit_code(&mut self) {
+        self.file_watch.drain();
         for (pid, process) in &mut self.processes {
             let runtime = process.runtime_mut();
             match self.unwind.as_ref() {
@@ -608,6 +613,9 @@ impl Pipeline {
     /// Symbolizes and aggregates the samples taken before `until_ns`
     /// (`u64::MAX`: all of them).
     pub fn process_pending(&mut self, until_ns: u64) {
+        // The jitdumps written to since the last tick are read for these
+        // samples; the others hold nothing new.
+        self.file_watch.drain();
         let due: HashSet<u32> = self
             .pending
             .iter()
@@ -770,6 +778,7 @@ impl Pipeline {
     /// The end of the recording: every perf map read one last time, then
     /// every sample symbolized, the held-back ones included.
     pub fn process_all(&mut self) {
+        self.file_watch.drain();
         for process in self.processes.values_mut() {
             process.refresh_names(true);
         }

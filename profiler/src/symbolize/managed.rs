@@ -45,6 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use super::file_watch::{FileWatch, WatchedPerfFile};
 use super::jit_index::JitCodeIndex;
 use super::jitdump::{JitDumpCounts, JitDumpError, JitDumpLimits, JitDumpParser};
 use super::method_name::parse_method_name;
@@ -520,6 +521,8 @@ pub struct ManagedSymbols {
     perf_map_file: TrackedFile,
     jitdump: JitDumpParser,
     jitdump_file: TrackedFile,
+    /// Whether the jitdump was written to since its last read.
+    jitdump_watch: WatchedPerfFile,
     /// The index and the interner, shared with the budget that may drop them.
     tables: Arc<Mutex<SymbolTables>>,
     /// The budget charged, and this process's place in it.
@@ -693,6 +696,7 @@ impl ManagedSymbols {
             perf_map_file: TrackedFile::default(),
             jitdump: JitDumpParser::new(config.jitdump),
             jitdump_file: TrackedFile::default(),
+            jitdump_watch: WatchedPerfFile::default(),
             tables: Arc::new(Mutex::new(SymbolTables::default())),
             budget: None,
             io: FileIoCounters::default(),
@@ -713,6 +717,23 @@ impl ManagedSymbols {
         let mut tables = lock_tables(&self.tables);
         tables.interner = SymbolInterner::sharing(shared.names().clone());
         tables.images = Some(ProcessImageCode::new(pid, shared));
+    }
+
+    /// Watches the jitdump with the run's `watch`, so that
+    /// [`Self::jit_code_unchanged`] can tell an idle process from one that
+    /// compiles without opening its file.
+    pub fn watch_files(&mut self, watch: FileWatch) {
+        self.jitdump_watch = WatchedPerfFile::new(watch);
+    }
+
+    /// Whether a refresh now would find no new code for sure: the jitdump
+    /// is usable and watched, was read to its end and not written since.
+    /// `false` means "read to know" (no watch: the file is polled).
+    pub fn jit_code_unchanged(&self) -> bool {
+        self.jitdump.header().is_some()
+            && self.jitdump.error().is_none()
+            && !self.is_evicted()
+            && self.jitdump_watch.unchanged()
     }
 
     /// Takes the process's assembly mappings from a new read of its
@@ -895,6 +916,7 @@ impl ManagedSymbols {
             config,
             jitdump,
             jitdump_file,
+            jitdump_watch,
             read_buf,
             io,
             ..
@@ -909,8 +931,10 @@ impl ManagedSymbols {
         let mut refresh = FileRefresh::default();
         let opened = open_tracked(location, &paths.jitdump, jitdump_file, jitdump);
         let Some(file) = io.opened(opened, &mut refresh) else {
+            jitdump_watch.lost();
             return refresh;
         };
+        jitdump_watch.before_read(&file, jitdump_file.identity);
         if jitdump.error().is_some() {
             // Nothing after the bad record can be framed; wait for the file
             // to be replaced.
@@ -960,6 +984,9 @@ impl ManagedSymbols {
             FileStatus::Read
         };
         io.read(result, &paths.jitdump, &mut refresh);
+        jitdump_watch.after_read(
+            refresh.status == FileStatus::Read && refresh.bytes_read < config.max_bytes_per_refresh,
+        );
         refresh
     }
 
@@ -1157,6 +1184,9 @@ fn read_incrementally<P: IncrementalParser>(
 /// input of the unit tests here).
 #[cfg(any(test, feature = "bench"))]
 pub mod bench;
+
+#[cfg(test)]
+mod watch_tests;
 
 #[cfg(test)]
 mod tests {
