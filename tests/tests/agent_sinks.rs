@@ -511,3 +511,77 @@ fn services_per_window_are_capped_and_the_wait_handle_limit_said_once() {
     }
     drop(apps);
 }
+
+/// `--exe dotnet` ships what it shipped before, the selected .NET
+/// process's samples with their frames named, and names nothing of the
+/// other processes: a shell burning CPU beside it is sampled (the kernel
+/// samples every process), but its samples are counted as
+/// `clrbpf_agent_samples_total{kind="not_selected"}` and dropped before
+/// naming. Before, every process's stacks were named each window and
+/// only then left out by the sinks.
+#[test]
+fn processes_outside_the_selection_are_counted_and_never_named() {
+    let env = Env::privileged();
+    let dir = TempDir::new("agent-exe-selection");
+    let out = dir.join("profiles");
+    let agent = TestAgent::start(
+        &env,
+        &dir,
+        &[
+            "--upload-interval".as_ref(),
+            "5s".as_ref(),
+            "--exe".as_ref(),
+            "dotnet".as_ref(),
+            "--output-dir".as_ref(),
+            out.as_os_str(),
+        ],
+    )
+    .wait_ready();
+    let app = TestProcess::launch(&env, Runtime::Net8, "Hot", &["14"], &Launch::default());
+    let mut burner = Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start a shell loop");
+    thread::sleep(Duration::from_secs(13));
+    let metrics = agent.metrics();
+    let _ = burner.kill();
+    let _ = burner.wait();
+    let log = agent.stop();
+
+    let all = metric_or_0(&metrics, "clrbpf_agent_samples_total", "{kind=\"all\"}");
+    let not_selected = metric_or_0(
+        &metrics,
+        "clrbpf_agent_samples_total",
+        "{kind=\"not_selected\"}",
+    );
+    eprintln!("agent-exe-selection: {not_selected} of {all} samples not selected");
+    // The shell alone is on a CPU for most of 13 s at 19 Hz.
+    assert!(
+        not_selected >= 20.0,
+        "the unselected samples were not counted apart:\n{metrics}\n{}",
+        tail(&log)
+    );
+    assert!(not_selected < all, "{metrics}");
+    let mut hot_named = 0usize;
+    let mut pids = BTreeSet::new();
+    for entry in fs::read_dir(&out).expect("the output dir") {
+        let path = entry.expect("an entry").path();
+        for sample in samples(&read_profile(&path)) {
+            pids.extend(sample.pid());
+            hot_named += usize::from(
+                sample.pid() == Some(app.pid()) && sample.stack_contains(&["Hot.Spin"]),
+            );
+        }
+    }
+    assert!(
+        !pids.contains(&burner.id()),
+        "the shell's samples were shipped: {pids:?}"
+    );
+    assert!(
+        pids.contains(&app.pid()),
+        "the .NET process is not in the profiles: {pids:?}"
+    );
+    assert!(hot_named > 0, "Hot.Spin is not named in the profiles");
+    drop(app);
+}

@@ -76,6 +76,12 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         ),
         count_still_blocked: false,
     })?;
+    if !config.selection.is_everything() {
+        // The other processes' samples would be named only to be dropped.
+        driver
+            .pipeline()
+            .select_processes(Box::new(config.selection.clone()));
+    }
     driver.start_sampling()?;
     health.set_bpf_attached(true);
     // The run time of the BPF programs (`clrbpf_agent_bpf_run_seconds`) is
@@ -105,6 +111,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         health,
         metrics,
         samples_cut: 0,
+        not_selected_cut: 0,
         bpf_seen_ns: 0,
         last_metrics: Instant::now(),
         last_runtime_metrics: Instant::now(),
@@ -143,6 +150,8 @@ struct AgentFront {
     metrics: AgentMetrics,
     /// The pipeline's sample count at the last cut.
     samples_cut: u64,
+    /// The same for the samples outside the selection.
+    not_selected_cut: u64,
     /// BPF run time already counted in the metrics.
     bpf_seen_ns: u64,
     last_metrics: Instant,
@@ -216,6 +225,9 @@ impl AgentFront {
         let samples = pipeline.samples_added();
         let taken = samples.saturating_sub(self.samples_cut);
         self.samples_cut = samples;
+        let not_selected = pipeline.samples_not_selected();
+        let dropped = not_selected.saturating_sub(self.not_selected_cut);
+        self.not_selected_cut = not_selected;
         for warning in pipeline.take_warnings().lines() {
             tracing::warn!("{warning}");
         }
@@ -223,6 +235,12 @@ impl AgentFront {
             .samples
             .get_or_create(&vec![("kind", "all")])
             .inc_by(taken);
+        if dropped > 0 {
+            self.metrics
+                .samples
+                .get_or_create(&vec![("kind", "not_selected")])
+                .inc_by(dropped);
+        }
     }
 }
 

@@ -24,6 +24,7 @@ use crate::{
         ExportError,
         sink::{BoxFuture, ClosedWindow, ProfileSink},
     },
+    pipeline::selection::{ProcessFilter, ProcessKey},
     process::ProcFs,
     profile::{LabelValue, ProfileSample, label_keys},
 };
@@ -134,6 +135,20 @@ struct ServiceNames {
 
 /// OpenTelemetry's `service.name` when none is set.
 const UNKNOWN_SERVICE: &str = "unknown_service";
+
+/// The pipeline drops the samples of the processes the sinks would leave
+/// out ([`crate::pipeline::selection`]), by the rule of
+/// [`ServiceNames::key_of`].
+impl ProcessFilter for ProcessSelection {
+    fn selects(&self, process: &ProcessKey<'_>) -> bool {
+        ProcessSelection::selects(
+            self,
+            process.executable.unwrap_or(UNKNOWN_SERVICE),
+            process.container_id,
+            process.k8s_namespace,
+        )
+    }
+}
 
 impl ServiceNames {
     fn key_of(

@@ -458,6 +458,12 @@ impl Pipeline {
         self.summary.samples
     }
 
+    /// Of those, the samples of processes outside the selection, dropped
+    /// before they were named ([`Self::select_processes`]).
+    pub fn samples_not_selected(&self) -> u64 {
+        self.summary.samples_not_selected
+    }
+
     /// The warnings gathered since the last call (the agent logs them).
     pub fn take_warnings(&mut self) -> super::summary::Warnings {
         std::mem::take(&mut self.summary.warnings)

@@ -22,6 +22,7 @@ mod labels;
 pub mod perf_maps;
 pub mod raw_stacks;
 pub mod resolve;
+pub mod selection;
 mod stack_copies;
 pub mod start_tables;
 pub mod summary;
@@ -151,6 +152,8 @@ pub struct Pipeline {
     pub jit_memory: crate::clr::name_sources::JitMemoryFactory,
     /// Tells which processes' jitdumps grew since they were last read.
     file_watch: crate::symbolize::file_watch::FileWatch,
+    /// The processes whose samples are wanted (`None`: all of them).
+    selection: Option<Box<dyn selection::ProcessFilter>>,
     /// Abandoned attaches and the ledger of perf maps turned on.
     perf_maps: perf_maps::PerfMapKeeper,
     /// CPU samples of the current window counted by raw stack, named when
@@ -235,6 +238,7 @@ impl Pipeline {
             ),
             jit_memory: crate::clr::memory::names::jit_memory_reader,
             file_watch: crate::symbolize::file_watch::FileWatch::new(),
+            selection: None,
             perf_maps: perf_maps::PerfMapKeeper::default(),
             raw_cpu: RawStacks::default(),
             retry: Vec::new(),
@@ -311,7 +315,8 @@ impl Pipeline {
     pub fn track(&mut self, pid: u32) {
         if !self.processes.contains_key(&pid) {
             let loader = self.loader();
-            let process = TrackedProcess::discover(&self.procfs, pid, &mut self.native, loader);
+            let mut process = TrackedProcess::discover(&self.procfs, pid, &mut self.native, loader);
+            process.selected = self.selects(&process);
             self.processes.insert(pid, process);
             self.summary.processes += 1;
             if let Some(unwind) = self.unwind.as_ref() {
@@ -412,7 +417,9 @@ impl Pipeline {
         let Some(process) = processes.get_mut(&pid) else {
             return;
         };
-        process.refresh_names(true);
+        if process.selected {
+            process.refresh_names(true);
+        }
         let DotnetEventsEnd {
             warnings,
             totals,
@@ -427,7 +434,11 @@ impl Pipeline {
                 incomplete,
             });
         }
-        add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
+        // An unselected process's event samples are dropped unnamed; its
+        // exact totals above stay.
+        if process.selected {
+            add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
+        }
     }
 
     /// Adds the CLR samples of the sampling windows closed so far, so a
@@ -446,7 +457,7 @@ impl Pipeline {
             let Some(kept) = process.runtime_mut().map(RuntimeInstance::take_events) else {
                 continue;
             };
-            if !kept.is_empty() {
+            if !kept.is_empty() && process.selected {
                 process.refresh_names(true);
                 add_clr_samples(native, procfs, layout, aggregator, stack, process, kept);
             }
@@ -544,8 +555,11 @@ impl Pipeline {
     fn send_new_jit_code(&mut self) {
         self.file_watch.drain();
         for (pid, process) in &mut self.processes {
+            // Samples of an unselected process are dropped unnamed: its
+            // JIT code needs no rows, and its files no reads for them.
+            let selected = process.selected;
             let runtime = process.runtime_mut();
-            match self.unwind.as_ref() {
+            match self.unwind.as_ref().filter(|_| selected) {
                 Some(unwind) => {
                     let (ranges, dropped) =
                         runtime.map_or((Vec::new(), 0), |r| r.take_new_code(true));
@@ -623,7 +637,7 @@ impl Pipeline {
             .map(|s| s.pid)
             .collect();
         for pid in due {
-            if let Some(p) = self.processes.get_mut(&pid) {
+            if let Some(p) = self.processes.get_mut(&pid).filter(|p| p.selected) {
                 p.refresh_names(false);
             }
         }
@@ -686,7 +700,7 @@ impl Pipeline {
         }
         // Its CPU stacks of this window are named now, while its symbols
         // and files are still there.
-        if let Some(process) = self.processes.get_mut(&pid) {
+        if let Some(process) = self.processes.get_mut(&pid).filter(|p| p.selected) {
             process.refresh_names(true);
         }
         for stack in self.raw_cpu.take_pid(pid) {
@@ -729,6 +743,9 @@ impl Pipeline {
     /// A CPU sample is counted under its raw stack (named when its window
     /// closes); any other is symbolized and added now.
     fn count_or_add(&mut self, sample: RawSample, final_pass: bool) {
+        if self.drop_unselected(&sample) {
+            return;
+        }
         if sample.off_cpu.is_some() {
             self.add_sample(&sample, final_pass);
             return;

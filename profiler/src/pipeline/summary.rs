@@ -22,6 +22,9 @@ use crate::{
 pub struct RecordSummary {
     pub duration: Duration,
     pub samples: u64,
+    /// Of `samples`, those of processes outside the agent's selection,
+    /// dropped unnamed ([`super::selection`]).
+    pub samples_not_selected: u64,
     pub samples_lost: u64,
     pub malformed_records: u64,
     pub processes: usize,

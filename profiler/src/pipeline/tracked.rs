@@ -58,6 +58,8 @@ pub(super) struct TrackedProcess {
     pub(super) warnings: Vec<String>,
     /// Its threads by the ids its runtime's events carry.
     pub(super) threads: ThreadIds,
+    /// Its samples are wanted ([`super::selection`]); decided when learnt.
+    pub(super) selected: bool,
     runtime: RuntimeSlot<Loader>,
 }
 
@@ -101,6 +103,7 @@ impl TrackedProcess {
             launched_here,
             warnings: Vec::new(),
             threads,
+            selected: true,
             runtime: RuntimeSlot::Looking(loader),
         };
         process.refresh_maps(procfs, native);
