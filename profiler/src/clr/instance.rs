@@ -177,6 +177,7 @@ impl RuntimeLoader for DotnetLoader {
             starting_since: None,
             managed: None,
             managed_read_at: None,
+            jit_checked_at: None,
             jit_module: module("[jit]"),
             ready_to_run,
             jit_memory: None,
@@ -215,6 +216,9 @@ pub struct DotnetInstance {
     /// runtime has started.
     managed: Option<ManagedSymbols>,
     managed_read_at: Option<Instant>,
+    /// When [`RuntimeInstance::take_new_code`] last checked the name
+    /// sources for new code (read or found unchanged).
+    jit_checked_at: Option<Instant>,
     /// The module of the frames [`Self::managed`] names.
     jit_module: Arc<Module>,
     /// Names ReadyToRun code from the images it maps (unless
@@ -379,12 +383,16 @@ impl RuntimeInstance for DotnetInstance {
         let Some(managed) = self.managed.as_ref() else {
             return (Vec::new(), 0);
         };
+        // Checked at most once a second, even when the check finds the
+        // watched jitdump unchanged and reads nothing: a node of idle
+        // processes costs a few atomic loads a second each.
+        let due = |at: Option<Instant>| at.is_none_or(|t| t.elapsed() >= JIT_CODE_REFRESH_EVERY);
         if read_first
+            && due(self.managed_read_at)
+            && due(self.jit_checked_at)
             && !managed.is_evicted()
-            && self
-                .managed_read_at
-                .is_none_or(|t| t.elapsed() >= JIT_CODE_REFRESH_EVERY)
         {
+            self.jit_checked_at = Some(Instant::now());
             self.refresh_names(true);
         }
         let (mut code, dropped) = self
