@@ -1,35 +1,57 @@
 //! `cargo xtask bench`, node scale: what the agent costs beside 1, 20 and
 //! 50 idle .NET 8 services (tests/workloads/Idle.cs), as on a Kubernetes
 //! node full of them. For each count a fresh agent at its defaults starts
-//! after the services are up; its CPU is read from /proc/PID/stat between
-//! [`SETTLE`] and [`SETTLE`] + [`MEASURE`] after its start, its RSS,
-//! threads and fds at the end. The agent is limited to `dotnet` processes
-//! (`--exe dotnet`) so that the rest of the host's work does not move the
-//! figures. The marginal cost is the slope from 1 to 50 processes.
-//! Budget at 50: <= 128 MiB, <= 1% of one core.
+//! after the services are up, and its CPU time is read from /proc/PID/stat
+//! every [`STEP`]:
+//!
+//! - the start: CPU seconds over the first [`START`] (indexing the host's
+//!   processes, attaching to the services, their runtimes' tier-1
+//!   compiles of the counter code the agent asks for);
+//! - the steady state: CPU from [`STEADY_FROM`] to [`STEADY_TO`] after the
+//!   start, in % of one core. The 10 s steps are printed too, to show
+//!   where the start ends.
+//!
+//! RSS, threads and fds are read at the end. The agent is limited to
+//! `dotnet` processes (`--exe dotnet`) so that the rest of the host's work
+//! does not move the figures much (it still indexes the host's new
+//! processes: the host's load is printed with each row). The marginal
+//! cost is the slope from 1 to 50 processes. Budget at 50: <= 128 MiB,
+//! <= 1% of one core in the steady state.
 
 use std::{
     fs,
     process::{Child, Stdio},
     thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
 
 use crate::bench::BenchInputs;
 
-const SETTLE: Duration = Duration::from_secs(20);
-const MEASURE: Duration = Duration::from_secs(30);
+/// How often the agent's CPU time is read.
+const STEP: Duration = Duration::from_secs(10);
+/// The start: its CPU seconds are reported apart.
+const START: Duration = Duration::from_secs(60);
+/// The steady-state window, after the agent's start.
+const STEADY_FROM: Duration = Duration::from_secs(80);
+const STEADY_TO: Duration = Duration::from_secs(120);
 const COUNTS: [usize; 3] = [1, 20, 50];
 
-/// One agent's steady state beside `processes` .NET processes.
+/// One agent beside `processes` .NET processes.
 struct NodeRow {
     processes: usize,
-    cpu_percent: f64,
+    /// CPU seconds over the first [`START`].
+    start_cpu_s: f64,
+    /// % of one core from [`STEADY_FROM`] to [`STEADY_TO`].
+    steady_percent: f64,
+    /// % of one core in each [`STEP`] from the start.
+    steps: Vec<f64>,
     rss_mib: f64,
     threads: u64,
     fds: usize,
+    /// The host's 1-minute load average at the end.
+    load: f64,
 }
 
 /// A `/proc/PID/status` field as a number (`Threads:`; kB fields in kB).
@@ -57,21 +79,40 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / ticks)
 }
 
+/// The host's 1-minute load average.
+fn load_average() -> f64 {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
 fn measure(inputs: &BenchInputs<'_>, processes: usize) -> anyhow::Result<NodeRow> {
     let windows = inputs.scratch.join(format!("node-{processes}"));
     let _ = fs::remove_dir_all(&windows);
+    let started = Instant::now();
     let mut agent = crate::bench::spawn_agent(inputs, &windows, 21000, &["--exe", "dotnet"])?;
     let pid = agent.id();
-    thread::sleep(SETTLE);
-    let before = cpu_seconds(pid).context("the agent exited early")?;
-    thread::sleep(MEASURE);
-    let after = cpu_seconds(pid).context("the agent exited early")?;
+    // CPU seconds at 0, STEP, 2 STEP, ... STEADY_TO after the start.
+    let mut readings = vec![0.0];
+    for n in 1..=STEADY_TO.as_secs() / STEP.as_secs() {
+        thread::sleep((STEP * n as u32).saturating_sub(started.elapsed()));
+        readings.push(cpu_seconds(pid).context("the agent exited early")?);
+    }
+    let at = |t: Duration| readings[(t.as_secs() / STEP.as_secs()) as usize];
+    let steady = STEADY_TO - STEADY_FROM;
     let row = NodeRow {
         processes,
-        cpu_percent: 100.0 * (after - before) / MEASURE.as_secs_f64(),
+        start_cpu_s: at(START),
+        steady_percent: 100.0 * (at(STEADY_TO) - at(STEADY_FROM)) / steady.as_secs_f64(),
+        steps: readings
+            .windows(2)
+            .map(|w| 100.0 * (w[1] - w[0]) / STEP.as_secs_f64())
+            .collect(),
         rss_mib: status_field(pid, "VmRSS:").unwrap_or(0) as f64 / 1024.0,
         threads: status_field(pid, "Threads:").unwrap_or(0),
         fds: fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count()),
+        load: load_average(),
     };
     // SAFETY: kill has no memory preconditions; the pid is our child.
     unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
@@ -82,9 +123,10 @@ fn measure(inputs: &BenchInputs<'_>, processes: usize) -> anyhow::Result<NodeRow
 
 pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     println!(
-        "\nbench: node scale: the agent (defaults, --exe dotnet) beside idle .NET 8 services, CPU from {} s to {} s after its start",
-        SETTLE.as_secs(),
-        (SETTLE + MEASURE).as_secs()
+        "\nbench: node scale: the agent (defaults, --exe dotnet) beside idle .NET 8 services; start: CPU seconds over its first {} s; steady state: CPU from {} s to {} s after its start",
+        START.as_secs(),
+        STEADY_FROM.as_secs(),
+        STEADY_TO.as_secs()
     );
     let mut apps: Vec<Child> = Vec::new();
     let mut rows = Vec::new();
@@ -110,26 +152,51 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         let _ = app.wait();
     }
     result?;
-    println!("| .NET processes | agent CPU, % of one core | RSS | threads | fds |");
-    println!("| --- | --- | --- | --- | --- |");
-    for row in &rows {
+    print_rows(&rows);
+    Ok(())
+}
+
+fn print_rows(rows: &[NodeRow]) {
+    println!(
+        "| .NET processes | start: CPU s over {} s | steady: % of one core | RSS | threads | fds | host load |",
+        START.as_secs()
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for row in rows {
         println!(
-            "| {} | {:.2}% | {:.1} MiB | {} | {} |",
-            row.processes, row.cpu_percent, row.rss_mib, row.threads, row.fds
+            "| {} | {:.2} s | {:.3}% | {:.1} MiB | {} | {} | {:.1} |",
+            row.processes,
+            row.start_cpu_s,
+            row.steady_percent,
+            row.rss_mib,
+            row.threads,
+            row.fds,
+            row.load
         );
     }
     if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
         let n = (last.processes - first.processes).max(1) as f64;
         println!(
-            "| per process (slope from {} to {}) | {:.4}% | {:.2} MiB | {:.2} | {:.2} |",
+            "| per process (slope from {} to {}) | {:.3} s | {:.4}% | {:.2} MiB | {:.2} | {:.2} | |",
             first.processes,
             last.processes,
-            (last.cpu_percent - first.cpu_percent) / n,
+            (last.start_cpu_s - first.start_cpu_s) / n,
+            (last.steady_percent - first.steady_percent) / n,
             (last.rss_mib - first.rss_mib) / n,
             (last.threads as f64 - first.threads as f64) / n,
             (last.fds as f64 - first.fds as f64) / n,
         );
-        println!("| budget at {} | <= 1% | <= 128 MiB | | |", last.processes);
+        println!(
+            "| budget at {} | | <= 1% | <= 128 MiB | | | |",
+            last.processes
+        );
     }
-    Ok(())
+    println!(
+        "\nagent CPU per {} s step from its start, % of one core:",
+        STEP.as_secs()
+    );
+    for row in rows {
+        let steps: Vec<String> = row.steps.iter().map(|p| format!("{p:.2}")).collect();
+        println!("- {} processes: {}", row.processes, steps.join(" "));
+    }
 }
