@@ -138,10 +138,10 @@ const MAX_EARLY_EVENTS: usize = 1 << 20;
 ///    after it the counter's.
 /// 2. If the gate turned them off before it (a storm at attach), the first
 ///    value is kept, and the events from its baseline on are set against
-///    it. The baseline is the value's time less its `IntervalSec` (the time
-///    the runtime measured since its baseline), so what happened in the
-///    microseconds between the runtime's baseline and its clock reading may
-///    be counted twice.
+///    it. The baseline is the value's time less the counters' period (the
+///    runtime's timer fires one period after it takes the baseline), so
+///    what happened between the baseline and the timer's late wake-up (well
+///    under a millisecond on a host with a free core) may be counted twice.
 ///
 /// Which case holds is known once no event is on its way
 /// ([`Self::unobserved`]), so both tallies are kept until then.
@@ -172,8 +172,8 @@ struct FirstValue {
 }
 
 impl CounterLedger {
-    /// A counter value (the change over `interval_sec`) written at
-    /// `time_ns`.
+    /// A counter value (the change over `interval_sec`, the counters'
+    /// period) written at `time_ns`.
     pub fn on_counter(&mut self, value: f64, time_ns: u64, interval_sec: f32) {
         if !value.is_finite() {
             return;

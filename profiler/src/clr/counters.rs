@@ -73,7 +73,10 @@ pub struct CounterSample {
     pub name: String,
     pub kind: CounterKind,
     pub value: f64,
-    /// The interval the runtime measured over.
+    /// The runtime's counter period, from `Series` (`Interval=5000`, in
+    /// ms), else the `IntervalSec` it measured. Not the first value's time
+    /// since the counters' baseline: .NET 8 writes `IntervalSec` 1.0 in the
+    /// first value of a 5 s period.
     pub interval_sec: f32,
     /// `MB`, `B`, `%`, `ms` or empty.
     pub display_units: String,
@@ -157,14 +160,16 @@ struct PayloadFields {
     /// `CounterType` is `Sum` (an incrementing counter).
     sum: Option<bool>,
     interval_sec: f32,
+    /// The period in `Series`, in seconds.
+    period_sec: Option<f32>,
     display_units: String,
 }
 
 impl PayloadFields {
     /// Whether a string field is one of ours: the others (`DisplayName`,
-    /// `Series`, `Metadata`) are stepped over undecoded.
+    /// `Metadata`) are stepped over undecoded.
     fn wants_text(name: &str) -> bool {
-        matches!(name, "Name" | "CounterType" | "DisplayUnits")
+        matches!(name, "Name" | "CounterType" | "DisplayUnits" | "Series")
     }
 
     fn text(&mut self, name: &str, text: String) {
@@ -172,6 +177,12 @@ impl PayloadFields {
             "Name" => self.name = Some(text),
             "CounterType" => self.sum = Some(text == "Sum"),
             "DisplayUnits" => self.display_units = text,
+            "Series" => {
+                self.period_sec = text
+                    .strip_prefix("Interval=")
+                    .and_then(|ms| ms.parse::<u32>().ok())
+                    .map(|ms| ms as f32 / 1000.0);
+            }
             _ => {}
         }
     }
@@ -203,6 +214,7 @@ fn decode_counter_payload(
         increment,
         sum,
         interval_sec,
+        period_sec,
         display_units,
     } = read;
     let name = name.filter(|name| !name.is_empty());
@@ -216,7 +228,7 @@ fn decode_counter_payload(
         name: name.ok_or(CounterDecodeError::MissingField)?,
         kind,
         value,
-        interval_sec,
+        interval_sec: period_sec.unwrap_or(interval_sec),
         display_units,
         time_ns: 0,
     })
