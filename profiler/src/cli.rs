@@ -65,8 +65,7 @@ pub struct AgentArgs {
     pub frequency: u64,
 
     /// How often a window is cut and shipped, aligned to the wall clock
-    /// (5s to 5m). .NET runtime counters are read every second, or at this
-    /// interval with --exceptions-per-second 0.
+    /// (5s to 5m).
     #[arg(long, value_name = "DURATION", default_value = "15s",
           value_parser = parse_upload_interval)]
     pub upload_interval: std::time::Duration,
@@ -78,6 +77,15 @@ pub struct AgentArgs {
     /// the totals exact. 0: no limit.
     #[arg(long, value_name = "N", default_value_t = crate::clr::budget::DEFAULT_EXCEPTIONS_PER_SECOND)]
     pub exceptions_per_second: u32,
+
+    /// How often each .NET runtime sends its counters (1s to 60s): the
+    /// dotnet_* series, and the exceptions counted while their events are
+    /// off. Each reading costs every .NET process some work; a process
+    /// that exits within this long of throwing while its exception events
+    /// are off loses those throws from its profile (1s keeps nearly all).
+    #[arg(long, value_name = "DURATION", default_value = "5s",
+          value_parser = parse_runtime_counters_interval)]
+    pub runtime_counters_interval: std::time::Duration,
 
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -254,6 +262,19 @@ fn parse_start_wait(text: &str) -> Result<f64, String> {
         return Err("must be from 0 to 600 seconds".to_owned());
     }
     Ok(seconds)
+}
+
+/// `--runtime-counters-interval`: whole seconds from 1 to 60.
+fn parse_runtime_counters_interval(text: &str) -> Result<std::time::Duration, String> {
+    let duration = parse_duration(text)?;
+    let (min, max) = (
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(60),
+    );
+    if !(min..=max).contains(&duration) || duration.subsec_nanos() != 0 {
+        return Err("must be a whole number of seconds from 1s to 1m".to_owned());
+    }
+    Ok(duration)
 }
 
 /// `--upload-interval`: a duration from 5 s to 5 min.
@@ -638,6 +659,10 @@ mod tests {
         let args = agent(&[]).expect("defaults");
         assert_eq!(args.frequency, 19);
         assert_eq!(args.upload_interval, std::time::Duration::from_secs(15));
+        assert_eq!(
+            args.runtime_counters_interval,
+            std::time::Duration::from_secs(5)
+        );
         assert_eq!(args.grace_period, std::time::Duration::from_secs(10));
         assert_eq!(args.retention, std::time::Duration::from_secs(24 * 3600));
         assert_eq!(args.retention_size, 1 << 30);
@@ -692,6 +717,14 @@ mod tests {
             (&["--upload-interval", "4s"][..], "--upload-interval"),
             (&["--upload-interval", "6m"], "--upload-interval"),
             (&["--upload-interval", "15"], "--upload-interval"),
+            (
+                &["--runtime-counters-interval", "500ms"],
+                "--runtime-counters-interval",
+            ),
+            (
+                &["--runtime-counters-interval", "2m"],
+                "--runtime-counters-interval",
+            ),
             (&["--upload-interval", "5500ms"], "--upload-interval"),
             (&["--grace-period", "0s"], "--grace-period"),
             (&["--retention", "soon"], "--retention"),

@@ -92,8 +92,11 @@ fn agent_ships_windows_per_service_and_flushes_on_sigterm() {
 
 /// An exception storm under the agent's defaults: its exception events go
 /// off over the budget (200 a second), and the windows still hold exactly
-/// the exceptions the workload threw, most from its throwing method.
-fn assert_agent_bounds_an_exception_storm(runtime: Runtime) {
+/// the exceptions the workload threw, most from its throwing method. The
+/// workload lives `linger` seconds after its last throw: the runtime's
+/// exception counter, read every `counters_interval`, counts the throws
+/// while the events are off, and writes no last value at exit.
+fn assert_agent_bounds_an_exception_storm(runtime: Runtime, counters_interval: &str, linger: &str) {
     let env = Env::privileged();
     let dir = TempDir::new(&format!("agent-storm-{runtime:?}"));
     let out = dir.join("windows");
@@ -105,6 +108,8 @@ fn assert_agent_bounds_an_exception_storm(runtime: Runtime) {
             "5s".as_ref(),
             "--output-dir".as_ref(),
             out.as_os_str(),
+            "--runtime-counters-interval".as_ref(),
+            counters_interval.as_ref(),
         ],
     );
     thread::sleep(Duration::from_secs(2));
@@ -115,7 +120,7 @@ fn assert_agent_bounds_an_exception_storm(runtime: Runtime) {
         &env,
         runtime,
         "Exceptions",
-        &["8", "300000", "300", "1"],
+        &["8", "300000", "300", "1", "frequent", "-", linger],
         false,
     );
     let pid = storm.pid();
@@ -173,12 +178,15 @@ fn assert_agent_bounds_an_exception_storm(runtime: Runtime) {
 
 #[test]
 fn agent_bounds_an_exception_storm_net8() {
-    assert_agent_bounds_an_exception_storm(Runtime::Net8);
+    // The default counters interval, 5 s.
+    assert_agent_bounds_an_exception_storm(Runtime::Net8, "5s", "6");
 }
 
 #[test]
 fn agent_bounds_an_exception_storm_netcore31() {
-    assert_agent_bounds_an_exception_storm(Runtime::NetCore31);
+    // Counters every second: a storm that ends 1 s before its process
+    // exits is counted in full (at 5 s, it was in no counter value).
+    assert_agent_bounds_an_exception_storm(Runtime::NetCore31, "1s", "1");
 }
 
 /// A sample as the script prints it: name, labels, value.

@@ -21,7 +21,7 @@ use clrbpf::{
     },
     clr::{
         counters::{
-            CounterDecoder, GENERATION_LABEL, ProcessRuntimeMetrics, ProcessUsage,
+            CounterDecoder, CounterSample, GENERATION_LABEL, ProcessRuntimeMetrics, ProcessUsage,
             RUNTIME_FAMILIES, RuntimeCounters, counters_provider,
         },
         ipc::DiagnosticClient,
@@ -29,6 +29,7 @@ use clrbpf::{
         session::{ClrEventKinds, ClrSession, SESSION_BUFFER_MB, collect_tracing2_payload},
     },
     process::ProcFs,
+    profile::monotonic_ns,
 };
 use clrbpf_integration_tests::{Env, Runtime, TestProcess, parse_value};
 
@@ -68,27 +69,40 @@ fn wait_counts(app: &TestProcess, tag: &str) -> [f64; 4] {
     }
 }
 
-/// Drains counter values for `wait`.
-fn collect_for(session: &mut ClrSession, counters: &mut RuntimeCounters, wait: Duration) {
+/// Drains counter values for `wait`; returns the first `exception-count`
+/// value seen, if any.
+fn collect_for(
+    session: &mut ClrSession,
+    counters: &mut RuntimeCounters,
+    wait: Duration,
+) -> Option<CounterSample> {
     let until = Instant::now() + wait;
+    let mut first = None;
     while Instant::now() < until {
         session.drain(&mut |_| {});
         for sample in session.take_counters() {
             counters.observe(&sample);
+            if first.is_none() && sample.name == "exception-count" {
+                first = Some(sample);
+            }
         }
         thread::sleep(Duration::from_millis(100));
     }
+    first
 }
 
-/// A counters-only session with `pid`, retried while its runtime starts.
-fn counters_session(procfs: &ProcFs, pid: u32) -> ClrSession {
+/// A counters-only session with `pid` at `interval_sec`, retried while its
+/// runtime starts, and the monotonic times just before the request that
+/// started it and just after.
+fn counters_session(procfs: &ProcFs, pid: u32, interval_sec: u32) -> (ClrSession, u64, u64) {
     let mut last = None;
     for _ in 0..100 {
+        let asked = monotonic_ns();
         let started = DiagnosticClient::discover(procfs, pid).and_then(|client| {
-            ClrSession::start_with_counters(&client, ClrEventKinds::NONE, None, Some(1))
+            ClrSession::start_with_counters(&client, ClrEventKinds::NONE, None, Some(interval_sec))
         });
         match started {
-            Ok(session) => return session,
+            Ok(session) => return (session, asked, monotonic_ns()),
             Err(e) => last = Some(e),
         }
         thread::sleep(Duration::from_millis(50));
@@ -162,26 +176,66 @@ fn served_gc_collections(pid: u32, counters: &RuntimeCounters) -> [f64; 3] {
     counts
 }
 
+/// At every second (`record`) and at the agent's 5 s.
 #[test]
 fn gc_and_exception_counts_match_the_process_own_counts() {
     let env = Env::from_env();
-    for runtime in [Runtime::Net8, Runtime::NetCore31] {
+    for (runtime, interval_sec) in [
+        (Runtime::Net8, 1),
+        (Runtime::NetCore31, 1),
+        (Runtime::Net8, 5),
+        (Runtime::NetCore31, 5),
+    ] {
+        let label = format!("{runtime:?} at {interval_sec} s");
         let app = start_gc_counts(&env, runtime);
         let procfs = ProcFs::default();
         let pid = app.pid();
-        let mut session = counters_session(&procfs, pid);
+        let (mut session, asked_ns, started_ns) = counters_session(&procfs, pid, interval_sec);
         let mut counters = RuntimeCounters::new();
         // The runtime takes its baseline when the counters are enabled;
-        // wait for the first values before the app starts counting.
-        collect_for(&mut session, &mut counters, Duration::from_millis(2500));
+        // wait for the first values.
+        let interval = Duration::from_secs(interval_sec.into());
+        let first = collect_for(
+            &mut session,
+            &mut counters,
+            interval + Duration::from_millis(1500),
+        );
         assert!(
             counters.snapshot().totals.contains_key("gen-0-gc-count"),
-            "{runtime:?}: no counters after 2.5 s: {:?}",
+            "{label}: no counters after {interval:?} and 1.5 s: {:?}",
             counters.snapshot()
+        );
+        // The first value comes one period (`Series`) after the baseline,
+        // which the runtime takes as it enables the counters, shortly after
+        // it answered the request (26-212 ms later on a host at load 300):
+        // the agent's budgets take the baseline from it. The runtime keeps
+        // one timer at the shortest period any session asked for, and takes
+        // a new baseline when a session asks for a shorter one: another
+        // profiler on the host at 1 s makes the first value come at its
+        // timer's next tick, counting from the one before.
+        let first = first.expect("an exception-count value");
+        assert!(
+            first.interval_sec > 0.0 && first.interval_sec <= interval_sec as f32,
+            "{label}: a period of {} s",
+            first.interval_sec
+        );
+        let baseline_ns = first
+            .time_ns
+            .saturating_sub((f64::from(first.interval_sec) * 1e9) as u64);
+        assert!(
+            baseline_ns + 20_000_000 >= asked_ns && baseline_ns < first.time_ns,
+            "{label}: first value at {} ns over {} s, the session asked at {asked_ns} and started at {started_ns}",
+            first.time_ns,
+            first.interval_sec
         );
         let before = wait_counts(&app, "BEFORE");
         let after = wait_counts(&app, "AFTER");
-        collect_for(&mut session, &mut counters, Duration::from_millis(3500));
+        // A value after the last throw.
+        collect_for(
+            &mut session,
+            &mut counters,
+            interval + Duration::from_millis(2500),
+        );
         counters.set_usage(ProcessUsage::read(&procfs, pid));
         let (end, _) = session.stop(Instant::now() + Duration::from_secs(5), &mut |_| {});
         for sample in &end.counters {
@@ -193,14 +247,14 @@ fn gc_and_exception_counts_match_the_process_own_counts() {
             assert_eq!(
                 total(&format!("gen-{generation}-gc-count")),
                 after[generation] - before[generation],
-                "{runtime:?} gen {generation}: {snapshot:?}"
+                "{label} gen {generation}: {snapshot:?}"
             );
         }
-        assert!(after[3] - before[3] >= THROWS, "{runtime:?}: {after:?}");
+        assert!(after[3] - before[3] >= THROWS, "{label}: {after:?}");
         assert_eq!(
             total("exception-count"),
             after[3] - before[3],
-            "{runtime:?}: {snapshot:?}"
+            "{label}: {snapshot:?}"
         );
         let family = RUNTIME_FAMILIES
             .iter()
@@ -211,7 +265,7 @@ fn gc_and_exception_counts_match_the_process_own_counts() {
         assert_eq!(values[2], (Some((GENERATION_LABEL, "gen2")), gen2));
         assert!(snapshot.last.contains_key("gc-heap-size"), "{snapshot:?}");
         assert!(snapshot.usage.is_some_and(|usage| usage.resident_bytes > 0));
-        assert_eq!(end.counter_errors, 0, "{runtime:?}");
+        assert_eq!(end.counter_errors, 0, "{label}");
 
         // The same numbers, as the agent's /metrics serves them.
         let served = served_gc_collections(pid, &counters);
@@ -219,7 +273,7 @@ fn gc_and_exception_counts_match_the_process_own_counts() {
         assert_eq!(
             served,
             [delta(0) - delta(1), delta(1) - delta(2), delta(2)],
-            "{runtime:?}: /metrics disagrees with GC.CollectionCount"
+            "{label}: /metrics disagrees with GC.CollectionCount"
         );
     }
 }

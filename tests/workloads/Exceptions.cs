@@ -4,7 +4,10 @@
 // (THROWN_<Type>), the ground truth for clrbpf's exceptions/count.
 //
 // Usage: Exceptions.dll [START_DELAY_S=3] [FREQUENT=20000] [SOMETIMES=300] [ONCE=1]
-//                       [FREQUENT_MESSAGE=frequent]
+//                       [FREQUENT_MESSAGE=frequent] [IGNORED] [LINGER_S=1]
+// It lives LINGER_S after its last throw: the runtime's exception counter
+// must write a value after it for a profiler whose events were off to see
+// it (the agent reads the counter every 5 s).
 using System;
 using System.Diagnostics;
 using System.Globalization;
@@ -57,7 +60,8 @@ static class Exceptions
         Console.WriteLine("THROWN_System.TimeoutException " + nOnce);
         Console.WriteLine("THROWS_PER_S " + (long)((nFrequent + nSometimes + nOnce) / sw.Elapsed.TotalSeconds));
         Console.Out.Flush();
-        Thread.Sleep(1000);
+        double linger = args.Length > 6 ? double.Parse(args[6], CultureInfo.InvariantCulture) : 1;
+        Thread.Sleep((int)(linger * 1000));
         return 0;
     }
 }

@@ -134,6 +134,8 @@ pub struct AgentConfig {
     pub upload_interval: Duration,
     /// Exception events with stacks per second and process (`None`: all).
     pub exceptions_per_second: Option<u32>,
+    /// The `System.Runtime` EventCounters interval, in seconds.
+    pub runtime_counters_interval_sec: u32,
     /// What is collected besides CPU samples, and how stacks are walked.
     pub sampling: SamplingConfig,
     pub selection: ProcessSelection,
@@ -157,6 +159,7 @@ impl AgentConfig {
             frequency,
             upload_interval,
             exceptions_per_second,
+            runtime_counters_interval,
             sampling,
             executables,
             container_ids,
@@ -250,6 +253,8 @@ impl AgentConfig {
             frequency_hz: frequency,
             upload_interval,
             exceptions_per_second: (exceptions_per_second > 0).then_some(exceptions_per_second),
+            runtime_counters_interval_sec: u32::try_from(runtime_counters_interval.as_secs())
+                .unwrap_or(u32::MAX),
             sampling,
             selection: ProcessSelection {
                 executables,

@@ -66,14 +66,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         attach_perf_maps: true,
         keep_perf_maps: false,
         exceptions_per_second: config.exceptions_per_second,
-        // The runtime's EventCounters come once per window: `dotnet_*`
-        // series as fresh as the profiles (every second with an exception
-        // budget, whose totals come from the exception counter).
-        counters_interval_sec: Some(
-            u32::try_from(config.upload_interval.as_secs())
-                .unwrap_or(u32::MAX)
-                .max(1),
-        ),
+        // By default once per update of the `dotnet_*` series, which is
+        // also how often the exception (and allocation) totals of a
+        // back-off are brought up to date.
+        counters_interval_sec: Some(config.runtime_counters_interval_sec),
         count_still_blocked: false,
     })?;
     if !config.selection.is_everything() {

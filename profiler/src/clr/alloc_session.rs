@@ -16,7 +16,8 @@
 //!    [`super::budget`]) counts the events per second; over the budget the
 //!    session is stopped for the back-off period, then started again.
 //! 3. The totals come from the runtime's `alloc-rate` counter (bytes per
-//!    interval, read every second by the main session): the bytes it saw
+//!    interval, read by the main session every second, or at the runtime
+//!    metrics' interval in the agent; see [`CounterLedger`]): the bytes it saw
 //!    beyond those the events charged are added to the intake once the
 //!    session is off and drained, and take the events' shape
 //!    ([`crate::profile::alloc_sampling`]).
@@ -25,7 +26,7 @@ use std::time::Instant;
 
 use super::{
     allocations::ALLOCATION_SAMPLED_MIN_MAJOR,
-    budget::ExceptionGate,
+    budget::{CounterLedger, ExceptionGate},
     collector::{BudgetedSession, refresh_keywords_in_background},
     counters::{CounterKind, CounterSample},
     events::{ClrEvent, RUNTIME_PROVIDER},
@@ -82,16 +83,9 @@ pub struct AllocationEvents {
     gate: Option<ExceptionGate>,
     pub(super) session: BudgetedSession,
     runtime_major: Option<u32>,
-    /// When the first `alloc-rate` value was written: the bytes up to then
-    /// are the events' (the session is on from before the counters'), those
-    /// after it the counter's.
-    first_count_ns: Option<u64>,
-    /// Bytes charged by events after the first counter value.
-    observed: f64,
-    /// Bytes the counter saw after its first value.
-    counted: f64,
-    /// Bytes added to the intake without events so far.
-    added: u64,
+    /// Bytes charged by events against those the counter saw (the session
+    /// is on from before the counters' baseline).
+    ledger: CounterLedger,
 }
 
 impl AllocationEvents {
@@ -101,10 +95,7 @@ impl AllocationEvents {
             gate: per_second.map(ExceptionGate::new),
             session: BudgetedSession::Off,
             runtime_major,
-            first_count_ns: None,
-            observed: 0.0,
-            counted: 0.0,
-            added: 0,
+            ledger: CounterLedger::default(),
         }
     }
 
@@ -113,21 +104,15 @@ impl AllocationEvents {
     }
 
     pub(super) fn observe_counter(&mut self, sample: &CounterSample) {
-        if sample.name != ALLOC_COUNTER
-            || sample.kind != CounterKind::Sum
-            || !sample.value.is_finite()
-        {
-            return;
+        if sample.name == ALLOC_COUNTER && sample.kind == CounterKind::Sum {
+            self.ledger
+                .on_counter(sample.value, sample.time_ns, sample.interval_sec);
         }
-        if self.first_count_ns.is_none() {
-            self.first_count_ns = Some(sample.time_ns);
-            return;
-        }
-        self.counted += sample.value.max(0.0);
     }
 
     /// Hands one event to `intake`; returns whether it went over the
-    /// budget.
+    /// budget. The gate acts from the first event: the counter's first
+    /// value may be one counter interval away ([`CounterLedger`]).
     pub(super) fn take(
         &mut self,
         intake: &mut ClrIntake,
@@ -140,29 +125,19 @@ impl AllocationEvents {
         };
         let time_ns = event.time_ns;
         let bytes = intake.add_allocation(event);
-        let Some(first) = self.first_count_ns else {
-            return false;
-        };
-        if time_ns > first {
-            self.observed += bytes;
-        }
-        gated
+        let over = gated
             && self
                 .gate
                 .as_mut()
-                .is_some_and(|g| g.observe(time_ns, now_ns))
+                .is_some_and(|g| g.observe(time_ns, now_ns));
+        self.ledger.on_event(time_ns, bytes, over);
+        over
     }
 
     /// Bytes the counter saw that no event stood for, not added yet. Only
     /// meaningful while no event is still on its way.
     pub(super) fn unobserved(&mut self) -> u64 {
-        if self.first_count_ns.is_none() {
-            return 0;
-        }
-        let missing = (self.counted - self.observed).max(0.0) as u64;
-        let missing = missing.saturating_sub(self.added);
-        self.added += missing;
-        missing
+        self.ledger.unobserved()
     }
 
     pub(super) fn gate_is_on(&mut self, now_ns: u64) -> bool {
@@ -318,23 +293,47 @@ mod tests {
 
     #[test]
     fn the_counter_fills_in_the_bytes_the_events_missed() {
+        const S: u64 = 1_000_000_000;
         let mut events = AllocationEvents::new(Some(5), Some(8));
         let mut intake = ClrIntake::default();
-        // Before the counter's first value: the events' bytes, ungated.
-        for t in 0..10 {
+        // Before the counter's first value: the events' bytes.
+        for t in 0..5 {
             assert!(!events.take(&mut intake, tick(t, 100_000), 0, true));
         }
         events.observe_counter(&rate(123.0, 100));
         // Then a storm: the 6th event in a second goes over the budget.
-        let over = (101..110).map(|t| events.take(&mut intake, tick(t, 100_000), 0, true));
+        let over = (S..S + 9).map(|t| events.take(&mut intake, tick(t, 100_000), 0, true));
         assert_eq!(over.collect::<Vec<_>>().iter().position(|&o| o), Some(5));
         assert_eq!(events.backoffs(), 1);
         // The counter saw 5 MB after its first value; the events 0.9 MB.
-        events.observe_counter(&rate(5_000_000.0, 2_000));
+        events.observe_counter(&rate(5_000_000.0, 2 * S));
         assert_eq!(events.unobserved(), 4_100_000);
         assert_eq!(events.unobserved(), 0, "added once");
         let out = intake.finish();
         let bytes: u64 = out.iter().map(|w| w.delay_ns).sum();
-        assert_eq!(bytes, 19 * 100_000, "the intake has what was taken");
+        assert_eq!(bytes, 14 * 100_000, "the intake has what was taken");
+    }
+
+    #[test]
+    fn an_allocation_storm_at_attach_is_gated_before_the_first_value() {
+        const S: u64 = 1_000_000_000;
+        let mut events = AllocationEvents::new(Some(5), Some(8));
+        let mut intake = ClrIntake::default();
+        // The counters' baseline at 10 s, the first value 5 s later: the
+        // gate goes off at the 6th event, and the first value counts the
+        // 3 MB allocated from the baseline on, 0.6 MB of them in events.
+        let over = (0..6).map(|i| {
+            let t = 10 * S + (i + 1) * 1000;
+            events.take(&mut intake, tick(t, 100_000), 0, true)
+        });
+        assert_eq!(
+            over.collect::<Vec<_>>(),
+            [false, false, false, false, false, true]
+        );
+        events.observe_counter(&CounterSample {
+            interval_sec: 5.0,
+            ..rate(3_000_000.0, 15 * S)
+        });
+        assert_eq!(events.unobserved(), 2_400_000);
     }
 }

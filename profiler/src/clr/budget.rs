@@ -119,6 +119,121 @@ impl ExceptionGate {
     }
 }
 
+/// Events remembered until the counter's first value (the gate holds them
+/// to its budget).
+const MAX_EARLY_EVENTS: usize = 1 << 20;
+
+/// The totals of a budgeted session (exceptions, allocated bytes): what its
+/// events carried against what the runtime's counter (`exception-count`,
+/// `alloc-rate`) saw, so that what the events missed while they were off
+/// can be added.
+///
+/// The counter counts from its baseline, taken some milliseconds after the
+/// main session starts; its first value (one counter interval later)
+/// covers the time since then. The events are on from before that
+/// baseline, so:
+///
+/// 1. If the events stayed on until the first value, the first value is
+///    dropped: what happened up to it is the events' (exact), what came
+///    after it the counter's.
+/// 2. If the gate turned them off before it (a storm at attach), the first
+///    value is kept, and the events from its baseline on are set against
+///    it. The baseline is the value's time less the counters' period (the
+///    runtime's timer fires one period after it takes the baseline), so
+///    what happened between the baseline and the timer's late wake-up (well
+///    under a millisecond on a host with a free core) may be counted twice.
+///
+/// Which case holds is known once no event is on its way
+/// ([`Self::unobserved`]), so both tallies are kept until then.
+#[derive(Debug, Default)]
+pub struct CounterLedger {
+    first: Option<FirstValue>,
+    /// Event time of the event that first went over the budget.
+    first_off_ns: Option<u64>,
+    /// Times and amounts of the events taken before the first value.
+    early: Vec<(u64, f64)>,
+    /// What the events carried after the first value.
+    observed: f64,
+    /// What they carried between the first value's baseline and the value.
+    observed_first_interval: f64,
+    /// What the counter saw after its first value.
+    counted: f64,
+    /// What was added without events so far. Events the runtime dropped
+    /// (a full session buffer) are among it: the counter saw them too.
+    added: u64,
+}
+
+/// A counter's first value: its time, its value and its baseline's time.
+#[derive(Clone, Copy, Debug)]
+struct FirstValue {
+    time_ns: u64,
+    value: f64,
+    baseline_ns: u64,
+}
+
+impl CounterLedger {
+    /// A counter value (the change over `interval_sec`, the counters'
+    /// period) written at `time_ns`.
+    pub fn on_counter(&mut self, value: f64, time_ns: u64, interval_sec: f32) {
+        if !value.is_finite() {
+            return;
+        }
+        let value = value.max(0.0);
+        if self.first.is_some() {
+            self.counted += value;
+            return;
+        }
+        let interval_ns = (f64::from(interval_sec.max(0.0)) * 1e9) as u64;
+        let first = FirstValue {
+            time_ns,
+            value,
+            baseline_ns: time_ns.saturating_sub(interval_ns),
+        };
+        self.first = Some(first);
+        for (time_ns, amount) in std::mem::take(&mut self.early) {
+            self.tally(first, time_ns, amount);
+        }
+    }
+
+    /// An event at `time_ns` carrying `amount`; `over`: it went over the
+    /// budget (the events go off).
+    pub fn on_event(&mut self, time_ns: u64, amount: f64, over: bool) {
+        match self.first {
+            None if self.early.len() < MAX_EARLY_EVENTS => self.early.push((time_ns, amount)),
+            None => {}
+            Some(first) => self.tally(first, time_ns, amount),
+        }
+        if over && self.first_off_ns.is_none() {
+            self.first_off_ns = Some(time_ns);
+        }
+    }
+
+    fn tally(&mut self, first: FirstValue, time_ns: u64, amount: f64) {
+        if time_ns > first.time_ns {
+            self.observed += amount;
+        } else if time_ns > first.baseline_ns {
+            self.observed_first_interval += amount;
+        }
+    }
+
+    /// What the counter saw that no event stood for, not added yet. Only
+    /// meaningful while no event is still on its way.
+    pub fn unobserved(&mut self) -> u64 {
+        let Some(first) = self.first else {
+            return 0;
+        };
+        let (mut counted, mut observed) = (self.counted, self.observed);
+        if self.first_off_ns.is_some_and(|off| off <= first.time_ns) {
+            // Off before the first value: it counts what the events missed.
+            counted += first.value;
+            observed += self.observed_first_interval;
+        }
+        let missing = ((counted - observed).max(0.0).round() as u64).saturating_sub(self.added);
+        self.added += missing;
+        missing
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,15 +12,18 @@
 //! With an exception budget (the agent's default), exception events come on
 //! a second session of their own ([`ExceptionEvents`]), at level Error, that
 //! the [`ExceptionGate`] stops during a storm and starts again after the
-//! back-off. The main session then carries the counters every second, and
-//! the exceptions the `exception-count` counter saw without an event are
-//! added to the intake once the exception session is off and drained.
+//! back-off. The main session then carries the counters (at the runtime
+//! metrics' interval, or every second without them), and the exceptions
+//! the `exception-count` counter saw without an event are added to the
+//! intake once the exception session is off and drained: exact, but for
+//! those a process throws in its last counter interval while the events
+//! are off (the runtime writes no last value when it exits).
 
 use std::time::{Duration, Instant};
 
 use super::{
     alloc_session::{AllocationEvents, start_allocation_events},
-    budget::ExceptionGate,
+    budget::{CounterLedger, ExceptionGate},
     counters::{CounterKind, CounterSample, RuntimeCounters},
     events::{ClrEvent, MethodLoad},
     intake::{ClrCounters, ClrIntake, ClrSample},
@@ -47,9 +50,6 @@ const RUNDOWN_DEADLINE: Duration = Duration::from_secs(10);
 const EXCEPTION_STOP_DEADLINE: Duration = Duration::from_secs(5);
 /// The `System.Runtime` counter of exceptions thrown.
 const EXCEPTION_COUNTER: &str = "exception-count";
-/// Exception events remembered until the counter's first value (about a
-/// second of a storm).
-const MAX_EARLY_EVENTS: usize = 1 << 20;
 
 #[derive(Debug)]
 enum CollectorState {
@@ -169,22 +169,8 @@ impl BudgetedSession {
 pub struct ExceptionEvents {
     gate: ExceptionGate,
     session: BudgetedSession,
-    /// When the first `exception-count` value was written. The counter's
-    /// baseline is taken some milliseconds after the main session starts,
-    /// so its first value is dropped: the exceptions up to then are the
-    /// events' (the exception session is on from before the main one, and
-    /// the gate holds it on until then), those after it the counter's.
-    first_count_ns: Option<u64>,
-    /// Times of the events taken before that first value was seen.
-    early: Vec<u64>,
-    /// Exceptions taken as events after the first counter value.
-    observed: u64,
-    /// Exceptions counted by the runtime's counter after its first value.
-    counted: f64,
-    /// Exceptions added to the intake without events so far. Events the
-    /// runtime dropped (a full session buffer) are among them: the counter
-    /// saw those exceptions too.
-    added: u64,
+    /// Exceptions taken as events against those the counter saw.
+    ledger: CounterLedger,
 }
 
 impl ExceptionEvents {
@@ -192,29 +178,15 @@ impl ExceptionEvents {
         Self {
             gate: ExceptionGate::new(per_second),
             session: BudgetedSession::Off,
-            first_count_ns: None,
-            early: Vec::new(),
-            observed: 0,
-            counted: 0.0,
-            added: 0,
+            ledger: CounterLedger::default(),
         }
     }
 
     fn observe_counter(&mut self, sample: &CounterSample) {
-        if sample.name != EXCEPTION_COUNTER
-            || sample.kind != CounterKind::Sum
-            || !sample.value.is_finite()
-        {
-            return;
+        if sample.name == EXCEPTION_COUNTER && sample.kind == CounterKind::Sum {
+            self.ledger
+                .on_counter(sample.value, sample.time_ns, sample.interval_sec);
         }
-        if self.first_count_ns.is_none() {
-            self.first_count_ns = Some(sample.time_ns);
-            let first = sample.time_ns;
-            self.observed += self.early.drain(..).filter(|&t| t > first).count() as u64;
-            self.early = Vec::new();
-            return;
-        }
-        self.counted += sample.value.max(0.0);
     }
 
     /// Hands one event of the exception session to `intake`, tallying it;
@@ -233,35 +205,18 @@ impl ExceptionEvents {
     }
 
     /// Tallies one exception event; returns whether it went over the
-    /// budget (never before the first counter value: see
-    /// [`Self::first_count_ns`]).
+    /// budget. The gate acts from the first event: the counter's first
+    /// value may be one counter interval away ([`CounterLedger`]).
     fn observe_event(&mut self, time_ns: u64, now_ns: u64, gated: bool) -> bool {
-        match self.first_count_ns {
-            None => {
-                if self.early.len() < MAX_EARLY_EVENTS {
-                    self.early.push(time_ns);
-                }
-                false
-            }
-            Some(first) => {
-                if time_ns > first {
-                    self.observed += 1;
-                }
-                gated && self.gate.observe(time_ns, now_ns)
-            }
-        }
+        let over = gated && self.gate.observe(time_ns, now_ns);
+        self.ledger.on_event(time_ns, 1.0, over);
+        over
     }
 
     /// Exceptions the counter saw that no event stood for, not added yet.
     /// Only meaningful while no exception event is still on its way.
     fn unobserved(&mut self) -> u64 {
-        if self.first_count_ns.is_none() {
-            return 0;
-        }
-        let counted = self.counted.round() as u64;
-        let missing = counted.saturating_sub(self.observed + self.added);
-        self.added += missing;
-        missing
+        self.ledger.unobserved()
     }
 
     /// How many times the events were turned off over the budget.
@@ -340,8 +295,9 @@ impl ClrCollector {
 
     /// Takes allocation events (when asked for) on a session of their own,
     /// at most `per_second` a second with their stacks (`None`: every
-    /// one); the main session then carries the counters every second,
-    /// whose `alloc-rate` gives the totals.
+    /// one); the main session then carries the counters (every second
+    /// unless [`Self::with_runtime_metrics`] sets their interval), whose
+    /// `alloc-rate` gives the totals.
     pub fn with_allocation_budget(mut self, per_second: Option<u32>) -> Self {
         if self.kinds.allocations {
             self.allocation_events = Some(AllocationEvents::new(per_second, self.runtime_major));
@@ -351,8 +307,9 @@ impl ClrCollector {
 
     /// Takes exception events with stacks at most `per_second` a second
     /// (see [`super::budget`]); `None` takes every one on the main session.
-    /// The main session then carries the runtime's counters every second,
-    /// whose `exception-count` gives the totals.
+    /// The main session then carries the runtime's counters (every second
+    /// unless [`Self::with_runtime_metrics`] sets their interval), whose
+    /// `exception-count` gives the totals.
     pub fn with_exception_budget(mut self, per_second: Option<u32>) -> Self {
         if let Some(per_second) = per_second
             && self.kinds.exceptions
@@ -470,15 +427,15 @@ impl ClrCollector {
             *last_try = Some(Instant::now());
             let since = *since;
             let (mut kinds, mut interval) = (self.kinds, self.counters_interval_sec);
+            // With a budget, the totals come from the runtime's counters:
+            // at the runtime metrics' interval (the agent), every second
+            // without them (`record`).
             if self.exception_events.is_some() {
-                // Exceptions on their own session; their totals from the
-                // counter, read every second.
                 kinds.exceptions = false;
-                interval = Some(1);
+                interval = interval.or(Some(1));
             }
             if self.allocation_events.is_some() {
-                // Allocation totals from the alloc-rate counter, every second.
-                interval = Some(1);
+                interval = interval.or(Some(1));
             }
             let allocation_major = self
                 .allocation_events
@@ -963,8 +920,6 @@ mod tests {
         assert_eq!(events.unobserved(), 0, "added once");
         // The profile holds the 80 events and the 1000 added: the 50 early
         // events plus the 1030 counted after the first value.
-        assert_eq!(events.observed, 30);
-        assert_eq!(80 + events.added, 50 + 1030);
         // Other counters and a garbage value change nothing.
         events.observe_counter(&CounterSample {
             name: "gen-0-gc-count".to_owned(),
@@ -974,14 +929,84 @@ mod tests {
         assert_eq!(events.unobserved(), 0);
     }
 
+    const S: u64 = 1_000_000_000;
+
+    /// A first `exception-count` value at `time_ns` that measured over
+    /// `interval_sec` seconds since its baseline.
+    fn first_count(value: f64, time_ns: u64, interval_sec: f32) -> CounterSample {
+        CounterSample {
+            interval_sec,
+            ..count(value, time_ns)
+        }
+    }
+
     #[test]
-    fn the_gate_waits_for_the_first_counter_value() {
+    fn the_gate_acts_before_the_first_counter_value() {
+        // A storm at attach: at a 5 s counter interval, waiting for the
+        // counter's first value would leave it unbounded for 5 s.
         let mut events = ExceptionEvents::new(10);
-        // A storm before the counter's baseline is known keeps the events
-        // on: the exceptions up to then have no other count.
-        assert!((0..1_000).all(|t| !events.observe_event(t, 0, true)));
-        events.observe_counter(&count(0.0, 1_000));
-        assert!((1_001..1_100).any(|t| events.observe_event(t, 0, true)));
+        let over: Vec<bool> = (0..20).map(|i| events.observe_event(i, 0, true)).collect();
+        assert_eq!(over.iter().position(|&o| o), Some(10));
         assert_eq!(events.backoffs(), 1);
+    }
+
+    /// Counts a storm at attach: 3 events before the counter's baseline at
+    /// 10 s (the exception session starts first), then 50 events from it
+    /// until the gate turns them off, and 5,000 exceptions in all from the
+    /// baseline to the first value at 15 s. `counter_first`: the counter's
+    /// value is seen before the events (they come on another session).
+    fn storm_at_attach(counter_first: bool) -> ExceptionEvents {
+        let mut events = ExceptionEvents::new(10);
+        let baseline = 10 * S;
+        let times: Vec<u64> = (1..=3)
+            .map(|i| baseline - i * 1000)
+            .chain((1..=50).map(|i| baseline + i * 10_000_000))
+            .collect();
+        let first = first_count(5000.0, baseline + 5 * S, 5.0);
+        if counter_first {
+            events.observe_counter(&first);
+        }
+        for &t in &times {
+            events.observe_event(t, t, true);
+        }
+        if !counter_first {
+            assert_eq!(events.unobserved(), 0, "nothing before the first value");
+            events.observe_counter(&first);
+        }
+        events
+    }
+
+    #[test]
+    fn a_storm_at_attach_takes_its_totals_from_the_first_counter_value() {
+        for counter_first in [false, true] {
+            let mut events = storm_at_attach(counter_first);
+            assert_eq!(events.backoffs(), 1);
+            // 53 events and 4,950 without one: the 3 before the baseline
+            // and the 5,000 the counter saw from it.
+            assert_eq!(events.unobserved(), 4950, "counter first: {counter_first}");
+            assert_eq!(events.unobserved(), 0, "added once");
+            // The counter's next value: 700 more, all while off.
+            events.observe_counter(&count(700.0, 20 * S));
+            assert_eq!(events.unobserved(), 700);
+        }
+    }
+
+    #[test]
+    fn events_on_until_the_first_value_make_it_dropped() {
+        // The events stayed on past the first value (5 s after the
+        // baseline): the exceptions up to it are all events; the gate goes
+        // off later, and the counter's later values count the rest.
+        let mut events = ExceptionEvents::new(10);
+        for i in 0..8 {
+            events.observe_event(10 * S + i * S / 2, 0, true);
+        }
+        events.observe_counter(&first_count(8.0, 15 * S, 5.0));
+        let over: Vec<bool> = (1..=20)
+            .map(|i| events.observe_event(16 * S + i * 1000, 0, true))
+            .collect();
+        assert!(over.iter().any(|&o| o));
+        events.observe_counter(&count(500.0, 20 * S));
+        // 20 events after the first value, 500 exceptions counted.
+        assert_eq!(events.unobserved(), 480);
     }
 }

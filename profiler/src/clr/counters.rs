@@ -73,7 +73,10 @@ pub struct CounterSample {
     pub name: String,
     pub kind: CounterKind,
     pub value: f64,
-    /// The interval the runtime measured over.
+    /// The runtime's counter period, from `Series` (`Interval=5000`, in
+    /// ms), else the `IntervalSec` it measured. Not the first value's time
+    /// since the counters' baseline: .NET 8 writes `IntervalSec` 1.0 in the
+    /// first value of a 5 s period.
     pub interval_sec: f32,
     /// `MB`, `B`, `%`, `ms` or empty.
     pub display_units: String,
@@ -148,44 +151,75 @@ fn has_payload_object(fields: &[FieldDescription], depth: u32) -> bool {
         })
 }
 
-/// A field value, as far as counters need them.
-enum FieldValue {
-    Number(f64),
-    Text(String),
-    Other,
+/// The fields of a `Payload` object that make a [`CounterSample`], as read.
+#[derive(Default)]
+struct PayloadFields {
+    name: Option<String>,
+    mean: Option<f64>,
+    increment: Option<f64>,
+    /// `CounterType` is `Sum` (an incrementing counter).
+    sum: Option<bool>,
+    interval_sec: f32,
+    /// The period in `Series`, in seconds.
+    period_sec: Option<f32>,
+    display_units: String,
 }
 
-/// Reads the `Payload` object's fields in metadata order.
+impl PayloadFields {
+    /// Whether a string field is one of ours: the others (`DisplayName`,
+    /// `Metadata`) are stepped over undecoded.
+    fn wants_text(name: &str) -> bool {
+        matches!(name, "Name" | "CounterType" | "DisplayUnits" | "Series")
+    }
+
+    fn text(&mut self, name: &str, text: String) {
+        match name {
+            "Name" => self.name = Some(text),
+            "CounterType" => self.sum = Some(text == "Sum"),
+            "DisplayUnits" => self.display_units = text,
+            "Series" => {
+                self.period_sec = text
+                    .strip_prefix("Interval=")
+                    .and_then(|ms| ms.parse::<u32>().ok())
+                    .map(|ms| ms as f32 / 1000.0);
+            }
+            _ => {}
+        }
+    }
+
+    fn number(&mut self, name: &str, value: f64) {
+        match name {
+            "Mean" => self.mean = Some(value),
+            "Increment" => self.increment = Some(value),
+            "IntervalSec" => self.interval_sec = value as f32,
+            _ => {}
+        }
+    }
+}
+
+/// Reads the `Payload` object's fields in metadata order. Field names are
+/// unique within the payload object.
 fn decode_counter_payload(
     fields: &[FieldDescription],
     payload: &[u8],
 ) -> Result<CounterSample, CounterDecodeError> {
     let mut r = ByteReader::new(payload);
-    let mut name = None;
-    let mut mean = None;
-    let mut increment = None;
-    let mut counter_type = None;
-    let mut interval_sec = 0.0f32;
-    let mut display_units = String::new();
-    let mut leaves = Vec::new();
+    let mut read = PayloadFields::default();
     for field in fields {
-        read_field(&mut r, field, 0, &mut leaves)?;
+        read_field(&mut r, field, 0, &mut read)?;
     }
-    // Field names are unique within the payload object.
-    for (field_name, value) in leaves {
-        match (field_name, value) {
-            ("Name", FieldValue::Text(text)) => name = Some(text),
-            ("Mean", FieldValue::Number(value)) => mean = Some(value),
-            ("Increment", FieldValue::Number(value)) => increment = Some(value),
-            ("CounterType", FieldValue::Text(text)) => counter_type = Some(text),
-            ("IntervalSec", FieldValue::Number(value)) => interval_sec = value as f32,
-            ("DisplayUnits", FieldValue::Text(text)) => display_units = text,
-            _ => {}
-        }
-    }
+    let PayloadFields {
+        name,
+        mean,
+        increment,
+        sum,
+        interval_sec,
+        period_sec,
+        display_units,
+    } = read;
     let name = name.filter(|name| !name.is_empty());
-    let (kind, value) = match (counter_type.as_deref(), mean, increment) {
-        (Some("Sum"), _, Some(value)) | (None, None, Some(value)) => (CounterKind::Sum, value),
+    let (kind, value) = match (sum, mean, increment) {
+        (Some(true), _, Some(value)) | (None, None, Some(value)) => (CounterKind::Sum, value),
         (_, Some(value), _) => (CounterKind::Mean, value),
         (_, None, Some(value)) => (CounterKind::Sum, value),
         _ => return Err(CounterDecodeError::MissingField),
@@ -194,59 +228,49 @@ fn decode_counter_payload(
         name: name.ok_or(CounterDecodeError::MissingField)?,
         kind,
         value,
-        interval_sec,
+        interval_sec: period_sec.unwrap_or(interval_sec),
         display_units,
         time_ns: 0,
     })
 }
 
-/// Reads one field; the leaves (names and values) go to `leaves`, in
-/// payload order.
-fn read_field<'f>(
+/// Reads one field into `read`: numbers by name, strings only when
+/// [`PayloadFields::wants_text`] (the others cost no allocation).
+fn read_field(
     r: &mut ByteReader<'_>,
-    field: &'f FieldDescription,
+    field: &FieldDescription,
     depth: u32,
-    leaves: &mut Vec<(&'f str, FieldValue)>,
+    read: &mut PayloadFields,
 ) -> Result<(), CounterDecodeError> {
     let truncated = |_| CounterDecodeError::Truncated;
     let skip = |r: &mut ByteReader<'_>, len: usize| r.skip(len, "field").map_err(truncated);
-    let value = match field.type_code {
+    let number = match field.type_code {
         type_code::OBJECT if depth < 8 => {
             for nested in &field.fields {
-                read_field(r, nested, depth + 1, leaves)?;
+                read_field(r, nested, depth + 1, read)?;
             }
             return Ok(());
         }
         type_code::BOOLEAN | type_code::INT32 => {
-            FieldValue::Number(f64::from(r.u32("field").map_err(truncated)? as i32))
+            f64::from(r.u32("field").map_err(truncated)? as i32)
         }
-        type_code::UINT32 => FieldValue::Number(f64::from(r.u32("field").map_err(truncated)?)),
-        type_code::INT64 => FieldValue::Number(r.u64("field").map_err(truncated)? as i64 as f64),
-        type_code::UINT64 => FieldValue::Number(r.u64("field").map_err(truncated)? as f64),
-        type_code::SINGLE => FieldValue::Number(f64::from(f32::from_bits(
-            r.u32("field").map_err(truncated)?,
-        ))),
-        type_code::DOUBLE => FieldValue::Number(r.f64("field").map_err(truncated)?),
-        type_code::STRING => FieldValue::Text(
-            r.utf16z(MAX_COUNTER_TEXT_UNITS, "field")
-                .map_err(truncated)?,
-        ),
-        type_code::SBYTE | type_code::BYTE => {
-            skip(r, 1)?;
-            FieldValue::Other
+        type_code::UINT32 => f64::from(r.u32("field").map_err(truncated)?),
+        type_code::INT64 => r.u64("field").map_err(truncated)? as i64 as f64,
+        type_code::UINT64 => r.u64("field").map_err(truncated)? as f64,
+        type_code::SINGLE => f64::from(f32::from_bits(r.u32("field").map_err(truncated)?)),
+        type_code::DOUBLE => r.f64("field").map_err(truncated)?,
+        type_code::STRING if PayloadFields::wants_text(&field.name) => {
+            let text = r
+                .utf16z(MAX_COUNTER_TEXT_UNITS, "field")
+                .map_err(truncated)?;
+            read.text(&field.name, text);
+            return Ok(());
         }
-        type_code::CHAR | type_code::INT16 | type_code::UINT16 => {
-            skip(r, 2)?;
-            FieldValue::Other
-        }
-        type_code::DATE_TIME => {
-            skip(r, 8)?;
-            FieldValue::Other
-        }
-        type_code::DECIMAL | type_code::GUID => {
-            skip(r, 16)?;
-            FieldValue::Other
-        }
+        type_code::STRING => return r.skip_utf16z("field").map_err(truncated),
+        type_code::SBYTE | type_code::BYTE => return skip(r, 1),
+        type_code::CHAR | type_code::INT16 | type_code::UINT16 => return skip(r, 2),
+        type_code::DATE_TIME => return skip(r, 8),
+        type_code::DECIMAL | type_code::GUID => return skip(r, 16),
         type_code => {
             return Err(CounterDecodeError::UnsupportedType {
                 name: field.name.to_string(),
@@ -254,7 +278,7 @@ fn read_field<'f>(
             });
         }
     };
-    leaves.push((&field.name, value));
+    read.number(&field.name, number);
     Ok(())
 }
 
@@ -323,12 +347,16 @@ impl RuntimeCounters {
         {
             return;
         }
-        match sample.kind {
-            CounterKind::Sum => {
-                *map.entry(sample.name.clone()).or_insert(0.0) += sample.value.max(0.0);
-            }
-            CounterKind::Mean => {
-                map.insert(sample.name.clone(), sample.value);
+        let value = match sample.kind {
+            CounterKind::Sum => sample.value.max(0.0),
+            CounterKind::Mean => sample.value,
+        };
+        // The name is copied once, when the counter is first seen.
+        match map.get_mut(&sample.name) {
+            Some(slot) if sample.kind == CounterKind::Sum => *slot += value,
+            Some(slot) => *slot = value,
+            None => {
+                map.insert(sample.name.clone(), value);
             }
         }
     }

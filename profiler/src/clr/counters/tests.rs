@@ -322,3 +322,75 @@ fn captured_streams_decode_to_the_workload_counts() {
     let (net31, _) = capture_totals("netcore31.counters.nettrace.gz");
     assert!(!net31.last.contains_key("methods-jitted-count"));
 }
+
+/// A counter value of `name` measured over `interval_sec`.
+fn sample(name: &str, kind: CounterKind, value: f64, interval_sec: f32) -> CounterSample {
+    CounterSample {
+        name: name.to_owned(),
+        kind,
+        value,
+        interval_sec,
+        display_units: String::new(),
+        time_ns: 0,
+    }
+}
+
+#[test]
+fn totals_are_the_same_at_any_counter_interval() {
+    // The same 10 s of a process, as ten values a second apart and as two
+    // values 5 s apart: incrementing counters add up to the same totals,
+    // polling ones keep the last value.
+    let increments = [3.0, 0.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0, 5.0];
+    let heap = [10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 17.0, 18.0, 19.0];
+    let mut every_second = RuntimeCounters::new();
+    for (increment, heap) in increments.iter().zip(heap) {
+        every_second.observe(&sample("gen-0-gc-count", CounterKind::Sum, *increment, 1.0));
+        every_second.observe(&sample("gc-heap-size", CounterKind::Mean, heap, 1.0));
+    }
+    let mut every_5s = RuntimeCounters::new();
+    for half in increments.chunks(5) {
+        let increment = half.iter().sum();
+        every_5s.observe(&sample("gen-0-gc-count", CounterKind::Sum, increment, 5.0));
+    }
+    every_5s.observe(&sample("gc-heap-size", CounterKind::Mean, 15.0, 5.0));
+    every_5s.observe(&sample("gc-heap-size", CounterKind::Mean, 19.0, 5.0));
+    assert_eq!(every_second.snapshot(), every_5s.snapshot());
+    assert_eq!(every_5s.snapshot().totals["gen-0-gc-count"], 36.0);
+    assert_eq!(every_5s.snapshot().last["gc-heap-size"], 19.0);
+    // A negative increment or a value that is not a number changes nothing.
+    every_5s.observe(&sample("gen-0-gc-count", CounterKind::Sum, -4.0, 5.0));
+    every_5s.observe(&sample("gc-heap-size", CounterKind::Mean, f64::NAN, 5.0));
+    assert_eq!(every_second.snapshot(), every_5s.snapshot());
+}
+
+#[test]
+fn only_the_needed_strings_are_read_and_the_others_still_bounded() {
+    let provider: Arc<str> = Arc::from(RUNTIME_COUNTERS_PROVIDER);
+    let mut decoder = CounterDecoder::new();
+    decoder.on_metadata(&metadata(8, true));
+    // A display name far over the kept length is stepped over whole.
+    let mut payload = Vec::new();
+    utf16z("exception-count", &mut payload);
+    utf16z(&"x".repeat(10_000), &mut payload);
+    utf16z("00:01:00", &mut payload);
+    payload.extend(7.0f64.to_le_bytes());
+    // IntervalSec, as .NET 8 writes it in the first value of a 5 s period:
+    // the period comes from Series.
+    payload.extend(1.0f32.to_le_bytes());
+    utf16z("Interval=5000", &mut payload);
+    utf16z("Sum", &mut payload);
+    utf16z("", &mut payload);
+    utf16z("", &mut payload);
+    let decoded = decoder.decode(&record(&provider, 8, &payload)).unwrap();
+    assert_eq!(
+        decoded,
+        Ok(sample("exception-count", CounterKind::Sum, 7.0, 5.0))
+    );
+    // The same display name without its terminator.
+    let name_len = "exception-count".len() * 2 + 2;
+    let unterminated = &payload[..name_len + 10_000 * 2];
+    assert_eq!(
+        decoder.decode(&record(&provider, 8, unterminated)).unwrap(),
+        Err(CounterDecodeError::Truncated)
+    );
+}

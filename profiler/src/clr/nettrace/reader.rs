@@ -182,6 +182,22 @@ impl<'a> ByteReader<'a> {
     }
 }
 
+impl ByteReader<'_> {
+    /// Steps over a NUL-terminated UTF-16LE string without decoding it.
+    pub(crate) fn skip_utf16z(&mut self, field: &'static str) -> Result<(), ReadError> {
+        let start = self.pos;
+        let units = self.data[self.pos..]
+            .chunks_exact(2)
+            .position(|unit| unit == [0, 0])
+            .ok_or(ReadError::UnterminatedString {
+                field,
+                offset: start,
+            })?;
+        self.pos += units * 2 + 2;
+        Ok(())
+    }
+}
+
 /// Decode UTF-16LE bytes (an even count) with U+FFFD for unpaired
 /// surrogates. Plain ASCII, the common case for type and method names, takes
 /// a fast path.
