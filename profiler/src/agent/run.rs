@@ -44,15 +44,24 @@ use crate::{
         Pipeline,
         driver::{Cutter, Driver, DriverSetup, Front, StopSignal, prepare_host},
     },
+    process::priority::BackgroundPriority,
 };
 
-/// Nice value of the agent's background threads.
-const AGENT_NICE: i32 = -5;
+/// How the agent's background threads run: the EventPipe reader and the
+/// session jobs at nice -5, ahead of the host's work (a runtime drops the
+/// events of a session read too late; an exception storm's back-off must
+/// not wait); its catch-up work (unwind tables) `SCHED_IDLE`, on the CPU
+/// the host's work leaves, lifted when starved
+/// ([`crate::process::priority::lift_starved_catch_up`]).
+const AGENT_BACKGROUND: BackgroundPriority = BackgroundPriority {
+    nice: -5,
+    catch_up_idle: true,
+};
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     raise_open_files_limit();
-    for warning in prepare_host(Some(AGENT_NICE))? {
+    for warning in prepare_host(Some(AGENT_BACKGROUND))? {
         tracing::warn!("{warning}");
     }
     let metrics = AgentMetrics::new();
@@ -187,6 +196,10 @@ impl Front for AgentFront {
         }
         if self.last_metrics.elapsed() >= METRICS_EVERY {
             self.last_metrics = Instant::now();
+            // Catch-up work yields to the host's, for a bounded time.
+            crate::process::priority::lift_starved_catch_up(
+                crate::process::priority::STARVED_AFTER,
+            );
             let runtime = self.last_runtime_metrics.elapsed() >= RUNTIME_METRICS_EVERY;
             if runtime {
                 self.last_runtime_metrics = Instant::now();

@@ -659,14 +659,19 @@ pub fn parse_socket_name(name: &OsStr) -> Option<(u32, u64)> {
     Some((pid.parse().ok()?, key.parse().ok()?))
 }
 
-/// The diagnostic sockets of a directory: matching names that are sockets
-/// themselves (not symlinks).
-pub fn diagnostic_sockets_in(dir: &TargetDir) -> io::Result<Vec<SocketCandidate>> {
+/// The diagnostic sockets of process `ns_pid` in a directory: matching
+/// names that are sockets themselves (not symlinks). Only its own names
+/// are looked at: a `/tmp` shared by many .NET processes (and the stale
+/// sockets of crashed ones) would cost a `stat` each, for every process.
+pub fn diagnostic_sockets_in(dir: &TargetDir, ns_pid: u32) -> io::Result<Vec<SocketCandidate>> {
     let mut sockets = Vec::new();
     for name in dir.entries()? {
-        let Some((ns_pid, disambiguation_key)) = parse_socket_name(&name) else {
+        let Some((pid, disambiguation_key)) = parse_socket_name(&name) else {
             continue;
         };
+        if pid != ns_pid {
+            continue;
+        }
         // Gone since the listing, or not a socket: skip.
         let Ok(stat) = dir.stat(&name) else {
             continue;
@@ -723,8 +728,8 @@ pub fn find_diagnostic_socket(procfs: &ProcFs, pid: u32) -> Result<DiagnosticSoc
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not_found()),
         Err(e) => return Err(open_error(dir_path, e)),
     };
-    let candidates =
-        diagnostic_sockets_in(&dir).map_err(|e| open_error(dir.display_path().to_path_buf(), e))?;
+    let candidates = diagnostic_sockets_in(&dir, ns_pid)
+        .map_err(|e| open_error(dir.display_path().to_path_buf(), e))?;
     let chosen = choose_socket(&candidates, ns_pid, start_time).ok_or_else(not_found)?;
     Ok(DiagnosticSocket {
         host_path: dir.display_child(&chosen.name),
@@ -1481,6 +1486,28 @@ mod tests {
         assert_eq!(key(choose_socket(&candidates, 7, None)), Some(200));
         assert_eq!(key(choose_socket(&candidates, 8, None)), Some(300));
         assert_eq!(key(choose_socket(&candidates, 9, None)), None);
+    }
+
+    #[test]
+    fn only_the_process_s_own_sockets_are_listed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let _mine =
+            UnixListener::bind(dir.path().join("dotnet-diagnostic-7-100-socket")).expect("bind");
+        let _other =
+            UnixListener::bind(dir.path().join("dotnet-diagnostic-8-300-socket")).expect("bind");
+        // A regular file with a socket's name is not a socket.
+        fs::write(dir.path().join("dotnet-diagnostic-7-200-socket"), b"").expect("write");
+        let target = TargetDir::open_own(dir.path()).expect("open");
+        let names = |ns_pid| -> Vec<u64> {
+            diagnostic_sockets_in(&target, ns_pid)
+                .expect("list")
+                .iter()
+                .map(|c| c.disambiguation_key)
+                .collect()
+        };
+        assert_eq!(names(7), [100]);
+        assert_eq!(names(8), [300]);
+        assert!(names(9).is_empty());
     }
 
     /// The `status` of a fake target run by the user running the tests (who

@@ -258,7 +258,10 @@ impl Reader {
         std::thread::Builder::new()
             .name("clrbpf-events".to_owned())
             .spawn(move || {
-                crate::process::priority::enter_background_thread();
+                // A runtime drops the events of a session read too late.
+                let _priority = crate::process::priority::enter_background_thread(
+                    crate::process::priority::BackgroundWork::Stream,
+                );
                 // Waits for `READER` to hold the queue: this thread is
                 // started from inside its initialisation.
                 let reader = loop {

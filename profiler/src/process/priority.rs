@@ -1,6 +1,7 @@
 //! clrbpf's own scheduling priority: a profiler is most needed on a
 //! saturated host, where at the default priority it gets too little CPU to
-//! load its programs, drain its ring buffers and keep its samples.
+//! load its programs, drain its ring buffers and keep its samples; and an
+//! always-on agent must not take the host's CPU for work that can wait.
 //!
 //! 1. [`boost_sampling_thread`], called once on the thread that drains the
 //!    rings (the recording loop), gives it `SCHED_RR` priority 1: it runs
@@ -9,34 +10,183 @@
 //!    kernel's real-time throttling (`sched_rt_runtime_us`) bounds it anyway.
 //!    `SCHED_RESET_ON_FORK` keeps the threads it starts out of the
 //!    real-time class.
-//! 2. Those background threads (unwind tables, method rundown, EventPipe
-//!    readers) do seconds of CPU work at start-up; they call
-//!    [`enter_background_thread`] to run at the chosen nice value, ahead of
-//!    ordinary work but behind the loop, so their work never delays a
-//!    sample (until a process's unwind tables are built, its stacks are
-//!    walked by frame pointers).
+//! 2. Those background threads call [`enter_background_thread`] first,
+//!    saying what they do ([`BackgroundWork`]):
+//!    - a thread that keeps pace with a stream (the EventPipe reader, whose
+//!      runtime drops events when it falls behind) runs at the chosen nice
+//!      value, ahead of ordinary work but behind the loop;
+//!    - catch-up work (the unwind tables: seconds of CPU at a start, then
+//!      a little per new process) runs at the same nice value in `record`,
+//!      which wants it done at once, and `SCHED_IDLE` in the agent
+//!      ([`BackgroundPriority::catch_up_idle`]): it takes the CPU the
+//!      host's own work leaves, so an agent's start costs a busy service
+//!      next to nothing. Until a process's tables are built, its stacks
+//!      are copied and unwound later, or walked by frame pointers; in a
+//!      cgroup of its own (a Kubernetes pod) the agent still gets its
+//!      cgroup's share, which `SCHED_IDLE` only orders within.
+//! 3. Yielding is bounded: [`lift_starved_catch_up`], called by the loop
+//!    about every second, lifts a catch-up thread that has waited
+//!    [`STARVED_AFTER`] on a run queue since it last slept to the nice
+//!    value, and puts it back once it sleeps again (it caught up). A
+//!    saturated host gets its tables late, not never.
+//! 4. At the end, [`hurry_catch_up`] lifts the catch-up threads for good:
+//!    the last tables and copied stacks must not wait for an idle CPU.
 //!
-//! Both need `CAP_SYS_NICE`; without it clrbpf warns and runs as started.
+//! All of it needs `CAP_SYS_NICE`; without it clrbpf warns and runs as
+//! started.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{
+    Mutex,
+    atomic::{AtomicBool, AtomicI32, Ordering},
+};
 
 /// The nice value background threads take; 0 leaves them as started.
 static BACKGROUND_NICE: AtomicI32 = AtomicI32::new(0);
+/// Whether catch-up threads run `SCHED_IDLE` (until [`hurry_catch_up`]).
+static CATCH_UP_IDLE: AtomicBool = AtomicBool::new(false);
+/// Set by [`hurry_catch_up`]: catch-up threads started later take the nice
+/// value at once.
+static HURRIED: AtomicBool = AtomicBool::new(false);
+/// The catch-up threads that idle (until [`hurry_catch_up`]). A thread
+/// leaves the list before it exits ([`BackgroundThread`]'s drop), so the
+/// functions here, which hold the lock, never touch a thread id the kernel
+/// may have given to someone else.
+static IDLE_THREADS: Mutex<Vec<IdleThread>> = Mutex::new(Vec::new());
+
+/// Run-queue wait, since it last slept, after which a `SCHED_IDLE`
+/// catch-up thread is lifted to the nice value.
+pub const STARVED_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+/// A lifted thread that ran less than this between two checks sleeps
+/// mostly: it caught up and idles again. Also the wait below which a
+/// thread counts as not kept waiting.
+const RESTED_NS: u64 = 10_000_000;
+
+/// A catch-up thread that idles, and how long it has waited.
+#[derive(Clone, Copy, Debug)]
+struct IdleThread {
+    tid: libc::pid_t,
+    starvation: Starvation,
+    /// Its `schedstat` (run, wait ns) at the last check.
+    last: Option<(u64, u64)>,
+}
+
+/// Where a catch-up thread stands between two checks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Starvation {
+    /// Run-queue wait since it last slept, in ns.
+    waited_ns: u64,
+    /// Runs at the nice value until it sleeps again.
+    lifted: bool,
+}
+
+/// What a check does to a thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StarvationAction {
+    None,
+    Lift,
+    Idle,
+}
+
+impl Starvation {
+    /// The state after a check that saw the thread run `ran_ns` and wait
+    /// `waited_ns` on a run queue since the last one.
+    fn check(self, ran_ns: u64, waited_ns: u64, limit_ns: u64) -> (Self, StarvationAction) {
+        let kept_waiting = waited_ns >= RESTED_NS;
+        if self.lifted {
+            return if ran_ns < RESTED_NS && !kept_waiting {
+                (Self::default(), StarvationAction::Idle)
+            } else {
+                (self, StarvationAction::None)
+            };
+        }
+        if !kept_waiting {
+            // It got the CPU it wanted, or slept.
+            return (Self::default(), StarvationAction::None);
+        }
+        let waited_ns = self.waited_ns.saturating_add(waited_ns);
+        if waited_ns >= limit_ns {
+            (
+                Self {
+                    waited_ns: 0,
+                    lifted: true,
+                },
+                StarvationAction::Lift,
+            )
+        } else {
+            (
+                Self {
+                    waited_ns,
+                    lifted: false,
+                },
+                StarvationAction::None,
+            )
+        }
+    }
+}
 
 /// `sched_priority` of the sampling loop: the lowest real-time priority,
 /// below every real-time thread of the host.
 const SAMPLING_RT_PRIORITY: i32 = 1;
 
+/// How clrbpf's threads other than the loop run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackgroundPriority {
+    /// Nice value of the background threads (catch-up work too, unless
+    /// `catch_up_idle`).
+    pub nice: i32,
+    /// Catch-up work runs `SCHED_IDLE` (the agent).
+    pub catch_up_idle: bool,
+}
+
+/// What a background thread does, which decides how it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackgroundWork {
+    /// Keeps pace with a stream that loses data when it falls behind, or
+    /// controls what a target pays (the EventPipe sessions).
+    Stream,
+    /// Work that may wait for an idle CPU: unwind tables.
+    CatchUp,
+}
+
+/// The scheduling a background thread takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ThreadPolicy {
+    /// As started.
+    Unchanged,
+    /// `SCHED_OTHER` at this nice value.
+    Nice(i32),
+    /// `SCHED_IDLE`.
+    Idle,
+}
+
+/// How a thread doing `work` runs, given the chosen nice value, whether
+/// catch-up work idles, and whether the end has hurried it.
+fn policy_for(work: BackgroundWork, nice: i32, catch_up_idle: bool, hurried: bool) -> ThreadPolicy {
+    match work {
+        BackgroundWork::CatchUp if catch_up_idle && !hurried => ThreadPolicy::Idle,
+        _ if nice == 0 => ThreadPolicy::Unchanged,
+        _ => ThreadPolicy::Nice(nice),
+    }
+}
+
 /// Raises the calling thread (the recording loop) to `SCHED_RR` and sets
-/// `nice` for the background threads. Returns a warning when the host does
+/// how the background threads run. Returns a warning when the host does
 /// not allow it.
-pub fn boost_sampling_thread(nice: i32) -> Result<(), String> {
+pub fn boost_sampling_thread(background: BackgroundPriority) -> Result<(), String> {
+    let BackgroundPriority {
+        nice,
+        catch_up_idle,
+    } = background;
     BACKGROUND_NICE.store(nice, Ordering::Relaxed);
     let mut problems = Vec::new();
     // The nice value first: it is what SCHED_OTHER falls back to if the
     // real-time class is refused.
-    if let Err(e) = set_nice(nice) {
-        problems.push(format!("nice {nice}: {e}"));
+    match set_nice(0, nice) {
+        // Catch-up threads idle only where they can be lifted again
+        // (leaving SCHED_IDLE takes CAP_SYS_NICE too): without it
+        // everything runs as started.
+        Ok(()) => CATCH_UP_IDLE.store(catch_up_idle, Ordering::Relaxed),
+        Err(e) => problems.push(format!("nice {nice}: {e}")),
     }
     let param = libc::sched_param {
         sched_priority: SAMPLING_RT_PRIORITY,
@@ -56,22 +206,153 @@ pub fn boost_sampling_thread(nice: i32) -> Result<(), String> {
     ))
 }
 
-/// Called first on every background thread: takes the nice value chosen by
-/// [`boost_sampling_thread`] (a thread started by a real-time thread with
-/// `SCHED_RESET_ON_FORK` starts at nice 0). Best effort.
-pub fn enter_background_thread() {
-    let nice = BACKGROUND_NICE.load(Ordering::Relaxed);
-    if nice != 0 {
-        // Failure was reported by boost_sampling_thread already.
-        let _ = set_nice(nice);
+/// Held by a background thread for its life: a `SCHED_IDLE` catch-up
+/// thread leaves [`IDLE_THREADS`] when it is dropped.
+#[must_use = "a catch-up thread stays listed only while this lives"]
+pub struct BackgroundThread {
+    idle_tid: Option<libc::pid_t>,
+}
+
+impl Drop for BackgroundThread {
+    fn drop(&mut self) {
+        if let Some(tid) = self.idle_tid {
+            lock_idle_threads().retain(|t| t.tid != tid);
+        }
     }
 }
 
-/// Sets the calling thread's nice value (Linux keeps one per thread).
-fn set_nice(nice: i32) -> std::io::Result<()> {
-    // SAFETY: setpriority has no memory preconditions; who = 0 with
-    // PRIO_PROCESS is the calling thread on Linux.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+/// Called first on every background thread: takes the scheduling chosen
+/// by [`boost_sampling_thread`] for `work` (a thread started by a
+/// real-time thread with `SCHED_RESET_ON_FORK` starts at nice 0). Best
+/// effort: a failure was reported by [`boost_sampling_thread`] already.
+pub fn enter_background_thread(work: BackgroundWork) -> BackgroundThread {
+    let nice = BACKGROUND_NICE.load(Ordering::Relaxed);
+    let catch_up_idle = CATCH_UP_IDLE.load(Ordering::Relaxed);
+    // The list's lock orders this against hurry_catch_up: a thread either
+    // is listed before the hurry, or sees HURRIED set.
+    let mut idle_threads = lock_idle_threads();
+    match policy_for(work, nice, catch_up_idle, HURRIED.load(Ordering::Relaxed)) {
+        ThreadPolicy::Idle => {
+            if set_idle(0).is_ok() {
+                // SAFETY: gettid has no preconditions.
+                let tid = unsafe { libc::gettid() };
+                idle_threads.push(IdleThread {
+                    tid,
+                    starvation: Starvation::default(),
+                    last: None,
+                });
+                return BackgroundThread {
+                    idle_tid: Some(tid),
+                };
+            }
+        }
+        ThreadPolicy::Nice(nice) => {
+            let _ = set_nice(0, nice);
+        }
+        ThreadPolicy::Unchanged => {}
+    }
+    BackgroundThread { idle_tid: None }
+}
+
+/// Lifts every `SCHED_IDLE` catch-up thread, and those started from now
+/// on, to the background nice value: the end of a run must not wait for
+/// an idle CPU. Best effort.
+pub fn hurry_catch_up() {
+    let mut idle_threads = lock_idle_threads();
+    HURRIED.store(true, Ordering::Relaxed);
+    let nice = BACKGROUND_NICE.load(Ordering::Relaxed);
+    for thread in idle_threads.drain(..) {
+        lift(thread.tid, nice);
+    }
+}
+
+/// Lifts the `SCHED_IDLE` catch-up threads that waited `limit`
+/// ([`STARVED_AFTER`]) on a run queue since they last slept to the nice
+/// value, and puts the lifted ones that sleep again back. Called by the
+/// loop about every second: a few `schedstat` reads.
+pub fn lift_starved_catch_up(limit: std::time::Duration) {
+    let limit_ns = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
+    let nice = BACKGROUND_NICE.load(Ordering::Relaxed);
+    for thread in lock_idle_threads().iter_mut() {
+        let Some(now) = schedstat(thread.tid) else {
+            continue;
+        };
+        let Some((run, wait)) = thread.last.replace(now) else {
+            continue;
+        };
+        let (ran_ns, waited_ns) = (now.0.saturating_sub(run), now.1.saturating_sub(wait));
+        let (starvation, action) = thread.starvation.check(ran_ns, waited_ns, limit_ns);
+        thread.starvation = starvation;
+        match action {
+            StarvationAction::Lift => {
+                tracing::debug!(
+                    tid = thread.tid,
+                    "catch-up thread starved: lifted to nice {nice}"
+                );
+                lift(thread.tid, nice);
+            }
+            StarvationAction::Idle => {
+                let _ = set_idle(thread.tid);
+            }
+            StarvationAction::None => {}
+        }
+    }
+}
+
+/// Moves thread `tid` from `SCHED_IDLE` to `SCHED_OTHER` at `nice`.
+fn lift(tid: libc::pid_t, nice: i32) {
+    if let Err(error) = set_other(tid) {
+        tracing::debug!(tid, %error, "could not lift a catch-up thread out of SCHED_IDLE");
+        return;
+    }
+    let _ = set_nice(tid, nice);
+}
+
+/// `(run, run-queue wait)` ns of thread `tid` of this process, from
+/// `/proc/self/task/TID/schedstat`.
+fn schedstat(tid: libc::pid_t) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+    Some((fields.next()??, fields.next()??))
+}
+
+fn lock_idle_threads() -> std::sync::MutexGuard<'static, Vec<IdleThread>> {
+    // A thread that panicked while holding it left a valid list.
+    IDLE_THREADS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Puts thread `tid` (0: the calling thread) in `SCHED_IDLE`.
+#[doc(alias = "SCHED_IDLE")]
+fn set_idle(tid: libc::pid_t) -> std::io::Result<()> {
+    set_scheduler(tid, libc::SCHED_IDLE)
+}
+
+/// Puts thread `tid` back in `SCHED_OTHER`.
+fn set_other(tid: libc::pid_t) -> std::io::Result<()> {
+    set_scheduler(tid, libc::SCHED_OTHER)
+}
+
+fn set_scheduler(tid: libc::pid_t, policy: libc::c_int) -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param; `tid` is 0 or a thread of
+    // this process that is still listed (so still alive).
+    let rc = unsafe { libc::sched_setscheduler(tid, policy, &param) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Sets the nice value of thread `tid` (0: the calling thread; Linux
+/// keeps one per thread).
+fn set_nice(tid: libc::pid_t, nice: i32) -> std::io::Result<()> {
+    let who = libc::id_t::try_from(tid).unwrap_or(0);
+    // SAFETY: setpriority has no memory preconditions; with PRIO_PROCESS,
+    // `who` is a thread id on Linux (0: the calling thread).
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, who, nice) };
     if rc == 0 {
         Ok(())
     } else {
@@ -86,29 +367,225 @@ pub fn current_policy() -> i32 {
     unsafe { libc::sched_getscheduler(0) & !libc::SCHED_RESET_ON_FORK }
 }
 
+/// The nice value of thread `tid` (0: the calling thread).
+#[cfg(test)]
+fn nice_of(tid: libc::pid_t) -> i32 {
+    let who = libc::id_t::try_from(tid).unwrap_or(0);
+    // SAFETY: getpriority has no preconditions.
+    unsafe { libc::getpriority(libc::PRIO_PROCESS, who) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Needs CAP_SYS_NICE: `cargo xtask test` runs it as root.
+    #[test]
+    fn catch_up_work_idles_only_in_the_agent_and_until_the_end() {
+        use BackgroundWork::{CatchUp, Stream};
+        // record: everything at the chosen nice value.
+        assert_eq!(
+            policy_for(CatchUp, -10, false, false),
+            ThreadPolicy::Nice(-10)
+        );
+        assert_eq!(
+            policy_for(Stream, -10, false, false),
+            ThreadPolicy::Nice(-10)
+        );
+        // The agent: catch-up work idles, streams keep pace.
+        assert_eq!(policy_for(CatchUp, -5, true, false), ThreadPolicy::Idle);
+        assert_eq!(policy_for(Stream, -5, true, false), ThreadPolicy::Nice(-5));
+        // After the end's hurry, catch-up work takes the nice value too.
+        assert_eq!(policy_for(CatchUp, -5, true, true), ThreadPolicy::Nice(-5));
+        // --no-priority-boost (nice 0, no idling) leaves threads alone.
+        assert_eq!(
+            policy_for(CatchUp, 0, false, false),
+            ThreadPolicy::Unchanged
+        );
+        assert_eq!(policy_for(Stream, 0, true, false), ThreadPolicy::Unchanged);
+    }
+
+    #[test]
+    fn a_catch_up_thread_is_lifted_after_waiting_long_enough_and_idles_once_it_sleeps() {
+        const MS: u64 = 1_000_000;
+        let limit = 3_000 * MS;
+        let start = Starvation::default();
+        // Kept waiting 0.9 s a second: lifted at the fourth check.
+        let (s1, a1) = start.check(100 * MS, 900 * MS, limit);
+        let (s2, a2) = s1.check(100 * MS, 900 * MS, limit);
+        let (s3, a3) = s2.check(100 * MS, 900 * MS, limit);
+        assert_eq!(
+            (a1, a2, a3),
+            (
+                StarvationAction::None,
+                StarvationAction::None,
+                StarvationAction::None
+            )
+        );
+        assert_eq!(s3.waited_ns, 2_700 * MS);
+        let (lifted, action) = s3.check(100 * MS, 900 * MS, limit);
+        assert_eq!(action, StarvationAction::Lift);
+        assert!(lifted.lifted);
+        // Lifted and busy: stays lifted.
+        let (busy, action) = lifted.check(900 * MS, 5 * MS, limit);
+        assert_eq!((busy.lifted, action), (true, StarvationAction::None));
+        // It sleeps: idles again, with nothing owed.
+        let (rested, action) = busy.check(MS, 0, limit);
+        assert_eq!(
+            (rested, action),
+            (Starvation::default(), StarvationAction::Idle)
+        );
+        // A thread that gets its CPU between waits starts counting again.
+        let (s1, _) = start.check(100 * MS, 900 * MS, limit);
+        let (s2, a2) = s1.check(300 * MS, 2 * MS, limit);
+        assert_eq!((s2, a2), (Starvation::default(), StarvationAction::None));
+    }
+
+    /// A catch-up thread and a busy thread on one CPU: the catch-up thread
+    /// starves, is lifted by [`lift_starved_catch_up`], and idles again
+    /// once it sleeps. Part of the root test below (the settings are the
+    /// process's).
+    fn starved_thread_is_lifted_then_idles() {
+        let cpu = first_allowed_cpu();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let busy = {
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                set_affinity(cpu);
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let (sleep_tx, sleep_rx) = std::sync::mpsc::channel::<()>();
+        let (policy_tx, policy_rx) = std::sync::mpsc::channel();
+        let catch_up = std::thread::spawn(move || {
+            set_affinity(cpu);
+            let _thread = enter_background_thread(BackgroundWork::CatchUp);
+            // Runnable all the time until told to sleep.
+            let until_lifted = std::time::Instant::now();
+            while current_policy() == libc::SCHED_IDLE
+                && until_lifted.elapsed() < std::time::Duration::from_secs(20)
+            {
+                std::hint::spin_loop();
+            }
+            policy_tx.send(current_policy()).expect("main side");
+            let _ = sleep_rx.recv();
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            policy_tx.send(current_policy()).expect("main side");
+        });
+        let limit = std::time::Duration::from_millis(500);
+        let lifted = loop {
+            lift_starved_catch_up(limit);
+            if let Ok(policy) = policy_rx.recv_timeout(std::time::Duration::from_millis(200)) {
+                break policy;
+            }
+        };
+        assert_eq!(
+            lifted,
+            libc::SCHED_OTHER,
+            "a starved catch-up thread is lifted"
+        );
+        stop.store(true, Ordering::Relaxed);
+        busy.join().expect("busy thread");
+        sleep_tx.send(()).expect("catch-up thread");
+        // It sleeps 1.5 s: two checks see it rested.
+        for _ in 0..6 {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            lift_starved_catch_up(limit);
+        }
+        let rested = policy_rx.recv().expect("catch-up thread");
+        catch_up.join().expect("catch-up thread");
+        assert_eq!(
+            rested,
+            libc::SCHED_IDLE,
+            "a lifted thread that sleeps idles again"
+        );
+    }
+
+    /// The first CPU this thread may run on.
+    fn first_allowed_cpu() -> usize {
+        // SAFETY: a zeroed cpu_set_t is valid; pid 0 is the calling thread.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid, writable cpu_set_t of the given size.
+        let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
+        assert_eq!(rc, 0, "sched_getaffinity");
+        // SAFETY: CPU_ISSET reads `set` only.
+        (0..libc::CPU_SETSIZE as usize)
+            .find(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+            .expect("some CPU")
+    }
+
+    fn set_affinity(cpu: usize) {
+        // SAFETY: a zeroed cpu_set_t is valid.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` is below CPU_SETSIZE (it came from CPU_ISSET).
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        // SAFETY: `set` is a valid cpu_set_t; pid 0 is the calling thread.
+        let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+        assert_eq!(rc, 0, "sched_setaffinity");
+    }
+
+    /// Needs CAP_SYS_NICE: `cargo xtask test` runs it as root. One test
+    /// for the whole sequence: the settings are the process's.
     #[test]
     #[ignore = "needs root"]
-    fn the_loop_is_real_time_and_its_helpers_are_not() {
+    fn the_loop_is_real_time_its_catch_up_threads_idle_until_hurried() {
         let handle = std::thread::spawn(|| {
-            boost_sampling_thread(-7).expect("root may raise its priority");
+            boost_sampling_thread(BackgroundPriority {
+                nice: -7,
+                catch_up_idle: true,
+            })
+            .expect("root may raise its priority");
             assert_eq!(current_policy(), libc::SCHED_RR);
-            let helper = std::thread::spawn(|| {
+            let stream = std::thread::spawn(|| {
                 let before = current_policy();
-                enter_background_thread();
-                // SAFETY: getpriority has no preconditions.
-                let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
-                (before, nice)
+                let _thread = enter_background_thread(BackgroundWork::Stream);
+                (before, current_policy(), nice_of(0))
             })
             .join()
-            .expect("helper");
-            assert_eq!(helper, (libc::SCHED_OTHER, -7));
+            .expect("stream thread");
+            assert_eq!(stream, (libc::SCHED_OTHER, libc::SCHED_OTHER, -7));
+            // A catch-up thread that ends leaves the idle list.
+            let short = std::thread::spawn(|| {
+                let _thread = enter_background_thread(BackgroundWork::CatchUp);
+                current_policy()
+            })
+            .join()
+            .expect("short catch-up thread");
+            assert_eq!(short, libc::SCHED_IDLE);
+            assert!(lock_idle_threads().is_empty());
+            // A catch-up thread idles until the hurry, then runs at the
+            // nice value; one started after the hurry starts there.
+            let (entered, go) = std::sync::mpsc::channel();
+            let (hurried, done) = std::sync::mpsc::channel::<()>();
+            let catch_up = std::thread::spawn(move || {
+                let _thread = enter_background_thread(BackgroundWork::CatchUp);
+                entered.send(current_policy()).expect("main side");
+                done.recv().expect("main side");
+                (current_policy(), nice_of(0))
+            });
+            assert_eq!(go.recv().expect("catch-up thread"), libc::SCHED_IDLE);
+            assert_eq!(lock_idle_threads().len(), 1);
+            hurry_catch_up();
+            hurried.send(()).expect("catch-up thread");
+            assert_eq!(
+                catch_up.join().expect("catch-up thread"),
+                (libc::SCHED_OTHER, -7)
+            );
+            let late = std::thread::spawn(|| {
+                let _thread = enter_background_thread(BackgroundWork::CatchUp);
+                (current_policy(), nice_of(0))
+            })
+            .join()
+            .expect("late catch-up thread");
+            assert_eq!(late, (libc::SCHED_OTHER, -7));
+            assert!(lock_idle_threads().is_empty());
+            HURRIED.store(false, Ordering::Relaxed);
+            starved_thread_is_lifted_then_idles();
         });
         handle.join().expect("boosted thread");
         BACKGROUND_NICE.store(0, Ordering::Relaxed);
+        CATCH_UP_IDLE.store(false, Ordering::Relaxed);
+        HURRIED.store(false, Ordering::Relaxed);
     }
 }
