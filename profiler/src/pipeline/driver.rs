@@ -446,8 +446,12 @@ impl Driver {
             period_ns,
             parts: 0,
         };
-        front.finish(&mut cutter, end)?;
+        let written = front.finish(&mut cutter, end);
         stage.done("profile written");
+        // What is left is to report and exit: no thread of clrbpf is to
+        // keep the process waiting for the CPU to end.
+        crate::process::exit::hurry_threads_to_exit();
+        written?;
         let mut summary = std::mem::take(&mut pipeline.summary);
         summary.off_cpu_other_threads = (off_cpu_totals.other_threads, off_cpu_totals.others);
         summary.off_cpu_threads = off_cpu_threads(
