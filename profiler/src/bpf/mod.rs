@@ -12,6 +12,7 @@ pub mod unwind_maps;
 mod unwind_rows;
 mod unwind_worker;
 
+pub use stack_copies::StackCopyStats;
 pub use unwind_maps::{UnwindMaps, UnwindMapsStats, UnwindMemory};
 pub use unwind_worker::{UnwindReport, UnwindWorker};
 

@@ -8,6 +8,13 @@
 //! never come (the process exited first, the worker is saturated) keeps
 //! the kernel's frame-pointer walk, counted. Held copies are bounded in
 //! bytes.
+//!
+//! The record loop keeps the frame-pointer walk of every copy it sent
+//! ([`CopiesOut`]): the end of a recording takes back what the worker
+//! answered by then and keeps those walks for the rest. On a saturated
+//! host the worker can be seconds behind (hundreds of processes to index
+//! at a few percent of a CPU), and the end neither waits for it nor loses
+//! the samples it still holds.
 
 use std::{
     collections::HashMap,
@@ -15,7 +22,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use std::sync::Arc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
 
 use clrbpf_common::{
     RawSampleEvent, STACK_COPY_BYTES, STACK_COPY_RECORD_HEADER, SampleKind, StackCopyHeader,
@@ -45,38 +55,55 @@ pub struct StackCopyStats {
     /// Of those, walks that still met code outside the index (after
     /// [`WAIT_FOR_TABLES`]) and stepped it by frame pointer.
     pub unwound_unindexed: u64,
-    /// Kept with the frame-pointer walk: the process was never indexed.
+    /// Kept with the frame-pointer walk: the process was not indexed in
+    /// time (or the worker had not come to it when the recording ended).
     pub without_tables: u64,
     /// Kept with the frame-pointer walk: too many bytes held.
     pub over_memory: u64,
 }
 
+/// A copy on its way to the worker, with the number [`CopiesOut`] gave it.
+pub(super) struct SentCopy {
+    pub id: u64,
+    pub copy: CopiedSample,
+}
+
+/// What the worker did with a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CopyOutcome {
+    /// Walked with the tables; `unindexed`: the walk still met code
+    /// outside the index and stepped it by frame pointer.
+    Unwound { unindexed: bool },
+    /// Given back with its frame-pointer walk: no tables in time.
+    WithoutTables,
+}
+
+/// A copy the worker is done with: its sample, unwound or not.
+pub(super) struct ReplayedCopy {
+    pub id: u64,
+    pub sample: RawSample,
+    pub outcome: CopyOutcome,
+}
+
 /// A copy and when it came.
 struct HeldCopy {
+    id: u64,
     copy: CopiedSample,
     since: Instant,
 }
 
-/// The copies waiting for their processes' tables.
+/// The copies waiting for their processes' tables (the worker's side).
 pub(super) struct CopyReplayer {
     waiting: HashMap<u32, Vec<HeldCopy>>,
-    held_bytes: usize,
-    done: Sender<Vec<RawSample>>,
-    stats: StackCopyStats,
+    done: Sender<Vec<ReplayedCopy>>,
 }
 
 impl CopyReplayer {
-    pub(super) fn new(done: Sender<Vec<RawSample>>) -> Self {
+    pub(super) fn new(done: Sender<Vec<ReplayedCopy>>) -> Self {
         Self {
             waiting: HashMap::new(),
-            held_bytes: 0,
             done,
-            stats: StackCopyStats::default(),
         }
-    }
-
-    pub(super) fn stats(&self) -> StackCopyStats {
-        self.stats
     }
 
     /// When the held copies should be tried again.
@@ -90,25 +117,28 @@ impl CopyReplayer {
 
     /// Holds `copies` and indexes their processes now (the record loop
     /// asked for it too, but its request may be queued behind others).
-    pub(super) fn add(&mut self, maps: &mut UnwindMaps, copies: Vec<CopiedSample>) {
+    /// [`CopiesOut`] bounds the bytes sent, so none is refused here. Once
+    /// `ending` is set (the end of a recording, which takes back the copies
+    /// it does not wait for), no more processes are indexed.
+    pub(super) fn add(
+        &mut self,
+        maps: &mut UnwindMaps,
+        copies: Vec<SentCopy>,
+        ending: &AtomicBool,
+    ) {
         let now = Instant::now();
-        let mut given_back = Vec::new();
-        for copy in copies {
-            let bytes = copy.held_bytes();
-            if self.held_bytes + bytes > MAX_HELD_BYTES {
-                self.stats.over_memory += 1;
-                given_back.push(copy.sample);
-                continue;
-            }
-            self.held_bytes += bytes;
+        for SentCopy { id, copy } in copies {
             let pid = copy.sample.pid;
             let held = self.waiting.entry(pid).or_default();
-            if held.is_empty() {
+            if held.is_empty() && !ending.load(Ordering::Relaxed) {
                 maps.track_process(pid);
             }
-            held.push(HeldCopy { copy, since: now });
+            held.push(HeldCopy {
+                id,
+                copy,
+                since: now,
+            });
         }
-        self.give_back(given_back);
         self.replay(maps, false);
     }
 
@@ -133,9 +163,11 @@ impl CopyReplayer {
                 let waited = h.since.elapsed() >= WAIT_FOR_TABLES || all || gone;
                 let Some((mappings, scanned_at)) = index.as_ref() else {
                     if waited {
-                        self.stats.without_tables += 1;
-                        self.held_bytes -= h.copy.held_bytes();
-                        out.push(h.copy.sample);
+                        out.push(ReplayedCopy {
+                            id: h.id,
+                            sample: h.copy.sample,
+                            outcome: CopyOutcome::WithoutTables,
+                        });
                     } else {
                         kept.push(h);
                     }
@@ -150,13 +182,16 @@ impl CopyReplayer {
                     kept.push(h);
                     continue;
                 }
-                self.stats.unwound += 1;
-                self.stats.unwound_unindexed += u64::from(walk.unindexed);
-                self.held_bytes -= h.copy.held_bytes();
                 let mut sample = h.copy.sample;
                 sample.user_stack_truncated = walk.error == Some(UnwindError::TooDeep);
                 sample.user_stack = walk.frames;
-                out.push(sample);
+                out.push(ReplayedCopy {
+                    id: h.id,
+                    sample,
+                    outcome: CopyOutcome::Unwound {
+                        unindexed: walk.unindexed,
+                    },
+                });
             }
             *held = kept;
         }
@@ -169,11 +204,98 @@ impl CopyReplayer {
         self.give_back(out);
     }
 
-    fn give_back(&self, samples: Vec<RawSample>) {
-        if !samples.is_empty() {
+    fn give_back(&self, copies: Vec<ReplayedCopy>) {
+        if !copies.is_empty() {
             // The receiver is gone only when the recording is over.
-            let _ = self.done.send(samples);
+            let _ = self.done.send(copies);
         }
+    }
+}
+
+/// The record loop's side of the copies: the frame-pointer walk of each
+/// one sent to the worker and not answered yet, the bytes they hold on
+/// their way and in the worker, and what became of them.
+#[derive(Default)]
+pub(super) struct CopiesOut {
+    next_id: u64,
+    /// By id: the sample as the kernel walked it, and the bytes its copy
+    /// holds.
+    fallbacks: HashMap<u64, (RawSample, usize)>,
+    bytes: usize,
+    stats: StackCopyStats,
+}
+
+impl CopiesOut {
+    /// Numbers `copies` for the worker, keeping each one's frame-pointer
+    /// walk; past [`MAX_HELD_BYTES`] on their way or held (a worker that
+    /// falls behind), a copy keeps its walk at once, into `kept`.
+    pub(super) fn send(
+        &mut self,
+        copies: Vec<CopiedSample>,
+        kept: &mut Vec<RawSample>,
+    ) -> Vec<SentCopy> {
+        let mut sent = Vec::with_capacity(copies.len());
+        for copy in copies {
+            let bytes = copy.held_bytes();
+            if self.bytes + bytes > MAX_HELD_BYTES {
+                self.stats.over_memory += 1;
+                kept.push(copy.sample);
+                continue;
+            }
+            self.bytes += bytes;
+            let id = self.next_id;
+            self.next_id += 1;
+            self.fallbacks.insert(id, (copy.sample.clone(), bytes));
+            sent.push(SentCopy { id, copy });
+        }
+        sent
+    }
+
+    /// Takes in what the worker answered, into `out`; an answer for a
+    /// copy already given back by [`Self::abandon`] is dropped.
+    pub(super) fn answered(&mut self, answers: Vec<ReplayedCopy>, out: &mut Vec<RawSample>) {
+        for ReplayedCopy {
+            id,
+            sample,
+            outcome,
+        } in answers
+        {
+            let Some((_, bytes)) = self.fallbacks.remove(&id) else {
+                continue;
+            };
+            self.bytes -= bytes;
+            match outcome {
+                CopyOutcome::Unwound { unindexed } => {
+                    self.stats.unwound += 1;
+                    self.stats.unwound_unindexed += u64::from(unindexed);
+                }
+                CopyOutcome::WithoutTables => self.stats.without_tables += 1,
+            }
+            out.push(sample);
+        }
+    }
+
+    /// The end of a recording: every copy not answered keeps its
+    /// frame-pointer walk, in time order.
+    pub(super) fn abandon(&mut self) -> Vec<RawSample> {
+        let mut kept: Vec<RawSample> = self
+            .fallbacks
+            .drain()
+            .map(|(_, (sample, _))| sample)
+            .collect();
+        kept.sort_by_key(|s| s.time_ns);
+        self.stats.without_tables += kept.len() as u64;
+        self.bytes = 0;
+        kept
+    }
+
+    /// Copies sent and not answered yet.
+    pub(super) fn outstanding(&self) -> usize {
+        self.fallbacks.len()
+    }
+
+    pub(super) fn stats(&self) -> StackCopyStats {
+        self.stats
     }
 }
 
@@ -200,4 +322,114 @@ pub(super) fn decode(
         code: (header.code_len == 8).then_some(header.code),
         stack: stack.to_vec(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clrbpf_common::unwind::UnwindRegs;
+
+    use super::*;
+
+    /// A copy of pid 7's stack taken at `time_ns`, `stack_bytes` long,
+    /// whose frame-pointer walk is `[0xf00, time_ns]`.
+    fn copy(time_ns: u64, stack_bytes: usize) -> CopiedSample {
+        CopiedSample {
+            sample: RawSample {
+                time_ns,
+                pid: 7,
+                tid: 7,
+                cpu: 0,
+                kind: SampleKind::OnCpu,
+                value: 10,
+                thread_name: Arc::from("t"),
+                kernel_stack: Vec::new(),
+                user_stack: vec![0xf00, time_ns],
+                kernel_stack_truncated: false,
+                user_stack_truncated: false,
+                off_cpu: None,
+            },
+            regs: UnwindRegs {
+                pc: 0xf00,
+                sp: 0x7ff0_0000,
+                fp: 0,
+                lr: 0,
+            },
+            code: None,
+            stack: vec![0; stack_bytes],
+        }
+    }
+
+    fn answer(sent: SentCopy, outcome: CopyOutcome) -> ReplayedCopy {
+        let mut sample = sent.copy.sample;
+        if let CopyOutcome::Unwound { .. } = outcome {
+            sample.user_stack = vec![0xf00, 0xa, 0xb, 0xc];
+        }
+        ReplayedCopy {
+            id: sent.id,
+            sample,
+            outcome,
+        }
+    }
+
+    #[test]
+    fn copies_the_worker_has_not_answered_keep_their_frame_pointer_walks_at_the_end() {
+        let mut out = CopiesOut::default();
+        let mut done = Vec::new();
+        let mut sent = out.send((1..=4).map(|t| copy(t, 512)).collect(), &mut done);
+        assert!(done.is_empty());
+        assert_eq!(out.outstanding(), 4);
+        // The worker answers two of them (one unwound, one without tables)
+        // and is still busy with the others when the recording ends.
+        let second = sent.remove(1);
+        let first = sent.remove(0);
+        out.answered(
+            vec![
+                answer(first, CopyOutcome::Unwound { unindexed: false }),
+                answer(second, CopyOutcome::WithoutTables),
+            ],
+            &mut done,
+        );
+        assert_eq!(done.len(), 2);
+        assert_eq!(done[0].user_stack, [0xf00, 0xa, 0xb, 0xc]);
+        assert_eq!(out.outstanding(), 2);
+        let kept = out.abandon();
+        let walks: Vec<&[u64]> = kept.iter().map(|s| s.user_stack.as_slice()).collect();
+        assert_eq!(walks, [&[0xf00, 3][..], &[0xf00, 4][..]]);
+        assert_eq!(out.outstanding(), 0);
+        // The worker's late answers are dropped: each sample is kept once.
+        let late: Vec<ReplayedCopy> = sent
+            .into_iter()
+            .map(|s| answer(s, CopyOutcome::Unwound { unindexed: true }))
+            .collect();
+        out.answered(late, &mut done);
+        assert_eq!(done.len(), 2);
+        assert_eq!(
+            out.stats(),
+            StackCopyStats {
+                unwound: 1,
+                unwound_unindexed: 0,
+                without_tables: 3,
+                over_memory: 0,
+            }
+        );
+    }
+
+    #[test]
+    fn copies_past_the_byte_bound_keep_their_walks_at_once_until_answers_free_it() {
+        let mut out = CopiesOut::default();
+        let mut done = Vec::new();
+        let big = MAX_HELD_BYTES / 2;
+        let sent = out.send(vec![copy(1, big), copy(2, big), copy(3, big)], &mut done);
+        // A worker that falls behind holds at most the bound, on its way
+        // or held: the third keeps its frame-pointer walk.
+        assert_eq!(sent.len(), 1);
+        assert_eq!(done.len(), 2);
+        assert_eq!(out.stats().over_memory, 2);
+        let answers = sent
+            .into_iter()
+            .map(|s| answer(s, CopyOutcome::WithoutTables))
+            .collect();
+        out.answered(answers, &mut done);
+        assert_eq!(out.send(vec![copy(4, big)], &mut done).len(), 1);
+    }
 }

@@ -15,7 +15,7 @@ use clrbpf_common::unwind::UnwindError;
 
 use super::{
     UnwindMaps, UnwindMapsStats, UnwindMemory,
-    stack_copies::{CopyReplayer, StackCopyStats},
+    stack_copies::{CopiesOut, CopyReplayer, ReplayedCopy, SentCopy, StackCopyStats},
     table_times::ProcessTableTimes,
 };
 use crate::{
@@ -35,14 +35,15 @@ enum UnwindRequest {
     Run(WorkerJob),
     /// Samples with a copied user stack, to unwind once their process is
     /// indexed ([`super::stack_copies`]).
-    StackCopies(Vec<CopiedSample>),
-    /// Unwind or give back every copy held now, then answer.
-    FlushCopies(std::sync::mpsc::Sender<()>),
+    StackCopies(Vec<SentCopy>),
+    /// Wakes the thread to see [`EndSignal`].
+    End,
     /// Index processes seen from now on only this long after.
     HoldNew(Duration),
 }
 
-/// Work run on the [`UnwindWorker`]'s thread, with the stop flag.
+/// Work run on the [`UnwindWorker`]'s thread, with the flag set when the
+/// recording ends (the work stops early then).
 pub(super) type WorkerJob = Box<dyn FnOnce(&mut UnwindMaps, &AtomicBool) + Send>;
 
 /// What the worker knows when it stops: for the end summary.
@@ -54,10 +55,41 @@ pub struct UnwindReport {
     pub stats: UnwindMapsStats,
     /// What the tables kept between runs did (`None`: no cache).
     pub disk_cache: Option<DiskCacheStats>,
-    /// What became of the copied stacks.
-    pub stack_copies: StackCopyStats,
     /// How long the processes exec'd meanwhile waited for their tables.
     pub new_processes: Vec<ProcessTableTimes>,
+}
+
+/// The end of a recording, as the thread sees it before each request.
+#[derive(Default)]
+struct EndSignal {
+    /// Set first thing at the end: the thread gives back the copies it
+    /// holds, answers, and leaves whatever is still queued (a saturated
+    /// host queues hundreds of processes to index and thousands of copies,
+    /// which the end does not wait for); work under way stops early.
+    ending: AtomicBool,
+    /// Where to answer once the copies are given back.
+    answer: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+}
+
+impl EndSignal {
+    /// Asks for the end, to be answered on `answer`.
+    fn begin(&self, answer: std::sync::mpsc::Sender<()>) {
+        if let Ok(mut slot) = self.answer.lock() {
+            *slot = Some(answer);
+        }
+        // After the slot: the thread that sees the flag finds the answer.
+        self.ending.store(true, Ordering::Release);
+    }
+
+    fn is_ending(&self) -> bool {
+        self.ending.load(Ordering::Acquire)
+    }
+
+    fn answer(&self) {
+        if let Some(answer) = self.answer.lock().ok().and_then(|mut slot| slot.take()) {
+            let _ = answer.send(());
+        }
+    }
 }
 
 /// How long [`UnwindWorker::finish`] waits for the table being built.
@@ -74,11 +106,20 @@ pub struct UnwindWorker {
     /// saturated host can queue hundreds of processes to index, which the
     /// end of a recording must not wait for).
     stop: Arc<AtomicBool>,
+    /// Set by [`Self::flush_stack_copies`] (or [`Self::finish`]).
+    end: Arc<EndSignal>,
+    /// The flush was not answered in time: [`Self::finish`] does not wait.
+    busy_at_end: bool,
     thread: Option<std::thread::JoinHandle<UnwindReport>>,
     /// Kernel memory of the row chunks and indexes, as the thread last saw.
     kernel_bytes: Arc<AtomicU64>,
     /// Samples of copied stacks, unwound (or given back) by the thread.
-    replayed: std::sync::mpsc::Receiver<Vec<RawSample>>,
+    replayed: std::sync::mpsc::Receiver<Vec<ReplayedCopy>>,
+    /// The copies sent and not answered yet, with their frame-pointer
+    /// walks.
+    copies: CopiesOut,
+    /// Samples of copies done with, for [`Self::take_replayed`].
+    copies_done: Vec<RawSample>,
 }
 
 impl UnwindWorker {
@@ -87,6 +128,8 @@ impl UnwindWorker {
         let (tx, rx) = std::sync::mpsc::channel::<UnwindRequest>();
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = Arc::clone(&stop);
+        let end = Arc::new(EndSignal::default());
+        let end_seen = Arc::clone(&end);
         let kernel_bytes = Arc::new(AtomicU64::new(0));
         let kernel_bytes_seen = Arc::clone(&kernel_bytes);
         let (replayed_tx, replayed) = std::sync::mpsc::channel();
@@ -105,7 +148,15 @@ impl UnwindWorker {
                     if stop_flag.load(Ordering::Relaxed) {
                         break;
                     }
+                    if end_seen.is_ending() {
+                        // Ahead of what is still queued: the record loop
+                        // keeps the walks of the copies sent since.
+                        copies.replay(&mut maps, true);
+                        end_seen.answer();
+                        break;
+                    }
                     match rx.recv_timeout(maps.next_wake().min(copies.next_wake())) {
+                        Ok(UnwindRequest::End) => {}
                         Ok(UnwindRequest::Track(pid)) => {
                             maps.track_process(pid);
                         }
@@ -117,13 +168,11 @@ impl UnwindWorker {
                             maps.add_jit_code(pid, &ranges);
                             maps.stats.jit_not_decoded += dropped;
                         }
-                        Ok(UnwindRequest::Run(work)) => work(&mut maps, &stop_flag),
-                        Ok(UnwindRequest::StackCopies(batch)) => copies.add(&mut maps, batch),
-                        Ok(UnwindRequest::HoldNew(delay)) => maps.hold_new = delay,
-                        Ok(UnwindRequest::FlushCopies(done)) => {
-                            copies.replay(&mut maps, true);
-                            let _ = done.send(());
+                        Ok(UnwindRequest::Run(work)) => work(&mut maps, &end_seen.ending),
+                        Ok(UnwindRequest::StackCopies(batch)) => {
+                            copies.add(&mut maps, batch, &end_seen.ending);
                         }
+                        Ok(UnwindRequest::HoldNew(delay)) => maps.hold_new = delay,
                         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
@@ -148,16 +197,19 @@ impl UnwindWorker {
                     memory: maps.memory(),
                     stats: maps.stats(),
                     disk_cache: maps.builder.disk_stats(),
-                    stack_copies: copies.stats(),
                     new_processes: maps.times.report(),
                 }
             })?;
         Ok(Self {
             requests: Some(tx),
             stop,
+            end,
+            busy_at_end: false,
             thread: Some(thread),
             kernel_bytes,
             replayed,
+            copies: CopiesOut::default(),
+            copies_done: Vec::new(),
         })
     }
 
@@ -176,7 +228,7 @@ impl UnwindWorker {
     }
 
     /// Runs `work` on the thread after the requests queued before it (the
-    /// maps, and the flag [`Self::finish`] sets).
+    /// maps, and the flag the end of the recording sets).
     pub(super) fn run(&self, work: WorkerJob) {
         self.send(UnwindRequest::Run(work));
     }
@@ -206,24 +258,50 @@ impl UnwindWorker {
 
     /// Unwind the copied user stacks of `copies` once their processes are
     /// indexed ([`Self::take_replayed`] gives them back).
-    pub fn replay_stack_copies(&self, copies: Vec<CopiedSample>) {
-        if !copies.is_empty() {
-            self.send(UnwindRequest::StackCopies(copies));
+    pub fn replay_stack_copies(&mut self, copies: Vec<CopiedSample>) {
+        if copies.is_empty() {
+            return;
+        }
+        let sent = self.copies.send(copies, &mut self.copies_done);
+        if !sent.is_empty() {
+            self.send(UnwindRequest::StackCopies(sent));
         }
     }
 
-    /// The samples of copied stacks the thread is done with: unwound, or
-    /// with their frame-pointer walk when their tables never came.
-    pub fn take_replayed(&self) -> Vec<RawSample> {
-        self.replayed.try_iter().flatten().collect()
+    /// The samples of copied stacks done with: unwound, or with their
+    /// frame-pointer walk when their tables never came (or too many bytes
+    /// were held).
+    pub fn take_replayed(&mut self) -> Vec<RawSample> {
+        let answers: Vec<ReplayedCopy> = self.replayed.try_iter().flatten().collect();
+        self.copies.answered(answers, &mut self.copies_done);
+        std::mem::take(&mut self.copies_done)
     }
 
-    /// Has every copy held unwound or given back now (the end of a
-    /// recording), waiting at most `wait` for the thread.
-    pub fn flush_stack_copies(&self, wait: Duration) {
+    /// The end of a recording: has every copy sent unwound or given back
+    /// now, waiting at most `wait` for the thread; the ones it has not
+    /// answered by then keep their frame-pointer walks
+    /// ([`Self::take_replayed`] gives them all).
+    pub fn flush_stack_copies(&mut self, wait: Duration) {
         let (done, answered) = std::sync::mpsc::channel();
-        self.send(UnwindRequest::FlushCopies(done));
-        let _ = answered.recv_timeout(wait);
+        self.end.begin(done);
+        self.send(UnwindRequest::End);
+        let started = Instant::now();
+        self.busy_at_end = answered.recv_timeout(wait).is_err();
+        let answers: Vec<ReplayedCopy> = self.replayed.try_iter().flatten().collect();
+        self.copies.answered(answers, &mut self.copies_done);
+        let unanswered = self.copies.outstanding();
+        self.copies_done.extend(self.copies.abandon());
+        tracing::debug!(
+            waited = ?started.elapsed(),
+            busy = self.busy_at_end,
+            unanswered,
+            "stack copies flushed"
+        );
+    }
+
+    /// What became of the copied stacks so far.
+    pub fn stack_copy_stats(&self) -> StackCopyStats {
+        self.copies.stats()
     }
 
     /// Index the processes first seen from now on only `delay` after
@@ -241,12 +319,16 @@ impl UnwindWorker {
     /// dropped, so the error counters are read while the maps are still
     /// loaded.
     pub fn finish(mut self) -> Option<UnwindReport> {
+        self.end.ending.store(true, Ordering::Release);
         self.stop.store(true, Ordering::Relaxed);
         self.requests = None;
         let thread = self.thread.take()?;
         // One table can take seconds to build on a saturated host: the
-        // recording does not wait for it (the thread ends by itself after).
-        crate::stop::wait_until(Instant::now() + FINISH_WAIT, || thread.is_finished());
+        // recording does not wait for it (the thread ends by itself after),
+        // nor at all when the thread did not answer the flush.
+        if !self.busy_at_end {
+            crate::stop::wait_until(Instant::now() + FINISH_WAIT, || thread.is_finished());
+        }
         if !thread.is_finished() {
             tracing::debug!("the unwind table thread is still busy: no unwind report");
             return None;

@@ -416,6 +416,9 @@ impl Driver {
             started: _,
             hold_new_processes: _,
         } = self;
+        // Each stage's time goes to the debug log: on a saturated host the
+        // end is where a recording's time went unseen.
+        let mut stage = StageClock::start();
         pipeline.pull(&mut sampler, &mut raw);
         let mut off_cpu_totals = sampler.off_cpu_totals();
         if count_still_blocked {
@@ -426,13 +429,19 @@ impl Driver {
         pipeline.summary.kernel = sampler.counters();
         pipeline.summary.bpf_stats = sampler.on_cpu_program_stats();
         pipeline.summary.off_cpu_bpf_stats = sampler.off_cpu_program_stats();
+        stage.done("last drain");
         pipeline.flush_stack_copies();
         pipeline.finish_unwind();
+        stage.done("copied stacks back, unwind thread stopped");
         drop(sampler);
+        stage.done("programs detached");
         tracing::debug!("finishing CLR sessions and symbolizing");
         pipeline.finish_clr();
+        stage.done("CLR sessions stopped");
         pipeline.process_all();
+        stage.done("symbolized");
         pipeline.restore_processes(keep_perf_maps);
+        stage.done(".NET processes restored");
         pipeline.count_evictions();
         let mut cutter = Cutter {
             pipeline: &mut pipeline,
@@ -440,7 +449,12 @@ impl Driver {
             period_ns,
             parts: 0,
         };
-        front.finish(&mut cutter, end)?;
+        let written = front.finish(&mut cutter, end);
+        stage.done("profile written");
+        // What is left is to report and exit: no thread of clrbpf is to
+        // keep the process waiting for the CPU to end.
+        crate::process::exit::hurry_threads_to_exit();
+        written?;
         let mut summary = std::mem::take(&mut pipeline.summary);
         summary.off_cpu_other_threads = (off_cpu_totals.other_threads, off_cpu_totals.others);
         summary.off_cpu_threads = off_cpu_threads(
@@ -452,6 +466,21 @@ impl Driver {
         summary.samples_lost = summary.kernel.samples_lost;
         summary.stopped_by = stopped_by;
         Ok(summary)
+    }
+}
+
+/// Times the stages of [`Driver::finish`] for the debug log.
+struct StageClock(Instant);
+
+impl StageClock {
+    fn start() -> Self {
+        Self(Instant::now())
+    }
+
+    /// Logs the time since the last stage ended as `stage`'s.
+    fn done(&mut self, stage: &str) {
+        tracing::debug!(took = ?self.0.elapsed(), "end of the recording: {stage}");
+        self.0 = Instant::now();
     }
 }
 
@@ -495,6 +524,7 @@ impl Pipeline {
     /// summary (before the sampler, which owns the maps, is dropped).
     fn finish_unwind(&mut self) {
         if let Some(unwind) = self.unwind.take() {
+            self.summary.stack_copies = unwind.stack_copy_stats();
             self.summary.unwind = unwind.finish();
             if self.summary.unwind.is_none() {
                 self.summary.warnings.push(

@@ -869,8 +869,13 @@ impl Pipeline {
                 let pid = process.pid;
                 match std::thread::Builder::new()
                     .name(format!("clrbpf-detach-{pid}"))
-                    .spawn(move || handle.finish(keep_files))
-                {
+                    .spawn(move || {
+                        // Started by the real-time loop, it would run at
+                        // nice 0: on a saturated host it then finishes, and
+                        // lets clrbpf exit, seconds late.
+                        crate::process::priority::enter_background_thread();
+                        handle.finish(keep_files)
+                    }) {
                     Ok(job) => detaching.push((pid, job)),
                     Err(e) => self.summary.warnings.push(format!(
                         "pid {pid}: cannot start a thread to turn perf maps off again: {e}"

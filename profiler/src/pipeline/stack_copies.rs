@@ -8,8 +8,11 @@ use super::Pipeline;
 use crate::unwind::stack_copy::CopiedSample;
 
 /// How long the end of a recording waits for the unwind worker to walk
-/// the copied stacks it holds.
-const STACK_COPY_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// the copied stacks it holds. It answers ahead of its queued work, so
+/// this is the wait for the request under way: milliseconds, unless the
+/// host is saturated (one table can then take seconds). The copies not
+/// answered by then keep their frame-pointer walks.
+const STACK_COPY_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl Pipeline {
     /// Hands the copied stacks of `copies` to the unwind worker (without
@@ -22,7 +25,7 @@ impl Pipeline {
         for copy in &copies {
             self.track(copy.sample.pid);
         }
-        let mut done = match self.unwind.as_ref() {
+        let mut done = match self.unwind.as_mut() {
             Some(unwind) => {
                 unwind.replay_stack_copies(copies);
                 unwind.take_replayed()
@@ -41,7 +44,7 @@ impl Pipeline {
     /// The end of a recording: every copied stack the unwind worker holds
     /// comes back now, unwound or with its frame-pointer walk.
     pub fn flush_stack_copies(&mut self) {
-        if let Some(unwind) = self.unwind.as_ref() {
+        if let Some(unwind) = self.unwind.as_mut() {
             unwind.flush_stack_copies(STACK_COPY_FLUSH_WAIT);
         }
         self.take_stack_copies(Vec::new());

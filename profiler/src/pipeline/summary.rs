@@ -12,7 +12,7 @@ use std::{
 use clrbpf_common::offcpu::OffCpuThreadTotals;
 
 use crate::{
-    bpf::{KernelCounters, ProgramStats, UnwindReport},
+    bpf::{KernelCounters, ProgramStats, StackCopyStats, UnwindReport},
     clr::intake::ClrCounters,
     profile::RawSample,
 };
@@ -58,6 +58,10 @@ pub struct RecordSummary {
     /// Kernel-side unwinding (`--dwarf-unwind`): walks ended early by
     /// kind, table memory, processes indexed.
     pub unwind: Option<UnwindReport>,
+    /// What became of the user stacks copied while their processes had no
+    /// unwind tables (known even when the unwind thread was busy at the
+    /// end and gave no report).
+    pub stack_copies: StackCopyStats,
     pub command_status: Option<std::process::ExitStatus>,
     pub stopped_by: &'static str,
     pub warnings: Warnings,
@@ -706,6 +710,7 @@ fn print_internals(summary: &RecordSummary, w: &mut impl std::io::Write) -> std:
     if let Some(unwind) = &summary.unwind {
         print_unwind(summary, unwind, w)?;
     }
+    write_stack_copies(summary, w)?;
     Ok(())
 }
 
@@ -736,7 +741,7 @@ fn print_unwind(
         summary
             .kernel
             .unwind_process_unknown
-            .saturating_sub(unwind.stack_copies.unwound),
+            .saturating_sub(summary.stack_copies.unwound),
         match summary.kernel.waker_process_unknown {
             0 => String::new(),
             n => format!(", {n} wakers' stacks in processes without tables"),
@@ -747,7 +752,6 @@ fn print_unwind(
             errors.join(", ")
         }
     )?;
-    write_stack_copies(summary, unwind, w)?;
     if let Some(disk) = unwind.disk_cache
         && disk.hits + disk.misses > 0
     {
@@ -858,13 +862,9 @@ fn wait_totals(counters: &ClrCounters) -> String {
 
 /// The summary's line on the user stacks copied while processes had no
 /// unwind tables (nothing when none was).
-fn write_stack_copies(
-    summary: &RecordSummary,
-    unwind: &UnwindReport,
-    w: &mut impl std::io::Write,
-) -> std::io::Result<()> {
+fn write_stack_copies(summary: &RecordSummary, w: &mut impl std::io::Write) -> std::io::Result<()> {
     let kernel = &summary.kernel;
-    let copies = &unwind.stack_copies;
+    let copies = &summary.stack_copies;
     if kernel.stack_copies + kernel.stack_copies_over_budget == 0 {
         return Ok(());
     }

@@ -15,6 +15,7 @@
 //! malformed content gives an error or is skipped and counted, never a panic.
 
 pub mod dotnet;
+pub mod exit;
 pub mod identity;
 pub mod main_module;
 pub mod maps;
