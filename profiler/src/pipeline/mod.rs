@@ -873,7 +873,9 @@ impl Pipeline {
                         // Started by the real-time loop, it would run at
                         // nice 0: on a saturated host it then finishes, and
                         // lets clrbpf exit, seconds late.
-                        crate::process::priority::enter_background_thread();
+                        let _priority = crate::process::priority::enter_background_thread(
+                            crate::process::priority::BackgroundWork::Stream,
+                        );
                         handle.finish(keep_files)
                     }) {
                     Ok(job) => detaching.push((pid, job)),
