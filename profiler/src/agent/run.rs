@@ -47,12 +47,10 @@ use crate::{
     process::priority::BackgroundPriority,
 };
 
-/// How the agent's background threads run: the EventPipe reader and the
-/// session jobs at nice -5, ahead of the host's work (a runtime drops the
-/// events of a session read too late; an exception storm's back-off must
-/// not wait); its catch-up work (unwind tables) `SCHED_IDLE`, on the CPU
-/// the host's work leaves, lifted when starved
-/// ([`crate::process::priority::lift_starved_catch_up`]).
+/// How the agent's background threads run: the EventPipe reader at nice
+/// -5, ahead of the host's work (a runtime drops the events of a session
+/// read too late); its catch-up work (unwind tables, attaches, rundowns)
+/// `SCHED_IDLE`, on the CPU the host's work leaves.
 const AGENT_BACKGROUND: BackgroundPriority = BackgroundPriority {
     nice: -5,
     catch_up_idle: true,
@@ -196,10 +194,6 @@ impl Front for AgentFront {
         }
         if self.last_metrics.elapsed() >= METRICS_EVERY {
             self.last_metrics = Instant::now();
-            // Catch-up work yields to the host's, for a bounded time.
-            crate::process::priority::lift_starved_catch_up(
-                crate::process::priority::STARVED_AFTER,
-            );
             let runtime = self.last_runtime_metrics.elapsed() >= RUNTIME_METRICS_EVERY;
             if runtime {
                 self.last_runtime_metrics = Instant::now();

@@ -150,12 +150,10 @@ pub fn spawn<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> Job
 
 /// A worker: runs queued jobs, ends after [`IDLE_EXIT`] without one.
 fn work() {
-    // Not catch-up work: the same threads stop and restart the sessions
-    // that bound an exception storm's cost to its process, which must not
-    // wait for an idle CPU (attaching takes clrbpf a few milliseconds; the
-    // runtime's own work is the target's).
+    // Attaches and rundowns can wait for an idle CPU in the agent; the
+    // end's detaches are hurried (`priority::hurry_catch_up`).
     let _priority = crate::process::priority::enter_background_thread(
-        crate::process::priority::BackgroundWork::Stream,
+        crate::process::priority::BackgroundWork::CatchUp,
     );
     let pool = pool();
     let mut state = lock(&pool.state);

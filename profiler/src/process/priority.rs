@@ -15,22 +15,18 @@
 //!    - a thread that keeps pace with a stream (the EventPipe reader, whose
 //!      runtime drops events when it falls behind) runs at the chosen nice
 //!      value, ahead of ordinary work but behind the loop;
-//!    - catch-up work (the unwind tables: seconds of CPU at a start, then
-//!      a little per new process) runs at the same nice value in `record`,
-//!      which wants it done at once, and `SCHED_IDLE` in the agent
-//!      ([`BackgroundPriority::catch_up_idle`]): it takes the CPU the
-//!      host's own work leaves, so an agent's start costs a busy service
-//!      next to nothing. Until a process's tables are built, its stacks
-//!      are copied and unwound later, or walked by frame pointers; in a
-//!      cgroup of its own (a Kubernetes pod) the agent still gets its
-//!      cgroup's share, which `SCHED_IDLE` only orders within.
-//! 3. Yielding is bounded: [`lift_starved_catch_up`], called by the loop
-//!    about every second, lifts a catch-up thread that has waited
-//!    [`STARVED_AFTER`] on a run queue since it last slept to the nice
-//!    value, and puts it back once it sleeps again (it caught up). A
-//!    saturated host gets its tables late, not never.
-//! 4. At the end, [`hurry_catch_up`] lifts the catch-up threads for good:
-//!    the last tables and copied stacks must not wait for an idle CPU.
+//!    - catch-up work (unwind tables, runtime attaches, method rundowns:
+//!      seconds of CPU at a start, then a little per new process) runs at
+//!      the same nice value in `record`, which wants it done at once, and
+//!      `SCHED_IDLE` in the agent ([`BackgroundPriority::catch_up_idle`]):
+//!      it takes the CPU the host's own work leaves, so an agent's start
+//!      costs a busy service nothing. Until a process's tables are built,
+//!      its stacks are walked by frame pointers (or copied and unwound
+//!      later); in a cgroup of its own (a Kubernetes pod) the agent still
+//!      gets its cgroup's share, which `SCHED_IDLE` only orders within.
+//! 3. At the end, [`hurry_catch_up`] lifts the catch-up threads to the
+//!    chosen nice value: the detaches that restore the .NET processes and
+//!    the last tables must not wait for an idle CPU.
 //!
 //! All of it needs `CAP_SYS_NICE`; without it clrbpf warns and runs as
 //! started.
@@ -47,82 +43,11 @@ static CATCH_UP_IDLE: AtomicBool = AtomicBool::new(false);
 /// Set by [`hurry_catch_up`]: catch-up threads started later take the nice
 /// value at once.
 static HURRIED: AtomicBool = AtomicBool::new(false);
-/// The catch-up threads that idle (until [`hurry_catch_up`]). A thread
-/// leaves the list before it exits ([`BackgroundThread`]'s drop), so the
-/// functions here, which hold the lock, never touch a thread id the kernel
-/// may have given to someone else.
-static IDLE_THREADS: Mutex<Vec<IdleThread>> = Mutex::new(Vec::new());
-
-/// Run-queue wait, since it last slept, after which a `SCHED_IDLE`
-/// catch-up thread is lifted to the nice value.
-pub const STARVED_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
-/// A lifted thread that ran less than this between two checks sleeps
-/// mostly: it caught up and idles again. Also the wait below which a
-/// thread counts as not kept waiting.
-const RESTED_NS: u64 = 10_000_000;
-
-/// A catch-up thread that idles, and how long it has waited.
-#[derive(Clone, Copy, Debug)]
-struct IdleThread {
-    tid: libc::pid_t,
-    starvation: Starvation,
-    /// Its `schedstat` (run, wait ns) at the last check.
-    last: Option<(u64, u64)>,
-}
-
-/// Where a catch-up thread stands between two checks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Starvation {
-    /// Run-queue wait since it last slept, in ns.
-    waited_ns: u64,
-    /// Runs at the nice value until it sleeps again.
-    lifted: bool,
-}
-
-/// What a check does to a thread.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum StarvationAction {
-    None,
-    Lift,
-    Idle,
-}
-
-impl Starvation {
-    /// The state after a check that saw the thread run `ran_ns` and wait
-    /// `waited_ns` on a run queue since the last one.
-    fn check(self, ran_ns: u64, waited_ns: u64, limit_ns: u64) -> (Self, StarvationAction) {
-        let kept_waiting = waited_ns >= RESTED_NS;
-        if self.lifted {
-            return if ran_ns < RESTED_NS && !kept_waiting {
-                (Self::default(), StarvationAction::Idle)
-            } else {
-                (self, StarvationAction::None)
-            };
-        }
-        if !kept_waiting {
-            // It got the CPU it wanted, or slept.
-            return (Self::default(), StarvationAction::None);
-        }
-        let waited_ns = self.waited_ns.saturating_add(waited_ns);
-        if waited_ns >= limit_ns {
-            (
-                Self {
-                    waited_ns: 0,
-                    lifted: true,
-                },
-                StarvationAction::Lift,
-            )
-        } else {
-            (
-                Self {
-                    waited_ns,
-                    lifted: false,
-                },
-                StarvationAction::None,
-            )
-        }
-    }
-}
+/// The catch-up threads running `SCHED_IDLE` now (kernel thread ids). A
+/// thread leaves the list before it exits ([`BackgroundThread`]'s drop),
+/// so [`hurry_catch_up`], which holds the lock, never touches a thread id
+/// the kernel may have given to someone else.
+static IDLE_THREADS: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
 
 /// `sched_priority` of the sampling loop: the lowest real-time priority,
 /// below every real-time thread of the host.
@@ -141,10 +66,10 @@ pub struct BackgroundPriority {
 /// What a background thread does, which decides how it runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackgroundWork {
-    /// Keeps pace with a stream that loses data when it falls behind, or
-    /// controls what a target pays (the EventPipe sessions).
+    /// Keeps pace with a stream that loses data when it falls behind.
     Stream,
-    /// Work that may wait for an idle CPU: unwind tables.
+    /// Work that may wait for an idle CPU: unwind tables, attaches,
+    /// rundowns.
     CatchUp,
 }
 
@@ -178,15 +103,12 @@ pub fn boost_sampling_thread(background: BackgroundPriority) -> Result<(), Strin
         catch_up_idle,
     } = background;
     BACKGROUND_NICE.store(nice, Ordering::Relaxed);
+    CATCH_UP_IDLE.store(catch_up_idle, Ordering::Relaxed);
     let mut problems = Vec::new();
     // The nice value first: it is what SCHED_OTHER falls back to if the
     // real-time class is refused.
-    match set_nice(0, nice) {
-        // Catch-up threads idle only where they can be lifted again
-        // (leaving SCHED_IDLE takes CAP_SYS_NICE too): without it
-        // everything runs as started.
-        Ok(()) => CATCH_UP_IDLE.store(catch_up_idle, Ordering::Relaxed),
-        Err(e) => problems.push(format!("nice {nice}: {e}")),
+    if let Err(e) = set_nice(0, nice) {
+        problems.push(format!("nice {nice}: {e}"));
     }
     let param = libc::sched_param {
         sched_priority: SAMPLING_RT_PRIORITY,
@@ -216,7 +138,7 @@ pub struct BackgroundThread {
 impl Drop for BackgroundThread {
     fn drop(&mut self) {
         if let Some(tid) = self.idle_tid {
-            lock_idle_threads().retain(|t| t.tid != tid);
+            lock_idle_threads().retain(|&t| t != tid);
         }
     }
 }
@@ -236,11 +158,7 @@ pub fn enter_background_thread(work: BackgroundWork) -> BackgroundThread {
             if set_idle(0).is_ok() {
                 // SAFETY: gettid has no preconditions.
                 let tid = unsafe { libc::gettid() };
-                idle_threads.push(IdleThread {
-                    tid,
-                    starvation: Starvation::default(),
-                    last: None,
-                });
+                idle_threads.push(tid);
                 return BackgroundThread {
                     idle_tid: Some(tid),
                 };
@@ -261,62 +179,16 @@ pub fn hurry_catch_up() {
     let mut idle_threads = lock_idle_threads();
     HURRIED.store(true, Ordering::Relaxed);
     let nice = BACKGROUND_NICE.load(Ordering::Relaxed);
-    for thread in idle_threads.drain(..) {
-        lift(thread.tid, nice);
-    }
-}
-
-/// Lifts the `SCHED_IDLE` catch-up threads that waited `limit`
-/// ([`STARVED_AFTER`]) on a run queue since they last slept to the nice
-/// value, and puts the lifted ones that sleep again back. Called by the
-/// loop about every second: a few `schedstat` reads.
-pub fn lift_starved_catch_up(limit: std::time::Duration) {
-    let limit_ns = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
-    let nice = BACKGROUND_NICE.load(Ordering::Relaxed);
-    for thread in lock_idle_threads().iter_mut() {
-        let Some(now) = schedstat(thread.tid) else {
+    for tid in idle_threads.drain(..) {
+        if let Err(error) = set_other(tid) {
+            tracing::debug!(tid, %error, "could not lift a catch-up thread out of SCHED_IDLE");
             continue;
-        };
-        let Some((run, wait)) = thread.last.replace(now) else {
-            continue;
-        };
-        let (ran_ns, waited_ns) = (now.0.saturating_sub(run), now.1.saturating_sub(wait));
-        let (starvation, action) = thread.starvation.check(ran_ns, waited_ns, limit_ns);
-        thread.starvation = starvation;
-        match action {
-            StarvationAction::Lift => {
-                tracing::debug!(
-                    tid = thread.tid,
-                    "catch-up thread starved: lifted to nice {nice}"
-                );
-                lift(thread.tid, nice);
-            }
-            StarvationAction::Idle => {
-                let _ = set_idle(thread.tid);
-            }
-            StarvationAction::None => {}
         }
+        let _ = set_nice(tid, nice);
     }
 }
 
-/// Moves thread `tid` from `SCHED_IDLE` to `SCHED_OTHER` at `nice`.
-fn lift(tid: libc::pid_t, nice: i32) {
-    if let Err(error) = set_other(tid) {
-        tracing::debug!(tid, %error, "could not lift a catch-up thread out of SCHED_IDLE");
-        return;
-    }
-    let _ = set_nice(tid, nice);
-}
-
-/// `(run, run-queue wait)` ns of thread `tid` of this process, from
-/// `/proc/self/task/TID/schedstat`.
-fn schedstat(tid: libc::pid_t) -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-    let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
-    Some((fields.next()??, fields.next()??))
-}
-
-fn lock_idle_threads() -> std::sync::MutexGuard<'static, Vec<IdleThread>> {
+fn lock_idle_threads() -> std::sync::MutexGuard<'static, Vec<libc::pid_t>> {
     // A thread that panicked while holding it left a valid list.
     IDLE_THREADS
         .lock()
@@ -404,127 +276,6 @@ mod tests {
         assert_eq!(policy_for(Stream, 0, true, false), ThreadPolicy::Unchanged);
     }
 
-    #[test]
-    fn a_catch_up_thread_is_lifted_after_waiting_long_enough_and_idles_once_it_sleeps() {
-        const MS: u64 = 1_000_000;
-        let limit = 3_000 * MS;
-        let start = Starvation::default();
-        // Kept waiting 0.9 s a second: lifted at the fourth check.
-        let (s1, a1) = start.check(100 * MS, 900 * MS, limit);
-        let (s2, a2) = s1.check(100 * MS, 900 * MS, limit);
-        let (s3, a3) = s2.check(100 * MS, 900 * MS, limit);
-        assert_eq!(
-            (a1, a2, a3),
-            (
-                StarvationAction::None,
-                StarvationAction::None,
-                StarvationAction::None
-            )
-        );
-        assert_eq!(s3.waited_ns, 2_700 * MS);
-        let (lifted, action) = s3.check(100 * MS, 900 * MS, limit);
-        assert_eq!(action, StarvationAction::Lift);
-        assert!(lifted.lifted);
-        // Lifted and busy: stays lifted.
-        let (busy, action) = lifted.check(900 * MS, 5 * MS, limit);
-        assert_eq!((busy.lifted, action), (true, StarvationAction::None));
-        // It sleeps: idles again, with nothing owed.
-        let (rested, action) = busy.check(MS, 0, limit);
-        assert_eq!(
-            (rested, action),
-            (Starvation::default(), StarvationAction::Idle)
-        );
-        // A thread that gets its CPU between waits starts counting again.
-        let (s1, _) = start.check(100 * MS, 900 * MS, limit);
-        let (s2, a2) = s1.check(300 * MS, 2 * MS, limit);
-        assert_eq!((s2, a2), (Starvation::default(), StarvationAction::None));
-    }
-
-    /// A catch-up thread and a busy thread on one CPU: the catch-up thread
-    /// starves, is lifted by [`lift_starved_catch_up`], and idles again
-    /// once it sleeps. Part of the root test below (the settings are the
-    /// process's).
-    fn starved_thread_is_lifted_then_idles() {
-        let cpu = first_allowed_cpu();
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let busy = {
-            let stop = std::sync::Arc::clone(&stop);
-            std::thread::spawn(move || {
-                set_affinity(cpu);
-                while !stop.load(Ordering::Relaxed) {
-                    std::hint::spin_loop();
-                }
-            })
-        };
-        let (sleep_tx, sleep_rx) = std::sync::mpsc::channel::<()>();
-        let (policy_tx, policy_rx) = std::sync::mpsc::channel();
-        let catch_up = std::thread::spawn(move || {
-            set_affinity(cpu);
-            let _thread = enter_background_thread(BackgroundWork::CatchUp);
-            // Runnable all the time until told to sleep.
-            let until_lifted = std::time::Instant::now();
-            while current_policy() == libc::SCHED_IDLE
-                && until_lifted.elapsed() < std::time::Duration::from_secs(20)
-            {
-                std::hint::spin_loop();
-            }
-            policy_tx.send(current_policy()).expect("main side");
-            let _ = sleep_rx.recv();
-            std::thread::sleep(std::time::Duration::from_millis(1500));
-            policy_tx.send(current_policy()).expect("main side");
-        });
-        let limit = std::time::Duration::from_millis(500);
-        let lifted = loop {
-            lift_starved_catch_up(limit);
-            if let Ok(policy) = policy_rx.recv_timeout(std::time::Duration::from_millis(200)) {
-                break policy;
-            }
-        };
-        assert_eq!(
-            lifted,
-            libc::SCHED_OTHER,
-            "a starved catch-up thread is lifted"
-        );
-        stop.store(true, Ordering::Relaxed);
-        busy.join().expect("busy thread");
-        sleep_tx.send(()).expect("catch-up thread");
-        // It sleeps 1.5 s: two checks see it rested.
-        for _ in 0..6 {
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            lift_starved_catch_up(limit);
-        }
-        let rested = policy_rx.recv().expect("catch-up thread");
-        catch_up.join().expect("catch-up thread");
-        assert_eq!(
-            rested,
-            libc::SCHED_IDLE,
-            "a lifted thread that sleeps idles again"
-        );
-    }
-
-    /// The first CPU this thread may run on.
-    fn first_allowed_cpu() -> usize {
-        // SAFETY: a zeroed cpu_set_t is valid; pid 0 is the calling thread.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `set` is a valid, writable cpu_set_t of the given size.
-        let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
-        assert_eq!(rc, 0, "sched_getaffinity");
-        // SAFETY: CPU_ISSET reads `set` only.
-        (0..libc::CPU_SETSIZE as usize)
-            .find(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-            .expect("some CPU")
-    }
-
-    fn set_affinity(cpu: usize) {
-        // SAFETY: a zeroed cpu_set_t is valid.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `cpu` is below CPU_SETSIZE (it came from CPU_ISSET).
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-        // SAFETY: `set` is a valid cpu_set_t; pid 0 is the calling thread.
-        let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
-        assert_eq!(rc, 0, "sched_setaffinity");
-    }
-
     /// Needs CAP_SYS_NICE: `cargo xtask test` runs it as root. One test
     /// for the whole sequence: the settings are the process's.
     #[test]
@@ -580,8 +331,6 @@ mod tests {
             .expect("late catch-up thread");
             assert_eq!(late, (libc::SCHED_OTHER, -7));
             assert!(lock_idle_threads().is_empty());
-            HURRIED.store(false, Ordering::Relaxed);
-            starved_thread_is_lifted_then_idles();
         });
         handle.join().expect("boosted thread");
         BACKGROUND_NICE.store(0, Ordering::Relaxed);
