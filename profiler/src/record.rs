@@ -39,7 +39,7 @@ use crate::{
         start_tables,
         summary::{RecordSummary, Warnings},
     },
-    process::{ProcFs, main_module::ApplicationModule, priority::BackgroundPriority},
+    process::{ProcFs, main_module::ApplicationModule},
     profile::Module,
 };
 
@@ -260,11 +260,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
             );
         }
     }
-    // record wants its tables at once: catch-up work does not idle.
-    let host_warnings = prepare_host(nice.map(|nice| BackgroundPriority {
-        nice,
-        catch_up_idle: false,
-    }))?;
+    let host_warnings = prepare_host(nice)?;
     // Created now, with their final owner and mode: a bad output path
     // fails here, before anything is recorded.
     let file = FileSink::create(&output, format, split, &sampling.layout(), sudo_owner())

@@ -44,22 +44,15 @@ use crate::{
         Pipeline,
         driver::{Cutter, Driver, DriverSetup, Front, StopSignal, prepare_host},
     },
-    process::priority::BackgroundPriority,
 };
 
-/// How the agent's background threads run: the EventPipe reader at nice
-/// -5, ahead of the host's work (a runtime drops the events of a session
-/// read too late); its catch-up work (unwind tables, attaches, rundowns)
-/// `SCHED_IDLE`, on the CPU the host's work leaves.
-const AGENT_BACKGROUND: BackgroundPriority = BackgroundPriority {
-    nice: -5,
-    catch_up_idle: true,
-};
+/// Nice value of the agent's background threads.
+const AGENT_NICE: i32 = -5;
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     raise_open_files_limit();
-    for warning in prepare_host(Some(AGENT_BACKGROUND))? {
+    for warning in prepare_host(Some(AGENT_NICE))? {
         tracing::warn!("{warning}");
     }
     let metrics = AgentMetrics::new();

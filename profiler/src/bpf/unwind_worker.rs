@@ -136,12 +136,7 @@ impl UnwindWorker {
         let thread = std::thread::Builder::new()
             .name("clrbpf-unwind".into())
             .spawn(move || {
-                // Until a process's tables are built its stacks are
-                // copied or walked by frame pointers: this may wait for
-                // an idle CPU in the agent.
-                let _priority = crate::process::priority::enter_background_thread(
-                    crate::process::priority::BackgroundWork::CatchUp,
-                );
+                crate::process::priority::enter_background_thread();
                 let mut maps = maps;
                 let mut copies = CopyReplayer::new(replayed_tx);
                 loop {

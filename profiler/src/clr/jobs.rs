@@ -150,11 +150,7 @@ pub fn spawn<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> Job
 
 /// A worker: runs queued jobs, ends after [`IDLE_EXIT`] without one.
 fn work() {
-    // Attaches and rundowns can wait for an idle CPU in the agent; the
-    // end's detaches are hurried (`priority::hurry_catch_up`).
-    let _priority = crate::process::priority::enter_background_thread(
-        crate::process::priority::BackgroundWork::CatchUp,
-    );
+    crate::process::priority::enter_background_thread();
     let pool = pool();
     let mut state = lock(&pool.state);
     loop {

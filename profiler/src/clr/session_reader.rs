@@ -258,10 +258,7 @@ impl Reader {
         std::thread::Builder::new()
             .name("clrbpf-events".to_owned())
             .spawn(move || {
-                // A runtime drops the events of a session read too late.
-                let _priority = crate::process::priority::enter_background_thread(
-                    crate::process::priority::BackgroundWork::Stream,
-                );
+                crate::process::priority::enter_background_thread();
                 // Waits for `READER` to hold the queue: this thread is
                 // started from inside its initialisation.
                 let reader = loop {

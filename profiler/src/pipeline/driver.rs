@@ -43,7 +43,6 @@ use crate::{
     cli::SamplingArgs,
     clr::session::ClrEventKinds,
     export::sink::{ClosedWindow, ProfileSink},
-    process::priority::BackgroundPriority,
     profile::{Profile, RawSample},
 };
 
@@ -153,13 +152,13 @@ impl SamplingConfig {
     }
 }
 
-/// Raises clrbpf's priority (`background`: how its background threads
-/// run; `None`: leave it) so that the thread that drains the rings keeps
-/// up on a saturated host, and checks the host ([`system::prepare`]).
-/// Returns the warnings for the user.
-pub fn prepare_host(background: Option<BackgroundPriority>) -> anyhow::Result<Vec<String>> {
-    let priority_warning = background
-        .and_then(|background| crate::process::priority::boost_sampling_thread(background).err());
+/// Raises clrbpf's priority (`nice`: the nice value of its background
+/// threads; `None`: leave it) so that the thread that drains the rings
+/// keeps up on a saturated host, and checks the host
+/// ([`system::prepare`]). Returns the warnings for the user.
+pub fn prepare_host(nice: Option<i32>) -> anyhow::Result<Vec<String>> {
+    let priority_warning =
+        nice.and_then(|nice| crate::process::priority::boost_sampling_thread(nice).err());
     let mut warnings = system::prepare()?;
     warnings.extend(priority_warning);
     Ok(warnings)
@@ -400,8 +399,6 @@ impl Driver {
             tracing::debug!(error = %e, "no handler for a second stop request");
         }
         front.stopped();
-        // The detaches and the last tables are not to wait for an idle CPU.
-        crate::process::priority::hurry_catch_up();
         tracing::debug!(?elapsed, "sampling stopped");
         let Self {
             mut pipeline,
