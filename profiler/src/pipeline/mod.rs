@@ -873,9 +873,7 @@ impl Pipeline {
                         // Started by the real-time loop, it would run at
                         // nice 0: on a saturated host it then finishes, and
                         // lets clrbpf exit, seconds late.
-                        let _priority = crate::process::priority::enter_background_thread(
-                            crate::process::priority::BackgroundWork::Stream,
-                        );
+                        crate::process::priority::enter_background_thread();
                         handle.finish(keep_files)
                     }) {
                     Ok(job) => detaching.push((pid, job)),
