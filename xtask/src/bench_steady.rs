@@ -15,22 +15,10 @@ use std::{
 
 use anyhow::Context as _;
 
-use crate::bench::BenchInputs;
+use crate::bench::{BenchInputs, cpu_seconds};
 
 const SETTLE: Duration = Duration::from_secs(10);
 const MEASURE: Duration = Duration::from_secs(30);
-
-/// user + system CPU seconds of `pid` so far.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after_comm = &stat[stat.rfind(')')? + 1..];
-    let mut fields = after_comm.split_whitespace().skip(11);
-    let utime: f64 = fields.next()?.parse().ok()?;
-    let stime: f64 = fields.next()?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Some((utime + stime) / ticks)
-}
 
 /// VmRSS of `pid`, in KiB.
 pub fn rss_kib(pid: u32) -> Option<u64> {
