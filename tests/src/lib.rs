@@ -1079,21 +1079,32 @@ pub fn warned_about(stderr: &str, pid: u32) -> bool {
 /// `(samples, lost)` from the first line of clrbpf's summary
 /// (`clrbpf: recorded 5.0 s (duration), N samples from P processes, L lost, ...`).
 pub fn summary_samples_and_lost(stderr: &str) -> (u64, u64) {
-    let line = stderr
+    let line = summary_line(stderr, "clrbpf: recorded ");
+    (
+        number_before(line, " samples from"),
+        number_before(line, " lost"),
+    )
+}
+
+/// The line of clrbpf's summary that starts with `prefix`.
+pub fn summary_line<'a>(stderr: &'a str, prefix: &str) -> &'a str {
+    stderr
         .lines()
-        .find(|l| l.starts_with("clrbpf: recorded "))
-        .unwrap_or_else(|| panic!("no summary line in:\n{stderr}"));
-    let number_before = |word: &str| -> u64 {
-        let at = line
-            .find(word)
-            .unwrap_or_else(|| panic!("no `{word}` in {line:?}"));
-        line[..at]
-            .split_whitespace()
-            .last()
-            .and_then(|n| n.trim_end_matches(',').parse().ok())
-            .unwrap_or_else(|| panic!("no number before `{word}` in {line:?}"))
-    };
-    (number_before(" samples from"), number_before(" lost"))
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starting {prefix:?} in:\n{stderr}"))
+}
+
+/// The number written just before `word` in a summary line (`1,234 samples`
+/// and `(56 unwound` both read).
+pub fn number_before(line: &str, word: &str) -> u64 {
+    let at = line
+        .find(word)
+        .unwrap_or_else(|| panic!("no `{word}` in {line:?}"));
+    line[..at]
+        .split_whitespace()
+        .last()
+        .and_then(|n| n.trim_start_matches('(').trim_end_matches(',').parse().ok())
+        .unwrap_or_else(|| panic!("no number before `{word}` in {line:?}"))
 }
 
 /// How long one `clrbpf record` of a test may take.

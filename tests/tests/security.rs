@@ -418,24 +418,15 @@ struct StackCopyLine {
 
 impl StackCopyLine {
     fn parse(stderr: &str) -> Self {
-        let line = stderr
-            .lines()
-            .find(|l| l.starts_with("clrbpf: stack copies while processes had no unwind tables: "))
-            .unwrap_or_else(|| panic!("no stack copies line in:\n{stderr}"));
-        let number_before = |word: &str| -> u64 {
-            let at = line
-                .find(word)
-                .unwrap_or_else(|| panic!("no `{word}` in {line:?}"));
-            line[..at]
-                .split_whitespace()
-                .last()
-                .and_then(|n| n.trim_start_matches('(').parse().ok())
-                .unwrap_or_else(|| panic!("no number before `{word}` in {line:?}"))
-        };
+        use clrbpf_integration_tests::{number_before, summary_line};
+        let line = summary_line(
+            stderr,
+            "clrbpf: stack copies while processes had no unwind tables: ",
+        );
         Self {
-            copied: number_before(" ("),
-            unwound: number_before(" unwound once"),
-            kept: number_before(" kept by frame pointers"),
+            copied: number_before(line, " ("),
+            unwound: number_before(line, " unwound once"),
+            kept: number_before(line, " kept by frame pointers"),
         }
     }
 }
