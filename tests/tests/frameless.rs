@@ -43,6 +43,53 @@ fn thread_ids(stdout: &[u8]) -> HashMap<String, i64> {
         .collect()
 }
 
+/// Checks that thread `often`'s ManualResetEventSlim waits in the profile
+/// at `path` (at least 200 ms of them) keep their frameless caller,
+/// Frameless.WaitMresOften, on at least 95% of their off-CPU time.
+fn often_waits_keep_their_caller(path: &std::path::Path, often: i64, label: &str) {
+    let profile = read_profile(path);
+    let off_cpu = value_index(&profile, "off_cpu/nanoseconds");
+    let all = samples(&profile);
+    let waits: Vec<&SampleView> = all
+        .iter()
+        .filter(|s| {
+            s.values[off_cpu] > 0
+                && s.label_num("thread.id") == Some(often)
+                && s.stack_contains(&["System.Threading.ManualResetEventSlim"])
+        })
+        .collect();
+    let total: i64 = waits.iter().map(|s| s.values[off_cpu]).sum();
+    let with_caller: i64 = waits
+        .iter()
+        .filter(|s| s.stack_contains(&["Frameless.WaitMresOften"]))
+        .map(|s| s.values[off_cpu])
+        .sum();
+    let share = with_caller as f64 / total.max(1) as f64;
+    let heaviest = waits
+        .iter()
+        .filter(|s| !s.stack_contains(&["Frameless.WaitMresOften"]))
+        .take(3)
+        .map(|s| format!("  {} {}", s.values[off_cpu], s.frames.join(" <- ")))
+        .collect::<Vec<_>>()
+        .join("\n");
+    eprintln!(
+        "{label} often: {:.1}% of {:.1} ms off-CPU on Frameless.WaitMresOften",
+        share * 100.0,
+        total as f64 / 1e6
+    );
+    assert!(
+        total > 200_000_000,
+        "only {:.1} ms off-CPU in ManualResetEventSlim waits",
+        total as f64 / 1e6
+    );
+    assert!(
+        share >= 0.95,
+        "Frameless.WaitMresOften is on {:.1}% of its {:.1} ms of waits; without it:\n{heaviest}",
+        share * 100.0,
+        total as f64 / 1e6
+    );
+}
+
 /// Records the Frameless workload on `runtime` and checks that each waiting
 /// thread's off-CPU time, and the spinning thread's CPU time, is on its
 /// user method.
@@ -290,47 +337,7 @@ fn net8_jit_wrapper_keeps_its_caller_without_the_diagnostic_socket() {
         .get("often")
         .unwrap_or_else(|| panic!("no often thread in {lines:?}"));
 
-    let profile = read_profile(&output_path);
-    let off_cpu = value_index(&profile, "off_cpu/nanoseconds");
-    let all = samples(&profile);
-    let waits: Vec<&SampleView> = all
-        .iter()
-        .filter(|s| {
-            s.values[off_cpu] > 0
-                && s.label_num("thread.id") == Some(often)
-                && s.stack_contains(&["System.Threading.ManualResetEventSlim"])
-        })
-        .collect();
-    let total: i64 = waits.iter().map(|s| s.values[off_cpu]).sum();
-    let with_caller: i64 = waits
-        .iter()
-        .filter(|s| s.stack_contains(&["Frameless.WaitMresOften"]))
-        .map(|s| s.values[off_cpu])
-        .sum();
-    let share = with_caller as f64 / total.max(1) as f64;
-    let heaviest = waits
-        .iter()
-        .filter(|s| !s.stack_contains(&["Frameless.WaitMresOften"]))
-        .take(3)
-        .map(|s| format!("  {} {}", s.values[off_cpu], s.frames.join(" <- ")))
-        .collect::<Vec<_>>()
-        .join("\n");
-    eprintln!(
-        "frameless-no-socket often: {:.1}% of {:.1} ms off-CPU on Frameless.WaitMresOften",
-        share * 100.0,
-        total as f64 / 1e6
-    );
-    assert!(
-        total > 200_000_000,
-        "only {:.1} ms off-CPU in ManualResetEventSlim waits",
-        total as f64 / 1e6
-    );
-    assert!(
-        share >= 0.95,
-        "Frameless.WaitMresOften is on {:.1}% of its {:.1} ms of waits; without it:\n{heaviest}",
-        share * 100.0,
-        total as f64 / 1e6
-    );
+    often_waits_keep_their_caller(&output_path, often, "frameless-no-socket");
     // The rows came from methods the memory path found.
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -540,38 +547,5 @@ fn net8_code_compiled_after_an_idle_spell_is_unwound_and_the_spell_costs_no_read
         "pid {pid}'s jitdump was read {for_nothing} times in 5 s while nothing was written to it: {reads:.1?}"
     );
 
-    let profile = read_profile(&output_path);
-    let off_cpu = value_index(&profile, "off_cpu/nanoseconds");
-    let all = samples(&profile);
-    let waits: Vec<&SampleView> = all
-        .iter()
-        .filter(|s| {
-            s.values[off_cpu] > 0
-                && s.label_num("thread.id") == Some(often)
-                && s.stack_contains(&["System.Threading.ManualResetEventSlim"])
-        })
-        .collect();
-    let total: i64 = waits.iter().map(|s| s.values[off_cpu]).sum();
-    let with_caller: i64 = waits
-        .iter()
-        .filter(|s| s.stack_contains(&["Frameless.WaitMresOften"]))
-        .map(|s| s.values[off_cpu])
-        .sum();
-    let share = with_caller as f64 / total.max(1) as f64;
-    eprintln!(
-        "frameless-after-idle often: {:.1}% of {:.1} ms off-CPU on Frameless.WaitMresOften",
-        share * 100.0,
-        total as f64 / 1e6
-    );
-    assert!(
-        total > 200_000_000,
-        "only {:.1} ms off-CPU in ManualResetEventSlim waits",
-        total as f64 / 1e6
-    );
-    assert!(
-        share >= 0.95,
-        "Frameless.WaitMresOften is on {:.1}% of its {:.1} ms of waits",
-        share * 100.0,
-        total as f64 / 1e6
-    );
+    often_waits_keep_their_caller(&output_path, often, "frameless-after-idle");
 }
