@@ -43,6 +43,37 @@ fn thread_ids(stdout: &[u8]) -> HashMap<String, i64> {
         .collect()
 }
 
+/// What [`share_on`] found.
+struct Share {
+    total: i64,
+    share: f64,
+    without: String,
+}
+
+/// How much of `samples`' `value` has `on` in its stack (callers after
+/// callees, as `stack_contains` reads them), and the first three samples
+/// without `caller`, for a failure message.
+fn share_on(samples: &[&SampleView], value: usize, on: &[&str], caller: &str) -> Share {
+    let total: i64 = samples.iter().map(|s| s.values[value]).sum();
+    let with: i64 = samples
+        .iter()
+        .filter(|s| s.stack_contains(on))
+        .map(|s| s.values[value])
+        .sum();
+    let without = samples
+        .iter()
+        .filter(|s| !s.stack_contains(&[caller]))
+        .take(3)
+        .map(|s| format!("  {} {}", s.values[value], s.frames.join(" <- ")))
+        .collect::<Vec<_>>()
+        .join("\n");
+    Share {
+        total,
+        share: with as f64 / total.max(1) as f64,
+        without,
+    }
+}
+
 /// Checks that thread `often`'s ManualResetEventSlim waits in the profile
 /// at `path` (at least 200 ms of them) keep their frameless caller,
 /// Frameless.WaitMresOften, on at least 95% of their off-CPU time.
@@ -58,20 +89,16 @@ fn often_waits_keep_their_caller(path: &std::path::Path, often: i64, label: &str
                 && s.stack_contains(&["System.Threading.ManualResetEventSlim"])
         })
         .collect();
-    let total: i64 = waits.iter().map(|s| s.values[off_cpu]).sum();
-    let with_caller: i64 = waits
-        .iter()
-        .filter(|s| s.stack_contains(&["Frameless.WaitMresOften"]))
-        .map(|s| s.values[off_cpu])
-        .sum();
-    let share = with_caller as f64 / total.max(1) as f64;
-    let heaviest = waits
-        .iter()
-        .filter(|s| !s.stack_contains(&["Frameless.WaitMresOften"]))
-        .take(3)
-        .map(|s| format!("  {} {}", s.values[off_cpu], s.frames.join(" <- ")))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let Share {
+        total,
+        share,
+        without: heaviest,
+    } = share_on(
+        &waits,
+        off_cpu,
+        &["Frameless.WaitMresOften"],
+        "Frameless.WaitMresOften",
+    );
     eprintln!(
         "{label} often: {:.1}% of {:.1} ms off-CPU on Frameless.WaitMresOften",
         share * 100.0,
@@ -144,13 +171,7 @@ fn user_method_holds_the_waits(runtime: Runtime, label: &str) {
                     && s.stack_contains(&["System."])
             })
             .collect();
-        let total: i64 = waits.iter().map(|s| s.values[off_cpu]).sum();
-        let on_method: i64 = waits
-            .iter()
-            .filter(|s| s.stack_contains(&[method]))
-            .map(|s| s.values[off_cpu])
-            .sum();
-        let share = on_method as f64 / total.max(1) as f64;
+        let Share { total, share, .. } = share_on(&waits, off_cpu, &[method], method);
         let heaviest = {
             let mut heavy = waits.clone();
             heavy.sort_by_key(|s| std::cmp::Reverse(s.values[off_cpu]));
@@ -186,25 +207,21 @@ fn user_method_holds_the_waits(runtime: Runtime, label: &str) {
         .iter()
         .filter(|s| s.values[cpu] > 0 && s.stack_contains(&["Frameless.Spin"]))
         .collect();
-    let total: i64 = spinning.iter().map(|s| s.values[cpu]).sum();
-    let on_method: i64 = spinning
-        .iter()
-        .filter(|s| s.stack_contains(&["Frameless.Spin", "Frameless.BurnUnderTaskWait"]))
-        .map(|s| s.values[cpu])
-        .sum();
-    let share = on_method as f64 / total.max(1) as f64;
+    let Share {
+        total,
+        share,
+        without: heaviest,
+    } = share_on(
+        &spinning,
+        cpu,
+        &["Frameless.Spin", "Frameless.BurnUnderTaskWait"],
+        "Frameless.BurnUnderTaskWait",
+    );
     eprintln!(
         "{label} burn: {:.1}% of {:.1} ms of CPU on Frameless.BurnUnderTaskWait",
         share * 100.0,
         total as f64 / 1e6
     );
-    let heaviest = spinning
-        .iter()
-        .filter(|s| !s.stack_contains(&["Frameless.BurnUnderTaskWait"]))
-        .take(3)
-        .map(|s| format!("  {} {}", s.values[cpu], s.frames.join(" <- ")))
-        .collect::<Vec<_>>()
-        .join("\n");
     assert!(
         total > 500_000_000,
         "only {:.1} ms of CPU in Frameless.Spin",
@@ -262,20 +279,11 @@ fn net8_osr_method_keeps_its_caller() {
         .iter()
         .filter(|s| s.label_num("thread.id") == Some(osr) && s.stack_contains(&["Osr.Loop"]))
         .collect();
-    let total: i64 = in_loop.iter().map(|s| s.values[cpu]).sum();
-    let with_caller: i64 = in_loop
-        .iter()
-        .filter(|s| s.stack_contains(&["Osr.Loop", "Osr.Caller"]))
-        .map(|s| s.values[cpu])
-        .sum();
-    let share = with_caller as f64 / total.max(1) as f64;
-    let heaviest = in_loop
-        .iter()
-        .filter(|s| !s.stack_contains(&["Osr.Caller"]))
-        .take(3)
-        .map(|s| format!("  {} {}", s.values[cpu], s.frames.join(" <- ")))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let Share {
+        total,
+        share,
+        without: heaviest,
+    } = share_on(&in_loop, cpu, &["Osr.Loop", "Osr.Caller"], "Osr.Caller");
     eprintln!(
         "osr-net8: Osr.Caller on {:.1}% of {:.1} ms of CPU in Osr.Loop",
         share * 100.0,
