@@ -603,6 +603,18 @@ pub fn exceptions_thrown(lines: &[String]) -> i64 {
         .sum()
 }
 
+/// What the runtime's exception counter may say of an Exceptions workload:
+/// at least what it threw, at most that and the first-chance exceptions of
+/// other types the process saw (`THROWN_OTHER`, printed at its exit): the
+/// runtime throws some of its own, which its counter counts and a profile
+/// upscaled to the counter holds even when none of them was sampled.
+pub fn exceptions_counted(lines: &[String]) -> std::ops::RangeInclusive<i64> {
+    let thrown = exceptions_thrown(lines);
+    let others: i64 = parse_value(lines, "THROWN_OTHER")
+        .unwrap_or_else(|| panic!("no THROWN_OTHER in {lines:?}"));
+    thrown..=thrown + others
+}
+
 /// [`parse_value`] over a block of text such as a captured stdout.
 pub fn parse_value_in<T: std::str::FromStr>(text: &str, key: &str) -> Option<T> {
     let lines: Vec<String> = text.lines().map(str::to_owned).collect();

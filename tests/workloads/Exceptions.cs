@@ -8,10 +8,15 @@
 // It lives LINGER_S after its last throw: the runtime's exception counter
 // must write a value after it for a profiler whose events were off to see
 // it (the agent reads the counter every 5 s).
+// At its exit it prints THROWN_OTHER: the first-chance exceptions of other
+// types the process saw over its life (the runtime throws some of its own:
+// .NET Core 3.1's working-set counter reads /proc/PID/task/TID/stat of
+// threads that may have exited), which the runtime's counter counts too.
 using System;
 using System.Diagnostics;
 using System.Globalization;
 using System.Runtime.CompilerServices;
+using System.Runtime.ExceptionServices;
 using System.Threading;
 
 static class Exceptions
@@ -27,8 +32,20 @@ static class Exceptions
     [MethodImpl(MethodImplOptions.NoInlining)]
     static void ThrowOnce() { throw new TimeoutException("once"); }
 
+    static long others;
+
+    static void CountOthers(object sender, FirstChanceExceptionEventArgs e)
+    {
+        Type t = e.Exception.GetType();
+        if (t == typeof(InvalidOperationException) || t == typeof(ArgumentException) || t == typeof(TimeoutException))
+            return;
+        Interlocked.Increment(ref others);
+        Console.Error.WriteLine("OTHER_EXCEPTION " + t.FullName + ": " + e.Exception.Message);
+    }
+
     static int Main(string[] args)
     {
+        AppDomain.CurrentDomain.FirstChanceException += CountOthers;
         double delay = args.Length > 0 ? double.Parse(args[0], CultureInfo.InvariantCulture) : 3;
         int frequent = args.Length > 1 ? int.Parse(args[1]) : 20000;
         int sometimes = args.Length > 2 ? int.Parse(args[2]) : 300;
@@ -62,6 +79,8 @@ static class Exceptions
         Console.Out.Flush();
         double linger = args.Length > 6 ? double.Parse(args[6], CultureInfo.InvariantCulture) : 1;
         Thread.Sleep((int)(linger * 1000));
+        Console.WriteLine("THROWN_OTHER " + Interlocked.Read(ref others));
+        Console.Out.Flush();
         return 0;
     }
 }
