@@ -305,9 +305,6 @@ pub struct TestProcess {
     pid: u32,
     lines: Arc<Mutex<Vec<String>>>,
     reader: Option<thread::JoinHandle<()>>,
-    /// A stand-in killed on drop leaves its diagnostic socket in `/tmp`:
-    /// removed then.
-    remove_socket: bool,
 }
 
 impl TestProcess {
@@ -423,16 +420,14 @@ impl TestProcess {
             dir.path().as_os_str().to_owned(),
         ]
         .into();
-        let mut process = Self::start_argv(
+        Self::start_argv(
             "fake .NET 9",
             &argv,
             &Launch {
                 env,
                 ..Launch::default()
             },
-        );
-        process.remove_socket = true;
-        process
+        )
     }
 
     /// `argv` run as `user` (uid and gid, no groups), a process that
@@ -494,7 +489,6 @@ impl TestProcess {
             child,
             lines,
             reader: Some(reader),
-            remove_socket: false,
         };
         if ready_rx.recv_timeout(READY_TIMEOUT).is_err() {
             let status = process.child.try_wait().ok().flatten();
@@ -551,12 +545,17 @@ impl Drop for TestProcess {
         // pid namespace, and the workload in it, down with it.
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if self.remove_socket {
-            let prefix = format!("dotnet-diagnostic-{}-", self.pid);
-            for entry in fs::read_dir("/tmp").into_iter().flatten().flatten() {
-                if entry.file_name().to_string_lossy().starts_with(&prefix) {
-                    let _ = fs::remove_file(entry.path());
-                }
+        // A runtime killed leaves its diagnostic socket and debugger pipes
+        // in `/tmp` (thousands after a day of test runs).
+        let prefixes = [
+            format!("dotnet-diagnostic-{}-", self.pid),
+            format!("clr-debug-pipe-{}-", self.pid),
+        ];
+        for entry in fs::read_dir("/tmp").into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if prefixes.iter().any(|p| name.starts_with(p.as_str())) {
+                let _ = fs::remove_file(entry.path());
             }
         }
     }
