@@ -334,20 +334,7 @@ mod tests {
     /// whose frame-pointer walk is `[0xf00, time_ns]`.
     fn copy(time_ns: u64, stack_bytes: usize) -> CopiedSample {
         CopiedSample {
-            sample: RawSample {
-                time_ns,
-                pid: 7,
-                tid: 7,
-                cpu: 0,
-                kind: SampleKind::OnCpu,
-                value: 10,
-                thread_name: Arc::from("t"),
-                kernel_stack: Vec::new(),
-                user_stack: vec![0xf00, time_ns],
-                kernel_stack_truncated: false,
-                user_stack_truncated: false,
-                off_cpu: None,
-            },
+            sample: RawSample::on_cpu(7, 7, time_ns, vec![0xf00, time_ns]),
             regs: UnwindRegs {
                 pc: 0xf00,
                 sp: 0x7ff0_0000,

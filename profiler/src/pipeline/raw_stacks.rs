@@ -141,18 +141,9 @@ mod tests {
 
     fn sample(time_ns: u64, tid: u32, user_stack: Vec<u64>) -> RawSample {
         RawSample {
-            time_ns,
-            pid: 7,
-            tid,
-            cpu: 0,
-            kind: clrbpf_common::SampleKind::OnCpu,
             value: 10,
-            thread_name: "t".into(),
             kernel_stack: vec![0xffff_0001],
-            user_stack,
-            kernel_stack_truncated: false,
-            user_stack_truncated: false,
-            off_cpu: None,
+            ..RawSample::on_cpu(7, tid, time_ns, user_stack)
         }
     }
 

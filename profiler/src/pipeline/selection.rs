@@ -121,20 +121,7 @@ mod tests {
     }
 
     fn sample(pid: u32, time_ns: u64) -> RawSample {
-        RawSample {
-            time_ns,
-            pid,
-            tid: pid,
-            cpu: 0,
-            kind: clrbpf_common::SampleKind::OnCpu,
-            value: 1000,
-            thread_name: "worker".into(),
-            kernel_stack: Vec::new(),
-            user_stack: vec![0x1000 + time_ns],
-            kernel_stack_truncated: false,
-            user_stack_truncated: false,
-            off_cpu: None,
-        }
+        RawSample::on_cpu(pid, pid, time_ns, vec![0x1000 + time_ns])
     }
 
     #[test]

@@ -22,20 +22,7 @@ impl SampleSource for FakeSource {
 /// A CPU sample of a process that does not exist: its frames stay
 /// unknown, which is all a window needs.
 fn cpu_sample(time_ns: u64, tid: u32, user_stack: Vec<u64>) -> RawSample {
-    RawSample {
-        time_ns,
-        pid: u32::MAX - 1,
-        tid,
-        cpu: 0,
-        kind: clrbpf_common::SampleKind::OnCpu,
-        value: 1000,
-        thread_name: "worker".into(),
-        kernel_stack: Vec::new(),
-        user_stack,
-        kernel_stack_truncated: false,
-        user_stack_truncated: false,
-        off_cpu: None,
-    }
+    RawSample::on_cpu(u32::MAX - 1, tid, time_ns, user_stack)
 }
 
 fn totals(profile: &Profile) -> (i64, i64) {

@@ -26,6 +26,28 @@ pub struct RawSample {
     pub off_cpu: Option<OffCpuDetail>,
 }
 
+#[cfg(test)]
+impl RawSample {
+    /// A test's on-CPU sample of `pid`/`tid` ("worker", CPU 0) at `time_ns`,
+    /// 1 µs long, with `user_stack` and no kernel frames.
+    pub fn on_cpu(pid: u32, tid: u32, time_ns: u64, user_stack: Vec<u64>) -> Self {
+        Self {
+            time_ns,
+            pid,
+            tid,
+            cpu: 0,
+            kind: clrbpf_common::SampleKind::OnCpu,
+            value: 1000,
+            thread_name: "worker".into(),
+            kernel_stack: Vec::new(),
+            user_stack,
+            kernel_stack_truncated: false,
+            user_stack_truncated: false,
+            off_cpu: None,
+        }
+    }
+}
+
 /// The off-CPU part of a [`RawSample`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OffCpuDetail {

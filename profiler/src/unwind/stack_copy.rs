@@ -158,12 +158,7 @@ fn lookup(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use clrbpf_common::{
-        SampleKind,
-        unwind::{MappingEntry, RowIndex},
-    };
+    use clrbpf_common::unwind::{MappingEntry, RowIndex};
 
     use super::*;
 
@@ -180,20 +175,7 @@ mod tests {
             bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
         }
         CopiedSample {
-            sample: RawSample {
-                time_ns: 1,
-                pid: 7,
-                tid: 7,
-                cpu: 0,
-                kind: SampleKind::OnCpu,
-                value: 10,
-                thread_name: Arc::from("t"),
-                kernel_stack: Vec::new(),
-                user_stack: vec![pc],
-                kernel_stack_truncated: false,
-                user_stack_truncated: false,
-                off_cpu: None,
-            },
+            sample: RawSample::on_cpu(7, 7, 1, vec![pc]),
             regs: UnwindRegs {
                 pc,
                 sp: SP,
