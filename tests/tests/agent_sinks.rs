@@ -15,7 +15,7 @@ use std::{
 };
 
 use clrbpf_integration_tests::{
-    Env, Launch, Runtime, TempDir, TestProcess,
+    ContainerTarget, Env, Launch, Runtime, TempDir, TestProcess,
     agent::{TestAgent, free_port, status_bytes, tail},
     http::{self, Answer, Backend},
     read_profile, samples,
@@ -584,4 +584,79 @@ fn processes_outside_the_selection_are_counted_and_never_named() {
     );
     assert!(hot_named > 0, "Hot.Spin is not named in the profiles");
     drop(app);
+}
+
+/// A .NET process outside the selection is left alone: the agent asks its
+/// runtime nothing (no perf map or jitdump turned on, no EventPipe session,
+/// no `dotnet_*` series), while the one selected, by its container, is
+/// named and has its series.
+#[test]
+fn a_dotnet_process_outside_the_selection_is_left_alone() {
+    let env = Env::privileged();
+    let dir = TempDir::new("agent-container-selection");
+    let out = dir.join("profiles");
+    let selected = ContainerTarget::start(&env, Runtime::Net8, "Hot", &["16"], 1000);
+    let agent = TestAgent::start(
+        &env,
+        &dir,
+        &[
+            "--upload-interval".as_ref(),
+            "5s".as_ref(),
+            "--container-id".as_ref(),
+            selected.container_id.as_ref(),
+            "--output-dir".as_ref(),
+            out.as_os_str(),
+        ],
+    )
+    .wait_ready();
+    // Without `DOTNET_PerfMapEnabled`: only an attaching profiler writes
+    // its perf map and jitdump.
+    let other = TestProcess::launch(&env, Runtime::Net8, "Hot", &["14"], &Launch::default());
+    thread::sleep(Duration::from_secs(12));
+    let metrics = agent.metrics();
+    let written: Vec<_> = [
+        format!("/tmp/perf-{}.map", other.pid()),
+        format!("/tmp/jit-{}.dump", other.pid()),
+    ]
+    .into_iter()
+    .filter(|path| fs::metadata(path).is_ok())
+    .collect();
+    let log = agent.stop();
+
+    let has_series = |pid: u32| {
+        metrics
+            .lines()
+            .any(|l| l.starts_with("dotnet_") && l.contains(&format!("pid=\"{pid}\"")))
+    };
+    assert!(
+        has_series(selected.pid()),
+        "the selected process has no dotnet_* series:\n{metrics}\n{}",
+        tail(&log)
+    );
+    assert!(
+        !has_series(other.pid()),
+        "the unselected process has dotnet_* series:\n{metrics}"
+    );
+    assert!(
+        written.is_empty(),
+        "the unselected process's runtime was asked to write {written:?}"
+    );
+    let (mut pids, mut named) = (BTreeSet::new(), 0usize);
+    for entry in fs::read_dir(&out).expect("the output dir") {
+        let path = entry.expect("an entry").path();
+        for sample in samples(&read_profile(&path)) {
+            pids.extend(sample.pid());
+            named += usize::from(
+                sample.pid() == Some(selected.pid()) && sample.stack_contains(&["Hot.Spin"]),
+            );
+        }
+    }
+    assert!(
+        !pids.contains(&other.pid()),
+        "the unselected process was shipped: {pids:?}"
+    );
+    assert!(
+        named > 0,
+        "Hot.Spin of the selected process is not named: {pids:?}"
+    );
 }

@@ -315,8 +315,13 @@ impl Pipeline {
     pub fn track(&mut self, pid: u32) {
         if !self.processes.contains_key(&pid) {
             let loader = self.loader();
-            let mut process = TrackedProcess::discover(&self.procfs, pid, &mut self.native, loader);
-            process.selected = self.selects(&process);
+            let process = TrackedProcess::discover(
+                &self.procfs,
+                pid,
+                &mut self.native,
+                loader,
+                self.selection.as_deref(),
+            );
             self.processes.insert(pid, process);
             self.summary.processes += 1;
             if let Some(unwind) = self.unwind.as_ref() {

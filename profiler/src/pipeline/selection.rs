@@ -55,13 +55,6 @@ impl Pipeline {
         self.selection = Some(filter);
     }
 
-    /// Whether `process`'s samples are wanted.
-    pub(super) fn selects(&self, process: &TrackedProcess) -> bool {
-        self.selection
-            .as_ref()
-            .is_none_or(|filter| filter.selects(&ProcessKey::of(process)))
-    }
-
     /// Counts `sample` as taken and drops it when its process is not
     /// selected; returns whether it did.
     pub(super) fn drop_unselected(&mut self, sample: &RawSample) -> bool {
@@ -95,6 +88,7 @@ mod tests {
             pid,
             &mut crate::symbolize::native::NativeSymbolizer::new(),
             crate::clr::instance::DotnetLoader::for_listing(),
+            None,
         )
     }
 
@@ -118,6 +112,23 @@ mod tests {
         // `--exe pid-4294967288` selects nothing: the sinks name no
         // series after the stand-in either.
         assert!(!OnlyExe(unknown_exe_name(u32::MAX - 7)).selects(&key));
+    }
+
+    #[test]
+    fn a_process_outside_the_selection_is_learnt_unselected() {
+        let me = std::process::id();
+        let learnt = |filter: &dyn ProcessFilter| {
+            TrackedProcess::discover(
+                &crate::process::ProcFs::default(),
+                me,
+                &mut crate::symbolize::native::NativeSymbolizer::new(),
+                crate::clr::instance::DotnetLoader::for_listing(),
+                Some(filter),
+            )
+        };
+        assert!(!learnt(&OnlyExe("no-such-exe".to_owned())).selected);
+        let exe = discover(me).exe_name.to_string();
+        assert!(learnt(&OnlyExe(exe)).selected);
     }
 
     fn sample(pid: u32, time_ns: u64) -> RawSample {

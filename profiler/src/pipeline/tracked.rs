@@ -11,6 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use super::selection::{ProcessFilter, ProcessKey};
 use crate::{
     clr::instance::DotnetLoader,
     process::{
@@ -37,10 +38,14 @@ const OVER_BUDGET_MAPS_REFRESH_EVERY: Duration = Duration::from_secs(10);
 /// The runtimes the pipeline recognises in a process: .NET.
 pub(super) type Loader = DotnetLoader;
 
-/// The runtime of a process: looked for until found.
+/// The runtime of a process: looked for until found, unless the process
+/// is outside the selection.
 enum RuntimeSlot<L: RuntimeLoader> {
     Looking(L),
     Found(L::Instance),
+    /// Outside the agent's selection: its runtime is asked nothing (no perf
+    /// map turned on, no EventPipe session, no `dotnet_*` series).
+    LeftAlone,
 }
 
 /// What we know of one profiled process.
@@ -70,11 +75,14 @@ pub fn unknown_exe_name(pid: u32) -> String {
 }
 
 impl TrackedProcess {
+    /// Learns process `pid`: its labels, whether `selection` wants it, its
+    /// mappings and, when it is wanted, its runtime.
     pub(super) fn discover(
         procfs: &ProcFs,
         pid: u32,
         native: &mut NativeSymbolizer,
         loader: Loader,
+        selection: Option<&dyn ProcessFilter>,
     ) -> Self {
         let info = procfs.process_info(pid).ok();
         let threads = ThreadIds::new(info.as_ref().is_some_and(|i| i.ns_pid != pid));
@@ -106,6 +114,10 @@ impl TrackedProcess {
             selected: true,
             runtime: RuntimeSlot::Looking(loader),
         };
+        process.selected = selection.is_none_or(|filter| filter.selects(&ProcessKey::of(&process)));
+        if !process.selected {
+            process.runtime = RuntimeSlot::LeftAlone;
+        }
         process.refresh_maps(procfs, native);
         process
     }
@@ -114,14 +126,14 @@ impl TrackedProcess {
     pub(super) fn runtime(&self) -> Option<&<Loader as RuntimeLoader>::Instance> {
         match &self.runtime {
             RuntimeSlot::Found(instance) => Some(instance),
-            RuntimeSlot::Looking(_) => None,
+            RuntimeSlot::Looking(_) | RuntimeSlot::LeftAlone => None,
         }
     }
 
     pub(super) fn runtime_mut(&mut self) -> Option<&mut <Loader as RuntimeLoader>::Instance> {
         match &mut self.runtime {
             RuntimeSlot::Found(instance) => Some(instance),
-            RuntimeSlot::Looking(_) => None,
+            RuntimeSlot::Looking(_) | RuntimeSlot::LeftAlone => None,
         }
     }
 
