@@ -192,6 +192,7 @@ struct ProcessIndex {
     /// The table (or none) each file mapping of the last scan gave, by
     /// what the maps line says of it: a later scan takes an unchanged
     /// mapping's from here instead of opening its `map_files` entry again.
+    /// Empty once the process is no longer young ([`YOUNG_FOR`]).
     files: HashMap<MappedFile, Option<u64>>,
     /// The index entries with the table each came from.
     entries: Vec<(MappingEntry, Option<u64>)>,
@@ -726,15 +727,7 @@ impl UnwindMaps {
                 None
             } else {
                 let file = MappedFile::of(m);
-                let table = match known.as_ref().and_then(|k| k.get(&file)) {
-                    // A table evicted since is loaded again the usual way.
-                    Some(&Some(key)) if self.tables.contains_key(&key) => Some(key),
-                    Some(&None) => None,
-                    _ => {
-                        self.times.file_opened(pid);
-                        self.table_for_mapping(pid, m.start, m.end)
-                    }
-                };
+                let table = self.table_for_piece(pid, file, known.as_ref());
                 files.insert(file, table);
                 table
             };
@@ -794,7 +787,14 @@ impl UnwindMaps {
         }
         let index = ProcessIndex {
             tables: used,
-            files,
+            // Kept while the process is young, when its scans come in
+            // bursts; an old process is rescanned rarely, and a node of
+            // idle processes would hold ~7 KB each for nothing.
+            files: if first_scanned_at.elapsed() < YOUNG_FOR {
+                files
+            } else {
+                HashMap::new()
+            },
             entries,
             scanned_at: Instant::now(),
             first_scanned_at,
@@ -849,6 +849,25 @@ impl UnwindMaps {
         value.generation = self.mappings_generation;
         if self.process_mappings.insert(pid, *value, 0).is_err() {
             self.stats.map_update_errors += 1;
+        }
+    }
+
+    /// The table key of a piece of a file `pid` maps: the one its last scan
+    /// found (`known`) while that table is loaded, else looked for.
+    fn table_for_piece(
+        &mut self,
+        pid: u32,
+        file: MappedFile,
+        known: Option<&HashMap<MappedFile, Option<u64>>>,
+    ) -> Option<u64> {
+        match known.and_then(|k| k.get(&file)) {
+            // A table evicted since is loaded again the usual way.
+            Some(&Some(key)) if self.tables.contains_key(&key) => Some(key),
+            Some(&None) => None,
+            _ => {
+                self.times.file_opened(pid);
+                self.table_for_mapping(pid, file.start, file.end)
+            }
         }
     }
 
