@@ -43,6 +43,9 @@ pub struct ProcessTableTimes {
     /// asked for (the kernel's `mmap`/`mprotect` events).
     pub scans: u32,
     pub code_mapped_scans: u32,
+    /// `/proc/PID/map_files` entries its scans opened: a mapping unchanged
+    /// since its last scan is not opened again.
+    pub files_opened: u32,
     /// Its first JIT code came (its names: perf map, jitdump, events).
     pub jit_code_ns: Option<u64>,
     /// Its first JIT table was in the kernel.
@@ -76,7 +79,7 @@ impl ProcessTableTimes {
                 .map_or_else(|| "-".to_owned(), |v| format!("{v:.3} s"))
         };
         format!(
-            "pid {} from its exec: seen {}, indexed {}, files {} ({} files: {} built in {:.0} ms, {} read in {:.0} ms, {} already loaded; rows written in {:.1} ms; {} scans, {} on code mappings), JIT code {}, JIT table {}, whole {}",
+            "pid {} from its exec: seen {}, indexed {}, files {} ({} files: {} built in {:.0} ms, {} read in {:.0} ms, {} already loaded; rows written in {:.1} ms; {} scans, {} on code mappings, {} mapped files opened), JIT code {}, JIT table {}, whole {}",
             self.pid,
             s(self.seen_ns),
             s(self.indexed_ns),
@@ -90,6 +93,7 @@ impl ProcessTableTimes {
             self.upload_ns as f64 / 1e6,
             self.scans,
             self.code_mapped_scans,
+            self.files_opened,
             s(self.jit_code_ns),
             s(self.jit_table_ns),
             s(self.whole_ns()),
@@ -155,6 +159,13 @@ impl TableTimes {
             p.seen_ns.get_or_insert_with(now_ns);
             p.scans += 1;
             p.code_mapped_scans += u32::from(code_mapped);
+        }
+    }
+
+    /// A scan of `pid` opened one of its mapped files.
+    pub fn file_opened(&mut self, pid: u32) {
+        if let Some(p) = self.followed.get_mut(&pid) {
+            p.files_opened += 1;
         }
     }
 

@@ -133,6 +133,32 @@ enum FileState {
     NoTable,
 }
 
+/// A file mapping as a process's maps line shows it. The same line in a
+/// later scan is the same mapping (a file stays open, its inode taken,
+/// while it is mapped), so its table is known without opening
+/// `/proc/PID/map_files` again: a .NET process has about 110 executable
+/// file mappings and is scanned 10-20 times while it starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct MappedFile {
+    start: u64,
+    end: u64,
+    offset: u64,
+    dev: (u32, u32),
+    inode: u64,
+}
+
+impl MappedFile {
+    fn of(m: &crate::process::maps::Mapping) -> Self {
+        Self {
+            start: m.start,
+            end: m.end,
+            offset: m.offset,
+            dev: (m.dev_major, m.dev_minor),
+            inode: m.inode,
+        }
+    }
+}
+
 /// A table in the kernel's row array: `rows` rows, then its row index, `len`
 /// slots in all.
 struct LoadedTable {
@@ -163,6 +189,11 @@ struct ProcessJitCode {
 struct ProcessIndex {
     /// Table keys used by the process's index.
     tables: HashSet<u64>,
+    /// The table (or none) each file mapping of the last scan gave, by
+    /// what the maps line says of it: a later scan takes an unchanged
+    /// mapping's from here instead of opening its `map_files` entry again.
+    /// Empty once the process is no longer young ([`YOUNG_FOR`]).
+    files: HashMap<MappedFile, Option<u64>>,
     /// The index entries with the table each came from.
     entries: Vec<(MappingEntry, Option<u64>)>,
     scanned_at: Instant,
@@ -683,6 +714,11 @@ impl UnwindMaps {
         let now = self.clock;
         let mut entries = Vec::new();
         let mut used = HashSet::new();
+        let mut files = HashMap::new();
+        let known = self
+            .processes
+            .get_mut(&pid)
+            .map(|p| std::mem::take(&mut p.files));
         for m in maps.iter() {
             if !m.is_executable() {
                 continue;
@@ -690,7 +726,10 @@ impl UnwindMaps {
             let table = if m.path.as_deref().is_none_or(|p| p.starts_with('[')) {
                 None
             } else {
-                self.table_for_mapping(pid, m.start, m.end)
+                let file = MappedFile::of(m);
+                let table = self.table_for_piece(pid, file, known.as_ref());
+                files.insert(file, table);
+                table
             };
             let mut entry = MappingEntry {
                 start: m.start,
@@ -748,6 +787,14 @@ impl UnwindMaps {
         }
         let index = ProcessIndex {
             tables: used,
+            // Kept while the process is young, when its scans come in
+            // bursts; an old process is rescanned rarely, and a node of
+            // idle processes would hold ~7 KB each for nothing.
+            files: if first_scanned_at.elapsed() < YOUNG_FOR {
+                files
+            } else {
+                HashMap::new()
+            },
             entries,
             scanned_at: Instant::now(),
             first_scanned_at,
@@ -802,6 +849,25 @@ impl UnwindMaps {
         value.generation = self.mappings_generation;
         if self.process_mappings.insert(pid, *value, 0).is_err() {
             self.stats.map_update_errors += 1;
+        }
+    }
+
+    /// The table key of a piece of a file `pid` maps: the one its last scan
+    /// found (`known`) while that table is loaded, else looked for.
+    fn table_for_piece(
+        &mut self,
+        pid: u32,
+        file: MappedFile,
+        known: Option<&HashMap<MappedFile, Option<u64>>>,
+    ) -> Option<u64> {
+        match known.and_then(|k| k.get(&file)) {
+            // A table evicted since is loaded again the usual way.
+            Some(&Some(key)) if self.tables.contains_key(&key) => Some(key),
+            Some(&None) => None,
+            _ => {
+                self.times.file_opened(pid);
+                self.table_for_mapping(pid, file.start, file.end)
+            }
         }
     }
 
