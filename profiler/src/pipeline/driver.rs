@@ -362,6 +362,8 @@ impl Driver {
             let stop = tokio::select! {
                 _ = tick.tick() => None,
                 () = async { ring.as_ref().expect("guarded").woken().await }, if ring.is_ok() => None,
+                // A CLR session's channel is full: drain it now.
+                () = crate::clr::session_reader::channel_full() => None,
                 _ = self.sigint.recv() => Some(StopSignal::Interrupt),
                 _ = self.sigterm.recv() => Some(StopSignal::Terminate),
                 () = front.event() => None,
