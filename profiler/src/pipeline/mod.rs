@@ -508,9 +508,15 @@ impl Pipeline {
     /// processes whose stacks met unindexed code for a rescan, start and
     /// drain the EventPipe sessions, add the CLR samples of closed sampling
     /// windows, and symbolize the samples taken [`SYMBOLIZE_DELAY`] ago or
-    /// earlier.
-    pub fn tick(&mut self, sampler: &mut crate::bpf::Sampler, scratch: &mut Vec<RawSample>) {
-        self.pull(sampler, scratch);
+    /// earlier. Returns whether it found work: samples or process events
+    /// in the ring, or a runtime with work due at the next tick
+    /// ([`visits`]).
+    pub fn tick(
+        &mut self,
+        sampler: &mut crate::bpf::Sampler,
+        scratch: &mut Vec<RawSample>,
+    ) -> bool {
+        let drained = self.pull(sampler, scratch);
         if let Some(unwind) = self.unwind.as_ref() {
             for pid in sampler.take_pids_to_rescan() {
                 unwind.refresh_process(pid);
@@ -525,6 +531,7 @@ impl Pipeline {
         self.retire_vanished();
         self.keep_perf_map_ledger();
         self.log_sizes();
+        drained || self.clr_visits.any_marked()
     }
 
     /// Retires the tracked processes that have had no `/proc` entry at two
@@ -620,10 +627,12 @@ impl Pipeline {
         }
     }
 
-    /// Drains `source` into the pending samples (see [`Self::accept`]).
-    pub fn pull(&mut self, source: &mut impl SampleSource, scratch: &mut Vec<RawSample>) {
+    /// Drains `source` into the pending samples (see [`Self::accept`]);
+    /// returns whether it held any sample or process event.
+    pub fn pull(&mut self, source: &mut impl SampleSource, scratch: &mut Vec<RawSample>) -> bool {
         let mut events = Vec::new();
         self.summary.malformed_records += source.drain(scratch, &mut events);
+        let drained = !scratch.is_empty() || !events.is_empty();
         // Before the samples' processes are asked for: a process exec'd
         // and sampled in this drain is followed from its exec.
         if let Some(unwind) = self.unwind.as_ref() {
@@ -636,6 +645,7 @@ impl Pipeline {
         self.accept(scratch);
         self.take_stack_copies(source.take_stack_copies());
         self.lifecycle.extend(events.into_iter().map(|e| e.event));
+        drained
     }
 
     /// Closes the window `span`: every sample taken before its end is

@@ -51,6 +51,11 @@ impl Visits {
         self.marked.insert(pid);
     }
 
+    /// Whether a process is marked for the next tick.
+    pub fn any_marked(&self) -> bool {
+        !self.marked.is_empty()
+    }
+
     /// The processes to visit at `now`; the marks are taken.
     pub fn take(&mut self, now: Instant) -> Visit {
         if now.saturating_duration_since(self.all_at) >= self.every {
@@ -91,11 +96,14 @@ mod tests {
         let start = Instant::now();
         let mut visits = Visits::new(EVERY, start);
         visits.take(start);
+        assert!(!visits.any_marked());
         visits.mark(7);
         visits.mark(3);
         visits.mark(7);
+        assert!(visits.any_marked());
         let soon = start + Duration::from_millis(50);
         assert_eq!(visits.take(soon), Visit::Only(vec![3, 7]));
+        assert!(!visits.any_marked());
         assert_eq!(visits.take(soon), Visit::Only(Vec::new()));
     }
 
