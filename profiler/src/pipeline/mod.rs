@@ -181,6 +181,9 @@ pub struct Pipeline {
     /// The processes whose new JIT code the next tick takes
     /// ([`Self::send_new_jit_code`]).
     jit_visits: visits::Visits,
+    /// When the perf map ledger was last brought up to date
+    /// ([`Self::keep_perf_map_ledger`]).
+    ledger_kept_at: std::time::Instant,
 }
 
 /// How long after its exit event a process's late samples are still its
@@ -264,6 +267,7 @@ impl Pipeline {
             vanished: (HashSet::new(), std::time::Instant::now()),
             clr_visits: visits::Visits::new(VISIT_ALL_EVERY, std::time::Instant::now()),
             jit_visits: visits::Visits::new(VISIT_ALL_EVERY, std::time::Instant::now()),
+            ledger_kept_at: std::time::Instant::now(),
         }
     }
 
@@ -529,9 +533,17 @@ impl Pipeline {
         self.process_pending(crate::profile::monotonic_ns().saturating_sub(delay));
         self.send_new_jit_code();
         self.retire_vanished();
-        self.keep_perf_map_ledger();
+        // An attach starts when a process is tracked or its runtime seen,
+        // and runs while its runtime is busy: those mark it for the next
+        // tick. The rest (an attach that failed, a process gone) waits for
+        // the backstop.
+        let runtimes_busy = self.clr_visits.any_marked();
+        if runtimes_busy || self.ledger_kept_at.elapsed() >= VISIT_ALL_EVERY {
+            self.ledger_kept_at = std::time::Instant::now();
+            self.keep_perf_map_ledger();
+        }
         self.log_sizes();
-        drained || self.clr_visits.any_marked()
+        drained || runtimes_busy
     }
 
     /// Retires the tracked processes that have had no `/proc` entry at two
@@ -813,6 +825,7 @@ impl Pipeline {
             processes,
             native,
             procfs,
+            clr_visits,
             ..
         } = self;
         // A new stack is named later, maybe after its process exited: read
@@ -825,6 +838,8 @@ impl Pipeline {
                 .any(|&addr| process.mapping_for(addr).is_none())
         {
             process.refresh_maps(procfs, native);
+            // Its runtime may show now: polled at the next tick.
+            clr_visits.mark(new.pid);
         }
     }
 
