@@ -109,6 +109,10 @@ pub trait RuntimeInstance {
     /// Takes what the runtime answered or sent since the last poll;
     /// returns how many events came.
     fn poll(&mut self) -> usize;
+    /// Whether [`Self::poll`] has work due at every tick (a start, an
+    /// attach or a stop under way). A runtime that is not busy is polled
+    /// when its sessions deliver, and at the pipeline's backstop.
+    fn busy(&self) -> bool;
     /// The event samples of the sampling windows closed so far.
     fn take_events(&mut self) -> Self::Events;
     /// Asks the runtime to stop its events, without waiting: every

@@ -132,6 +132,12 @@ pub(super) enum BudgetedSession {
 }
 
 impl BudgetedSession {
+    /// Whether the session's poll has work due by time, not by its
+    /// deliveries: a start or a stop to take in, or a back-off to end.
+    fn busy(&self) -> bool {
+        matches!(self, Self::Off | Self::Starting(_) | Self::Stopping(..))
+    }
+
     /// Starts the session of the `what` events (`exception`, `allocation`)
     /// of `pid` on the job pool: the runtime may answer late.
     pub(super) fn start(
@@ -332,6 +338,25 @@ impl ClrCollector {
     pub fn runtime_counters(&mut self) -> Option<&mut RuntimeCounters> {
         (self.counters_interval_sec.is_some() && self.sessions_started > 0)
             .then_some(&mut self.runtime)
+    }
+
+    /// Whether [`Self::poll`] has work due at every tick: the sessions'
+    /// start, the rundown, an event session starting, stopping or off for
+    /// its back-off. A settled collector (its sessions running or ended)
+    /// has nothing to do until they deliver.
+    pub fn busy(&self) -> bool {
+        !matches!(
+            self.state,
+            CollectorState::Running(_) | CollectorState::Ended
+        ) || self.rundown_job.is_some()
+            || self
+                .exception_events
+                .as_ref()
+                .is_some_and(|events| events.session.busy())
+            || self
+                .allocation_events
+                .as_ref()
+                .is_some_and(|events| events.session.busy())
     }
 
     /// Starts the session if due, then takes what it delivered. Method

@@ -436,6 +436,13 @@ impl RuntimeInstance for DotnetInstance {
         taken
     }
 
+    fn busy(&self) -> bool {
+        self.starting_since.is_some()
+            || self.attach_job.is_some()
+            || self.clr_symbols_stale
+            || self.clr.as_ref().is_some_and(ClrCollector::busy)
+    }
+
     fn take_events(&mut self) -> Vec<Weighted<ClrSample>> {
         self.clr
             .as_mut()

@@ -21,5 +21,5 @@ pub mod nettrace;
 pub mod perf_map_attach;
 pub mod perf_map_ledger;
 pub mod session;
-mod session_reader;
+pub(crate) mod session_reader;
 pub mod waits;

@@ -18,6 +18,10 @@
 //! 4. The end of a stream (the session stopped, the process exited, or a
 //!    read failed) is sent as the session's [`SessionMessage::Ended`];
 //!    dropping the [`ReaderTicket`] closes the stream, ended or not.
+//! 5. Each delivery notes the session's pid for the pipeline
+//!    ([`take_delivered`]), which then drains those sessions and leaves
+//!    the idle ones alone; a batch parked on a full channel also wakes the
+//!    recording loop at once ([`channel_full`]).
 
 use std::{
     collections::HashMap,
@@ -49,6 +53,8 @@ const RETRY_FULL: Duration = Duration::from_millis(5);
 const MAX_EVENTS: usize = 64;
 /// The epoll key of the wake-up eventfd (session ids start at 1).
 const WAKE_KEY: u64 = 0;
+/// Pids noted for [`take_delivered`] at most.
+const MAX_DELIVERED: usize = 4096;
 
 /// One session's stream decoding: nettrace -> CLR events and counter
 /// values, with the clock conversion. Owned by the reader thread.
@@ -195,6 +201,7 @@ pub(super) fn attach(
     reader.command(Command::Add(
         key,
         Box::new(Stream {
+            pid,
             stream,
             decoder: Some(StreamDecoder::new(pid, kinds)),
             sender,
@@ -206,6 +213,42 @@ pub(super) fn attach(
 
 static READER: OnceLock<io::Result<Reader>> = OnceLock::new();
 static NEXT_KEY: AtomicU64 = AtomicU64::new(WAKE_KEY + 1);
+/// Pids whose sessions were sent messages since [`take_delivered`].
+static DELIVERED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+/// Notified when a session's channel is full.
+static CHANNEL_FULL: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// The pids whose sessions were sent events, counters or their end since
+/// the last call (each once): the sessions worth draining now.
+pub fn take_delivered() -> Vec<u32> {
+    let mut pids = std::mem::take(
+        &mut *DELIVERED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    pids.sort_unstable();
+    pids
+}
+
+/// Notes that `pid`'s session was sent something. Each pid is noted once
+/// until taken; past [`MAX_DELIVERED`] pids (no pipeline takes them) the
+/// rest are not noted: a pipeline drains every session at its backstop.
+fn note_delivered(pid: u32) {
+    let mut pids = DELIVERED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if pids.len() < MAX_DELIVERED && !pids.contains(&pid) {
+        pids.push(pid);
+    }
+}
+
+/// Resolves when a session's channel was found full (its batch parked):
+/// the loop should drain the sessions ([`take_delivered`]) now rather than
+/// at its next tick. Cancel safe; a notification with no waiter is kept
+/// for the next wait.
+pub async fn channel_full() {
+    CHANNEL_FULL.notified().await;
+}
 
 enum Command {
     Add(u64, Box<Stream>),
@@ -213,6 +256,7 @@ enum Command {
 }
 
 struct Stream {
+    pid: u32,
     stream: UnixStream,
     /// `None` once its end is sent (or parked): nothing more is read.
     decoder: Option<StreamDecoder>,
@@ -453,9 +497,13 @@ fn deliver_parked(stream: &mut Stream) -> Delivery {
         return Delivery::Sent;
     };
     match stream.sender.try_send(batch) {
-        Ok(()) => Delivery::Sent,
+        Ok(()) => {
+            note_delivered(stream.pid);
+            Delivery::Sent
+        }
         Err(TrySendError::Full(batch)) => {
             stream.parked = Some(batch);
+            CHANNEL_FULL.notify_one();
             Delivery::Parked
         }
         Err(TrySendError::Disconnected(_)) => Delivery::Gone,
@@ -540,6 +588,36 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(10));
         // A: every event, in order of batches, then its clean end.
         assert_eq!(drain(&slow), (expected, None));
+    }
+
+    #[test]
+    fn a_delivery_notes_its_pid_once_and_a_full_channel_wakes_the_loop() {
+        const PID: u32 = 4_000_001;
+        let (ours, theirs) = UnixStream::pair().expect("a socket pair");
+        std::thread::spawn(move || {
+            let mut theirs = theirs;
+            let _ = theirs.write_all(&capture());
+        });
+        // One batch fills the channel, nobody drains it: the next parks.
+        let (sender, _receiver) = sync_channel(1);
+        let _ticket = attach(PID, ours, ClrEventKinds::ALL, sender).expect("attach");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        let woken = runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(20), channel_full()).await
+        });
+        assert!(woken.is_ok(), "a parked batch did not wake the loop");
+        // Another test's full channel may have woken it first.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !take_delivered().contains(&PID) {
+            assert!(Instant::now() < deadline, "the delivery was not noted");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Noted once: the full channel takes nothing more.
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!take_delivered().contains(&PID));
     }
 
     #[test]

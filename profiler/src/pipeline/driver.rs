@@ -46,7 +46,9 @@ use crate::{
     profile::{Profile, RawSample},
 };
 
-/// How often the loop runs when the ring does not wake it first.
+/// How often the loop runs when the ring does not wake it first, while
+/// the last tick found work (and always for a [`Front`] that keeps it:
+/// `record`).
 const TICK: Duration = Duration::from_millis(50);
 
 /// Longest `--off-cpu-min` (the kernel side's keep rule takes up to 2^32 ns).
@@ -352,16 +354,17 @@ impl Driver {
     /// The loop: ticks until a stop signal or `front` ends it; returns why
     /// it ended.
     pub async fn run(&mut self, front: &mut impl Front) -> &'static str {
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_tick = tokio::time::Instant::now();
         let ring = self.sampler.ring_wakeups();
         if let Err(error) = &ring {
             tracing::debug!(%error, "the sample ring cannot be polled: drained on the timer only");
         }
         loop {
             let stop = tokio::select! {
-                _ = tick.tick() => None,
+                () = tokio::time::sleep_until(next_tick) => None,
                 () = async { ring.as_ref().expect("guarded").woken().await }, if ring.is_ok() => None,
+                // A CLR session's channel is full: drain it now.
+                () = crate::clr::session_reader::channel_full() => None,
                 _ = self.sigint.recv() => Some(StopSignal::Interrupt),
                 _ = self.sigterm.recv() => Some(StopSignal::Terminate),
                 () = front.event() => None,
@@ -369,7 +372,11 @@ impl Driver {
             if let Some(signal) = stop {
                 return front.stop_signal(signal);
             }
-            self.pipeline.tick(&mut self.sampler, &mut self.raw);
+            let busy = self.pipeline.tick(&mut self.sampler, &mut self.raw);
+            // A quiet host wakes the loop less often; the ring (a quarter
+            // full) and a full CLR session channel still wake it at once.
+            let period = if busy { TICK } else { front.quiet_tick() };
+            next_tick = tokio::time::Instant::now() + period;
             let mut cutter = Cutter {
                 pipeline: &mut self.pipeline,
                 clock: &self.clock,
@@ -544,6 +551,15 @@ pub trait Front {
 
     /// A stop signal came: what ends the loop, in the user's words.
     fn stop_signal(&mut self, signal: StopSignal) -> &'static str;
+
+    /// How long the loop waits after a tick that found nothing to do (no
+    /// samples, no runtime with work due) before the next, unless
+    /// something wakes it first. By default the busy tick: a front that
+    /// checks its own clock after each tick (`record --duration`) keeps
+    /// its precision.
+    fn quiet_tick(&self) -> Duration {
+        TICK
+    }
 
     /// After every tick: cuts what is due; `Some(why)` ends the loop.
     fn after_tick(&mut self, cutter: &mut Cutter<'_>, sampler: &Sampler) -> Option<&'static str>;

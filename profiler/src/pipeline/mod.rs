@@ -27,6 +27,7 @@ mod stack_copies;
 pub mod start_tables;
 pub mod summary;
 pub mod tracked;
+mod visits;
 mod wakers;
 
 use std::{
@@ -175,6 +176,14 @@ pub struct Pipeline {
     /// Tracked pids without a `/proc` entry at the last check, and when it
     /// was ([`Self::retire_vanished`]).
     vanished: (HashSet<u32>, std::time::Instant),
+    /// The processes whose runtimes the next tick polls ([`Self::poll_clr`]).
+    clr_visits: visits::Visits,
+    /// The processes whose new JIT code the next tick takes
+    /// ([`Self::send_new_jit_code`]).
+    jit_visits: visits::Visits,
+    /// When the perf map ledger was last brought up to date
+    /// ([`Self::keep_perf_map_ledger`]).
+    ledger_kept_at: std::time::Instant,
 }
 
 /// How long after its exit event a process's late samples are still its
@@ -184,6 +193,13 @@ const EXIT_GRACE_NS: u64 = 50_000_000;
 /// How often tracked processes are checked for having vanished without an
 /// exit event seen for them ([`Pipeline::retire_vanished`]).
 const VANISHED_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How often every tracked process's runtime is polled and its new JIT
+/// code taken, besides the ticks where something marks it
+/// ([`visits::Visits`]): how late time-driven work can be (a CLR sampling
+/// window closing, code found by polling a perf map or the runtime's
+/// memory, itself checked every second).
+const VISIT_ALL_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How many scans a process that shows no .NET runtime gets (a `dotnet`
 /// host maps `libcoreclr.so` a moment after it starts).
@@ -249,6 +265,9 @@ impl Pipeline {
             dotnet_scanned: HashMap::new(),
             sizes_logged_at: std::time::Instant::now(),
             vanished: (HashSet::new(), std::time::Instant::now()),
+            clr_visits: visits::Visits::new(VISIT_ALL_EVERY, std::time::Instant::now()),
+            jit_visits: visits::Visits::new(VISIT_ALL_EVERY, std::time::Instant::now()),
+            ledger_kept_at: std::time::Instant::now(),
         }
     }
 
@@ -324,6 +343,8 @@ impl Pipeline {
             );
             self.processes.insert(pid, process);
             self.summary.processes += 1;
+            self.clr_visits.mark(pid);
+            self.jit_visits.mark(pid);
             if let Some(unwind) = self.unwind.as_ref() {
                 unwind.track_process(pid);
             }
@@ -344,28 +365,47 @@ impl Pipeline {
         }
     }
 
-    /// Looks again at runtimes still starting, then polls every runtime
-    /// (its perf map attach, its EventPipe sessions).
-    pub fn poll_clr(&mut self) {
+    /// Polls the runtimes that have something to do ([`visits`]): those
+    /// whose sessions delivered, those busy (starting, attaching, stopping
+    /// a session), every one at the backstop; a runtime still starting has
+    /// its mappings read again first. Returns the pids polled.
+    pub fn poll_clr(&mut self) -> Vec<u32> {
+        for pid in crate::clr::session_reader::take_delivered() {
+            self.clr_visits.mark(pid);
+        }
         let Self {
             processes,
             procfs,
             native,
+            clr_visits,
+            jit_visits,
             ..
         } = self;
-        for process in processes.values_mut() {
-            if process
-                .runtime()
-                .is_some_and(RuntimeInstance::needs_mappings)
-            {
+        let visit = clr_visits.take(std::time::Instant::now());
+        let mut polled = Vec::new();
+        for pid in visits::pids(visit, processes) {
+            let Some(process) = processes.get_mut(&pid) else {
+                continue;
+            };
+            let Some(runtime) = process.runtime() else {
+                continue;
+            };
+            if runtime.needs_mappings() {
                 process.refresh_maps(procfs, native);
             }
             let events = process.runtime_mut().map_or(0, RuntimeInstance::poll);
             if events > 0 {
                 // Their threads' host ids and names, while they run.
-                process.threads.refresh(procfs, process.pid);
+                process.threads.refresh(procfs, pid);
             }
+            if process.runtime().is_some_and(RuntimeInstance::busy) {
+                clr_visits.mark(pid);
+            }
+            // Its method events may have named new code.
+            jit_visits.mark(pid);
+            polled.push(pid);
         }
+        polled
     }
 
     /// Copies the bounded caches' eviction counts into the summary.
@@ -446,9 +486,10 @@ impl Pipeline {
         }
     }
 
-    /// Adds the CLR samples of the sampling windows closed so far, so a
-    /// long recording holds at most one window of them per process.
-    pub fn flush_clr_windows(&mut self) {
+    /// Adds the CLR samples of the sampling windows closed so far in the
+    /// processes `pids` (those just polled: a window closes in a poll), so
+    /// a long recording holds at most one window of them per process.
+    pub fn flush_clr_windows(&mut self, pids: &[u32]) {
         let Self {
             native,
             processes,
@@ -458,7 +499,10 @@ impl Pipeline {
             layout,
             ..
         } = self;
-        for process in processes.values_mut() {
+        for pid in pids {
+            let Some(process) = processes.get_mut(pid) else {
+                continue;
+            };
             let Some(kept) = process.runtime_mut().map(RuntimeInstance::take_events) else {
                 continue;
             };
@@ -473,23 +517,38 @@ impl Pipeline {
     /// processes whose stacks met unindexed code for a rescan, start and
     /// drain the EventPipe sessions, add the CLR samples of closed sampling
     /// windows, and symbolize the samples taken [`SYMBOLIZE_DELAY`] ago or
-    /// earlier.
-    pub fn tick(&mut self, sampler: &mut crate::bpf::Sampler, scratch: &mut Vec<RawSample>) {
-        self.pull(sampler, scratch);
+    /// earlier. Returns whether it found work: samples or process events
+    /// in the ring, or a runtime with work due at the next tick
+    /// ([`visits`]).
+    pub fn tick(
+        &mut self,
+        sampler: &mut crate::bpf::Sampler,
+        scratch: &mut Vec<RawSample>,
+    ) -> bool {
+        let drained = self.pull(sampler, scratch);
         if let Some(unwind) = self.unwind.as_ref() {
             for pid in sampler.take_pids_to_rescan() {
                 unwind.refresh_process(pid);
             }
             unwind.code_mapped(sampler.take_code_mapped());
         }
-        self.poll_clr();
-        self.flush_clr_windows();
+        let polled = self.poll_clr();
+        self.flush_clr_windows(&polled);
         let delay = u64::try_from(SYMBOLIZE_DELAY.as_nanos()).unwrap_or(u64::MAX);
         self.process_pending(crate::profile::monotonic_ns().saturating_sub(delay));
         self.send_new_jit_code();
         self.retire_vanished();
-        self.keep_perf_map_ledger();
+        // An attach starts when a process is tracked or its runtime seen,
+        // and runs while its runtime is busy: those mark it for the next
+        // tick. The rest (an attach that failed, a process gone) waits for
+        // the backstop.
+        let runtimes_busy = self.clr_visits.any_marked();
+        if runtimes_busy || self.ledger_kept_at.elapsed() >= VISIT_ALL_EVERY {
+            self.ledger_kept_at = std::time::Instant::now();
+            self.keep_perf_map_ledger();
+        }
         self.log_sizes();
+        drained || runtimes_busy
     }
 
     /// Retires the tracked processes that have had no `/proc` entry at two
@@ -557,9 +616,15 @@ impl Pipeline {
     /// perf maps, jitdumps and MethodLoad events name them) to the unwind
     /// worker, which gives the frameless ones rows.
     /// Without the worker (frame pointers only), the ranges are dropped.
+    /// Only the processes marked for it ([`visits`]) are looked at, and
+    /// every one at the backstop.
     fn send_new_jit_code(&mut self) {
         self.file_watch.drain();
-        for (pid, process) in &mut self.processes {
+        let visit = self.jit_visits.take(std::time::Instant::now());
+        for pid in visits::pids(visit, &self.processes) {
+            let Some(process) = self.processes.get_mut(&pid) else {
+                continue;
+            };
             // Samples of an unselected process are dropped unnamed: its
             // JIT code needs no rows, and its files no reads for them.
             let selected = process.selected;
@@ -568,7 +633,7 @@ impl Pipeline {
                 Some(unwind) => {
                     let (ranges, dropped) =
                         runtime.map_or((Vec::new(), 0), |r| r.take_new_code(true));
-                    unwind.add_jit_code(*pid, ranges, dropped);
+                    unwind.add_jit_code(pid, ranges, dropped);
                 }
                 None => {
                     if let Some(runtime) = runtime {
@@ -579,10 +644,12 @@ impl Pipeline {
         }
     }
 
-    /// Drains `source` into the pending samples (see [`Self::accept`]).
-    pub fn pull(&mut self, source: &mut impl SampleSource, scratch: &mut Vec<RawSample>) {
+    /// Drains `source` into the pending samples (see [`Self::accept`]);
+    /// returns whether it held any sample or process event.
+    pub fn pull(&mut self, source: &mut impl SampleSource, scratch: &mut Vec<RawSample>) -> bool {
         let mut events = Vec::new();
         self.summary.malformed_records += source.drain(scratch, &mut events);
+        let drained = !scratch.is_empty() || !events.is_empty();
         // Before the samples' processes are asked for: a process exec'd
         // and sampled in this drain is followed from its exec.
         if let Some(unwind) = self.unwind.as_ref() {
@@ -595,6 +662,7 @@ impl Pipeline {
         self.accept(scratch);
         self.take_stack_copies(source.take_stack_copies());
         self.lifecycle.extend(events.into_iter().map(|e| e.event));
+        drained
     }
 
     /// Closes the window `span`: every sample taken before its end is
@@ -644,6 +712,8 @@ impl Pipeline {
         for pid in due {
             if let Some(p) = self.processes.get_mut(&pid).filter(|p| p.selected) {
                 p.refresh_names(false);
+                // What the read found goes to the unwinder at once.
+                self.jit_visits.mark(pid);
             }
         }
         while self.pending.front().is_some_and(|s| s.time_ns < until_ns) {
@@ -760,6 +830,7 @@ impl Pipeline {
             processes,
             native,
             procfs,
+            clr_visits,
             ..
         } = self;
         // A new stack is named later, maybe after its process exited: read
@@ -772,6 +843,8 @@ impl Pipeline {
                 .any(|&addr| process.mapping_for(addr).is_none())
         {
             process.refresh_maps(procfs, native);
+            // Its runtime may show now: polled at the next tick.
+            clr_visits.mark(new.pid);
         }
     }
 
