@@ -563,17 +563,7 @@ fn processes_outside_the_selection_are_counted_and_never_named() {
         tail(&log)
     );
     assert!(not_selected < all, "{metrics}");
-    let mut hot_named = 0usize;
-    let mut pids = BTreeSet::new();
-    for entry in fs::read_dir(&out).expect("the output dir") {
-        let path = entry.expect("an entry").path();
-        for sample in samples(&read_profile(&path)) {
-            pids.extend(sample.pid());
-            hot_named += usize::from(
-                sample.pid() == Some(app.pid()) && sample.stack_contains(&["Hot.Spin"]),
-            );
-        }
-    }
+    let (pids, hot_named) = shipped(&out, app.pid());
     assert!(
         !pids.contains(&burner.id()),
         "the shell's samples were shipped: {pids:?}"
@@ -584,6 +574,20 @@ fn processes_outside_the_selection_are_counted_and_never_named() {
     );
     assert!(hot_named > 0, "Hot.Spin is not named in the profiles");
     drop(app);
+}
+
+/// The pids the windows in `out` hold samples of, and how many samples of
+/// `hot` name `Hot.Spin`.
+fn shipped(out: &std::path::Path, hot: u32) -> (BTreeSet<u32>, usize) {
+    let (mut pids, mut named) = (BTreeSet::new(), 0usize);
+    for entry in fs::read_dir(out).expect("the output dir") {
+        let path = entry.expect("an entry").path();
+        for sample in samples(&read_profile(&path)) {
+            pids.extend(sample.pid());
+            named += usize::from(sample.pid() == Some(hot) && sample.stack_contains(&["Hot.Spin"]));
+        }
+    }
+    (pids, named)
 }
 
 /// A .NET process outside the selection is left alone: the agent asks its
@@ -641,16 +645,7 @@ fn a_dotnet_process_outside_the_selection_is_left_alone() {
         written.is_empty(),
         "the unselected process's runtime was asked to write {written:?}"
     );
-    let (mut pids, mut named) = (BTreeSet::new(), 0usize);
-    for entry in fs::read_dir(&out).expect("the output dir") {
-        let path = entry.expect("an entry").path();
-        for sample in samples(&read_profile(&path)) {
-            pids.extend(sample.pid());
-            named += usize::from(
-                sample.pid() == Some(selected.pid()) && sample.stack_contains(&["Hot.Spin"]),
-            );
-        }
-    }
+    let (pids, named) = shipped(&out, selected.pid());
     assert!(
         !pids.contains(&other.pid()),
         "the unselected process was shipped: {pids:?}"
