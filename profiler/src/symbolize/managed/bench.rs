@@ -14,6 +14,20 @@ use super::{
 use crate::process::identity::FsIdentity;
 use crate::symbolize::perf_map::PerfMapLimits;
 
+/// A target whose files are under `root` (its perf maps in `root/tmp`),
+/// pid 4242 on the host, 7 in its namespace, owned by this user.
+pub fn synthetic_location(root: PathBuf) -> TargetLocation {
+    TargetLocation {
+        pid: 4242,
+        ns_pid: 7,
+        root,
+        perf_dir: PathBuf::from("/tmp"),
+        legacy_perf_map_dir: PathBuf::from("/tmp"),
+        owner: Some(FsIdentity::current()),
+        started_at: None,
+    }
+}
+
 /// A perf map of `entries` lines shaped like a real .NET service's: stubs
 /// and methods from two code heaps interleaved (so not sorted), tiers,
 /// generic signatures.
@@ -128,15 +142,7 @@ pub fn bench_managed_symbol_memory(
         let root = scratch.join(format!("target-{i}"));
         std::fs::create_dir_all(root.join("tmp"))?;
         std::fs::write(root.join("tmp/perf-7.map"), &map)?;
-        locations.push(TargetLocation {
-            pid: 4242,
-            ns_pid: 7,
-            root,
-            perf_dir: PathBuf::from("/tmp"),
-            legacy_perf_map_dir: PathBuf::from("/tmp"),
-            owner: Some(FsIdentity::current()),
-            started_at: None,
-        });
+        locations.push(synthetic_location(root));
     }
     let config = ManagedSymbolsConfig {
         perf_map: PerfMapLimits {

@@ -1,7 +1,7 @@
 //! Unit tests of [`super::ManagedSymbols`]: perf map and jitdump parsing,
 //! reading a target's files, naming frames over time.
 
-use super::bench::{bench_perf_map_load, synthetic_perf_map};
+use super::bench::{bench_perf_map_load, synthetic_location, synthetic_perf_map};
 use super::*;
 use std::io::Write;
 
@@ -121,15 +121,7 @@ impl Target {
         std::fs::create_dir_all(root.join("tmp")).expect("mkdir");
         Self {
             _dir: dir,
-            location: TargetLocation {
-                pid: 4242,
-                ns_pid: 7,
-                root,
-                perf_dir: PathBuf::from("/tmp"),
-                legacy_perf_map_dir: PathBuf::from("/tmp"),
-                owner: Some(FsIdentity::current()),
-                started_at: None,
-            },
+            location: synthetic_location(root),
         }
     }
 
@@ -174,6 +166,26 @@ fn perf_map_config(entries: usize) -> ManagedSymbolsConfig {
         },
         ..ManagedSymbolsConfig::default()
     }
+}
+
+/// The symbols of `targets` (perf maps of `entries` entries), all charged
+/// to one budget with room for `halves` halves of one of them (measured
+/// on a probe of the first, read on its own).
+fn sharing_a_budget(
+    targets: &[Target],
+    entries: usize,
+    halves: u64,
+) -> (ManagedSymbolBudget, Vec<ManagedSymbols>) {
+    let mut probe = ManagedSymbols::at(targets[0].location.clone(), perf_map_config(entries));
+    probe.refresh(1);
+    let budget = ManagedSymbolBudget::new(probe.memory_bytes() * halves / 2);
+    let all = targets
+        .iter()
+        .map(|t| {
+            ManagedSymbols::at_with_budget(t.location.clone(), perf_map_config(entries), &budget)
+        })
+        .collect();
+    (budget, all)
 }
 
 #[test]
@@ -222,16 +234,8 @@ fn many_large_perf_maps_stay_within_the_budget() {
 fn an_evicted_process_resolves_again_after_a_refresh() {
     const ENTRIES: usize = 5_000;
     let targets = synthetic_targets(3, ENTRIES);
-    let mut probe = ManagedSymbols::at(targets[0].location.clone(), perf_map_config(ENTRIES));
-    probe.refresh(1);
     // Room for one process, not two.
-    let budget = ManagedSymbolBudget::new(probe.memory_bytes() * 3 / 2);
-    let mut all: Vec<ManagedSymbols> = targets
-        .iter()
-        .map(|t| {
-            ManagedSymbols::at_with_budget(t.location.clone(), perf_map_config(ENTRIES), &budget)
-        })
-        .collect();
+    let (budget, mut all) = sharing_a_budget(&targets, ENTRIES, 3);
     all[0].refresh(1);
     let method = all[0].lookup(SYNTHETIC_METHOD + 1, 1).expect("a method");
     // Charging the second drops the first.
@@ -286,16 +290,8 @@ fn a_process_with_methods_from_events_is_never_dropped() {
 fn lookups_mark_a_process_as_used() {
     const ENTRIES: usize = 2_000;
     let targets = synthetic_targets(3, ENTRIES);
-    let mut probe = ManagedSymbols::at(targets[0].location.clone(), perf_map_config(ENTRIES));
-    probe.refresh(1);
     // Room for two processes, not three.
-    let budget = ManagedSymbolBudget::new(probe.memory_bytes() * 5 / 2);
-    let mut all: Vec<ManagedSymbols> = targets
-        .iter()
-        .map(|t| {
-            ManagedSymbols::at_with_budget(t.location.clone(), perf_map_config(ENTRIES), &budget)
-        })
-        .collect();
+    let (_budget, mut all) = sharing_a_budget(&targets, ENTRIES, 5);
     all[0].refresh(1);
     all[1].refresh(2);
     assert!(all[0].lookup(SYNTHETIC_STUB, 1).is_some());
