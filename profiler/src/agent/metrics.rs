@@ -201,6 +201,7 @@ impl AgentMetrics {
             );
             agent.register_collector(Box::new(SelfCollector));
             agent.register_collector(Box::new(MemoryBudgetCollector));
+            agent.register_collector(Box::new(MemoryNamingCollector));
         }
         registry.register_collector(Box::new(Arc::clone(&runtime)));
         Self {
@@ -324,6 +325,51 @@ impl Collector for MemoryBudgetCollector {
             ("managed_symbols", d.managed_symbols),
         ] {
             ConstCounter::new(n).encode(dropped.encode_family(&[("what", what)])?)?;
+        }
+        Ok(())
+    }
+}
+
+/// What the naming budgets of the runtimes' memory refused
+/// ([`crate::clr::memory::budget`]), read at each scrape.
+#[derive(Debug)]
+struct MemoryNamingCollector;
+
+impl Collector for MemoryNamingCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let n = crate::clr::memory::budget::global().counts.snapshot();
+        let mut refused = encoder.encode_descriptor(
+            "memory_naming_refused",
+            "Lookups of .NET frames in a process's memory not made, the frame left unnamed, by why (over_budget: the process's budget for the window was spent; recently_failed: a lookup there had just failed; put_aside: every lookup of the process failed)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (why, count) in [
+            ("over_budget", n.over_budget),
+            ("recently_failed", n.known_bad),
+            ("put_aside", n.put_aside),
+        ] {
+            ConstCounter::new(count).encode(refused.encode_family(&[("why", why)])?)?;
+        }
+        let aside = ConstCounter::new(n.processes_put_aside);
+        let metric = encoder.encode_descriptor(
+            "memory_naming_processes_put_aside",
+            "Times a process was put aside by the memory naming path, every lookup of its frames having failed",
+            None,
+            aside.metric_type(),
+        )?;
+        aside.encode(metric)?;
+        let mut scans = encoder.encode_descriptor(
+            "code_heap_scans_over_budget",
+            "Scans of .NET code heaps put off (deferred) or stopped at their deadline (cut_short), all processes' scans sharing their time",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (what, count) in [
+            ("deferred", n.scans_deferred),
+            ("cut_short", n.scans_cut_short),
+        ] {
+            ConstCounter::new(count).encode(scans.encode_family(&[("what", what)])?)?;
         }
         Ok(())
     }

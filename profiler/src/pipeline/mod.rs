@@ -420,6 +420,7 @@ impl Pipeline {
             shared_image_code: self.image_code.stats(),
         };
         self.summary.over_budget = crate::memory_budget::drops().snapshot();
+        self.summary.memory_naming = crate::clr::memory::budget::global().counts.snapshot();
     }
 
     /// The end of the recording: stops every session, then adds the kept
@@ -852,6 +853,8 @@ impl Pipeline {
     /// read of the perf maps of their processes) and adds it with its
     /// sample count and summed period.
     fn name_raw_stacks(&mut self) {
+        // Each process's memory lookups get their window's budget again.
+        crate::clr::memory::budget::global().new_window();
         let stacks = self.raw_cpu.take();
         let pids: HashSet<u32> = stacks.iter().map(|s| s.sample.pid).collect();
         for pid in pids {

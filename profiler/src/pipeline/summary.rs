@@ -39,6 +39,9 @@ pub struct RecordSummary {
     /// What targets' input would have grown past the memory budget,
     /// dropped ([`crate::memory_budget`]).
     pub over_budget: crate::memory_budget::DropCounts,
+    /// Lookups and scans of runtimes' memory the naming budgets refused
+    /// ([`crate::clr::memory::budget`]).
+    pub memory_naming: crate::clr::memory::budget::NamingBudgetSnapshot,
     pub kernel_frames: u64,
     pub managed_frames: u64,
     pub native_frames: u64,
@@ -562,6 +565,7 @@ fn print_lost(summary: &RecordSummary, w: &mut impl std::io::Write) -> std::io::
             d.sessions
         )?;
     }
+    print_memory_naming(&summary.memory_naming, w)?;
     if summary.truncated_stacks > 0 || summary.malformed_records > 0 {
         writeln!(
             w,
@@ -570,6 +574,27 @@ fn print_lost(summary: &RecordSummary, w: &mut impl std::io::Write) -> std::io::
         )?;
     }
     Ok(())
+}
+
+/// What naming frames from runtimes' memory was refused to stay within its
+/// budgets: frames left unnamed, no sample lost.
+fn print_memory_naming(
+    n: &crate::clr::memory::budget::NamingBudgetSnapshot,
+    w: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    if !n.any() {
+        return Ok(());
+    }
+    writeln!(
+        w,
+        "clrbpf: naming from runtime memory over budget (frames left unnamed): {} lookups over a process's budget for the window, {} where a lookup had just failed, {} of processes put aside ({} times a process was: its lookups all failed); {} code heap scans put off, {} cut short",
+        n.over_budget,
+        n.known_bad,
+        n.put_aside,
+        n.processes_put_aside,
+        n.scans_deferred,
+        n.scans_cut_short
+    )
 }
 
 /// The exact CLR event totals: the busiest processes one by one, the

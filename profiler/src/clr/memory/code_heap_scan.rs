@@ -27,10 +27,11 @@
 //! collectible assembly or dynamic method) is forgotten, so code put there
 //! later is read afresh; its rows stay until new code overlaps them (no pc
 //! runs in freed code). Everything is bounded: map nodes, heaps, nibble map
-//! bytes and methods per scan, and the scan's time. Known limits: an OSR
-//! method is not told from others (its rows come from its own prologue, as
-//! if it were entered by a call); a start freed and reused between two scans
-//! keeps the first method's end. Pinned reference: dotnet/runtime
+//! bytes and methods per scan, and the scan's time, which all processes
+//! share ([`super::budget::SCAN_TIME_PER_SECOND`], checked at every
+//! read). Known limits: an OSR method is not told from others (its rows
+//! come from its own prologue, as if it were entered by a call); a start
+//! freed and reused between two scans keeps the first method's end. Pinned reference: dotnet/runtime
 //! `src/coreclr/vm/codeman.h` (`RealCodeHeader`, `HeapList`,
 //! `RangeSectionMap`).
 
@@ -40,6 +41,7 @@ use std::{
 };
 
 use super::{
+    budget::Metered,
     code_map::{CodeHeap, CodeMapError, CodeRangeKind, RangeFragment, read_range_section},
     layout::{ClrLayout, CodeRangeMapKind, NibbleMapKind},
     target::{MAX_READ, ReadError, ReadExt, TargetMemory, checked_ptr},
@@ -128,6 +130,28 @@ impl CodeHeapScan {
             return Vec::new();
         }
         let began = Instant::now();
+        // All processes' scans share their time: a scan whose turn has no
+        // time left waits for a later tick.
+        let shared = super::budget::global();
+        let Some(deadline) = shared.scan_deadline(MAX_SCAN_TIME, began) else {
+            return Vec::new();
+        };
+        let metered = Metered::new(mem, deadline, u64::MAX);
+        let new = self.scan(&metered, layout, code_ranges, began, deadline);
+        shared.charge_scan(began.elapsed(), metered.stopped());
+        new
+    }
+
+    /// [`Self::take_new_methods`] once it is due: reads through `mem`,
+    /// which refuses reads after `deadline`.
+    fn scan(
+        &mut self,
+        mem: &dyn TargetMemory,
+        layout: &ClrLayout,
+        code_ranges: u64,
+        began: Instant,
+        deadline: Instant,
+    ) -> Vec<JitMethod> {
         self.scanned_at = Some(began);
         self.stats.scans += 1;
         if self
@@ -147,7 +171,7 @@ impl CodeHeapScan {
         let mut new = Vec::new();
         let mut map_bytes = 0u64;
         for i in 0..self.heaps.len() {
-            if began.elapsed() >= MAX_SCAN_TIME || map_bytes >= MAX_MAP_BYTES {
+            if Instant::now() >= deadline || map_bytes >= MAX_MAP_BYTES {
                 self.stats.bounded += 1;
                 break;
             }
@@ -170,7 +194,7 @@ impl CodeHeapScan {
                 }
             };
             self.forget_freed(&heap, &starts);
-            if !self.add_methods(mem, layout, &heap, &starts, &mut new, began) {
+            if !self.add_methods(mem, layout, &heap, &starts, &mut new, deadline) {
                 self.stats.bounded += 1;
                 break;
             }
@@ -202,13 +226,13 @@ impl CodeHeapScan {
         heap: &CodeHeap,
         starts: &[u64],
         new: &mut Vec<JitMethod>,
-        began: Instant,
+        deadline: Instant,
     ) -> bool {
         for (i, &start) in starts.iter().enumerate() {
             if self.known.contains_key(&start) {
                 continue;
             }
-            if self.known.len() >= MAX_METHODS_PER_PROCESS || began.elapsed() >= MAX_SCAN_TIME {
+            if self.known.len() >= MAX_METHODS_PER_PROCESS || Instant::now() >= deadline {
                 return false;
             }
             let bound = starts

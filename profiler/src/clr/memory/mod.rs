@@ -31,6 +31,7 @@
 //! open-telemetry/opentelemetry-ebpf-profiler@b442421 `interpreter/dotnet`
 //! and dotnet/runtime `docs/design/datacontracts/ExecutionManager.md`.
 
+pub mod budget;
 pub mod code_heap_scan;
 pub mod code_map;
 pub mod layout;
@@ -47,6 +48,7 @@ use std::{
     },
 };
 
+use budget::{Metered, Outcome, ProcessNamingBudget, Refusal};
 use code_map::{CodeMapError, CodeRange, CodeRangeKind, find_code_range, find_code_start};
 use layout::ClrLayout;
 use method::{CodeBlock, MethodError, read_code_block, read_code_header};
@@ -94,6 +96,8 @@ pub enum MemoryNameError {
     CodeMap(#[from] CodeMapError),
     #[error(transparent)]
     Method(#[from] MethodError),
+    #[error("lookup not made: {0}")]
+    Refused(#[from] Refusal),
 }
 
 /// Why the memory path cannot be used for a process.
@@ -150,6 +154,8 @@ pub struct ClrMemoryReader<M: TargetMemory = ProcessMemory> {
     ranges: Mutex<Vec<CodeRange>>,
     blocks: Mutex<HashMap<u64, (u64, ManagedCode)>>,
     pub stats: MemoryNameStats,
+    /// What its lookups may cost ([`budget`]).
+    pub budget: ProcessNamingBudget,
 }
 
 impl ClrMemoryReader<ProcessMemory> {
@@ -210,6 +216,7 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
             ranges: Mutex::new(Vec::new()),
             blocks: Mutex::new(HashMap::new()),
             stats: MemoryNameStats::default(),
+            budget: ProcessNamingBudget::new(budget::global()),
         };
         reader.sync_mappings(mappings);
         Ok(reader)
@@ -240,9 +247,24 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
 
     /// What the code at `pc` is; `Ok(None)` when the runtime has no code
     /// range there (native code, or code it does not manage).
+    /// Each lookup is metered by the process's [`budget`]: refused (no
+    /// read) when it is spent, put aside or the place failed a moment ago.
     pub fn code_at(&self, pc: u64) -> Result<Option<ManagedCode>, MemoryNameError> {
         self.stats.lookups.fetch_add(1, Ordering::Relaxed);
-        let result = self.lookup(pc);
+        let cached = self.cached_range(pc);
+        let permit = self
+            .budget
+            .permit(pc, cached.map(|r| r.begin), std::time::Instant::now())?;
+        let mem = Metered::for_lookup(&self.mem, &permit);
+        let result = self.lookup(&mem, cached, pc);
+        let outcome = match &result {
+            Ok(Some(_)) => Outcome::Named,
+            // A runtime still starting: one read, nothing crafted.
+            Ok(None) | Err(MemoryNameError::NotInitialized) => Outcome::NotManaged,
+            Err(_) => Outcome::Failed,
+        };
+        self.budget
+            .charge(&permit, mem.reads(), outcome, std::time::Instant::now());
         let counter = match &result {
             Ok(Some(_)) => &self.stats.named,
             Ok(None) => &self.stats.not_managed,
@@ -252,21 +274,28 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
         result
     }
 
-    fn lookup(&self, pc: u64) -> Result<Option<ManagedCode>, MemoryNameError> {
-        if let Some(range) = self.cached_range(pc) {
-            match self.code_in_range(&range, pc) {
+    /// A failure in a cached range keeps the range (the budget's negative
+    /// cache remembers the failure): only a PC past the heap's used end, the
+    /// heap having grown since, reads the range again.
+    fn lookup(
+        &self,
+        mem: &dyn TargetMemory,
+        cached: Option<CodeRange>,
+        pc: u64,
+    ) -> Result<Option<ManagedCode>, MemoryNameError> {
+        if let Some(range) = cached {
+            match self.code_in_range(mem, &range, pc) {
                 Ok(code) => return Ok(Some(code)),
-                // The heap grew or the range went away: read it again.
-                Err(_) => self.forget_range(&range),
+                Err(MemoryNameError::CodeMap(CodeMapError::BadHeap { end, .. })) if pc > end => {}
+                Err(e) => return Err(e),
             }
         }
-        let code_ranges = self.code_ranges()?;
-        let Some(range) = find_code_range(&self.mem, &self.layout, code_ranges, pc)? else {
+        let code_ranges = self.code_ranges(mem)?;
+        let Some(range) = find_code_range(mem, &self.layout, code_ranges, pc)? else {
             return Ok(None);
         };
-        let code = self.code_in_range(&range, pc)?;
         self.remember_range(range);
-        Ok(Some(code))
+        Ok(Some(self.code_in_range(mem, &range, pc)?))
     }
 
     /// The JIT methods `scan` found since its last call (at most every
@@ -276,14 +305,14 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
         &self,
         scan: &mut code_heap_scan::CodeHeapScan,
     ) -> Vec<crate::unwind::jit_code::JitMethod> {
-        match self.code_ranges() {
+        match self.code_ranges(&self.mem) {
             Ok(code_ranges) => scan.take_new_methods(&self.mem, &self.layout, code_ranges),
             Err(_) => Vec::new(),
         }
     }
 
     /// DAC slot 0, read until the runtime has set it.
-    fn code_ranges(&self) -> Result<u64, MemoryNameError> {
+    fn code_ranges(&self, mem: &dyn TargetMemory) -> Result<u64, MemoryNameError> {
         let known = self.code_ranges.load(Ordering::Relaxed);
         if known != 0 {
             return Ok(known);
@@ -291,12 +320,12 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
         let slot = self.layout.dac_code_range_slot;
         let address = if self.layout.dac_entries_are_rvas {
             // .NET 6: RVAs relative to libcoreclr's load address.
-            match self.mem.read_u32(self.dac_table + slot * 4)? {
+            match mem.read_u32(self.dac_table + slot * 4)? {
                 0 => 0,
                 rva => self.bias.wrapping_add(u64::from(rva)),
             }
         } else {
-            self.mem.read_u64(self.dac_table + slot * 8)?
+            mem.read_u64(self.dac_table + slot * 8)?
         };
         if address == 0 {
             return Err(MemoryNameError::NotInitialized);
@@ -314,12 +343,6 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
             .copied()
     }
 
-    fn forget_range(&self, range: &CodeRange) {
-        if let Ok(mut ranges) = self.ranges.lock() {
-            ranges.retain(|r| r != range);
-        }
-    }
-
     fn remember_range(&self, range: CodeRange) {
         if let Ok(mut ranges) = self.ranges.lock() {
             if ranges.len() >= MAX_CACHED_RANGES {
@@ -330,7 +353,12 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
         }
     }
 
-    fn code_in_range(&self, range: &CodeRange, pc: u64) -> Result<ManagedCode, MemoryNameError> {
+    fn code_in_range(
+        &self,
+        mem: &dyn TargetMemory,
+        range: &CodeRange,
+        pc: u64,
+    ) -> Result<ManagedCode, MemoryNameError> {
         let heap = match range.kind {
             CodeRangeKind::JitHeap(heap) => heap,
             CodeRangeKind::Stubs { kind } => {
@@ -342,18 +370,18 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
                 return Ok(ManagedCode::ReadyToRun { begin: range.begin });
             }
         };
-        let start = find_code_start(&self.mem, self.layout.nibble_map, &heap, pc)?.ok_or(
+        let start = find_code_start(mem, self.layout.nibble_map, &heap, pc)?.ok_or(
             CodeMapError::BadHeap {
                 start: heap.start,
                 end: heap.end,
                 pc,
             },
         )?;
-        let header = read_code_header(&self.mem, start)?;
+        let header = read_code_header(mem, start)?;
         if let Some(code) = self.cached_block(start, header) {
             return Ok(code);
         }
-        let code = match read_code_block(&self.mem, &self.layout, header)? {
+        let code = match read_code_block(mem, &self.layout, header)? {
             CodeBlock::Stub { kind } => ManagedCode::Stub {
                 kind: method::stub_kind_name(kind),
             },
@@ -361,7 +389,7 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
                 name: m.dynamic_name.map(Arc::from),
             },
             CodeBlock::Method(m) => ManagedCode::Method {
-                image: self.module_image(m.module),
+                image: self.module_image(mem, m.module),
                 token: m.token,
                 code_start: start,
             },
@@ -388,12 +416,9 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
 
     /// The file of the image `module` was loaded from: the mapping that
     /// holds its simple name (a pointer into the image's metadata).
-    fn module_image(&self, module: u64) -> Option<Arc<str>> {
+    fn module_image(&self, mem: &dyn TargetMemory, module: u64) -> Option<Arc<str>> {
         let module = target::checked_ptr(module).ok()?;
-        let name = self
-            .mem
-            .read_ptr(module + self.layout.module_simple_name)
-            .ok()?;
+        let name = mem.read_ptr(module + self.layout.module_simple_name).ok()?;
         let at = self.files.partition_point(|m| m.start <= name);
         let mapping = self.files.get(at.checked_sub(1)?)?;
         (name < mapping.end).then(|| mapping.path.clone())
@@ -604,6 +629,63 @@ pub(crate) mod tests {
                 kind: "virtual call vtable stub"
             })
         );
+    }
+
+    /// [`FakeMemory`] that counts its reads.
+    struct CountingMemory(FakeMemory, AtomicU64);
+
+    impl TargetMemory for CountingMemory {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), ReadError> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            self.0.read(addr, buf)
+        }
+    }
+
+    #[test]
+    fn a_failed_lookup_is_remembered_and_keeps_its_range() {
+        let mem = CountingMemory(net8_memory(), AtomicU64::new(0));
+        let reader = ClrMemoryReader::new(mem, &image(), BIAS, 8, &mappings()).unwrap();
+        let reads = || reader.memory().1.swap(0, Ordering::Relaxed);
+        assert!(matches!(
+            reader.code_at(METHOD_START),
+            Ok(Some(ManagedCode::Method { .. }))
+        ));
+        let walk = reads();
+        // Before the heap's first block: the walk fails in a cached range.
+        assert!(reader.code_at(MAP_BASE + 0x18).is_err());
+        reads();
+        assert_eq!(
+            reader.code_at(MAP_BASE + 0x1c),
+            Err(MemoryNameError::Refused(Refusal::KnownBad))
+        );
+        assert_eq!(reads(), 0, "a known failure costs no read");
+        // The range was kept: the method is named without the map walk.
+        assert!(reader.code_at(METHOD_START + 4).unwrap().is_some());
+        assert!(reads() < walk, "the cached range was forgotten");
+    }
+
+    /// The attack of issue 33: every sample a new stack of return addresses
+    /// into a crafted code heap, each a lookup that fails. Each page costs
+    /// one walk; the lookups after make no read.
+    #[test]
+    fn failing_lookups_cost_one_walk_a_page() {
+        let mut fake = net8_memory();
+        // The heap's range section points at no heap.
+        fake.poke(SECTION + 0x28, &0xdead_beefu64.to_le_bytes());
+        let mem = CountingMemory(fake, AtomicU64::new(0));
+        let reader = ClrMemoryReader::new(mem, &image(), BIAS, 8, &mappings()).unwrap();
+        // The map leaf covers 128 KiB: 32 pages.
+        let pages = 0x2_0000 / 4096;
+        let mut refused = 0u64;
+        for i in 0..20_000u64 {
+            let pc = MAP_BASE + ((i * 7) % pages << 12) + (i % 4096);
+            if let Err(MemoryNameError::Refused(_)) = reader.code_at(pc) {
+                refused += 1;
+            }
+        }
+        let reads = reader.memory().1.load(Ordering::Relaxed);
+        assert!(reads <= pages * 16, "{reads} reads for failing lookups");
+        assert_eq!(refused, 20_000 - pages);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::{
     },
 };
 
-use super::{AttachError, ClrMemoryReader, ManagedCode, target::ProcessMemory};
+use super::{AttachError, ClrMemoryReader, ManagedCode, MemoryNameError, target::ProcessMemory};
 use crate::{
     clr::name_sources::{self, CodeName, JitMemoryContext},
     process::{MappingTable, ProcFs, root::TargetRoot},
@@ -116,6 +116,8 @@ impl JitMemoryNames {
         }
         let code = match self.reader.code_at(lookup) {
             Ok(code) => code?,
+            // Counted by the budget, said in the warning.
+            Err(MemoryNameError::Refused(_)) => return None,
             Err(e) => {
                 self.counts.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::trace!(lookup, "memory path: {e}");
@@ -229,9 +231,20 @@ impl name_sources::JitMemoryNames for JitMemoryNames {
     fn problems(&self) -> Option<String> {
         let failed = self.counts.failed.load(Ordering::Relaxed);
         let named = self.counts.named.load(Ordering::Relaxed);
+        let refused = self.reader.budget.refused.load(Ordering::Relaxed);
+        let (times_aside, _) = self.reader.budget.put_aside();
+        let refused = match (refused, times_aside) {
+            (0, _) => String::new(),
+            (n, 0) => format!(", {n} not made: over its naming budget"),
+            (n, aside) => format!(
+                ", {n} not made: over its naming budget, or put aside ({aside} times) as every lookup failed"
+            ),
+        };
         (failed > 0 && named == 0).then(|| {
-            format!("no JIT frame named from the runtime's memory ({failed} lookups failed)")
-        })
+            format!("no JIT frame named from the runtime's memory ({failed} lookups failed{refused})")
+        }).or_else(|| (!refused.is_empty()).then(|| {
+            format!("some JIT frames not named from the runtime's memory ({named} named, {failed} lookups failed{refused})")
+        }))
     }
 }
 

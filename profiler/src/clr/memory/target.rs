@@ -30,6 +30,8 @@ pub enum ReadError {
     Failed { addr: u64, len: usize, errno: i32 },
     #[error("read of {len} bytes at {addr:#x} returned only {got}")]
     Short { addr: u64, len: usize, got: usize },
+    #[error("read at {addr:#x} refused: the lookup's read or time budget is spent")]
+    OverBudget { addr: u64 },
 }
 
 /// A source of target memory: the live process, or a synthetic image in
