@@ -587,7 +587,7 @@ fn print_memory_naming(
     }
     writeln!(
         w,
-        "clrbpf: naming from runtime memory over budget (frames left unnamed): {} lookups over a process's budget for the window, {} where a lookup had just failed, {} of processes put aside ({} times a process was: its lookups all failed); {} code heap scans put off, {} cut short",
+        "clrbpf: naming from runtime memory over budget, lookups not made (frames left unnamed, samples kept): {} over a process's budget for the window, {} where a lookup had just failed, {} of processes put aside ({} times a process was: its lookups all failed); code heap scans: {} put off, {} cut short",
         n.over_budget,
         n.known_bad,
         n.put_aside,
@@ -934,6 +934,33 @@ mod tests {
                 waker_kernel_stack: Vec::new(),
                 stack_not_taken: false,
             }),
+        }
+    }
+
+    #[test]
+    fn refused_memory_lookups_are_one_line_only_when_any() {
+        use crate::clr::memory::budget::NamingBudgetSnapshot;
+        let mut out = Vec::new();
+        print_memory_naming(&NamingBudgetSnapshot::default(), &mut out).unwrap();
+        assert!(out.is_empty());
+        let counts = NamingBudgetSnapshot {
+            over_budget: 3,
+            known_bad: 40,
+            put_aside: 500,
+            processes_put_aside: 1,
+            scans_deferred: 2,
+            scans_cut_short: 0,
+        };
+        print_memory_naming(&counts, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().count(), 1);
+        for part in [
+            "3 over a process's budget",
+            "40 where a lookup had just failed",
+            "500 of processes put aside (1 times",
+            "2 put off",
+        ] {
+            assert!(text.contains(part), "{part:?} in {text}");
         }
     }
 
