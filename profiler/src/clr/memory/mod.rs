@@ -678,7 +678,7 @@ pub(crate) mod tests {
         let pages = 0x2_0000 / 4096;
         let mut refused = 0u64;
         for i in 0..20_000u64 {
-            let pc = MAP_BASE + ((i * 7) % pages << 12) + (i % 4096);
+            let pc = MAP_BASE + (((i * 7) % pages) << 12) + (i % 4096);
             if let Err(MemoryNameError::Refused(_)) = reader.code_at(pc) {
                 refused += 1;
             }
