@@ -24,6 +24,11 @@ one, at the level clrbpf sees a runtime:
   `"end": "cut"`, the stream is cut inside an event block that holds the
   Stops of the waits still open, and the connection closed.
 
+A scenario may list ContentionStop (91, version 1) events instead,
+`{"kind": "contention_stop", "duration_ns": N}`: they go to any session
+that asks for the Contention keyword (0x4000) at level Informational,
+DurationNs as given (a hostile runtime's 2^63, issue 33).
+
 The scenario (argv[1], JSON) lists the events:
   {"end": "stop" | "cut",
    "events": [{"tid": 11, "at_ns": 1000000, "kind": "start",
@@ -58,6 +63,8 @@ from wire import utf16z, varuint
 
 RUNTIME_PROVIDER = "Microsoft-Windows-DotNETRuntime"
 WAIT_HANDLE_KEYWORD = 0x40000000000
+CONTENTION_KEYWORD = 0x4000
+LEVEL_INFO = 4
 LEVEL_VERBOSE = 5
 IPC_MAGIC = b"DOTNET_IPC_V1\0"
 UNKNOWN_COMMAND = 0x80131385
@@ -162,14 +169,24 @@ class BlobBlock:
         self.previous_size = len(payload)
 
 
+METADATA = (
+    (1, 301, "WaitHandleWaitStart", WAIT_HANDLE_KEYWORD, 0, LEVEL_VERBOSE),
+    (2, 302, "WaitHandleWaitStop", WAIT_HANDLE_KEYWORD, 0, LEVEL_VERBOSE),
+    # ContentionStop_V1: its payload carries DurationNs.
+    (3, 91, "ContentionStop", CONTENTION_KEYWORD, 1, LEVEL_INFO),
+)
+# The metadata id of each scenario event kind.
+KIND_METADATA = {"start": 1, "stop": 2, "contention_stop": 3}
+
+
 def metadata_block():
     block = BlobBlock()
-    for metadata_id, event_id, name in ((1, 301, "WaitHandleWaitStart"), (2, 302, "WaitHandleWaitStop")):
+    for metadata_id, event_id, name, keywords, version, level in METADATA:
         payload = struct.pack("<I", metadata_id) + utf16z(RUNTIME_PROVIDER)
         # The runtime sends its own events' metadata without field
-        # descriptions: keywords, version 0, level Verbose, no fields.
+        # descriptions: keywords, version, level, no fields.
         payload += struct.pack("<I", event_id) + utf16z(name)
-        payload += struct.pack("<QIII", WAIT_HANDLE_KEYWORD, 0, LEVEL_VERBOSE, 0)
+        payload += struct.pack("<QIII", keywords, version, level, 0)
         block.blob(payload)
     return bytes(block.body)
 
@@ -259,6 +276,9 @@ class Runtime:
         # runtime gets the events of its time (other profilers on the host
         # may open sessions too).
         wants_waits = keywords & WAIT_HANDLE_KEYWORD and level >= LEVEL_VERBOSE
+        # A scenario of contentions goes to any session that asks for them.
+        if any(e["kind"] == "contention_stop" for e in self.scenario["events"]):
+            wants_waits = keywords & CONTENTION_KEYWORD and level >= LEVEL_INFO
         peer, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         print(f"SESSION keywords={keywords:#x} level={level} peer={peer}", flush=True)
         reply(conn, struct.pack("<Q", session_id))
@@ -305,11 +325,14 @@ class Runtime:
         for event, stack_id in zip(events, ids):
             tid = event["tid"]
             sequences[tid] = sequences.get(tid, 0) + 1
+            metadata_id = KIND_METADATA[event["kind"]]
             if event["kind"] == "start":
-                metadata_id = 1
                 payload = struct.pack("<BQH", event.get("source", 0), 0x7F00_DEAD_0000 + tid, 0)
+            elif event["kind"] == "contention_stop":
+                # Flags, ClrInstanceID, DurationNs: whatever the scenario
+                # says (a hostile one says 2^63).
+                payload = struct.pack("<BHd", 0, 0, float(event["duration_ns"]))
             else:
-                metadata_id = 2
                 payload = struct.pack("<H", 0)
             block.blob(
                 payload,

@@ -40,6 +40,9 @@ use super::{
 
 /// The `System.Runtime` counter of bytes allocated per interval.
 const ALLOC_COUNTER: &str = "alloc-rate";
+/// Most bytes `alloc-rate` can count in a second (1 TiB: above the memory
+/// bandwidth of any host); the counter's values are the target's.
+pub const MAX_ALLOCATED_BYTES_PER_SECOND: f64 = (1u64 << 40) as f64;
 /// How long a stopped allocation session may take to deliver its last
 /// events.
 const STOP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -95,7 +98,7 @@ impl AllocationEvents {
             gate: per_second.map(ExceptionGate::new),
             session: BudgetedSession::Off,
             runtime_major,
-            ledger: CounterLedger::default(),
+            ledger: CounterLedger::new(MAX_ALLOCATED_BYTES_PER_SECOND),
         }
     }
 

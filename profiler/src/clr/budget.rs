@@ -31,6 +31,9 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 pub const DEFAULT_EXCEPTIONS_PER_SECOND: u32 = 200;
 
 const SECOND_NS: u64 = 1_000_000_000;
+/// Most exceptions a runtime's `exception-count` can count in a second: a
+/// throw costs microseconds of a core, so this is far above any host.
+pub const MAX_EXCEPTIONS_PER_SECOND: f64 = 1e8;
 
 /// Whether the exception events of one process are on; see the module
 /// documentation.
@@ -145,8 +148,10 @@ const MAX_EARLY_EVENTS: usize = 1 << 20;
 ///
 /// Which case holds is known once no event is on its way
 /// ([`Self::unobserved`]), so both tallies are kept until then.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CounterLedger {
+    /// Most the counter can count in a second (see [`Self::new`]).
+    max_per_second: f64,
     first: Option<FirstValue>,
     /// Event time of the event that first went over the budget.
     first_off_ns: Option<u64>,
@@ -171,14 +176,39 @@ struct FirstValue {
     baseline_ns: u64,
 }
 
+/// Longest counter interval believed, in seconds: a value's bound is its
+/// interval times the counter's rate, and the interval is the target's.
+const MAX_COUNTER_INTERVAL_SEC: f32 = 60.0;
+
 impl CounterLedger {
+    /// A ledger of a counter that cannot count more than `max_per_second`
+    /// in a second of a real runtime: the target writes the values, and one
+    /// of 1e30 would otherwise stand for more exceptions than any process
+    /// throws in its life.
+    pub fn new(max_per_second: f64) -> Self {
+        Self {
+            max_per_second: max_per_second.max(0.0),
+            first: None,
+            first_off_ns: None,
+            early: Vec::new(),
+            observed: 0.0,
+            observed_first_interval: 0.0,
+            counted: 0.0,
+            added: 0,
+        }
+    }
+
     /// A counter value (the change over `interval_sec`, the counters'
     /// period) written at `time_ns`.
     pub fn on_counter(&mut self, value: f64, time_ns: u64, interval_sec: f32) {
         if !value.is_finite() {
             return;
         }
-        let value = value.max(0.0);
+        let interval_sec = interval_sec.clamp(0.0, MAX_COUNTER_INTERVAL_SEC);
+        // At least one second's worth: the runtime's own interval is 1 s or
+        // more.
+        let most = self.max_per_second * f64::from(interval_sec.max(1.0));
+        let value = value.clamp(0.0, most);
         if self.first.is_some() {
             self.counted += value;
             return;
@@ -301,5 +331,22 @@ mod tests {
             assert!(!gate.observe(2 * S + i, 0));
         }
         assert!(gate.is_on(3 * S));
+    }
+
+    #[test]
+    fn a_hostile_counter_counts_no_more_than_a_real_runtime_can() {
+        // Issue 33, defect 1: two exceptions against a counter claiming
+        // 1e30 (and intervals of a century) reached the apportioning loop.
+        let mut ledger = CounterLedger::new(MAX_EXCEPTIONS_PER_SECOND);
+        ledger.on_event(S / 2, 1.0, false);
+        ledger.on_counter(1.0, S, 1.0);
+        ledger.on_event(2 * S, 1.0, false);
+        ledger.on_counter(1e30, 3 * S, 3e9);
+        ledger.on_counter(f64::MAX, 4 * S, f32::MAX);
+        let most = 2.0 * MAX_EXCEPTIONS_PER_SECOND * f64::from(MAX_COUNTER_INTERVAL_SEC);
+        let missing = ledger.unobserved();
+        assert!(missing as f64 <= most, "{missing}");
+        assert!(missing > 0);
+        assert_eq!(ledger.unobserved(), 0, "added once");
     }
 }

@@ -184,7 +184,7 @@ impl ExceptionEvents {
         Self {
             gate: ExceptionGate::new(per_second),
             session: BudgetedSession::Off,
-            ledger: CounterLedger::default(),
+            ledger: CounterLedger::new(super::budget::MAX_EXCEPTIONS_PER_SECOND),
         }
     }
 

@@ -353,7 +353,9 @@ impl RuntimeCounters {
         };
         // The name is copied once, when the counter is first seen.
         match map.get_mut(&sample.name) {
-            Some(slot) if sample.kind == CounterKind::Sum => *slot += value,
+            // The values are the target's: a sum stays finite (a counter
+            // that jumps to 1e308 twice is not +Inf on /metrics).
+            Some(slot) if sample.kind == CounterKind::Sum => *slot = (*slot + value).min(f64::MAX),
             Some(slot) => *slot = value,
             None => {
                 map.insert(sample.name.clone(), value);

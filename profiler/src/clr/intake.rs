@@ -124,23 +124,30 @@ impl ClrCounters {
             allocated_bytes_without_event,
             allocation_backoffs,
         } = other;
-        self.exceptions += exceptions;
-        self.contentions += contentions;
-        self.contention_ns += contention_ns;
-        self.unpaired_contention_stops += unpaired_contention_stops;
-        self.method_loads += method_loads;
-        self.exceptions_without_event += exceptions_without_event;
-        self.exception_backoffs += exception_backoffs;
-        self.waits += waits;
-        self.wait_ns = self.wait_ns.saturating_add(*wait_ns);
-        self.unpaired_wait_stops += unpaired_wait_stops;
-        self.unfinished_waits += unfinished_waits;
-        self.allocation_events += allocation_events;
-        self.allocated_bytes = self.allocated_bytes.saturating_add(*allocated_bytes);
-        self.allocated_bytes_without_event = self
-            .allocated_bytes_without_event
-            .saturating_add(*allocated_bytes_without_event);
-        self.allocation_backoffs += allocation_backoffs;
+        // Saturating: the counts come from target-chosen values (the
+        // runtime's counter) and add up over every process of a run.
+        let sum = |into: &mut u64, more: &u64| *into = into.saturating_add(*more);
+        sum(&mut self.exceptions, exceptions);
+        sum(&mut self.contentions, contentions);
+        sum(&mut self.contention_ns, contention_ns);
+        sum(
+            &mut self.unpaired_contention_stops,
+            unpaired_contention_stops,
+        );
+        sum(&mut self.method_loads, method_loads);
+        sum(&mut self.exceptions_without_event, exceptions_without_event);
+        sum(&mut self.exception_backoffs, exception_backoffs);
+        sum(&mut self.waits, waits);
+        sum(&mut self.wait_ns, wait_ns);
+        sum(&mut self.unpaired_wait_stops, unpaired_wait_stops);
+        sum(&mut self.unfinished_waits, unfinished_waits);
+        sum(&mut self.allocation_events, allocation_events);
+        sum(&mut self.allocated_bytes, allocated_bytes);
+        sum(
+            &mut self.allocated_bytes_without_event,
+            allocated_bytes_without_event,
+        );
+        sum(&mut self.allocation_backoffs, allocation_backoffs);
     }
 }
 
@@ -163,6 +170,10 @@ pub struct ClrIntake {
     wait_sampler: ContentionSampler<ClrSample>,
     allocations: AllocationSampler<ClrSample>,
     counters: ClrCounters,
+    /// CLOCK_MONOTONIC ns when the intake began: no contention or wait it
+    /// takes lasted longer than it has run (see [`Self::physical`]).
+    started_ns: u64,
+    window_ns: u64,
 }
 
 impl Default for ClrIntake {
@@ -185,7 +196,27 @@ impl ClrIntake {
             wait_sampler: ContentionSampler::new(contention_limit, window_ns, 0x5eed_a175),
             allocations: AllocationSampler::new(DEFAULT_ALLOCATION_LIMIT, window_ns, 0xa110_c8ed),
             counters: ClrCounters::default(),
+            started_ns: crate::profile::monotonic_ns(),
+            window_ns,
         }
+    }
+
+    /// As if the intake had begun at `started_ns` (CLOCK_MONOTONIC), for
+    /// tests whose events are older than the intake.
+    #[cfg(test)]
+    pub fn started_at(mut self, started_ns: u64) -> Self {
+        self.started_ns = started_ns;
+        self
+    }
+
+    /// `duration_ns` as far as it can be true. The duration and the event
+    /// times are the target's to choose (a `DurationNs` of 2^63, a Stop a
+    /// century after its Start); clrbpf's own clock bounds them: nothing it
+    /// takes lasted longer than the intake has run, nor longer than one
+    /// sampler window (a longer one counts for the window it ends in).
+    fn physical(&self, duration_ns: u64) -> u64 {
+        let elapsed = crate::profile::monotonic_ns().saturating_sub(self.started_ns);
+        duration_ns.min(elapsed).min(self.window_ns)
     }
 
     pub fn counters(&self) -> ClrCounters {
@@ -236,6 +267,7 @@ impl ClrIntake {
                         return;
                     }
                 };
+                let duration_ns = self.physical(duration_ns);
                 self.counters.contentions += 1;
                 self.counters.contention_ns =
                     self.counters.contention_ns.saturating_add(duration_ns);
@@ -351,10 +383,11 @@ impl ClrIntake {
         let Some(wait) = self.waits.stop(thread_id, time_ns) else {
             return;
         };
+        let duration_ns = self.physical(wait.duration_ns);
         self.counters.waits += 1;
-        self.counters.wait_ns = self.counters.wait_ns.saturating_add(wait.duration_ns);
+        self.counters.wait_ns = self.counters.wait_ns.saturating_add(duration_ns);
         self.wait_sampler
-            .offer(wait.end_ns, wait.duration_ns, || ClrSample {
+            .offer(wait.end_ns, duration_ns, || ClrSample {
                 kind: ClrSampleKind::Wait,
                 // Its stack is the Start's: named as the code was then.
                 time_ns: wait.start_ns,
@@ -369,8 +402,9 @@ impl ClrIntake {
     /// budget): they count in the totals and take the shape of the events
     /// ([`ExceptionSampler::add_unobserved`]).
     pub fn add_unobserved_exceptions(&mut self, time_ns: u64, count: u64) {
-        self.counters.exceptions += count;
-        self.counters.exceptions_without_event += count;
+        self.counters.exceptions = self.counters.exceptions.saturating_add(count);
+        self.counters.exceptions_without_event =
+            self.counters.exceptions_without_event.saturating_add(count);
         self.exceptions
             .add_unobserved(time_ns, count, || ClrSample {
                 kind: ClrSampleKind::Exception,
@@ -472,7 +506,7 @@ mod tests {
 
     #[test]
     fn contentions_pair_per_thread_and_prefer_the_runtime_duration() {
-        let mut intake = ClrIntake::default();
+        let mut intake = ClrIntake::default().started_at(0);
         intake.add(start(100, 1, Some(77)));
         intake.add(start(150, 2, None));
         intake.add(stop(1_100, 1, None));
@@ -523,7 +557,7 @@ mod tests {
 
     #[test]
     fn waits_become_samples_on_the_start_stack_with_their_source() {
-        let mut intake = ClrIntake::default();
+        let mut intake = ClrIntake::default().started_at(0);
         intake.add(wait_stop(50, 3)); // began before the session
         intake.add(wait_start(100, 1, 0, 0x1000));
         intake.add(wait_start(120, 2, 1, 0x2000));
@@ -563,7 +597,7 @@ mod tests {
 
     #[test]
     fn waits_beyond_the_limit_are_sampled_and_upscaled_to_exact_totals() {
-        let mut intake = ClrIntake::new(10, 10, CLR_WINDOW_NS);
+        let mut intake = ClrIntake::new(10, 10, CLR_WINDOW_NS).started_at(0);
         let mut total = 0;
         for i in 0..1_000u64 {
             // 1 ms to 100 ms: several duration buckets.
@@ -601,5 +635,52 @@ mod tests {
             panic!("message is a string label");
         };
         assert!(message.len() <= MAX_MESSAGE_BYTES && message.starts_with('é'));
+    }
+
+    #[test]
+    fn hostile_durations_and_counts_are_bounded_by_the_intake_clock() {
+        // Issue 33, defect 1: two ContentionStops of 2^63 ns, waits whose
+        // Stop comes ages after their Start, and an exception counter
+        // beyond any real one. The intake has run for a second.
+        let second = 1_000_000_000;
+        let started = crate::profile::monotonic_ns().saturating_sub(second);
+        let mut intake = ClrIntake::default().started_at(started);
+        let huge = (1u64 << 63) as f64;
+        intake.add(stop(10, 1, Some(huge)));
+        intake.add(stop(20, 2, Some(huge)));
+        intake.add(wait_start(0, 3, 0, 0x1000));
+        intake.add(wait_stop(u64::MAX, 3));
+        intake.add(exception(30, "A"));
+        intake.add(exception(40, "B"));
+        intake.add_unobserved_exceptions(50, u64::MAX);
+        intake.add_unobserved_exceptions(60, u64::MAX);
+        let counters = intake.counters();
+        // At most what has elapsed since `started` (a second and the
+        // test's own run time).
+        let bound = 60 * second;
+        assert!(counters.contention_ns <= 2 * bound, "{counters:?}");
+        assert!(counters.wait_ns <= bound, "{counters:?}");
+        assert_eq!(counters.exceptions, u64::MAX, "saturated, not wrapped");
+        let out = intake.finish();
+        let delay = |kind| -> u128 {
+            out.iter()
+                .filter(|w| w.item.kind == kind)
+                .map(|w| u128::from(w.delay_ns))
+                .sum()
+        };
+        assert_eq!(
+            delay(ClrSampleKind::Contention),
+            u128::from(counters.contention_ns)
+        );
+        assert!(delay(ClrSampleKind::Contention) <= 2 * u128::from(bound));
+        assert_eq!(delay(ClrSampleKind::Wait), u128::from(counters.wait_ns));
+        let thrown: u128 = out
+            .iter()
+            .filter(|w| w.item.kind == ClrSampleKind::Exception)
+            .map(|w| u128::from(w.count))
+            .sum();
+        // Each type's share saturates at u64::MAX on its own; the sum of
+        // two shares may be a little above.
+        assert!(thrown >= u128::from(u64::MAX), "{thrown}");
     }
 }

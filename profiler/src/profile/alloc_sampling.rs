@@ -46,12 +46,20 @@ pub struct AllocationEstimate {
     pub objects: f64,
 }
 
+/// Most bytes one event can stand for, and the largest object: a user
+/// address space (2^47 bytes). The amount and the size are the target's to
+/// choose; a tick of 2^64 bytes is not a real one.
+pub const MAX_EVENT_BYTES: u64 = 1 << 47;
+
 /// The estimate of one event; see the module documentation.
 pub fn estimate(allocation: &Allocation) -> AllocationEstimate {
-    let size = allocation.object_size.filter(|&s| s > 0);
+    let size = allocation
+        .object_size
+        .filter(|&s| s > 0)
+        .map(|s| s.min(MAX_EVENT_BYTES));
     match allocation.source {
         AllocationSource::Tick { amount } => {
-            let bytes = amount as f64;
+            let bytes = amount.min(MAX_EVENT_BYTES) as f64;
             let objects = size.map_or(1.0, |s| (bytes / s as f64).max(1.0));
             AllocationEstimate { bytes, objects }
         }
@@ -292,6 +300,26 @@ mod tests {
         let rel = |got: u64, want: f64| (got as f64 - want).abs() / want;
         assert!(rel(arrays.0, 100_000.0) < 0.05, "arrays {}", arrays.0);
         assert!(rel(small.0, 6_250_000.0) < 0.05, "small {}", small.0);
+    }
+
+    #[test]
+    fn hostile_amounts_are_bounded_and_the_totals_stay_exact() {
+        let huge = tick(u64::MAX, Some(u64::MAX), "Huge");
+        let e = estimate(&huge);
+        assert_eq!(e.bytes, MAX_EVENT_BYTES as f64);
+        assert!(e.objects >= 1.0 && e.objects.is_finite());
+        let mut sampler = AllocationSampler::new(2, SECOND, 1);
+        for i in 0..1000u64 {
+            sampler.offer(i, &huge, || i);
+        }
+        sampler.add_unobserved(2000, u64::MAX);
+        let out = sampler.finish();
+        let bytes: u128 = out.iter().map(|w| u128::from(w.delay_ns)).sum();
+        assert_eq!(
+            bytes,
+            u128::from(u64::MAX),
+            "saturated at the end, exact over the kept"
+        );
     }
 
     #[test]

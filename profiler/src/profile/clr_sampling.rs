@@ -33,6 +33,11 @@ use std::collections::HashMap;
 /// Splits `total` into integers proportional to `weights` that add up to
 /// exactly `total` (largest remainder). Non-finite or negative weights count
 /// as 0; if all are 0 the split is even. Empty `weights` gives an empty list.
+///
+/// `total` and the weights come from the target (a contention's
+/// `DurationNs`, the runtime's exception counter), so nothing here may wrap
+/// or loop per unit: the floors are summed in `u128`, and what floating
+/// error leaves over or under is settled in whole passes over the entries.
 pub fn apportion(total: u64, weights: &[f64]) -> Vec<u64> {
     if weights.is_empty() {
         return Vec::new();
@@ -42,31 +47,59 @@ pub fn apportion(total: u64, weights: &[f64]) -> Vec<u64> {
         .map(|&w| if w.is_finite() && w > 0.0 { w } else { 0.0 })
         .collect();
     let sum: f64 = clean.iter().sum();
-    let shares: Vec<f64> = if sum > 0.0 {
-        clean.iter().map(|w| total as f64 * w / sum).collect()
+    let shares: Vec<f64> = if sum > 0.0 && sum.is_finite() {
+        clean.iter().map(|w| total as f64 * (w / sum)).collect()
     } else {
         vec![total as f64 / clean.len() as f64; clean.len()]
     };
-    let mut out: Vec<u64> = shares.iter().map(|s| s.floor() as u64).collect();
-    let assigned: u64 = out.iter().sum();
-    let mut left = total.saturating_sub(assigned);
-    if left > 0 {
+    // `as` saturates, and no share is above the total.
+    let mut out: Vec<u64> = shares
+        .iter()
+        .map(|s| (s.floor() as u64).min(total))
+        .collect();
+    let assigned: u128 = out.iter().map(|&v| u128::from(v)).sum();
+    let total_wide = u128::from(total);
+    if assigned < total_wide {
         let mut order: Vec<usize> = (0..shares.len()).collect();
         order.sort_by(|&a, &b| {
             let ra = shares[a] - shares[a].floor();
             let rb = shares[b] - shares[b].floor();
             rb.total_cmp(&ra).then(a.cmp(&b))
         });
-        // Floating error can leave more than one unit per entry only if
-        // the floors were far off; cycling keeps the sum exact regardless.
-        let mut i = 0;
-        while left > 0 {
-            out[order[i % order.len()]] += 1;
-            left -= 1;
-            i += 1;
-        }
+        give(&mut out, &order, total_wide - assigned);
+    } else if assigned > total_wide {
+        // Rounding up of large shares: take the excess back from the
+        // largest entries first.
+        let mut order: Vec<usize> = (0..out.len()).collect();
+        order.sort_by(|&a, &b| out[b].cmp(&out[a]).then(a.cmp(&b)));
+        take(&mut out, &order, assigned - total_wide);
     }
     out
+}
+
+/// Adds `left` to `out`, an even part to every entry and one more to the
+/// first `left % n` in `order`: one pass, whatever `left` is. The result
+/// fits: the entries then add up to a `u64` total.
+fn give(out: &mut [u64], order: &[usize], left: u128) {
+    let n = order.len() as u128;
+    let (each, extra) = (left / n, left % n);
+    for (rank, &i) in order.iter().enumerate() {
+        let add = each + u128::from((rank as u128) < extra);
+        out[i] = u64::try_from(u128::from(out[i]) + add).unwrap_or(u64::MAX);
+    }
+}
+
+/// Takes `excess` from `out` in `order`, each entry down to at most 0: one
+/// pass, whatever `excess` is.
+fn take(out: &mut [u64], order: &[usize], mut excess: u128) {
+    for &i in order {
+        if excess == 0 {
+            break;
+        }
+        let cut = excess.min(u128::from(out[i]));
+        out[i] -= u64::try_from(cut).expect("no more than the entry");
+        excess -= cut;
+    }
 }
 
 /// A small deterministic generator (SplitMix64): sampling decisions need
@@ -462,7 +495,7 @@ impl<T: Clone> ExceptionSampler<T> {
         }
         self.advance(time_ns);
         match &mut self.unobserved {
-            Some(unobserved) => unobserved.count += count,
+            Some(unobserved) => unobserved.count = unobserved.count.saturating_add(count),
             None => {
                 self.unobserved = Some(Unobserved {
                     count,
@@ -507,7 +540,7 @@ impl<T: Clone> ExceptionSampler<T> {
         {
             let weights: Vec<f64> = types.iter().map(|(_, t)| t.thrown as f64).collect();
             for ((_, ty), extra) in types.iter_mut().zip(apportion(*count, &weights)) {
-                ty.thrown += extra;
+                ty.thrown = ty.thrown.saturating_add(extra);
             }
         }
         let first = self.completed.len();
@@ -593,6 +626,85 @@ mod tests {
             apportion(123_456_789, &many).iter().sum::<u64>(),
             123_456_789
         );
+    }
+
+    #[test]
+    fn apportion_of_hostile_totals_is_exact_and_quick() {
+        // Issue 33, defect 1: the floors' u64 sum wrapped to 0 and the
+        // remainder loop counted down from u64::MAX.
+        let half = (1u64 << 63) as f64;
+        let out = apportion(u64::MAX, &[half, half]);
+        assert_eq!(
+            out.iter().map(|&v| u128::from(v)).sum::<u128>(),
+            u128::from(u64::MAX)
+        );
+        assert_eq!(apportion(u64::MAX, &[1.0, 1.0]).len(), 2);
+        assert_eq!(
+            apportion(u64::MAX, &[f64::MAX, f64::MAX])
+                .iter()
+                .map(|&v| u128::from(v))
+                .sum::<u128>(),
+            u128::from(u64::MAX)
+        );
+        assert_eq!(
+            apportion(u64::MAX, &[0.0; 3])
+                .iter()
+                .map(|&v| u128::from(v))
+                .sum::<u128>(),
+            u128::from(u64::MAX)
+        );
+    }
+
+    #[test]
+    fn apportion_adds_up_exactly_for_extreme_values() {
+        // A seeded search over the values a target can choose: totals near
+        // the ends of u64, weights from subnormal to f64::MAX, up to 64
+        // entries.
+        let mut rng = SplitMix64::new(0x33);
+        let totals = [
+            0,
+            1,
+            2,
+            1 << 53,
+            (1 << 53) + 1,
+            1 << 63,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        let weights = [
+            0.0,
+            f64::MIN_POSITIVE,
+            1e-300,
+            0.5,
+            1.0,
+            3.0,
+            1e15,
+            (1u64 << 63) as f64,
+            1.8e19,
+            1e300,
+            f64::MAX,
+            f64::NAN,
+            f64::INFINITY,
+            -1.0,
+        ];
+        for _ in 0..20_000 {
+            let total = if rng.below(2) == 0 {
+                totals[rng.below(totals.len() as u64) as usize]
+            } else {
+                rng.next_u64() >> rng.below(64)
+            };
+            let n = 1 + rng.below(64) as usize;
+            let w: Vec<f64> = (0..n)
+                .map(|_| weights[rng.below(weights.len() as u64) as usize])
+                .collect();
+            let out = apportion(total, &w);
+            assert_eq!(out.len(), n);
+            assert_eq!(
+                out.iter().map(|&v| u128::from(v)).sum::<u128>(),
+                u128::from(total),
+                "{total} over {w:?}"
+            );
+        }
     }
 
     #[test]

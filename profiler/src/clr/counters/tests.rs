@@ -394,3 +394,15 @@ fn only_the_needed_strings_are_read_and_the_others_still_bounded() {
         Err(CounterDecodeError::Truncated)
     );
 }
+
+#[test]
+fn a_counter_that_jumps_to_the_top_stays_finite() {
+    // The target writes the values: one that goes backwards counts as no
+    // increment, and two of f64::MAX do not make +Inf on /metrics.
+    let mut counters = RuntimeCounters::new();
+    for value in [5.0, -1e300, f64::MAX, f64::MAX, u64::MAX as f64] {
+        counters.observe(&sample("exception-count", CounterKind::Sum, value, 1.0));
+    }
+    let total = counters.snapshot().totals["exception-count"];
+    assert!(total.is_finite() && total == f64::MAX, "{total}");
+}
