@@ -51,6 +51,10 @@ enum RuntimeSlot<L: RuntimeLoader> {
 /// What we know of one profiled process.
 pub(super) struct TrackedProcess {
     pub(super) pid: u32,
+    /// When it started (`/proc/PID/stat` field 22, clock ticks after boot),
+    /// read when it was learnt: with the pid, who it is. Another process
+    /// under the same pid (its exit event lost) has another start time.
+    pub(super) start_time_ticks: Option<u64>,
     pub(super) exe_name: Arc<str>,
     pub(super) container_id: Option<Arc<str>>,
     /// Pod and container names (k8s/), looked up once.
@@ -103,6 +107,7 @@ impl TrackedProcess {
         });
         let mut process = Self {
             pid,
+            start_time_ticks: info.as_ref().map(|i| i.start_time_ticks),
             exe_name,
             container_id,
             pod,
@@ -214,6 +219,19 @@ impl TrackedProcess {
     /// The process replaced its image: its mappings (and, if it had no
     /// .NET runtime, whether it has one now) are read again at its next
     /// sample.
+    /// Whether the process under this pid now is not the one learnt: its
+    /// start time differs (its exit event was lost and the pid reused).
+    /// A process gone, or one whose start time was never read, is not
+    /// reported here (the vanished check retires the first).
+    pub(super) fn pid_reused(&self, procfs: &ProcFs) -> bool {
+        let Some(learnt) = self.start_time_ticks else {
+            return false;
+        };
+        procfs
+            .start_time_ticks(self.pid)
+            .is_ok_and(|now| now != learnt)
+    }
+
     pub(super) fn exec_seen(&mut self) {
         self.maps_read_at = None;
     }
@@ -287,4 +305,38 @@ fn same_mount_namespace(pid: u32) -> bool {
     };
     let theirs = ns(&format!("/proc/{pid}/ns/mnt"));
     theirs.is_some() && theirs == ns("/proc/self/ns/mnt")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::tests::{STATUS, fake_process, stat_line};
+
+    /// The start time read when a process is learnt tells it from the next
+    /// process under its pid.
+    #[test]
+    fn another_start_time_under_the_pid_is_another_process() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let stat = stat_line("dotnet", 100);
+        let procfs = fake_process(
+            dir.path(),
+            4242,
+            &[("status", STATUS.as_bytes()), ("stat", &stat)],
+        );
+        let learnt = TrackedProcess::discover(
+            &procfs,
+            4242,
+            &mut NativeSymbolizer::new(),
+            DotnetLoader::for_listing(),
+            None,
+        );
+        assert_eq!(learnt.start_time_ticks, Some(100));
+        assert!(!learnt.pid_reused(&procfs));
+        std::fs::write(dir.path().join("4242/stat"), stat_line("other", 250))
+            .expect("rewrite stat");
+        assert!(learnt.pid_reused(&procfs));
+        // Gone altogether: the vanished check's business, not a reuse.
+        std::fs::remove_dir_all(dir.path().join("4242")).expect("remove pid dir");
+        assert!(!learnt.pid_reused(&procfs));
+    }
 }
