@@ -306,37 +306,3 @@ fn same_mount_namespace(pid: u32) -> bool {
     let theirs = ns(&format!("/proc/{pid}/ns/mnt"));
     theirs.is_some() && theirs == ns("/proc/self/ns/mnt")
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::process::tests::{STATUS, fake_process, stat_line};
-
-    /// The start time read when a process is learnt tells it from the next
-    /// process under its pid.
-    #[test]
-    fn another_start_time_under_the_pid_is_another_process() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let stat = stat_line("dotnet", 100);
-        let procfs = fake_process(
-            dir.path(),
-            4242,
-            &[("status", STATUS.as_bytes()), ("stat", &stat)],
-        );
-        let learnt = TrackedProcess::discover(
-            &procfs,
-            4242,
-            &mut NativeSymbolizer::new(),
-            DotnetLoader::for_listing(),
-            None,
-        );
-        assert_eq!(learnt.start_time_ticks, Some(100));
-        assert!(!learnt.pid_reused(&procfs));
-        std::fs::write(dir.path().join("4242/stat"), stat_line("other", 250))
-            .expect("rewrite stat");
-        assert!(learnt.pid_reused(&procfs));
-        // Gone altogether: the vanished check's business, not a reuse.
-        std::fs::remove_dir_all(dir.path().join("4242")).expect("remove pid dir");
-        assert!(!learnt.pid_reused(&procfs));
-    }
-}
