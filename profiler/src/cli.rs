@@ -343,7 +343,8 @@ fn parse_container_id(text: &str) -> Result<String, String> {
         .rsplit_once("://")
         .map_or(id.as_str(), |(_, id)| id)
         .to_owned();
-    if !(12..=64).contains(&id.len()) || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+    let min = crate::agent::config::CONTAINER_ID_PREFIX_MIN;
+    if !(min..=64).contains(&id.len()) || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(
             "must be 12 to 64 hex digits (a docker://, containerd:// prefix is fine)".to_owned(),
         );
@@ -732,6 +733,7 @@ mod tests {
             (&["--pyroscope-url", "ftp://x"], "--pyroscope-url"),
             (&["--otlp-url", "not a url"], "--otlp-url"),
             (&["--container-id", "xyz"], "--container-id"),
+            (&["--container-id", "0123456789a"], "--container-id"),
             (&["--k8s-namespace", "Shop_1"], "--k8s-namespace"),
             (&["--listen", "localhost"], "--listen"),
             (&["--max-pull-seconds", "0"], "--max-pull-seconds"),

@@ -1180,6 +1180,8 @@ pub struct ContainerTarget {
     child: Child,
     host_pid: u32,
     scope: PathBuf,
+    /// How many of the scope's parents the test made (removed when empty).
+    parents: usize,
     lines: Arc<Mutex<Vec<String>>>,
     /// The 64-hex container id in the cgroup path.
     pub container_id: String,
@@ -1200,12 +1202,30 @@ impl ContainerTarget {
             .take(64)
             .collect::<String>();
         let pod_uid = format!("{}-4b2a-4e8d-9c1b-{}", &seed[..8], &seed[4..16]);
-        let root = cgroup2_root();
         let pod_slice = format!("kubepods-burstable-pod{}.slice", pod_uid.replace('-', "_"));
-        let scope = root
-            .join("kubepods.slice/kubepods-burstable.slice")
+        let scope = Path::new("kubepods.slice/kubepods-burstable.slice")
             .join(pod_slice)
             .join(format!("cri-containerd-{container_id}.scope"));
+        Self::start_in_cgroup(env, runtime, name, args, uid, &scope, container_id, pod_uid)
+    }
+
+    /// Starts workload `name` as [`Self::start`] does, in the cgroup at
+    /// `scope` (relative to the cgroup2 root), whatever its path says:
+    /// how a forger places itself. `container_id` and `pod_uid` are what
+    /// the path names, for the test to compare with.
+    #[expect(clippy::too_many_arguments, reason = "a test harness constructor")]
+    pub fn start_in_cgroup(
+        env: &Env,
+        runtime: Runtime,
+        name: &str,
+        args: &[&str],
+        uid: u32,
+        scope: &Path,
+        container_id: String,
+        pod_uid: String,
+    ) -> Self {
+        let parents = scope.components().count().saturating_sub(1);
+        let scope = cgroup2_root().join(scope);
         fs::create_dir_all(&scope)
             .unwrap_or_else(|e| panic!("create cgroup {}: {e}", scope.display()));
         let dotnet = env.dotnet(runtime);
@@ -1255,6 +1275,7 @@ impl ContainerTarget {
             child,
             host_pid: 0,
             scope,
+            parents,
             lines,
             container_id,
             pod_uid,
@@ -1309,14 +1330,14 @@ impl Drop for ContainerTarget {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-        // The scope, then its now-empty parents up to kubepods.slice (another
+        // The scope, then its now-empty parents up to the top one (another
         // test's pod may still be there: rmdir fails on non-empty dirs).
         let deadline = Instant::now() + Duration::from_secs(5);
         while fs::remove_dir(&self.scope).is_err() && Instant::now() < deadline {
             thread::sleep(Duration::from_millis(50));
         }
         let mut dir = self.scope.parent();
-        for _ in 0..3 {
+        for _ in 0..self.parents {
             let Some(d) = dir else { break };
             if fs::remove_dir(d).is_err() {
                 break;

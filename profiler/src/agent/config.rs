@@ -62,6 +62,17 @@ pub enum ConfigError {
     UnprotectedPull { listen: SocketAddr },
 }
 
+/// The shortest `--container-id` prefix that selects a container, as
+/// `docker` takes it: shorter ones are refused when the flag is parsed.
+pub const CONTAINER_ID_PREFIX_MIN: usize = 12;
+
+/// Whether `--container-id wanted` names the container `id` (64 hex
+/// digits, from an anchored cgroup path): the whole id, or a prefix of at
+/// least [`CONTAINER_ID_PREFIX_MIN`] digits.
+fn container_id_matches(wanted: &str, id: &str) -> bool {
+    wanted.len() >= CONTAINER_ID_PREFIX_MIN && id.starts_with(wanted)
+}
+
 /// Which processes the agent profiles. Empty lists: every process.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcessSelection {
@@ -90,7 +101,7 @@ impl ProcessSelection {
             || container_id.is_some_and(|id| {
                 self.container_ids
                     .iter()
-                    .any(|wanted| id.starts_with(wanted.as_str()))
+                    .any(|wanted| container_id_matches(wanted, id))
             })
             || k8s_namespace.is_some_and(|ns| self.k8s_namespaces.iter().any(|wanted| wanted == ns))
     }
@@ -653,6 +664,21 @@ mod tests {
         assert!(selection.selects("java", Some("0123456789abcdef"), None));
         assert!(selection.selects("java", None, Some("shop")));
         assert!(!selection.selects("java", Some("ffff"), Some("kube-system")));
+    }
+
+    #[test]
+    fn a_container_id_matches_whole_or_by_a_prefix_of_twelve() {
+        let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        assert!(container_id_matches(id, id));
+        assert!(container_id_matches(&id[..12], id));
+        assert!(!container_id_matches(&id[..11], id));
+        assert!(!container_id_matches("", id));
+        assert!(!container_id_matches("123456789abc", id));
+        let short = ProcessSelection {
+            container_ids: vec!["0123".into()],
+            ..ProcessSelection::default()
+        };
+        assert!(!short.selects("dotnet", Some(id), None));
     }
 
     #[tokio::test(flavor = "current_thread")]

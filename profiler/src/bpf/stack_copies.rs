@@ -142,6 +142,25 @@ impl CopyReplayer {
         self.replay(maps, false);
     }
 
+    /// The process `pid` ended (or its pid went to another process, its
+    /// exit lost): its held copies go back with their frame-pointer walks
+    /// now, never to be replayed against the tables of whichever process
+    /// holds the pid next.
+    pub(super) fn forget(&mut self, pid: u32) {
+        let Some(held) = self.waiting.remove(&pid) else {
+            return;
+        };
+        let out = held
+            .into_iter()
+            .map(|h| ReplayedCopy {
+                id: h.id,
+                sample: h.copy.sample,
+                outcome: CopyOutcome::WithoutTables,
+            })
+            .collect();
+        self.give_back(out);
+    }
+
     /// Walks the held copies of the processes indexed now; with `all`
     /// (the end of a recording), gives back every other one with its
     /// frame-pointer walk.

@@ -158,7 +158,10 @@ impl UnwindWorker {
                         Ok(UnwindRequest::Refresh(pid)) => {
                             maps.refresh_process(pid);
                         }
-                        Ok(UnwindRequest::Forget(pid)) => maps.forget_process(pid),
+                        Ok(UnwindRequest::Forget(pid)) => {
+                            copies.forget(pid);
+                            maps.forget_process(pid);
+                        }
                         Ok(UnwindRequest::JitCode(pid, ranges, dropped)) => {
                             maps.add_jit_code(pid, &ranges);
                             maps.stats.jit_not_decoded += dropped;

@@ -68,11 +68,15 @@ impl PodCache {
         }
     }
 
-    /// The labels of the container `container_id`; else, when the process's
-    /// cgroup named its pod, the pod's labels without a container name.
+    /// The labels of the container `container_id`, as the `containerStatuses`
+    /// of the pod listing it say, when that pod is the one the process's
+    /// cgroup names (a container id alone never borrows another pod's
+    /// labels); else, when the cgroup named its pod, the pod's labels
+    /// without a container name.
     pub fn labels_for(&self, container_id: &str, pod_uid: Option<&str>) -> Option<Arc<PodLabels>> {
         self.by_container
             .get(container_id)
+            .filter(|labels| pod_uid.is_none_or(|uid| labels.pod_uid.as_deref() == Some(uid)))
             .or_else(|| {
                 pod_uid
                     .and_then(|uid| self.by_pod.get(uid))
@@ -158,7 +162,7 @@ impl PodCache {
 }
 
 /// `containerd://<hex>`, `cri-o://<hex>`, `docker://<hex>` -> `<hex>`, the
-/// form [`crate::process::container_id_from_cgroup`] finds.
+/// form [`crate::process::cgroup::identity_from_cgroup`] finds.
 fn bare_container_id(id: &str) -> Option<String> {
     let hex = id.rsplit_once("://").map_or(id, |(_, hex)| hex);
     (!hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()))

@@ -228,3 +228,22 @@ fn without_an_api_server_the_labels_are_local() {
         None
     );
 }
+
+/// A container id is a pod's only where that pod's `containerStatuses`
+/// list it: a process whose cgroup names another pod gets that pod's
+/// labels, never those of the pod the id belongs to.
+#[test]
+fn a_container_id_under_another_pod_gets_none_of_its_labels() {
+    let metadata = listed();
+    let owner = metadata
+        .labels_for(Some(&id('a')), None)
+        .expect("the container is listed");
+    let other_uid = "22222222-2222-4222-8222-222222222222";
+    assert_ne!(owner.pod_uid.as_deref(), Some(other_uid));
+    let labels = metadata
+        .labels_for(Some(&id('a')), Some(other_uid))
+        .expect("the other pod is known by uid");
+    assert_eq!(labels.pod_uid.as_deref(), Some(other_uid));
+    assert_eq!(labels.container_name, None);
+    assert_ne!(labels.pod_name, owner.pod_name);
+}

@@ -560,6 +560,7 @@ impl Pipeline {
         if self.vanished.1.elapsed() < VANISHED_CHECK_EVERY {
             return;
         }
+        self.retire_reused();
         let gone: HashSet<u32> = self
             .processes
             .keys()
@@ -580,6 +581,26 @@ impl Pipeline {
             self.retire(pid);
         }
         self.vanished.0 = gone.difference(&earlier).copied().collect();
+    }
+
+    /// Retires the tracked processes whose pid another process holds now
+    /// (a different start time): their exit event was lost. They end as an
+    /// exit ends them (what they collected is added, their tables and
+    /// readers dropped, the unwinder's copies of their stacks given back
+    /// unreplayed), and the next sample of the pid learns the new process
+    /// afresh: its labels, selection and memory reader are its own.
+    fn retire_reused(&mut self) {
+        let reused: Vec<u32> = self
+            .processes
+            .values()
+            .filter(|process| process.pid_reused(&self.procfs))
+            .map(|process| process.pid)
+            .collect();
+        for pid in reused {
+            tracing::debug!(pid, "retiring a process whose pid was reused");
+            self.summary.processes_vanished += 1;
+            self.retire(pid);
+        }
     }
 
     /// Every 10 s, a debug line with the size of every table that grows
@@ -751,7 +772,16 @@ impl Pipeline {
             match event {
                 ProcessEvent::Exited { pid, .. } => self.retire(pid),
                 ProcessEvent::Exec { pid, .. } => {
-                    if let Some(process) = self.processes.get_mut(&pid) {
+                    // An exec keeps the start time: a different one is
+                    // another process under the pid (an exit lost).
+                    if self
+                        .processes
+                        .get(&pid)
+                        .is_some_and(|p| p.pid_reused(&self.procfs))
+                    {
+                        self.summary.processes_vanished += 1;
+                        self.retire(pid);
+                    } else if let Some(process) = self.processes.get_mut(&pid) {
                         process.exec_seen();
                     }
                 }

@@ -51,6 +51,10 @@ enum RuntimeSlot<L: RuntimeLoader> {
 /// What we know of one profiled process.
 pub(super) struct TrackedProcess {
     pub(super) pid: u32,
+    /// When it started (`/proc/PID/stat` field 22, clock ticks after boot),
+    /// read when it was learnt: with the pid, who it is. Another process
+    /// under the same pid (its exit event lost) has another start time.
+    pub(super) start_time_ticks: Option<u64>,
     pub(super) exe_name: Arc<str>,
     pub(super) container_id: Option<Arc<str>>,
     /// Pod and container names (k8s/), looked up once.
@@ -103,6 +107,7 @@ impl TrackedProcess {
         });
         let mut process = Self {
             pid,
+            start_time_ticks: info.as_ref().map(|i| i.start_time_ticks),
             exe_name,
             container_id,
             pod,
@@ -214,6 +219,19 @@ impl TrackedProcess {
     /// The process replaced its image: its mappings (and, if it had no
     /// .NET runtime, whether it has one now) are read again at its next
     /// sample.
+    /// Whether the process under this pid now is not the one learnt: its
+    /// start time differs (its exit event was lost and the pid reused).
+    /// A process gone, or one whose start time was never read, is not
+    /// reported here (the vanished check retires the first).
+    pub(super) fn pid_reused(&self, procfs: &ProcFs) -> bool {
+        let Some(learnt) = self.start_time_ticks else {
+            return false;
+        };
+        procfs
+            .start_time_ticks(self.pid)
+            .is_ok_and(|now| now != learnt)
+    }
+
     pub(super) fn exec_seen(&mut self) {
         self.maps_read_at = None;
     }

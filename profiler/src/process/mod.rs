@@ -14,6 +14,7 @@
 //! environment and comm are whatever it chose): every read is bounded, and
 //! malformed content gives an error or is skipped and counted, never a panic.
 
+pub mod cgroup;
 pub mod dotnet;
 pub mod exit;
 pub mod identity;
@@ -45,8 +46,6 @@ const CMDLINE_MAX_BYTES: u64 = 64 * 1024;
 const ENVIRON_MAX_BYTES: u64 = 1024 * 1024;
 /// A cgroup file has one line per hierarchy (13 on cgroup v1, 1 on v2).
 const CGROUP_MAX_BYTES: u64 = 64 * 1024;
-/// Container ids are 64 lower-case hex digits for every runtime we know.
-const CONTAINER_ID_LEN: usize = 64;
 
 /// Errors reading the `/proc` model of one process.
 #[derive(Debug, thiserror::Error)]
@@ -164,16 +163,10 @@ impl ProcFs {
             Err(ProcError::NoSuchProcess { pid }) => return Err(ProcError::NoSuchProcess { pid }),
             Err(_) => Vec::new(),
         };
-        let (container_id, pod_uid) = match self.read_pid_file(pid, "cgroup", CGROUP_MAX_BYTES) {
-            Ok((bytes, _)) => {
-                let cgroup = String::from_utf8_lossy(&bytes);
-                (
-                    container_id_from_cgroup(&cgroup),
-                    pod_uid_from_cgroup(&cgroup),
-                )
-            }
-            Err(_) => (None, None),
-        };
+        let cgroup::CgroupIdentity {
+            container_id,
+            pod_uid,
+        } = self.cgroup_identity(pid);
         let comm = status.name.unwrap_or(stat.comm);
         let exe_name = std::fs::read_link(self.pid_path(pid, "exe"))
             .ok()
@@ -191,6 +184,20 @@ impl ProcFs {
             container_id,
             pod_uid,
         })
+    }
+
+    /// The container and pod `pid`'s cgroup places it in, read against
+    /// pid 1's cgroup (our cgroup namespace's depth); none when unreadable.
+    fn cgroup_identity(&self, pid: u32) -> cgroup::CgroupIdentity {
+        let read = |pid| {
+            self.read_pid_file(pid, "cgroup", CGROUP_MAX_BYTES)
+                .map(|(bytes, _)| String::from_utf8_lossy(&bytes).into_owned())
+        };
+        let Ok(cgroup) = read(pid) else {
+            return cgroup::CgroupIdentity::default();
+        };
+        let init = read(1).unwrap_or_default();
+        cgroup::identity_from_cgroup(&cgroup, &init)
     }
 
     /// The pid of `pid` inside its own PID namespace (the last `NSpid:`
@@ -530,65 +537,6 @@ fn exe_basename(target: &str) -> Option<String> {
     (!name.is_empty()).then(|| name.to_string())
 }
 
-/// Finds a container id in a `/proc/PID/cgroup` file.
-///
-/// Container runtimes put the 64-hex id in the cgroup path, in one of these
-/// shapes (cgroup v1 and v2, cgroupfs and systemd drivers):
-/// `/docker/<id>`, `/system.slice/docker-<id>.scope`,
-/// `/kubepods/burstable/pod<uid>/<id>`,
-/// `/kubepods.slice/.../cri-containerd-<id>.scope`, `.../crio-<id>.scope`,
-/// `/machine.slice/libpod-<id>.scope/container`. The innermost (last)
-/// component holding an id wins; `crio-conmon-<id>` is CRI-O's monitor
-/// process, not the container, and is skipped. A host process, or a
-/// container with its own cgroup namespace (`0::/`), gives `None`.
-pub fn container_id_from_cgroup(cgroup: &str) -> Option<String> {
-    cgroup.lines().find_map(|line| {
-        // hierarchy-id:controllers:path; the path may itself contain ':'.
-        let path = line.splitn(3, ':').nth(2)?;
-        path.rsplit('/').find_map(container_id_in_component)
-    })
-}
-
-/// Finds the Kubernetes pod uid in a `/proc/PID/cgroup` file: the kubelet
-/// names the pod's cgroup `pod<uid>` under the cgroupfs driver
-/// (`/kubepods/burstable/pod1f2e3d4c-...`) and `kubepods-<qos>-pod<uid>.slice`
-/// with the uid's dashes turned into underscores under the systemd driver.
-/// `None` outside Kubernetes or when the cgroup namespace hides the path.
-pub fn pod_uid_from_cgroup(cgroup: &str) -> Option<String> {
-    cgroup.lines().find_map(|line| {
-        let path = line.splitn(3, ':').nth(2)?;
-        path.split(['/', ':']).find_map(pod_uid_in_component)
-    })
-}
-
-fn pod_uid_in_component(component: &str) -> Option<String> {
-    let component = component.strip_suffix(".slice").unwrap_or(component);
-    let uid = match component.strip_prefix("pod") {
-        Some(uid) => uid,
-        None if component.starts_with("kubepods-") => component.rsplit_once("-pod")?.1,
-        None => return None,
-    };
-    let uid = uid.replace('_', "-").to_ascii_lowercase();
-    let groups: Vec<usize> = uid.split('-').map(str::len).collect();
-    let is_uuid =
-        groups == [8, 4, 4, 4, 12] && uid.bytes().all(|b| b == b'-' || b.is_ascii_hexdigit());
-    is_uuid.then_some(uid)
-}
-
-fn container_id_in_component(component: &str) -> Option<String> {
-    if component.starts_with("crio-conmon-") {
-        return None;
-    }
-    let component = component.strip_suffix(".scope").unwrap_or(component);
-    let id = component
-        .rsplit(['-', ':'])
-        .next()
-        .filter(|id| id.len() == CONTAINER_ID_LEN)?;
-    id.bytes()
-        .all(|b| b.is_ascii_hexdigit())
-        .then(|| id.to_ascii_lowercase())
-}
-
 /// Whether a `stat` line (of a process or a thread) has a state other than
 /// zombie or dead; the state follows the last `)` (the name may hold one).
 fn stat_says_running(stat: &[u8]) -> bool {
@@ -613,9 +561,9 @@ pub(crate) mod tests {
         ProcFs::new(dir)
     }
 
-    const STATUS: &str = "Name:\tdotnet\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t4242\nNgid:\t0\nPid:\t4242\nPPid:\t1\nTracerPid:\t0\nUid:\t1000\t1001\t1001\t1001\nGid:\t1000\t1000\t1000\t1000\nNSpid:\t4242\t7\nNStgid:\t4242\t7\n";
+    pub(crate) const STATUS: &str = "Name:\tdotnet\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t4242\nNgid:\t0\nPid:\t4242\nPPid:\t1\nTracerPid:\t0\nUid:\t1000\t1001\t1001\t1001\nGid:\t1000\t1000\t1000\t1000\nNSpid:\t4242\t7\nNStgid:\t4242\t7\n";
 
-    fn stat_line(comm: &str, start: u64) -> Vec<u8> {
+    pub(crate) fn stat_line(comm: &str, start: u64) -> Vec<u8> {
         format!("4242 ({comm}) S 1 4242 4242 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 17 0 {start} 300000 1000 18446744073709551615 1 1 0 0 0 0 0 4096 17663 0 0 0 17 1 0 0 0 0 0\n").into_bytes()
     }
 
@@ -844,172 +792,6 @@ pub(crate) mod tests {
             list_pids(&ProcFs::new(dir.path().join("missing"))),
             Vec::<u32>::new()
         );
-    }
-
-    #[test]
-    fn container_ids() {
-        let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-        let cases = [
-            format!("12:memory:/docker/{id}\n11:cpu:/docker/{id}"),
-            format!("0::/system.slice/docker-{id}.scope"),
-            format!("4:pids:/kubepods/burstable/pod1f2e-33/{id}"),
-            format!(
-                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1f2e_33.slice/cri-containerd-{id}.scope"
-            ),
-            format!("0::/kubepods.slice/kubepods-pod1.slice/crio-{id}.scope"),
-            format!("0::/machine.slice/libpod-{id}.scope/container"),
-            format!(
-                "1:name=systemd:/system.slice/containerd.service/kubepods-besteffort-pod1.slice:cri-containerd:{id}"
-            ),
-            format!("0::/docker/{}", id.to_uppercase()),
-        ];
-        for case in cases {
-            assert_eq!(
-                container_id_from_cgroup(&case).as_deref(),
-                Some(id),
-                "{case}"
-            );
-        }
-        let none = [
-            "0::/".to_string(),
-            "0::/user.slice/user-1000.slice/session-2.scope".into(),
-            "4:memory:/process_api/3d4286958354c35125257c0d1832140b".into(),
-            format!("0::/kubepods.slice/crio-conmon-{id}.scope"),
-            format!("0::/docker/{}", &id[1..]),
-            format!("0::/docker/{}g", &id[1..]),
-            "garbage without colons".into(),
-            String::new(),
-        ];
-        for case in none {
-            assert_eq!(container_id_from_cgroup(&case), None, "{case}");
-        }
-    }
-
-    /// `/proc/PID/cgroup` of a container process as each runtime and
-    /// cgroup driver writes it, on cgroup v1 (one line per hierarchy, the
-    /// unified `0::` line last on hybrid hosts) and v2 (one `0::` line).
-    #[test]
-    fn cgroup_lines_of_each_runtime_and_driver() {
-        let id = "3f9a1b2c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
-        let uid = "7c6e5b1a-4f3d-4b2a-9e8d-1c2b3a4d5e6f";
-        let uid_ = uid.replace('-', "_");
-        let pod = Some(uid);
-        let cases: Vec<(&str, String, Option<&str>)> = vec![
-            (
-                "containerd, systemd driver, cgroup v2",
-                format!(
-                    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/cri-containerd-{id}.scope\n"
-                ),
-                pod,
-            ),
-            (
-                "containerd, systemd driver, cgroup v1 (hybrid)",
-                format!(
-                    "12:pids:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/cri-containerd-{id}.scope\n\
-                     4:memory:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/cri-containerd-{id}.scope\n\
-                     1:name=systemd:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/cri-containerd-{id}.scope\n\
-                     0::/\n"
-                ),
-                pod,
-            ),
-            (
-                "containerd, systemd driver, cgroup v1 name=systemd in slice:prefix:name form",
-                format!(
-                    "1:name=systemd:/system.slice/containerd.service/kubepods-besteffort-pod{uid_}.slice:cri-containerd:{id}\n"
-                ),
-                pod,
-            ),
-            (
-                "containerd, cgroupfs driver, cgroup v1",
-                format!(
-                    "11:cpu,cpuacct:/kubepods/burstable/pod{uid}/{id}\n\
-                     10:memory:/kubepods/burstable/pod{uid}/{id}\n\
-                     1:name=systemd:/kubepods/burstable/pod{uid}/{id}\n"
-                ),
-                pod,
-            ),
-            (
-                "containerd, cgroupfs driver, cgroup v2, guaranteed QoS",
-                format!("0::/kubepods/pod{uid}/{id}\n"),
-                pod,
-            ),
-            (
-                "CRI-O, systemd driver, cgroup v2",
-                format!("0::/kubepods.slice/kubepods-pod{uid_}.slice/crio-{id}.scope\n"),
-                pod,
-            ),
-            (
-                "CRI-O, systemd driver, cgroup v2, crun's container sub-cgroup",
-                format!(
-                    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/crio-{id}.scope/container\n"
-                ),
-                pod,
-            ),
-            (
-                "CRI-O, cgroupfs driver, cgroup v1",
-                format!("7:memory:/kubepods/burstable/pod{uid}/crio-{id}\n"),
-                pod,
-            ),
-            (
-                "Docker (cri-dockerd), systemd driver, cgroup v1",
-                format!(
-                    "5:cpuset:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/docker-{id}.scope\n"
-                ),
-                pod,
-            ),
-            (
-                "Docker (cri-dockerd), cgroupfs driver, cgroup v1",
-                format!("9:devices:/kubepods/besteffort/pod{uid}/{id}\n"),
-                pod,
-            ),
-            (
-                "Docker, cgroupfs driver, cgroup v1",
-                format!("13:pids:/docker/{id}\n12:memory:/docker/{id}\n0::/\n"),
-                None,
-            ),
-            (
-                "Docker, systemd driver, cgroup v2",
-                format!("0::/system.slice/docker-{id}.scope\n"),
-                None,
-            ),
-            (
-                "containerd without Kubernetes (nerdctl), cgroupfs driver",
-                format!("0::/default/{id}\n"),
-                None,
-            ),
-            (
-                "Podman, systemd driver, cgroup v2",
-                format!("0::/machine.slice/libpod-{id}.scope/container\n"),
-                None,
-            ),
-        ];
-        for (what, cgroup, pod_uid) in cases {
-            assert_eq!(
-                container_id_from_cgroup(&cgroup).as_deref(),
-                Some(id),
-                "container id, {what}"
-            );
-            assert_eq!(
-                pod_uid_from_cgroup(&cgroup).as_deref(),
-                pod_uid,
-                "pod uid, {what}"
-            );
-        }
-        // The pause container and a pod-level process share the pod cgroup but
-        // hold no container id there.
-        let pod_only = format!(
-            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice\n"
-        );
-        assert_eq!(container_id_from_cgroup(&pod_only), None);
-        assert_eq!(pod_uid_from_cgroup(&pod_only).as_deref(), Some(uid));
-        for not_a_pod in [
-            "0::/kubepods.slice/kubepods-burstable.slice\n",
-            "0::/kubepods/burstable/podnot-a-uid\n",
-            "0::/user.slice/user-1000.slice/pod7c6e5b1a-4f3d-4b2a-9e8d-1c2b3a4d5e6.scope\n",
-            "0::/\n",
-        ] {
-            assert_eq!(pod_uid_from_cgroup(not_a_pod), None, "{not_a_pod}");
-        }
     }
 
     #[test]
