@@ -258,7 +258,7 @@ fn assert_storm_under_a_budget(runtime: Runtime) {
         "the process saw {counted:?} exceptions: {line}"
     );
     assert!(
-        line.contains("counted while their events were off over the budget"),
+        line.contains("while their stacks were off over the budget"),
         "the events were never turned off: {line}"
     );
 

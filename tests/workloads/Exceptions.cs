@@ -4,7 +4,9 @@
 // (THROWN_<Type>), the ground truth for clrbpf's exceptions/count.
 //
 // Usage: Exceptions.dll [START_DELAY_S=3] [FREQUENT=20000] [SOMETIMES=300] [ONCE=1]
-//                       [FREQUENT_MESSAGE=frequent] [IGNORED] [LINGER_S=1]
+//                       [FREQUENT_MESSAGE=frequent] [IGNORED] [LINGER_S=1] [SPREAD_S=0]
+// SPREAD_S > 0 paces the throws over about that many seconds (a pause
+// after each 1% of them); 0 throws as fast as it can.
 // It lives LINGER_S after its last throw: the runtime's exception counter
 // must write a value after it for a profiler whose events were off to see
 // it (the agent reads the counter every 5 s).
@@ -55,10 +57,17 @@ static class Exceptions
         Console.WriteLine("READY");
         Console.Out.Flush();
         Thread.Sleep((int)(delay * 1000));
+        double spread = args.Length > 7 ? double.Parse(args[7], CultureInfo.InvariantCulture) : 0;
         long nFrequent = 0, nSometimes = 0, nOnce = 0;
         var sw = Stopwatch.StartNew();
+        int step = Math.Max(1, frequent / 100);
         for (int i = 0; i < frequent; i++)
         {
+            if (spread > 0 && i % step == 0)
+            {
+                int ahead = (int)((double)i / frequent * spread * 1000 - sw.ElapsedMilliseconds);
+                if (ahead > 0) Thread.Sleep(ahead);
+            }
             try { ThrowFrequent(i); } catch (InvalidOperationException) { nFrequent++; }
             if (sometimes > 0 && (long)i * sometimes / frequent != (long)(i + 1) * sometimes / frequent)
             {

@@ -14,9 +14,11 @@
 //!    [`BACKOFF_MAX`], each time the events go over the budget again within
 //!    one back-off period of being turned back on; a quiet period that long
 //!    resets it.
-//! 3. While the events are off, the totals come from the runtime's
-//!    `exception-count` counter; the events taken give the shape (their
-//!    stacks and types), see [`crate::profile::clr_sampling`].
+//! 3. While the events are off, the totals come from a session that asks
+//!    for no stack walks (.NET 9+) and stays on, by type; before .NET 9
+//!    from the runtime's `exception-count` counter, the events taken giving
+//!    the shape (their stacks and types), see
+//!    [`crate::profile::clr_sampling`].
 //!
 //! Everything here is pure (times are passed in), so it is unit-tested.
 

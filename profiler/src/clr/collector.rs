@@ -12,12 +12,18 @@
 //! With an exception budget (the agent's default), exception events come on
 //! a second session of their own ([`ExceptionEvents`]), at level Error, that
 //! the [`ExceptionGate`] stops during a storm and starts again after the
-//! back-off. The main session then carries the counters (at the runtime
-//! metrics' interval, or every second without them), and the exceptions
-//! the `exception-count` counter saw without an event are added to the
-//! intake once the exception session is off and drained: exact, but for
-//! those a process throws in its last counter interval while the events
-//! are off (the runtime writes no last value when it exits).
+//! back-off. On .NET 9 and later a third session takes the same events
+//! without stack walks (CollectTracing3's `requestStackwalk`), on through
+//! the back-offs: it counts every exception by type, exactly, at every end
+//! of the process or the recording, and the events with stacks give only
+//! the shape; a type thrown only while the stacks are off is still listed,
+//! without a stack. Before .NET 9 the main session carries the counters
+//! (at the runtime metrics' interval, or every second without them), and
+//! the exceptions the `exception-count` counter saw without an event are
+//! added to the intake once the exception session is off and drained, in
+//! the shape of the events: exact, but for those a process throws in its
+//! last counter interval while the events are off (the runtime writes no
+//! last value when it exits).
 
 use std::time::{Duration, Instant};
 
@@ -177,6 +183,13 @@ pub struct ExceptionEvents {
     session: BudgetedSession,
     /// Exceptions taken as events against those the counter saw.
     ledger: CounterLedger,
+    /// The session without stack walks that counts every exception by
+    /// type (.NET 9+), on through the back-offs until the process or the
+    /// recording ends.
+    counting: Option<Box<ClrSession>>,
+    /// Whether `counting` ever ran: the totals are then its events', and
+    /// the events with stacks give only the shape.
+    counted_by_type: bool,
 }
 
 impl ExceptionEvents {
@@ -185,6 +198,40 @@ impl ExceptionEvents {
             gate: ExceptionGate::new(per_second),
             session: BudgetedSession::Off,
             ledger: CounterLedger::new(super::budget::MAX_EXCEPTIONS_PER_SECOND),
+            counting: None,
+            counted_by_type: false,
+        }
+    }
+
+    /// Takes the counting session (`None`: the runtime has none).
+    fn counting_started(&mut self, session: Option<ClrSession>) {
+        self.counted_by_type |= session.is_some();
+        self.counting = session.map(Box::new);
+    }
+
+    /// Drains the counting session into `intake`; stops it once its
+    /// stream ended (the process exited) and takes its last events. Its
+    /// events carry no stack to name.
+    fn drain_counting(&mut self, intake: &mut ClrIntake) {
+        let Some(session) = self.counting.as_mut() else {
+            return;
+        };
+        session.drain(&mut |event| intake.count_exception(event));
+        if session.has_ended() {
+            self.stop_counting(Instant::now() + ENDED_STREAM_DEADLINE, intake);
+        }
+    }
+
+    /// Stops the counting session (the end of the recording or of the
+    /// process) and counts its last events.
+    fn stop_counting(&mut self, until: Instant, intake: &mut ClrIntake) {
+        if let Some(session) = self.counting.take() {
+            let (end, _) = session.stop(until, &mut |event| intake.count_exception(event));
+            tracing::debug!(
+                error = ?end.error,
+                lost_events = end.stream.lost_events,
+                "exception counting session stopped"
+            );
         }
     }
 
@@ -206,7 +253,11 @@ impl ExceptionEvents {
     ) -> bool {
         let over = matches!(event.event, ClrEvent::ExceptionThrown(_))
             && self.observe_event(event.time_ns, now_ns, gated);
-        intake.add(event);
+        if self.counted_by_type {
+            intake.add_exception_shape(event);
+        } else {
+            intake.add(event);
+        }
         over
     }
 
@@ -222,6 +273,10 @@ impl ExceptionEvents {
     /// Exceptions the counter saw that no event stood for, not added yet.
     /// Only meaningful while no exception event is still on its way.
     fn unobserved(&mut self) -> u64 {
+        if self.counted_by_type {
+            // The counting session's events are the totals.
+            return 0;
+        }
         self.ledger.unobserved()
     }
 
@@ -253,6 +308,9 @@ pub(super) fn refresh_keywords_in_background(port: DiagnosticPort) {
 struct StartedSessions {
     main: ClrSession,
     exceptions: Option<ClrSession>,
+    /// The exception session without stack walks, where the runtime has
+    /// one.
+    counting: Option<ClrSession>,
     allocations: Option<ClrSession>,
 }
 
@@ -468,8 +526,20 @@ impl ClrCollector {
                 .map(AllocationEvents::runtime_major);
             let (port, major) = (self.port.clone(), self.runtime_major);
             let exception_session = self.exception_events.is_some();
+            let counting_session = exception_session
+                && major.is_some_and(|m| m >= super::session::STACKWALK_OPTION_MIN_MAJOR);
             let job = jobs::spawn(move || {
                 let client = port.client()?;
+                // Counting first: no exception counted only as a shape.
+                let counting = counting_session
+                    .then(|| ClrSession::start_exception_counting(&client))
+                    .and_then(|started| {
+                        started
+                            .inspect_err(|error| {
+                                tracing::debug!(pid = client.pid(), %error, "no exception session without stacks");
+                            })
+                            .ok()
+                    });
                 let exceptions = exception_session
                     .then(|| ClrSession::start_exception_events(&client))
                     .transpose()?;
@@ -480,6 +550,7 @@ impl ClrCollector {
                 Ok(StartedSessions {
                     main,
                     exceptions,
+                    counting,
                     allocations,
                 })
             });
@@ -508,14 +579,16 @@ impl ClrCollector {
                 Ok(StartedSessions {
                     main,
                     exceptions,
+                    counting,
                     allocations,
                 }) => {
                     self.sessions_started += 1;
                     self.state = CollectorState::Running(Box::new(main));
-                    if let (Some(events), Some(session)) =
-                        (self.exception_events.as_mut(), exceptions)
-                    {
-                        events.session = BudgetedSession::Running(Box::new(session));
+                    if let Some(events) = self.exception_events.as_mut() {
+                        events.counting_started(counting);
+                        if let Some(session) = exceptions {
+                            events.session = BudgetedSession::Running(Box::new(session));
+                        }
                     }
                     if let (Some(events), Some(session)) =
                         (self.allocation_events.as_mut(), allocations)
@@ -563,6 +636,7 @@ impl ClrCollector {
             return 0;
         };
         let now_ns = crate::profile::monotonic_ns();
+        events.drain_counting(intake);
         let mut taken = 0;
         let mut take = |events: &mut ExceptionEvents, session: &mut ClrSession, gated: bool| {
             let mut over = false;
@@ -775,6 +849,7 @@ impl ClrCollector {
                 events.take(intake, event, now_ns, false);
             });
         }
+        events.stop_counting(until, intake);
         let missing = events.unobserved();
         if missing > 0 {
             intake.add_unobserved_exceptions(crate::profile::monotonic_ns(), missing);
@@ -787,12 +862,13 @@ impl ClrCollector {
         if let CollectorState::Running(session) = &mut self.state {
             session.begin_stop();
         }
-        if let Some(ExceptionEvents {
-            session: BudgetedSession::Running(session),
-            ..
-        }) = self.exception_events.as_mut()
-        {
-            session.begin_stop();
+        if let Some(events) = self.exception_events.as_mut() {
+            if let BudgetedSession::Running(session) = &mut events.session {
+                session.begin_stop();
+            }
+            if let Some(session) = events.counting.as_mut() {
+                session.begin_stop();
+            }
         }
         if let Some(events) = self.allocation_events.as_mut() {
             events.begin_stop();
@@ -820,6 +896,10 @@ impl ClrCollector {
                 .exception_events
                 .as_ref()
                 .map_or(0, ExceptionEvents::backoffs),
+            exceptions_counted_by_type: self
+                .exception_events
+                .as_ref()
+                .is_some_and(|events| events.counted_by_type),
             allocation_backoffs: self
                 .allocation_events
                 .as_ref()
@@ -1014,6 +1094,21 @@ mod tests {
             events.observe_counter(&count(700.0, 20 * S));
             assert_eq!(events.unobserved(), 700);
         }
+    }
+
+    #[test]
+    fn counted_by_type_the_counter_adds_nothing() {
+        // A session without stacks counted every exception: what the
+        // counter saw is already in the totals.
+        let mut events = ExceptionEvents::new(10);
+        events.counted_by_type = true;
+        for i in 0..20 {
+            events.observe_event(i, 0, true);
+        }
+        events.observe_counter(&first_count(5000.0, 5 * S, 5.0));
+        events.observe_counter(&count(700.0, 10 * S));
+        assert_eq!(events.unobserved(), 0);
+        assert_eq!(events.backoffs(), 1, "the stacks are still bounded");
     }
 
     #[test]

@@ -86,6 +86,12 @@ pub struct ClrCounters {
     pub exceptions_without_event: u64,
     /// How many times the exception events were turned off.
     pub exception_backoffs: u64,
+    /// Exception events with stacks taken while a session without stack
+    /// walks counted every exception ([`ClrIntake::count_exception`]).
+    pub exception_stacks: u64,
+    /// Whether [`Self::exceptions`] were counted by type from events
+    /// without stacks (.NET 9+), rather than from the runtime's counter.
+    pub exceptions_counted_by_type: bool,
     /// Wait-handle waits (.NET 9+) with a Start and a Stop, and their time.
     pub waits: u64,
     pub wait_ns: u64,
@@ -115,6 +121,8 @@ impl ClrCounters {
             method_loads,
             exceptions_without_event,
             exception_backoffs,
+            exception_stacks,
+            exceptions_counted_by_type,
             waits,
             wait_ns,
             unpaired_wait_stops,
@@ -137,6 +145,8 @@ impl ClrCounters {
         sum(&mut self.method_loads, method_loads);
         sum(&mut self.exceptions_without_event, exceptions_without_event);
         sum(&mut self.exception_backoffs, exception_backoffs);
+        sum(&mut self.exception_stacks, exception_stacks);
+        self.exceptions_counted_by_type |= exceptions_counted_by_type;
         sum(&mut self.waits, waits);
         sum(&mut self.wait_ns, wait_ns);
         sum(&mut self.unpaired_wait_stops, unpaired_wait_stops);
@@ -297,18 +307,8 @@ impl ClrIntake {
                 type_name, message, ..
             }) => {
                 self.counters.exceptions += 1;
-                self.exceptions.offer(time_ns, &type_name, || ClrSample {
-                    kind: ClrSampleKind::Exception,
-                    time_ns,
-                    thread_id,
-                    stack,
-                    labels: vec![
-                        Label::str(clr_label_keys::EXCEPTION_TYPE, type_name.as_str()),
-                        Label::str(
-                            clr_label_keys::EXCEPTION_MESSAGE,
-                            truncate(&message, MAX_MESSAGE_BYTES),
-                        ),
-                    ],
+                self.exceptions.offer(time_ns, &type_name, || {
+                    exception_sample(time_ns, thread_id, stack, &type_name, &message)
                 });
             }
             ClrEvent::WaitHandleWaitStart(WaitHandleWaitStart { wait_source, .. }) => {
@@ -327,6 +327,45 @@ impl ClrIntake {
             }
             _ => {}
         }
+    }
+
+    /// Counts one exception event of a session without stack walks
+    /// ([`crate::clr::session::ClrSession::start_exception_counting`]):
+    /// the exact per-type totals, while [`Self::add_exception_shape`]
+    /// takes the events with stacks. Other events are ignored.
+    pub fn count_exception(&mut self, event: SessionEvent) {
+        let ClrEvent::ExceptionThrown(ExceptionThrown {
+            type_name, message, ..
+        }) = event.event
+        else {
+            return;
+        };
+        self.counters.exceptions += 1;
+        let (time_ns, thread_id) = (event.time_ns, event.thread_id);
+        self.exceptions.count(time_ns, &type_name, || {
+            exception_sample(time_ns, thread_id, Vec::new(), &type_name, &message)
+        });
+    }
+
+    /// Takes one exception event with its stack whose exception
+    /// [`Self::count_exception`] counts: it gives its type's shape.
+    pub fn add_exception_shape(&mut self, event: SessionEvent) {
+        let SessionEvent {
+            time_ns,
+            thread_id,
+            stack,
+            event:
+                ClrEvent::ExceptionThrown(ExceptionThrown {
+                    type_name, message, ..
+                }),
+        } = event
+        else {
+            return;
+        };
+        self.counters.exception_stacks += 1;
+        self.exceptions.offer_shape(time_ns, &type_name, || {
+            exception_sample(time_ns, thread_id, stack, &type_name, &message)
+        });
     }
 
     /// Takes one allocation event (other events are ignored); returns the
@@ -441,6 +480,29 @@ impl ClrIntake {
         out.append(&mut self.wait_sampler.finish());
         out.append(&mut self.allocations.finish());
         out
+    }
+}
+
+/// The sample of an exception event, labelled with its type and message.
+fn exception_sample(
+    time_ns: u64,
+    thread_id: u64,
+    stack: Vec<u64>,
+    type_name: &str,
+    message: &str,
+) -> ClrSample {
+    ClrSample {
+        kind: ClrSampleKind::Exception,
+        time_ns,
+        thread_id,
+        stack,
+        labels: vec![
+            Label::str(clr_label_keys::EXCEPTION_TYPE, type_name),
+            Label::str(
+                clr_label_keys::EXCEPTION_MESSAGE,
+                truncate(message, MAX_MESSAGE_BYTES),
+            ),
+        ],
     }
 }
 

@@ -1064,7 +1064,17 @@ impl DiagnosticClient {
     /// connection, on which the nettrace stream follows (its timeouts are
     /// cleared), and the session id for [`Self::stop_tracing`].
     pub fn collect_tracing(&self, payload: &[u8]) -> Result<(UnixStream, u64), IpcError> {
-        let command = CommandId::COLLECT_TRACING_2;
+        self.collect_tracing_with(CommandId::COLLECT_TRACING_2, payload)
+    }
+
+    /// [`Self::collect_tracing`] with another CollectTracing `command`
+    /// (CollectTracing3's payload:
+    /// [`crate::clr::session::collect_tracing3_payload`]).
+    pub fn collect_tracing_with(
+        &self,
+        command: CommandId,
+        payload: &[u8],
+    ) -> Result<(UnixStream, u64), IpcError> {
         let (stream, reply) = self.exchange(command, payload, HEADER_LEN + 8)?;
         let session_id = parse_session_id(reply).map_err(|e| self.reply_error(command, e))?;
         stream

@@ -37,7 +37,7 @@ use std::{
 use super::{
     counters::{CounterSample, counters_provider},
     events::{ClrDecodeStats, ClrEvent, ClrEventDecoder, RUNTIME_PROVIDER},
-    ipc::{DiagnosticClient, IpcError, encode_string},
+    ipc::{CommandId, DiagnosticClient, IpcError, encode_string},
     jobs::Job,
     nettrace::{NettraceParser, NettraceStats, ParsedItem, TraceHeader},
     session_reader::ReaderTicket,
@@ -205,6 +205,30 @@ pub fn collect_tracing2_payload(
     out
 }
 
+/// First runtime major version whose sessions may ask for no stack walks
+/// (CollectTracing3's `requestStackwalk`, runtime PR #84077). .NET 8.0.4
+/// answers CollectTracing3 with `DS_IPC_E_UNKNOWN_COMMAND` (measured), and
+/// setting `DOTNET_EventPipeEnableStackwalk=0` through the
+/// SetEnvironmentVariable command before a session starts leaves its
+/// events with stacks: before .NET 9 there is no session without them.
+pub const STACKWALK_OPTION_MIN_MAJOR: u32 = 9;
+
+/// The CollectTracing3 payload: [`collect_tracing2_payload`]'s, with the
+/// `requestStackwalk` flag after the rundown flag. Runtimes from
+/// [`STACKWALK_OPTION_MIN_MAJOR`] on honour it; older ones refuse the
+/// command.
+pub fn collect_tracing3_payload(
+    buffer_mb: u32,
+    request_rundown: bool,
+    request_stackwalk: bool,
+    providers: &[ProviderConfig],
+) -> Vec<u8> {
+    let mut out = collect_tracing2_payload(buffer_mb, request_rundown, providers);
+    // After the buffer size (4), the format (4) and the rundown flag (1).
+    out.insert(9, u8::from(request_stackwalk));
+    out
+}
+
 /// A decoded event with what every consumer needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SessionEvent {
@@ -318,6 +342,27 @@ impl ClrSession {
         Self::start_providers(client, kinds, &[provider])
     }
 
+    /// A session of exception events without stacks (CollectTracing3,
+    /// `requestStackwalk` false; .NET 9 and later): the runtime writes each
+    /// ExceptionThrown with its type and message but walks no stack, so
+    /// it can stay on through a storm and count every exception by type
+    /// while [`Self::start_exception_events`]'s session is off over the
+    /// budget ([`super::budget`]).
+    pub fn start_exception_counting(client: &DiagnosticClient) -> Result<Self, IpcError> {
+        let provider = ProviderConfig {
+            name: RUNTIME_PROVIDER.to_owned(),
+            keywords: keywords::EXCEPTION,
+            level: LEVEL_ERROR,
+            filter: String::new(),
+        };
+        let kinds = ClrEventKinds {
+            exceptions: true,
+            ..ClrEventKinds::NONE
+        };
+        let payload = collect_tracing3_payload(SESSION_BUFFER_MB, false, false, &[provider]);
+        Self::start_payload(client, kinds, CommandId::COLLECT_TRACING_3, &payload)
+    }
+
     /// Makes the runtime recompute which runtime keywords are on, after the
     /// exception session stopped. EventPipe computes a provider's keywords
     /// for all sessions before it takes a stopping session out of its list,
@@ -347,15 +392,26 @@ impl ClrSession {
         kinds: ClrEventKinds,
         providers: &[ProviderConfig],
     ) -> Result<Self, IpcError> {
-        let pid = client.pid();
         let payload = collect_tracing2_payload(SESSION_BUFFER_MB, false, providers);
-        let (stream, session_id) = client.collect_tracing(&payload)?;
+        Self::start_payload(client, kinds, CommandId::COLLECT_TRACING_2, &payload)
+    }
+
+    /// Starts a session with `command` (CollectTracing2 or 3) and its
+    /// `payload`.
+    fn start_payload(
+        client: &DiagnosticClient,
+        kinds: ClrEventKinds,
+        command: CommandId,
+        payload: &[u8],
+    ) -> Result<Self, IpcError> {
+        let pid = client.pid();
+        let (stream, session_id) = client.collect_tracing_with(command, payload)?;
         let (sender, receiver) = sync_channel(CHANNEL_BATCHES);
         let reader =
             super::session_reader::attach(pid, stream, kinds, sender).map_err(|source| {
                 IpcError::Io {
                     pid,
-                    command: super::ipc::CommandId::COLLECT_TRACING_2,
+                    command,
                     source,
                 }
             })?;
@@ -638,6 +694,24 @@ pub(super) fn warn_if_metadata_over_budget(pid: u32, parser: &NettraceParser) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn collect_tracing3_adds_the_stackwalk_flag_after_the_rundown_flag() {
+        let providers = [ProviderConfig {
+            name: RUNTIME_PROVIDER.to_owned(),
+            keywords: keywords::EXCEPTION,
+            level: LEVEL_ERROR,
+            filter: String::new(),
+        }];
+        let two = collect_tracing2_payload(64, true, &providers);
+        let three = collect_tracing3_payload(64, true, false, &providers);
+        // buffer | format | requestRundown | requestStackwalk | providers
+        assert_eq!(three.len(), two.len() + 1);
+        assert_eq!(three[..9], two[..9]);
+        assert_eq!(three[9], 0);
+        assert_eq!(three[10..], two[9..]);
+        assert_eq!(collect_tracing3_payload(64, true, true, &providers)[9], 1);
+    }
 
     #[test]
     fn payload_matches_the_documented_collect_tracing2_request() {

@@ -610,14 +610,7 @@ fn print_clr_totals(clr: &ClrTotals, w: &mut impl std::io::Write) -> std::io::Re
         let incomplete = incomplete
             .as_ref()
             .map_or(String::new(), |why| format!(" (incomplete: {why})"));
-        let budget = if counters.exception_backoffs > 0 {
-            format!(
-                " ({} of them counted while their events were off over the budget, {} times)",
-                counters.exceptions_without_event, counters.exception_backoffs
-            )
-        } else {
-            String::new()
-        };
+        let budget = exception_budget(counters);
         writeln!(
             w,
             "clrbpf: pid {pid} ({exe_name}): {} exceptions thrown{budget}, {} contentions, {:.1} ms contention time{}{}{incomplete}",
@@ -824,9 +817,30 @@ fn write_new_processes(
     Ok(())
 }
 
+/// How a process's exceptions were counted when their stacks went off
+/// over the budget (` (1200 of them counted from the runtime's counter
+/// while their stacks were off over the budget)`); empty when they never
+/// did.
+fn exception_budget(counters: &ClrCounters) -> String {
+    if counters.exception_backoffs == 0 {
+        String::new()
+    } else if counters.exceptions_counted_by_type {
+        format!(
+            " (each counted by type; {} with a stack, the others while their stacks were off over the budget)",
+            counters.exception_stacks
+        )
+    } else {
+        format!(
+            " ({} of them counted from the runtime's counter while their stacks were off over the budget)",
+            counters.exceptions_without_event
+        )
+    }
+}
+
 /// The allocation part of a process's CLR line (`, 240.5 MB allocated
-/// (2400 allocation events; 120.0 MB counted while their events were off
-/// over the budget, 2 times)`); empty without allocation events.
+/// (2400 allocation events; 120.0 MB counted from the runtime's counter
+/// while their events were off over the budget)`); empty without
+/// allocation events.
 fn allocation_totals(counters: &ClrCounters) -> String {
     let ClrCounters {
         allocation_events,
@@ -841,7 +855,7 @@ fn allocation_totals(counters: &ClrCounters) -> String {
     let mb = |bytes: u64| bytes as f64 / 1e6;
     let budget = if allocation_backoffs > 0 {
         format!(
-            "; {:.1} MB counted while their events were off over the budget, {allocation_backoffs} times",
+            "; {:.1} MB counted from the runtime's counter while their events were off over the budget",
             mb(allocated_bytes_without_event)
         )
     } else {
@@ -1015,6 +1029,32 @@ mod tests {
             ..ClrCounters::default()
         };
         assert_eq!(wait_totals(&clean), ", 1 waits, 1.5 ms waiting");
+    }
+
+    #[test]
+    fn exceptions_over_the_budget_say_where_their_count_came_from() {
+        assert_eq!(exception_budget(&ClrCounters::default()), "");
+        let counter = ClrCounters {
+            exceptions: 16_403,
+            exceptions_without_event: 14_351,
+            exception_backoffs: 1,
+            ..ClrCounters::default()
+        };
+        assert_eq!(
+            exception_budget(&counter),
+            " (14351 of them counted from the runtime's counter while their stacks were off over the budget)"
+        );
+        let by_type = ClrCounters {
+            exceptions: 20_501,
+            exception_stacks: 201,
+            exception_backoffs: 1,
+            exceptions_counted_by_type: true,
+            ..ClrCounters::default()
+        };
+        assert_eq!(
+            exception_budget(&by_type),
+            " (each counted by type; 201 with a stack, the others while their stacks were off over the budget)"
+        );
     }
 
     #[test]

@@ -393,6 +393,9 @@ pub const OTHER_EXCEPTION_TYPES: &str = "[other exception types]";
 struct ExceptionType<T> {
     thrown: u64,
     kept: Vec<T>,
+    /// Stands for the type's exceptions when no event with a stack showed
+    /// it in the window ([`ExceptionSampler::count`]).
+    placeholder: Option<T>,
 }
 
 /// Exceptions the runtime counted but sent no event for (their events were
@@ -457,25 +460,66 @@ impl<T: Clone> ExceptionSampler<T> {
     /// whether it was kept (built with `make`).
     pub fn offer(&mut self, time_ns: u64, type_name: &str, make: impl FnOnce() -> T) -> bool {
         self.advance(time_ns);
-        self.tick_seen += 1;
-        let type_name = if self.types.len() >= MAX_EXCEPTION_TYPES_PER_WINDOW
-            && !self.types.contains_key(type_name)
-        {
-            OTHER_EXCEPTION_TYPES
-        } else {
-            type_name
-        };
-        let first_of_type = !self.types.contains_key(type_name);
-        let keep = first_of_type
-            || (self.window_kept < self.limit && self.rng.next_f64() < self.probability());
-        let entry = self
-            .types
+        self.type_entry(type_name).thrown += 1;
+        self.keep(type_name, make)
+    }
+
+    /// Counts an exception of `type_name` thrown at `time_ns` whose event
+    /// carries no stack (a session without stack walks, which stays on
+    /// over the budget): the exact count, while [`Self::offer_shape`] takes
+    /// the events with stacks. `placeholder` stands for the type in a
+    /// window where no event with a stack showed it.
+    pub fn count(&mut self, time_ns: u64, type_name: &str, placeholder: impl FnOnce() -> T) {
+        self.advance(time_ns);
+        let entry = self.type_entry(type_name);
+        entry.thrown += 1;
+        if entry.placeholder.is_none() {
+            entry.placeholder = Some(placeholder());
+        }
+    }
+
+    /// Offers an exception event with its stack whose exception
+    /// [`Self::count`] counts; returns whether it was kept (built with
+    /// `make`). The first of its type in the window is always kept.
+    pub fn offer_shape(&mut self, time_ns: u64, type_name: &str, make: impl FnOnce() -> T) -> bool {
+        self.advance(time_ns);
+        self.type_entry(type_name);
+        self.keep(type_name, make)
+    }
+
+    /// The tally of `type_name` in the window (of
+    /// [`OTHER_EXCEPTION_TYPES`] beyond the types tracked).
+    fn type_entry(&mut self, type_name: &str) -> &mut ExceptionType<T> {
+        let type_name = self.tracked_name(type_name);
+        self.types
             .entry(type_name.into())
             .or_insert_with(|| ExceptionType {
                 thrown: 0,
                 kept: Vec::new(),
-            });
-        entry.thrown += 1;
+                placeholder: None,
+            })
+    }
+
+    fn tracked_name<'a>(&self, type_name: &'a str) -> &'a str {
+        if self.types.len() >= MAX_EXCEPTION_TYPES_PER_WINDOW && !self.types.contains_key(type_name)
+        {
+            OTHER_EXCEPTION_TYPES
+        } else {
+            type_name
+        }
+    }
+
+    /// Keeps an event of `type_name` (tallied already) if it is the first
+    /// kept of its type in the window, or if the controller picks it.
+    fn keep(&mut self, type_name: &str, make: impl FnOnce() -> T) -> bool {
+        self.tick_seen += 1;
+        let type_name = self.tracked_name(type_name);
+        let under_limit = self.window_kept < self.limit;
+        let probability = self.probability();
+        let Some(entry) = self.types.get_mut(type_name) else {
+            return false;
+        };
+        let keep = entry.kept.is_empty() || (under_limit && self.rng.next_f64() < probability);
         if keep {
             entry.kept.push(make());
             self.tick_kept += 1;
@@ -544,9 +588,22 @@ impl<T: Clone> ExceptionSampler<T> {
             }
         }
         let first = self.completed.len();
-        for (_, ExceptionType { thrown, kept }) in types {
+        for (
+            _,
+            ExceptionType {
+                thrown,
+                mut kept,
+                placeholder,
+            },
+        ) in types
+        {
+            if kept.is_empty() {
+                kept.extend(placeholder);
+            }
             let counts = apportion(thrown, &vec![1.0; kept.len()]);
-            for (item, count) in kept.into_iter().zip(counts) {
+            // Events with stacks of a type counted in another window
+            // stand for none here.
+            for (item, count) in kept.into_iter().zip(counts).filter(|(_, c)| *c > 0) {
                 self.completed.push(Weighted {
                     item,
                     count,
@@ -810,6 +867,61 @@ mod tests {
         }
         assert_eq!(out.iter().map(|w| w.count).sum::<u64>(), total);
         assert!(out.iter().any(|w| w.item == "Once"));
+    }
+
+    /// A storm counted by a session without stacks, while the events with
+    /// stacks came only for its first 200: every type's total is exact, the
+    /// types seen with a stack keep it, and the one thrown only while the
+    /// stacks were off stands as its placeholder.
+    #[test]
+    fn counted_exceptions_are_exact_per_type_and_shaped_by_the_stacked_events() {
+        let mut sampler = ExceptionSampler::new(500, 10 * SECOND, 11);
+        let rates = [("Frequent", 20_000u64), ("Sometimes", 500), ("Once", 1)];
+        let mut events = Vec::new();
+        for (name, n) in rates {
+            for i in 0..n {
+                // The one `Once` in the middle, the others spread evenly.
+                let at = if n == 1 { 4 } else { i * 9 / n };
+                events.push(((at * SECOND as u128 as u64) + i, name));
+            }
+        }
+        events.sort();
+        for (i, (t, name)) in events.iter().enumerate() {
+            sampler.count(*t, name, || ("placeholder", *name));
+            if i < 200 {
+                sampler.offer_shape(*t, name, || ("stack", *name));
+            }
+        }
+        let out = sampler.finish();
+        for (name, n) in rates {
+            let count: u64 = out
+                .iter()
+                .filter(|w| w.item.1 == name)
+                .map(|w| w.count)
+                .sum();
+            assert_eq!(count, n, "{name}");
+        }
+        assert!(
+            out.iter()
+                .filter(|w| w.item.1 != "Once")
+                .all(|w| w.item.0 == "stack"),
+            "the types with a stacked event keep only those"
+        );
+        let once: Vec<_> = out.iter().filter(|w| w.item.1 == "Once").collect();
+        assert_eq!(once.len(), 1);
+        assert_eq!(once[0].item.0, "placeholder");
+        assert!(out.iter().all(|w| w.count > 0));
+    }
+
+    #[test]
+    fn a_stacked_event_counted_in_another_window_stands_for_nothing() {
+        let mut sampler = ExceptionSampler::new(500, SECOND, 1);
+        sampler.count(10, "A", || "counted");
+        // Its stacked event arrives after the window closed.
+        sampler.offer_shape(2 * SECOND, "A", || "late");
+        let out = sampler.finish();
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].item, out[0].count), ("counted", 1));
     }
 
     #[test]
