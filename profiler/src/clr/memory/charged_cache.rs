@@ -41,6 +41,10 @@ impl<K: Eq + Hash, V> ChargedCache<K, V> {
         self.entries.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// Bytes charged for the entries held.
     pub fn charged_bytes(&self) -> u64 {
         self.charge.bytes()
