@@ -17,7 +17,12 @@
 //! 3. the parts of one file read to build its unwind table
 //!    ([`MemoryBudget::file_read_bytes`], one file at a time),
 //! 4. EventPipe sessions: metadata and stack caches of every stream
-//!    ([`Pool::Nettrace`]) and the number of sessions.
+//!    ([`Pool::Nettrace`]) and the number of sessions,
+//! 5. the memory path's caches: code blocks and method names of every
+//!    process ([`Pool::MemoryNames`], names cut at
+//!    [`MAX_MEMORY_NAME_BYTES`]), and the image metadata they name methods
+//!    from ([`Pool::Metadata`], once per file, an image over
+//!    [`MemoryBudget::image_share_bytes`] refused and remembered).
 //!
 //! The rest of the budget is left for what clrbpf sizes itself (aggregated
 //! stacks of a window, native symbol caches). Whatever would go over is
@@ -87,6 +92,26 @@ impl MemoryBudget {
         self.total_bytes / 16
     }
 
+    /// Code blocks and method names the memory path caches, every
+    /// process's (a thirty-second: 8 MiB at the default budget, 65,536
+    /// names of 128 bytes).
+    pub fn memory_name_bytes(&self) -> u64 {
+        self.total_bytes / 32
+    }
+
+    /// Image metadata the memory path names methods from, held once per
+    /// file for every process (a sixteenth; CoreLib's is about 2 MiB).
+    pub fn memory_metadata_bytes(&self) -> u64 {
+        self.total_bytes / 16
+    }
+
+    /// The most one image may hold of [`Self::memory_metadata_bytes`] or
+    /// [`Self::assembly_bytes`] (half of either): a bigger one is refused
+    /// rather than let it evict every other tenant's images.
+    pub fn image_share_bytes(&self) -> u64 {
+        self.assembly_bytes().min(self.memory_metadata_bytes()) / 2
+    }
+
     /// Metadata and stack caches of every EventPipe stream (an eighth).
     pub fn nettrace_bytes(&self) -> u64 {
         self.total_bytes / 8
@@ -117,6 +142,12 @@ pub fn configure(budget: MemoryBudget) {
         NETTRACE
             .limit
             .store(budget.nettrace_bytes(), Ordering::Relaxed);
+        MEMORY_NAMES
+            .limit
+            .store(budget.memory_name_bytes(), Ordering::Relaxed);
+        METADATA
+            .limit
+            .store(budget.memory_metadata_bytes(), Ordering::Relaxed);
     }
 }
 
@@ -132,7 +163,15 @@ pub enum Pool {
     Mappings,
     /// EventPipe stream state (metadata, stack caches).
     Nettrace,
+    /// Code blocks and method names the memory path caches.
+    MemoryNames,
+    /// Image metadata the memory path holds.
+    Metadata,
 }
+
+/// Most bytes of one name the memory path keeps (a dynamic method's name
+/// is the target's to choose, and grows up to 3x when made UTF-8).
+pub const MAX_MEMORY_NAME_BYTES: usize = 512;
 
 struct PoolState {
     used: AtomicU64,
@@ -152,12 +191,16 @@ impl PoolState {
 
 static MAPPINGS: PoolState = PoolState::new(DEFAULT_MEMORY_BUDGET_MB << 20 >> 3);
 static NETTRACE: PoolState = PoolState::new(DEFAULT_MEMORY_BUDGET_MB << 20 >> 3);
+static MEMORY_NAMES: PoolState = PoolState::new(DEFAULT_MEMORY_BUDGET_MB << 20 >> 5);
+static METADATA: PoolState = PoolState::new(DEFAULT_MEMORY_BUDGET_MB << 20 >> 4);
 
 impl Pool {
     fn state(self) -> &'static PoolState {
         match self {
             Self::Mappings => &MAPPINGS,
             Self::Nettrace => &NETTRACE,
+            Self::MemoryNames => &MEMORY_NAMES,
+            Self::Metadata => &METADATA,
         }
     }
 
@@ -294,6 +337,12 @@ pub struct Drops {
     /// Perf map / jitdump entries not kept: their process's managed
     /// symbols were at the managed-symbol share.
     pub managed_symbols: AtomicU64,
+    /// Code blocks and method names the memory path did not cache (the
+    /// pool was full even after the process's own caches were emptied).
+    pub memory_names: AtomicU64,
+    /// Images refused, once per file: their metadata or parsed assembly is
+    /// over [`MemoryBudget::image_share_bytes`], or the pool was full.
+    pub images: AtomicU64,
 }
 
 /// A copy of [`Drops`].
@@ -307,6 +356,8 @@ pub struct DropCounts {
     pub nettrace_stack_resets: u64,
     pub sessions: u64,
     pub managed_symbols: u64,
+    pub memory_names: u64,
+    pub images: u64,
 }
 
 impl DropCounts {
@@ -338,6 +389,8 @@ impl Drops {
             nettrace_stack_resets: get(&self.nettrace_stack_resets),
             sessions: get(&self.sessions),
             managed_symbols: get(&self.managed_symbols),
+            memory_names: get(&self.memory_names),
+            images: get(&self.images),
         }
     }
 }
@@ -350,6 +403,8 @@ pub enum OverBudget {
     Nettrace,
     Sessions,
     ManagedSymbols,
+    MemoryNames,
+    Images,
 }
 
 /// (pid, kind) pairs warned about; past this many, no more warnings (the
@@ -382,7 +437,10 @@ mod tests {
             + b.mapping_bytes()
             + b.file_read_bytes()
             + b.nettrace_bytes()
-            + b.assembly_bytes();
+            + b.assembly_bytes()
+            + b.shared_image_code_bytes()
+            + b.memory_name_bytes()
+            + b.memory_metadata_bytes();
         assert!(shares < b.total_bytes, "{shares}");
         assert_eq!(b.max_sessions(), 128);
         assert_eq!(MemoryBudget::from_mb(1).max_sessions(), 1);

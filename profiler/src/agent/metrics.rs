@@ -302,7 +302,12 @@ impl Collector for MemoryBudgetCollector {
             Some(&Unit::Bytes),
             prometheus_client::metrics::MetricType::Gauge,
         )?;
-        for (name, pool) in [("mappings", Pool::Mappings), ("nettrace", Pool::Nettrace)] {
+        for (name, pool) in [
+            ("mappings", Pool::Mappings),
+            ("nettrace", Pool::Nettrace),
+            ("memory_names", Pool::MemoryNames),
+            ("metadata", Pool::Metadata),
+        ] {
             let (used, _, _) = pool.usage();
             ConstGauge::new(as_i64(used)).encode(pools.encode_family(&[("pool", name)])?)?;
         }
@@ -310,7 +315,7 @@ impl Collector for MemoryBudgetCollector {
         let d = memory_budget::drops().snapshot();
         let mut dropped = encoder.encode_descriptor(
             "memory_budget_dropped",
-            "What profiled processes' input would have grown past the memory budget, dropped, by what (mappings, maps_files_truncated, files, file_bytes, nettrace_metadata, nettrace_stack_resets, sessions, managed_symbols)",
+            "What profiled processes' input would have grown past the memory budget, dropped, by what (mappings, maps_files_truncated, files, file_bytes, nettrace_metadata, nettrace_stack_resets, sessions, managed_symbols, memory_names, images)",
             None,
             prometheus_client::metrics::MetricType::Counter,
         )?;
@@ -323,6 +328,8 @@ impl Collector for MemoryBudgetCollector {
             ("nettrace_stack_resets", d.nettrace_stack_resets),
             ("sessions", d.sessions),
             ("managed_symbols", d.managed_symbols),
+            ("memory_names", d.memory_names),
+            ("images", d.images),
         ] {
             ConstCounter::new(n).encode(dropped.encode_family(&[("what", what)])?)?;
         }

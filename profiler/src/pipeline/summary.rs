@@ -553,7 +553,7 @@ fn print_lost(summary: &RecordSummary, w: &mut impl std::io::Write) -> std::io::
     if d.any() {
         writeln!(
             w,
-            "clrbpf: over the {} MiB memory budget, dropped: {} mappings ({} maps files read in part), {} files for unwind tables ({:.1} MiB), {} managed symbols, {} EventPipe metadata records, {} early stack-cache resets, {} .NET sessions",
+            "clrbpf: over the {} MiB memory budget, dropped: {} mappings ({} maps files read in part), {} files for unwind tables ({:.1} MiB), {} managed symbols, {} EventPipe metadata records, {} early stack-cache resets, {} .NET sessions, {} memory-path names not cached, {} images refused",
             crate::memory_budget::current().total_bytes >> 20,
             d.mappings,
             d.maps_files_truncated,
@@ -562,7 +562,9 @@ fn print_lost(summary: &RecordSummary, w: &mut impl std::io::Write) -> std::io::
             d.managed_symbols,
             d.nettrace_metadata,
             d.nettrace_stack_resets,
-            d.sessions
+            d.sessions,
+            d.memory_names,
+            d.images
         )?;
     }
     print_memory_naming(&summary.memory_naming, w)?;

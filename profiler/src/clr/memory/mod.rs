@@ -16,7 +16,9 @@
 //!    per range) -> nibble map -> code block start -> code header ->
 //!    `MethodDesc` ([`method`]) -> token and `Module*` -> the image file
 //!    mapping holding the module's `m_pSimpleName`.
-//! 4. Blocks are cached by start address, together with their code header:
+//! 4. Blocks are cached by start address, together with their code header
+//!    (a [`charged_cache::ChargedCache`] of the memory budget, dynamic
+//!    methods' names cut at 512 bytes):
 //!    each hit reads the header again, so code freed and reused (dynamic
 //!    methods, collectible assemblies) is read afresh. A method that tiers
 //!    up gets a new block, hence a new entry.
@@ -32,6 +34,7 @@
 //! and dotnet/runtime `docs/design/datacontracts/ExecutionManager.md`.
 
 pub mod budget;
+pub mod charged_cache;
 pub mod code_heap_scan;
 pub mod code_map;
 pub mod layout;
@@ -40,15 +43,13 @@ pub mod names;
 pub mod runtime_image;
 pub mod target;
 
-use std::{
-    collections::HashMap,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicU64, Ordering},
 };
 
 use budget::{Metered, Outcome, ProcessNamingBudget, Refusal};
+use charged_cache::{ChargedCache, capped_name};
 use code_map::{CodeMapError, CodeRange, CodeRangeKind, find_code_range, find_code_start};
 use layout::ClrLayout;
 use method::{CodeBlock, MethodError, read_code_block, read_code_header};
@@ -152,7 +153,10 @@ pub struct ClrMemoryReader<M: TargetMemory = ProcessMemory> {
     files: Vec<FileMapping>,
     code_ranges: AtomicU64,
     ranges: Mutex<Vec<CodeRange>>,
-    blocks: Mutex<HashMap<u64, (u64, ManagedCode)>>,
+    blocks: Mutex<ChargedCache<u64, (u64, ManagedCode)>>,
+    /// The process's pid, for warnings (0 for memory that is not a
+    /// process's).
+    pid: u32,
     pub stats: MemoryNameStats,
     /// What its lookups may cost ([`budget`]).
     pub budget: ProcessNamingBudget,
@@ -184,7 +188,9 @@ impl ClrMemoryReader<ProcessMemory> {
             .filter(|m| m.file_path() == Some(path.as_str()))
             .find_map(|m| image.load_bias(m.start, m.offset))
             .ok_or(AttachError::NoLoadBias)?;
-        Self::new(ProcessMemory::new(pid), &image, bias, major, mappings)
+        let mut reader = Self::new(ProcessMemory::new(pid), &image, bias, major, mappings)?;
+        reader.pid = pid;
+        Ok(reader)
     }
 }
 
@@ -214,7 +220,8 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
             files: Vec::new(),
             code_ranges: AtomicU64::new(0),
             ranges: Mutex::new(Vec::new()),
-            blocks: Mutex::new(HashMap::new()),
+            blocks: Mutex::new(ChargedCache::new(MAX_CACHED_BLOCKS)),
+            pid: 0,
             stats: MemoryNameStats::default(),
             budget: ProcessNamingBudget::new(budget::global()),
         };
@@ -386,7 +393,7 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
                 kind: method::stub_kind_name(kind),
             },
             CodeBlock::Method(m) if m.is_dynamic() => ManagedCode::Dynamic {
-                name: m.dynamic_name.map(Arc::from),
+                name: m.dynamic_name.map(|n| Arc::from(capped_name(n))),
             },
             CodeBlock::Method(m) => ManagedCode::Method {
                 image: self.module_image(mem, m.module),
@@ -395,10 +402,12 @@ impl<M: TargetMemory> ClrMemoryReader<M> {
             },
         };
         if let Ok(mut blocks) = self.blocks.lock() {
-            if blocks.len() >= MAX_CACHED_BLOCKS {
-                blocks.clear();
-            }
-            blocks.insert(start, (header, code.clone()));
+            let heap_bytes = match &code {
+                ManagedCode::Dynamic { name: Some(name) } => name.len() as u64,
+                // The image path is shared with the mapping table.
+                _ => 0,
+            };
+            blocks.insert(self.pid, start, (header, code.clone()), heap_bytes);
         }
         Ok(code)
     }

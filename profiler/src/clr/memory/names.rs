@@ -20,16 +20,21 @@ use std::{
     },
 };
 
-use super::{AttachError, ClrMemoryReader, ManagedCode, MemoryNameError, target::ProcessMemory};
+use super::{
+    AttachError, ClrMemoryReader, ManagedCode, MemoryNameError,
+    charged_cache::{ChargedCache, capped_name},
+    target::ProcessMemory,
+};
 use crate::{
     clr::name_sources::{self, CodeName, JitMemoryContext},
     process::{MappingTable, ProcFs, root::TargetRoot},
-    symbolize::{clr_metadata::ClrMetadata, ready_to_run::AssemblyCache},
+    symbolize::ready_to_run::{AssemblyCache, HeldMetadata},
 };
 
 /// Images whose metadata is kept per process.
 const MAX_IMAGES: usize = 1024;
-/// Names kept per process before the cache starts over.
+/// Names kept per process before the cache starts over (their bytes are
+/// charged to the memory budget, see [`super::charged_cache`]).
 const MAX_NAMES: usize = 65_536;
 
 /// A method: its image's path in the target and its MethodDef token.
@@ -51,8 +56,9 @@ pub struct JitMemoryNames {
     root: Option<TargetRoot>,
     /// `(start, end)` of file-backed mappings, sorted: never walked.
     files: Vec<(u64, u64)>,
-    images: Mutex<HashMap<Arc<str>, Option<Arc<ClrMetadata>>>>,
-    names: Mutex<HashMap<MethodKey, CodeName>>,
+    images: Mutex<HashMap<Arc<str>, Option<Arc<HeldMetadata>>>>,
+    names: Mutex<ChargedCache<MethodKey, CodeName>>,
+    pid: u32,
     /// Reads metadata shared with every process (CoreLib's is MiBs); `None`:
     /// this reader's own copies.
     shared: Option<AssemblyCache>,
@@ -70,7 +76,8 @@ impl JitMemoryNames {
             root: TargetRoot::open(procfs, pid).ok(),
             files: Vec::new(),
             images: Mutex::new(HashMap::new()),
-            names: Mutex::new(HashMap::new()),
+            names: Mutex::new(ChargedCache::new(MAX_NAMES)),
+            pid,
             shared: None,
             counts: MemoryNameCounts::default(),
             code_scan: Default::default(),
@@ -150,19 +157,17 @@ impl JitMemoryNames {
         };
         let name = CodeName {
             assembly: metadata.assembly_name().map(Arc::from),
-            ..plain_name(method)
+            ..plain_name(capped_name(method))
         };
+        let heap_bytes = name.name.len() + name.assembly.as_ref().map_or(0, |a| a.len());
         let mut names = self.names.lock().ok()?;
-        if names.len() >= MAX_NAMES {
-            names.clear();
-        }
-        names.insert(key, name.clone());
+        names.insert(self.pid, key, name.clone(), heap_bytes as u64);
         Some(name)
     }
 
     /// The metadata of the image at `path` (in the target's root), read
     /// once; `None` (also remembered) when it has none.
-    fn metadata(&self, path: &Arc<str>) -> Option<Arc<ClrMetadata>> {
+    fn metadata(&self, path: &Arc<str>) -> Option<Arc<HeldMetadata>> {
         let mut images = self.images.lock().ok()?;
         if let Some(known) = images.get(path) {
             return known.clone();
@@ -173,7 +178,7 @@ impl JitMemoryNames {
             .and_then(|root| root.open_file(&**path).ok())
             .map(|file| match &self.shared {
                 Some(shared) => shared.shared_metadata(&file),
-                None => ClrMetadata::read(&file).map(Arc::new),
+                None => HeldMetadata::read(&file).map(Arc::new),
             })
             .and_then(|read| match read {
                 Ok(metadata) => Some(metadata),

@@ -183,6 +183,7 @@ impl PeHeaders {
 /// CLI header (read through `read`: offset, length).
 fn metadata_range(
     headers: &PeHeaders,
+    limit: u32,
     mut read: impl FnMut(u64, u32) -> Result<Vec<u8>, MetadataError>,
 ) -> Result<(u64, u32), MetadataError> {
     // The CLI header: cb, runtime version, then the metadata directory.
@@ -194,9 +195,9 @@ fn metadata_range(
         u32_at(&cli, 8).ok_or(malformed("CLI header truncated"))?,
         u32_at(&cli, 12).ok_or(malformed("CLI header truncated"))?,
     );
-    if size > MAX_METADATA_BYTES {
+    if size > limit.min(MAX_METADATA_BYTES) {
         return Err(MetadataError::TooLarge {
-            limit: MAX_METADATA_BYTES,
+            limit: limit.min(MAX_METADATA_BYTES),
         });
     }
     headers
@@ -457,6 +458,13 @@ impl ClrMetadata {
     /// metadata only, at most [`MAX_METADATA_BYTES`]). The caller opens a
     /// target's file inside its root.
     pub fn read(file: &File) -> Result<Self, MetadataError> {
+        Self::read_at_most(file, MAX_METADATA_BYTES)
+    }
+
+    /// [`Self::read`], refusing metadata over `limit` bytes before it is
+    /// read (a sparse file's header can claim 64 MiB that cost its owner
+    /// nothing).
+    pub fn read_at_most(file: &File, limit: u32) -> Result<Self, MetadataError> {
         let read = |offset: u64, len: u32| -> Result<Vec<u8>, MetadataError> {
             let mut buf = vec![0u8; len as usize];
             file.read_exact_at(&mut buf, offset)
@@ -467,7 +475,7 @@ impl ClrMetadata {
         let got = read_up_to(file, &mut header)?;
         header.truncate(got);
         let headers = PeHeaders::parse(&header)?;
-        let (offset, size) = metadata_range(&headers, read)?;
+        let (offset, size) = metadata_range(&headers, limit, read)?;
         Self::parse_metadata(read(offset, size)?.into_boxed_slice())
     }
 
@@ -481,7 +489,7 @@ impl ClrMetadata {
                 .map(<[u8]>::to_vec)
                 .ok_or(malformed("metadata outside the file"))
         };
-        let (offset, size) = metadata_range(&headers, read)?;
+        let (offset, size) = metadata_range(&headers, MAX_METADATA_BYTES, read)?;
         Self::parse_metadata(read(offset, size)?.into_boxed_slice())
     }
 

@@ -45,7 +45,7 @@ use crate::unwind::ready_to_run::{
     section_type,
 };
 
-pub use process::{AssemblyCache, ReadyToRunNames};
+pub use process::{AssemblyCache, AssemblyKey, HeldMetadata, ReadyToRunNames};
 
 /// Largest image read whole (System.Private.CoreLib 8.0 has 12 MiB).
 pub const MAX_IMAGE_BYTES: u64 = 256 << 20;
@@ -107,9 +107,10 @@ pub struct ReadyToRunMethods {
     /// `[begin, end)` RVAs of each `RUNTIME_FUNCTION`, in the table's
     /// order (the order entry points index).
     functions: Box<[(u32, u32)]>,
-    /// Whether `functions` is sorted by begin (crossgen2 sorts it): a
-    /// hostile unsorted table is searched linearly.
-    sorted: bool,
+    /// When `functions` is not sorted by begin (crossgen2 sorts it, a
+    /// hostile image need not): its indices sorted by begin, made once at
+    /// load, so every lookup is a binary search.
+    order: Option<Box<[u32]>>,
     /// The MethodDef token owning each function (funclets and cold parts
     /// resolved to their method); 0 for none, [`UNNAMED_ENTRY`] for a
     /// method's entry that is not named here.
@@ -146,7 +147,7 @@ impl ReadyToRunMethods {
             })
             .collect();
         let mut methods = Self {
-            sorted: functions.is_sorted_by_key(|f| f.0),
+            order: sorted_order(&functions),
             tokens: vec![0; functions.len()].into_boxed_slice(),
             functions,
             stats: ReadyToRunStats::default(),
@@ -241,14 +242,17 @@ impl ReadyToRunMethods {
 
     /// The function holding `rva`: its index.
     fn function_at(&self, rva: u32) -> Option<usize> {
-        let index = if self.sorted {
-            self.functions
+        let index = match &self.order {
+            None => self
+                .functions
                 .partition_point(|f| f.0 <= rva)
-                .checked_sub(1)?
-        } else {
-            self.functions
-                .iter()
-                .position(|&(begin, end)| begin <= rva && rva < end)?
+                .checked_sub(1)?,
+            Some(order) => {
+                let at = order
+                    .partition_point(|&i| self.functions[i as usize].0 <= rva)
+                    .checked_sub(1)?;
+                order[at] as usize
+            }
         };
         let (begin, end) = self.functions[index];
         (begin <= rva && rva < end).then_some(index)
@@ -262,8 +266,24 @@ impl ReadyToRunMethods {
 
     /// Bytes held.
     pub fn memory_bytes(&self) -> usize {
-        self.functions.len() * 8 + self.tokens.len() * 4
+        self.functions.len() * 8
+            + self.tokens.len() * 4
+            + self.order.as_ref().map_or(0, |o| o.len() * 4)
     }
+}
+
+/// The indices of `functions` sorted by begin, or `None` when the table is
+/// sorted already (the table is at most `MAX_RUNTIME_FUNCTIONS` long, so
+/// the indices fit a `u32`).
+fn sorted_order(functions: &[(u32, u32)]) -> Option<Box<[u32]>> {
+    if functions.is_sorted_by_key(|f| f.0) {
+        return None;
+    }
+    let mut order: Vec<u32> = (0..functions.len())
+        .map(|i| u32::try_from(i).unwrap_or(u32::MAX))
+        .collect();
+    order.sort_unstable_by_key(|&i| functions[i as usize].0);
+    Some(order.into_boxed_slice())
 }
 
 /// The token owning function `index` or the nearest entry before it.

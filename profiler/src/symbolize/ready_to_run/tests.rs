@@ -7,7 +7,7 @@ fn methods(
 ) -> ReadyToRunMethods {
     let mut methods = ReadyToRunMethods {
         functions: functions.into(),
-        sorted: functions.is_sorted_by_key(|f| f.0),
+        order: sorted_order(functions),
         tokens: vec![0; functions.len()].into_boxed_slice(),
         stats: ReadyToRunStats::default(),
     };
@@ -37,8 +37,8 @@ fn funclets_and_cold_code_belong_to_their_method() {
         &[(0, 0x0600_0001), (2, 0x0600_0002), (4, 0x0600_0003)],
         &[(3, 2)],
     );
-    // Unsorted by begin: searched linearly.
-    assert!(!m.sorted);
+    // Unsorted by begin: an index sorted once, then binary searched.
+    assert_eq!(m.order.as_deref(), Some(&[0, 1, 2, 4, 3][..]));
     assert_eq!(m.token_at(0x100), Some(0x0600_0001));
     assert_eq!(m.token_at(0x190), Some(0x0600_0001));
     assert_eq!(m.token_at(0x1ff), Some(0x0600_0002));
@@ -68,7 +68,7 @@ fn sorted_tables_are_binary_searched_and_entries_checked() {
         &[(1, 0x0600_0007), (9, 0x0600_0008)],
         &[(7, 0), (0, 9)],
     );
-    assert!(m.sorted);
+    assert!(m.order.is_none(), "sorted: searched in place");
     assert_eq!(m.stats.bad_entries, 1);
     // Before the first entry: no method.
     assert_eq!(m.token_at(0x15), None);
@@ -129,4 +129,22 @@ fn il_only_assemblies_have_metadata_and_no_code() {
         AssemblyImage::from_image(b"MZ"),
         Err(ReadyToRunError::Metadata(_))
     ));
+}
+
+/// A hostile unsorted table of many entries is searched in O(log n) per
+/// lookup: every function is found through the sorted index.
+#[test]
+fn unsorted_tables_are_binary_searched_through_a_sorted_index() {
+    let n = 100_000u32;
+    // Reversed: the worst order for a linear search from the front.
+    let functions: Vec<(u32, u32)> = (0..n).rev().map(|i| (i * 16, i * 16 + 16)).collect();
+    let entries: Vec<(u32, u32)> = (0..n).map(|i| (i, 0x0600_0000 | (i + 1))).collect();
+    let m = methods(&functions, &entries, &[]);
+    assert_eq!(m.order.as_ref().map(|o| o.len()), Some(n as usize));
+    assert_eq!(m.memory_bytes(), n as usize * 16, "the index is charged");
+    for rva in [0, 15, 16 * 500 + 3, 16 * (n - 1) + 15] {
+        let index = n - 1 - rva / 16;
+        assert_eq!(m.token_at(rva), Some(0x0600_0000 | (index + 1)), "{rva:#x}");
+    }
+    assert_eq!(m.token_at(16 * n), None);
 }
