@@ -26,6 +26,7 @@ pub const TARGETS: &[&str] = &[
     "ready_to_run_names",
     "ready_to_run",
     "clr_memory",
+    "runtime_image",
     "perf_map",
     "jitdump",
     "nettrace",

@@ -333,7 +333,7 @@ impl Collector for MemoryBudgetCollector {
         ] {
             ConstCounter::new(n).encode(dropped.encode_family(&[("what", what)])?)?;
         }
-        Ok(())
+        encode_refused_files(&mut encoder)
     }
 }
 
@@ -380,6 +380,29 @@ impl Collector for MemoryNamingCollector {
         }
         Ok(())
     }
+}
+
+/// The targets' files refused as hostile, by why
+/// ([`crate::process::mapped_file`], [`crate::clr::memory::runtime_image`]).
+fn encode_refused_files(encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+    let files = crate::process::mapped_file::counts();
+    let mut refused = encoder.encode_descriptor(
+        "target_files_refused",
+        "Files profiled processes map that were refused unread, by why (not_regular: a device, FIFO or directory; replaced: the path is another file than the one mapped; runtime_image: a libcoreclr.so over its caps or sparse)",
+        None,
+        prometheus_client::metrics::MetricType::Counter,
+    )?;
+    for (why, n) in [
+        ("not_regular", files.not_regular),
+        ("replaced", files.replaced),
+        (
+            "runtime_image",
+            crate::clr::memory::runtime_image::refused_images(),
+        ),
+    ] {
+        ConstCounter::new(n).encode(refused.encode_family(&[("why", why)])?)?;
+    }
+    Ok(())
 }
 
 impl Collector for SelfCollector {

@@ -461,6 +461,7 @@ pub fn print_summary(
         )?;
     }
     print_clr_totals(&summary.clr, &mut w)?;
+    print_refused_files(&mut w)?;
     if summary.outputs.len() > 1 {
         for path in &summary.outputs {
             writeln!(w, "clrbpf: wrote {}", path.display())?;
@@ -474,6 +475,23 @@ pub fn print_summary(
         writeln!(w, "clrbpf: warning: {warning}")?;
     }
     Ok(())
+}
+
+/// The targets' files refused as hostile: a device, FIFO or directory
+/// where a mapped file should be, a path swapped since the mapping
+/// ([`crate::process::mapped_file`]), a `libcoreclr.so` built to cost its
+/// reader ([`crate::clr::memory::runtime_image`]). Counted since start.
+fn print_refused_files(w: &mut impl std::io::Write) -> std::io::Result<()> {
+    let files = crate::process::mapped_file::counts();
+    let images = crate::clr::memory::runtime_image::refused_images();
+    if files.not_regular + files.replaced + images == 0 {
+        return Ok(());
+    }
+    writeln!(
+        w,
+        "clrbpf: target files refused: {} not regular files, {} swapped since they were mapped, {} libcoreclr.so over their caps or sparse",
+        files.not_regular, files.replaced, images
+    )
 }
 
 /// What was recorded: the span, samples and processes, and how the

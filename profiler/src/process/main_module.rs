@@ -11,8 +11,8 @@
 //! 3. Where the file is mapped (the executable's code segment, else its
 //!    lowest mapping), the mapping gives the range and offset; an assembly
 //!    the runtime has not mapped yet (a command just started) keeps only its
-//!    path. An ELF executable's GNU build id is read through
-//!    `/proc/PID/map_files`, so the mapping is the one the native
+//!    path. An ELF executable's GNU build id is read from the file mapped
+//!    ([`super::mapped_file`]), so the mapping is the one the native
 //!    symbolizer gives its frames.
 
 use std::{path::Path, sync::Arc};
@@ -104,15 +104,16 @@ pub fn main_module(procfs: &ProcFs, pid: u32) -> Option<Arc<Module>> {
         cwd.as_deref().and_then(Path::to_str),
         maps.mappings(),
     );
-    if module.memory_limit != 0 && !module.path.ends_with(".dll") {
-        let map_file = procfs.pid_path(
-            pid,
-            &format!(
-                "map_files/{:x}-{:x}",
-                module.memory_start, module.memory_limit
-            ),
-        );
-        module.build_id = blazesym::helper::read_elf_build_id(&map_file)
+    let mapping = maps
+        .iter()
+        .find(|m| m.start == module.memory_start && m.end == module.memory_limit);
+    let file = mapping
+        .filter(|_| !module.path.ends_with(".dll"))
+        .and_then(|m| super::mapped_file::open_mapped(procfs, pid, &m.into()).ok());
+    if let Some(file) = file {
+        // The exact file mapped, never a device or a path swapped since.
+        let fd_path = super::root::fd_path(std::os::fd::AsFd::as_fd(&file));
+        module.build_id = blazesym::helper::read_elf_build_id(&fd_path)
             .ok()
             .flatten()
             .map(|id| {

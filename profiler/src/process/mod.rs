@@ -19,6 +19,7 @@ pub mod dotnet;
 pub mod exit;
 pub mod identity;
 pub mod main_module;
+pub mod mapped_file;
 pub mod maps;
 pub mod priority;
 pub mod root;

@@ -114,6 +114,14 @@ impl TargetRoot {
         Ok(file)
     }
 
+    /// An `O_PATH | O_NOFOLLOW` handle on `path_in_root` (as the target
+    /// sees it): opens nothing (a device or FIFO is not touched), and a
+    /// symlink as last component is the link itself, for [`fstat`] to
+    /// refuse.
+    pub fn open_path(&self, path_in_root: impl AsRef<Path>) -> io::Result<OwnedFd> {
+        self.resolve(path_in_root.as_ref(), libc::O_PATH | libc::O_NOFOLLOW)
+    }
+
     /// `(st_dev, st_ino)` of the root: processes in the same container share it.
     pub fn identity(&self) -> io::Result<(u64, u64)> {
         let stat = fstat(self.fd.as_fd())?;

@@ -517,19 +517,24 @@ impl NativeSymbolizer {
     }
 }
 
+/// The exact file mapped ([`crate::process::mapped_file`]: never a path
+/// the target swapped since, never a device or FIFO).
 fn open_mapped_file(mapping: &MappedFile<'_>) -> Option<File> {
-    let map_files = format!(
-        "/proc/{}/map_files/{:x}-{:x}",
-        mapping.pid, mapping.start, mapping.end
-    );
-    if let Ok(file) = File::open(&map_files) {
-        return Some(file);
-    }
-    // map_files needs CAP_SYS_ADMIN; the target's root view is the fallback,
-    // opened without following symlinks out of that root.
-    let procfs = crate::process::ProcFs::default();
-    let root = crate::process::root::TargetRoot::open(&procfs, mapping.pid).ok()?;
-    root.open_file(mapping.path).ok()
+    let mapped = crate::process::mapped_file::MappedFileRef {
+        start: mapping.start,
+        end: mapping.end,
+        dev_major: mapping.key.dev_major,
+        dev_minor: mapping.key.dev_minor,
+        inode: mapping.key.inode,
+        path: mapping.path,
+    };
+    crate::process::mapped_file::open_mapped(
+        &crate::process::ProcFs::default(),
+        mapping.pid,
+        &mapped,
+    )
+    .inspect_err(|e| tracing::debug!(pid = mapping.pid, "native file: {e}"))
+    .ok()
 }
 
 fn hex(bytes: &[u8]) -> String {

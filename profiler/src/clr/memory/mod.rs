@@ -6,10 +6,11 @@
 //! file and MethodDef token (named from the image's metadata), a dynamic
 //! method, a stub kind, or a ReadyToRun image (named from the file alone).
 //!
-//! 1. [`ClrMemoryReader::attach`]: the runtime's `libcoreclr.so` is read
-//!    from the target's root ([`runtime_image`]) for `g_dacTable`, the
-//!    contract descriptor (.NET 9+) and the version; the version picks the
-//!    layout ([`layout`]), the descriptor's JSON overrides it.
+//! 1. [`ClrMemoryReader::attach`]: the runtime's `libcoreclr.so`, the file
+//!    mapped ([`crate::process::mapped_file`]), is read within caps
+//!    ([`runtime_image`]) for `g_dacTable`, the contract descriptor (.NET
+//!    9+) and the version; the version picks the layout ([`layout`]), the
+//!    descriptor's JSON overrides it.
 //! 2. The code range map's address is DAC table slot 0, 0 until the
 //!    runtime's execution manager is up (then asked again at each lookup).
 //! 3. [`ClrMemoryReader::code_at`]: PC -> code range ([`code_map`], cached
@@ -56,7 +57,11 @@ use method::{CodeBlock, MethodError, read_code_block, read_code_header};
 use runtime_image::{RuntimeImage, RuntimeImageError};
 use target::{ProcessMemory, ReadError, ReadExt, TargetMemory};
 
-use crate::process::{MappingTable, ProcFs, dotnet::DotnetRuntime, root::TargetRoot};
+use crate::process::{
+    MappingTable, ProcFs,
+    dotnet::DotnetRuntime,
+    mapped_file::{MappedFileError, MappedFileRef, open_mapped},
+};
 
 /// Code blocks remembered per process before the cache starts over.
 const MAX_CACHED_BLOCKS: usize = 65_536;
@@ -110,7 +115,7 @@ pub enum AttachError {
     Open {
         path: String,
         #[source]
-        source: std::io::Error,
+        source: MappedFileError,
     },
     #[error(transparent)]
     Image(#[from] RuntimeImageError),
@@ -164,21 +169,26 @@ pub struct ClrMemoryReader<M: TargetMemory = ProcessMemory> {
 
 impl ClrMemoryReader<ProcessMemory> {
     /// Prepares the memory path for process `pid` whose mappings are
-    /// `mappings`: reads its `libcoreclr.so` through `/proc/PID/root`.
+    /// `mappings`: reads its `libcoreclr.so`, the file mapped
+    /// ([`crate::process::mapped_file`]), with bounded reads
+    /// ([`RuntimeImage::read`]).
     pub fn attach(procfs: &ProcFs, pid: u32, mappings: &MappingTable) -> Result<Self, AttachError> {
         let runtime = DotnetRuntime::detect(mappings).ok_or(AttachError::NoRuntime)?;
         let path = runtime
             .libcoreclr_path
             .clone()
             .ok_or(AttachError::NoRuntime)?;
-        let open_error = |source| AttachError::Open {
-            path: path.clone(),
-            source,
-        };
-        let root = TargetRoot::open(procfs, pid)
-            .map_err(|e| open_error(std::io::Error::other(e.to_string())))?;
-        let file = root.open_file(&path).map_err(open_error)?;
-        let image = RuntimeImage::parse(&object::ReadCache::new(file))?;
+        let mapping = mappings
+            .iter()
+            .find(|m| m.file_path() == Some(path.as_str()))
+            .ok_or(AttachError::NoRuntime)?;
+        let file = open_mapped(procfs, pid, &MappedFileRef::from(mapping)).map_err(|source| {
+            AttachError::Open {
+                path: path.clone(),
+                source,
+            }
+        })?;
+        let image = RuntimeImage::read(&file)?;
         let major = runtime
             .major()
             .or_else(|| image.major())

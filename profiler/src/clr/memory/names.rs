@@ -4,8 +4,9 @@
 //! ReadyToRun images have no name for an address ([`jit_memory_reader`]
 //! makes it). [`JitMemoryNames`] turns the [`ManagedCode`] the
 //! [`ClrMemoryReader`] finds into a [`CodeName`], naming methods from their
-//! image's ECMA-335 metadata ([`ClrMetadata`], read once per image file
-//! through the target's root) and the rest by kind.
+//! image's ECMA-335 metadata ([`ClrMetadata`], read once per image file,
+//! from the file mapped under the path the runtime names:
+//! [`crate::process::mapped_file`]) and the rest by kind.
 //!
 //! Addresses inside file-backed mappings (native libraries, ReadyToRun
 //! images) are left to the other name sources without a single read of
@@ -27,7 +28,10 @@ use super::{
 };
 use crate::{
     clr::name_sources::{self, CodeName, JitMemoryContext},
-    process::{MappingTable, ProcFs, root::TargetRoot},
+    process::{
+        Mapping, MappingTable, ProcFs,
+        mapped_file::{MappedFileRef, open_mapped},
+    },
     symbolize::ready_to_run::{AssemblyCache, HeldMetadata},
 };
 
@@ -53,12 +57,16 @@ pub struct MemoryNameCounts {
 /// The memory name source of one process; see the module doc.
 pub struct JitMemoryNames {
     reader: ClrMemoryReader<ProcessMemory>,
-    root: Option<TargetRoot>,
+    procfs: ProcFs,
+    pid: u32,
+    /// A mapping of each file mapped, by path: an image the runtime's
+    /// memory names is read only as the file mapped under that path
+    /// ([`crate::process::mapped_file`]), never opened by the path.
+    mapped: HashMap<Arc<str>, Mapping>,
     /// `(start, end)` of file-backed mappings, sorted: never walked.
     files: Vec<(u64, u64)>,
     images: Mutex<HashMap<Arc<str>, Option<Arc<HeldMetadata>>>>,
     names: Mutex<ChargedCache<MethodKey, CodeName>>,
-    pid: u32,
     /// Reads metadata shared with every process (CoreLib's is MiBs); `None`:
     /// this reader's own copies.
     shared: Option<AssemblyCache>,
@@ -73,11 +81,12 @@ impl JitMemoryNames {
         let reader = ClrMemoryReader::attach(procfs, pid, mappings)?;
         let mut names = Self {
             reader,
-            root: TargetRoot::open(procfs, pid).ok(),
+            procfs: procfs.clone(),
+            pid,
+            mapped: HashMap::new(),
             files: Vec::new(),
             images: Mutex::new(HashMap::new()),
             names: Mutex::new(ChargedCache::new(MAX_NAMES)),
-            pid,
             shared: None,
             counts: MemoryNameCounts::default(),
             code_scan: Default::default(),
@@ -106,6 +115,12 @@ impl JitMemoryNames {
             .map(|m| (m.start, m.end))
             .collect();
         self.files.sort_unstable();
+        self.mapped.clear();
+        for m in mappings.iter() {
+            if let Some(path) = m.path.as_ref().filter(|_| m.file_path().is_some()) {
+                self.mapped.entry(path.clone()).or_insert_with(|| m.clone());
+            }
+        }
     }
 
     fn in_file(&self, addr: u64) -> bool {
@@ -172,10 +187,10 @@ impl JitMemoryNames {
         if let Some(known) = images.get(path) {
             return known.clone();
         }
-        let read = self
-            .root
-            .as_ref()
-            .and_then(|root| root.open_file(&**path).ok())
+        let mapping = self.mapped.get(path)?;
+        let read = open_mapped(&self.procfs, self.pid, &MappedFileRef::from(mapping))
+            .inspect_err(|e| tracing::debug!(pid = self.pid, "memory path: {e}"))
+            .ok()
             .map(|file| match &self.shared {
                 Some(shared) => shared.shared_metadata(&file),
                 None => HeldMetadata::read(&file).map(Arc::new),

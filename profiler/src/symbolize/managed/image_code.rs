@@ -34,13 +34,15 @@
 //! mapping at the same place is a new entry of the mappings table.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::os::unix::fs::MetadataExt as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use super::{ManagedSymbol, SharedNames, SymbolInterner, arc_str_bytes};
-use crate::process::{MappingTable, ProcFs, root::TargetRoot};
+use crate::process::{
+    MappingTable, ProcFs,
+    mapped_file::{MappedFileRef, open_mapped},
+};
 
 /// Bytes counted for a table besides its entries: the table, its map slot.
 const TABLE_BYTES: u64 = 256;
@@ -477,15 +479,19 @@ fn is_assembly_path(path: &str) -> bool {
     ends(".dll") || ends(".exe")
 }
 
-/// The identity of the file mapped: the exact file through
-/// `/proc/PID/map_files`, or (without `CAP_SYS_ADMIN`) the same path in the
-/// process's root, only if it is the inode and device mapped.
+/// The identity of the file mapped, opened by
+/// [`crate::process::mapped_file`], only if it is the inode and device
+/// mapped.
 fn image_key(pid: u32, m: &ImageMapping) -> Option<ImageKey> {
-    let map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-    let file = File::open(map_files).ok().or_else(|| {
-        let root = TargetRoot::open(&ProcFs::default(), pid).ok()?;
-        root.open_file(&*m.path).ok()
-    })?;
+    let mapped = MappedFileRef {
+        start: m.start,
+        end: m.end,
+        dev_major: m.dev_major,
+        dev_minor: m.dev_minor,
+        inode: m.inode,
+        path: &m.path,
+    };
+    let file = open_mapped(&ProcFs::default(), pid, &mapped).ok()?;
     let meta = file.metadata().ok()?;
     let dev = meta.dev();
     let (major, minor) = (libc::major(dev), libc::minor(dev));
@@ -505,6 +511,8 @@ fn image_key(pid: u32, m: &ImageMapping) -> Option<ImageKey> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+
     use super::*;
 
     /// An executable mapping of a real `.dll` file in this process, at an

@@ -19,7 +19,10 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use super::AssemblyImage;
 use crate::memory_budget::{self, Charge, Drops, Pool};
-use crate::process::{MappingTable, ProcFs, root::TargetRoot};
+use crate::process::{
+    MappingTable, ProcFs,
+    mapped_file::{MappedFileRef, open_mapped},
+};
 use crate::profile::{Frame, FrameKind, Module};
 use crate::symbolize::clr_metadata::{ClrMetadata, MetadataError};
 use crate::symbolize::native::FileKey;
@@ -481,18 +484,20 @@ fn is_assembly_path(path: &str) -> bool {
     lower(".dll") || lower(".exe")
 }
 
-/// Opens the file of a mapping: the exact file mapped, or the same path
-/// inside the process's root.
+/// Opens the file of a mapping: the exact file mapped
+/// ([`crate::process::mapped_file`]).
 fn open_mapping(pid: u32, mapping: &ImageMapping) -> Option<File> {
-    let map_files = format!(
-        "/proc/{pid}/map_files/{:x}-{:x}",
-        mapping.start, mapping.end
-    );
-    if let Ok(file) = File::open(map_files) {
-        return Some(file);
-    }
-    let root = TargetRoot::open(&ProcFs::default(), pid).ok()?;
-    root.open_file(&*mapping.path).ok()
+    let mapped = MappedFileRef {
+        start: mapping.start,
+        end: mapping.end,
+        dev_major: mapping.key.dev_major,
+        dev_minor: mapping.key.dev_minor,
+        inode: mapping.key.inode,
+        path: &mapping.path,
+    };
+    open_mapped(&ProcFs::default(), pid, &mapped)
+        .inspect_err(|e| tracing::debug!(pid, "ReadyToRun image: {e}"))
+        .ok()
 }
 
 #[cfg(test)]
