@@ -5,7 +5,7 @@
 #![no_main]
 
 use clrbpf::unwind::jit_code::{
-    JitCodeRows, MethodFrame, PROLOGUE_BYTES, method_frame, osr_method_frame,
+    JitCodeRows, PROLOGUE_BYTES, method_frame, osr_method_frame,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -22,7 +22,7 @@ fuzz_target!(|code: &[u8]| {
             method_frame(chunk, at)
         };
         previous = chunk;
-        if let MethodFrame::Rows(rows) = &frame {
+        if let Some(rows) = frame.rows() {
             assert_eq!(rows[0].pc, at);
             assert!(rows.windows(2).all(|w| w[0].pc < w[1].pc));
             assert!(rows.iter().all(|r| r.pc < at + chunk.len() as u64));

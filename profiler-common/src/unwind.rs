@@ -31,10 +31,12 @@
 //!    rbp, rsp`) or at `ret`, where the frame record is not (or no longer)
 //!    set up.
 //!
-//! Known limits: a leaf JIT frame interrupted between `push rbp` and the
-//! instruction that sets rbp after further pushes (CoreCLR's `push rbp; push
-//! r15...; lea rbp, [rsp+N]`), or in a stub without a frame (precode jumps),
-//! skips its direct caller, exactly as a frame-pointer walk would. CFA rules
+//! Known limits: a leaf JIT frame without rows (code userspace has not
+//! decoded yet) interrupted between `push rbp` and the instruction that
+//! sets rbp after further pushes (CoreCLR's `push rbp; push r15...; lea
+//! rbp, [rsp+N]`: decoded methods get rows for it), or in a stub without a
+//! frame (precode jumps), skips its direct caller, exactly as a
+//! frame-pointer walk would. CFA rules
 //! that are DWARF expressions other than the PLT and signal-frame patterns
 //! end the walk with [`UnwindError::UnsupportedCfa`]. Only x86_64 rules are
 //! implemented; the row format keeps the frame register and the return

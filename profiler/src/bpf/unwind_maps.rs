@@ -223,6 +223,8 @@ pub struct UnwindMapsStats {
     pub jit_methods: u64,
     /// Of those, the ones without an rbp frame, which got rows.
     pub jit_frameless: u64,
+    /// Of those, the ones with an rbp frame, whose prologue got rows.
+    pub jit_prologues: u64,
     /// Of those, OSR methods, unwound through their tier-0 frame.
     pub jit_osr: u64,
     /// Prologues the decoder did not recognise: walked by frame pointer.
@@ -539,6 +541,7 @@ impl UnwindMaps {
             };
             match &frame {
                 MethodFrame::Rows(_) => self.stats.jit_frameless += 1,
+                MethodFrame::Prologue(_) => self.stats.jit_prologues += 1,
                 MethodFrame::Unrecognised => self.stats.jit_unrecognised += 1,
                 MethodFrame::FramePointer => {}
             }

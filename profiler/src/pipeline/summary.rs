@@ -810,8 +810,13 @@ fn print_unwind(
     if s.jit_methods > 0 {
         writeln!(
             w,
-            "clrbpf: JIT-compiled methods: {} prologues decoded, {} without an rbp frame given rows ({} OSR methods, through their tier-0 frame), {} unrecognised and {} unread (walked by frame pointer)",
-            s.jit_methods, s.jit_frameless, s.jit_osr, s.jit_unrecognised, s.jit_not_decoded
+            "clrbpf: JIT-compiled methods: {} prologues decoded, {} without an rbp frame given rows ({} OSR methods, through their tier-0 frame), {} with one given rows for their prologue, {} unrecognised and {} unread (walked by frame pointer)",
+            s.jit_methods,
+            s.jit_frameless,
+            s.jit_osr,
+            s.jit_prologues,
+            s.jit_unrecognised,
+            s.jit_not_decoded
         )?;
     }
     Ok(())

@@ -8,13 +8,19 @@
 //! mov esi, -1; call [..]; nop; add rsp, 8; ret`, and a frame-pointer walk
 //! through it skips its caller (rbp still holds the caller's caller's
 //! frame). Such a method needs a row saying where its return address is.
+//! So does an rbp frame while its prologue runs: tier-1
+//! `Dictionary<int,long>.FindValue` is `push rbp; push r15; push r14;
+//! push r13; push r12; push rbx; sub rsp, 0x18; lea rbp, [rsp+0x40]`, and
+//! until the `lea` rbp still holds the caller's frame. A leaf sampled
+//! there (a tenth of a dictionary-bound method's samples, most of them
+//! right after the `push rbp`) lost its caller.
 //!
 //! Place in the data flow: the pipeline learns each method's code range
 //! from the perf map, the jitdump or MethodLoad events
 //! (`crate::symbolize::managed`), and hands the new ranges to the unwind
 //! worker (`crate::bpf::unwind_maps`), which reads each method's first
 //! [`PROLOGUE_BYTES`] through `/proc/PID/mem`, decodes them here
-//! ([`method_frame`]), keeps the frameless methods of the process in a
+//! ([`method_frame`]), keeps the rows of the process's methods in a
 //! [`JitCodeRows`] and loads its [`JitCodeRows::rows`] as one table for the
 //! process's anonymous (and memfd) executable mappings.
 //!
@@ -23,10 +29,11 @@
 //! and rbp through the forms the JIT emits: `push r64`, `sub rsp, imm`,
 //! `lea rbp, [rsp+imm]`, `mov rbp, rsp`, with any other instruction that
 //! leaves rsp and rbp alone in between (`vzeroupper`, zeroing of locals).
-//! A method whose rbp ends up at its saved-rbp slot is walked by frame
-//! pointer as before and needs no rows; any other frame gets one row per
-//! stack change, CFA from rsp (or from rbp when it was set elsewhere), the
-//! return address at CFA - 8, rbp at its save slot. Epilogs are left to the
+//! A method whose rbp ends up at its saved-rbp slot gets rows for its
+//! prologue only, then the frame-pointer rule from the instruction after
+//! the one that set rbp ([`MethodFrame::Prologue`]); any other frame gets
+//! one row per stack change, CFA from rsp (or from rbp when it was set
+//! elsewhere), the return address at CFA - 8, rbp at its save slot. Epilogs are left to the
 //! kernel's code check ([`CFA_PARAM_EPILOG_BY_CODE`]), as for ReadyToRun
 //! code. A stack change the decoder does not model (`mov rsp, rax` after a
 //! stack probe, `and rsp`) gives [`MethodFrame::Unrecognised`]: the method
@@ -61,9 +68,15 @@ const MAX_FRAME_BYTES: i64 = 1 << 20;
 /// How a JIT-compiled method's frame is unwound.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MethodFrame {
-    /// `push rbp` and rbp set to its save slot: the frame-pointer rule
-    /// holds past the prologue, and the walker handles the prologue itself.
+    /// The frame-pointer rule throughout: the code could not be read, or
+    /// its prologue sets rbp past the bytes read.
     FramePointer,
+    /// `push rbp` and rbp set to its save slot: rows from the method's
+    /// start, one per stack change of the prologue, and a
+    /// [`CfaRule::FramePointer`] row from the end of it (the walker's own
+    /// code check knows only a `push rbp` that `mov rbp, rsp` follows, and
+    /// the JIT pushes the callee-saved registers in between).
+    Prologue(Vec<UnwindRow>),
     /// No rbp frame (or an unusual one): rows from the method's start, one
     /// per stack change, the last one for the body.
     Rows(Vec<UnwindRow>),
@@ -128,9 +141,38 @@ pub fn method_frame(code: &[u8], start: u64) -> MethodFrame {
         return MethodFrame::Unrecognised;
     };
     if frame.is_frame_pointer() {
-        return MethodFrame::FramePointer;
+        return prologue_rows(&rows);
     }
     to_rows(&rows)
+}
+
+impl MethodFrame {
+    /// The method's rows, if it has any.
+    pub fn rows(&self) -> Option<&[UnwindRow]> {
+        match self {
+            Self::Prologue(rows) | Self::Rows(rows) => Some(rows),
+            Self::FramePointer | Self::Unrecognised => None,
+        }
+    }
+}
+
+/// The rows of an rbp frame's prologue (`rows` as [`decode`] gives them):
+/// up to the pc from which rbp is at its save slot, where the
+/// frame-pointer rule takes over for the body.
+fn prologue_rows(rows: &[(u64, Frame)]) -> MethodFrame {
+    let Some(set) = rows.iter().position(|(_, f)| f.is_frame_pointer()) else {
+        // rbp is set by the window's last instruction: no row for the
+        // body's pc, and the frame-pointer rule as before.
+        return MethodFrame::FramePointer;
+    };
+    let prologue: Option<Vec<UnwindRow>> = rows[..set].iter().map(|(pc, f)| f.row(*pc)).collect();
+    match prologue {
+        Some(mut prologue) => {
+            prologue.push(UnwindRow::new(rows[set].0, CfaRule::FramePointer, 0));
+            MethodFrame::Prologue(prologue)
+        }
+        None => MethodFrame::FramePointer,
+    }
 }
 
 /// Decodes the prologue of an OSR method (`code` at `start`) entered on the
@@ -279,7 +321,7 @@ fn decode(code: &[u8], start: u64, entry: Frame) -> Option<(Vec<(u64, Frame)>, F
 /// by frame pointer (and counted by the caller).
 pub const MAX_METHODS_PER_PROCESS: usize = 1 << 16;
 
-/// The frameless JIT-compiled methods of one process, by start address:
+/// The JIT-compiled methods of one process that have rows, by start address:
 /// what its JIT table is built from. A method compiled over an older one's
 /// range (rejit, code freed and reused) replaces it.
 #[derive(Debug, Default)]
@@ -313,7 +355,7 @@ impl JitCodeRows {
                 self.changed = true;
             }
         }
-        let MethodFrame::Rows(rows) = frame else {
+        let Some(rows) = frame.rows() else {
             return true;
         };
         if self.methods.len() >= MAX_METHODS_PER_PROCESS {
@@ -400,21 +442,112 @@ mod tests {
         );
     }
 
+    /// .NET 8's `Dictionary<int,long>.FindValue` at tier 1, as read from a
+    /// live process: `push rbp; push r15; push r14; push r13; push r12;
+    /// push rbx; sub rsp, 0x18; lea rbp, [rsp+0x40]; mov rbx, rdi`.
+    const FIND_VALUE_TIER1: &[u8] = &[
+        0x55, 0x41, 0x57, 0x41, 0x56, 0x41, 0x55, 0x41, 0x54, 0x53, 0x48, 0x83, 0xec, 0x18, 0x48,
+        0x8d, 0x6c, 0x24, 0x40, 0x48, 0x8b, 0xdf,
+    ];
+
+    fn fp(pc: u64) -> UnwindRow {
+        UnwindRow::new(pc, CfaRule::FramePointer, 0)
+    }
+
     #[test]
-    fn rbp_frames_need_no_rows() {
+    fn rbp_frames_get_rows_for_their_prologue() {
+        let saved = |pc, offset| sp(pc, offset).with_fp_at(-16);
         // .NET 8: push rbp; push r15; push rbx; sub rsp, 0x20;
         // lea rbp, [rsp+0x30]; then the body.
         let net8 = [
             0x55, 0x41, 0x57, 0x53, 0x48, 0x83, 0xec, 0x20, 0x48, 0x8d, 0x6c, 0x24, 0x30, 0x48,
             0x8b, 0xdf, 0xe8, 0, 0, 0, 0,
         ];
-        assert_eq!(method_frame(&net8, AT), MethodFrame::FramePointer);
+        assert_eq!(
+            method_frame(&net8, AT),
+            MethodFrame::Prologue(vec![
+                sp(AT, 8),
+                saved(AT + 1, 16),
+                saved(AT + 3, 24),
+                saved(AT + 4, 32),
+                saved(AT + 8, 64),
+                fp(AT + 13),
+            ])
+        );
         // .NET Core 3.1: push rbp; push rbx; push rax; lea rbp, [rsp+0x10].
         let net31 = [0x55, 0x53, 0x50, 0x48, 0x8d, 0x6c, 0x24, 0x10, 0xc3];
-        assert_eq!(method_frame(&net31, AT), MethodFrame::FramePointer);
+        assert_eq!(
+            method_frame(&net31, AT),
+            MethodFrame::Prologue(vec![
+                sp(AT, 8),
+                saved(AT + 1, 16),
+                saved(AT + 2, 24),
+                saved(AT + 3, 32),
+                fp(AT + 8),
+            ])
+        );
         // Tier 0: vzeroupper; push rbp; mov rbp, rsp.
         let tier0 = [0xc5, 0xf8, 0x77, 0x55, 0x48, 0x8b, 0xec, 0x90, 0xc3];
-        assert_eq!(method_frame(&tier0, AT), MethodFrame::FramePointer);
+        assert_eq!(
+            method_frame(&tier0, AT),
+            MethodFrame::Prologue(vec![sp(AT, 8), saved(AT + 4, 16), fp(AT + 7)])
+        );
+        // rbp set by the last instruction read: no pc of the body to give
+        // the frame-pointer row, and none needed.
+        assert_eq!(
+            method_frame(&[0x55, 0x48, 0x8b, 0xec], AT),
+            MethodFrame::FramePointer
+        );
+    }
+
+    /// A leaf sampled inside an rbp frame's prologue, right after its
+    /// `push rbp` (where most such samples of a dictionary-bound loop
+    /// land): the rows reach the method that called it; frame pointers
+    /// alone go from the leaf to that method's caller.
+    #[test]
+    fn walk_from_inside_an_rbp_prologue_finds_its_caller() {
+        let find_value = 0x1000;
+        let mut jit = JitCodeRows::default();
+        let frame = method_frame(FIND_VALUE_TIER1, find_value);
+        assert!(matches!(frame, MethodFrame::Prologue(_)), "{frame:?}");
+        jit.insert(find_value, find_value + 0x175, &frame);
+        let rows = jit.rows();
+        let (churn_ra, main_ra) = (0x5000_0040, 0x6000_0080);
+        let sp0 = 0x7ffd_0000u64;
+        let churn_fp = 0x7ffd_0100u64;
+        let memory = Words(vec![
+            (sp0, churn_fp),     // the rbp FindValue just pushed
+            (sp0 + 8, churn_ra), // its return address, into the caller
+            (churn_fp, 0),       // the caller's saved rbp (outermost)
+            (churn_fp + 8, main_ra),
+        ]);
+        let leaf = UnwindRegs {
+            pc: find_value + 1,
+            sp: sp0,
+            fp: churn_fp,
+            lr: 0,
+        };
+        let mut regs = leaf;
+        let mut interrupted = true;
+        let mut lookup = |pc: u64| Ok(find_row(&rows, pc).copied());
+        assert_eq!(
+            next_frame(&mut regs, &mut interrupted, &mut lookup, &memory),
+            Ok(true)
+        );
+        assert_eq!((regs.pc, regs.fp), (churn_ra, churn_fp), "the caller");
+        // Past the prologue the frame-pointer rule applies.
+        let body = find_value + FIND_VALUE_TIER1.len() as u64 - 3;
+        let row = find_row(&rows, body).expect("a row for the body");
+        assert_eq!(row.cfa_rule, CfaRule::FramePointer as u8);
+        // Without rows, the caller is skipped.
+        let mut regs = leaf;
+        let mut interrupted = true;
+        let mut none = |_: u64| Ok(None);
+        assert_eq!(
+            next_frame(&mut regs, &mut interrupted, &mut none, &memory),
+            Ok(true)
+        );
+        assert_eq!(regs.pc, main_ra);
     }
 
     #[test]
@@ -499,7 +632,7 @@ mod tests {
             }
             // Bias towards prologue bytes.
             code[0] = [0x50, 0x55, 0x41, 0x48, 0xc5][(state % 5) as usize];
-            if let MethodFrame::Rows(rows) = method_frame(&code, AT) {
+            if let Some(rows) = method_frame(&code, AT).rows() {
                 assert_eq!(rows[0].pc, AT);
                 assert!(rows.windows(2).all(|w| w[0].pc < w[1].pc));
                 assert!(rows.iter().all(|r| r.pc < AT + PROLOGUE_BYTES as u64));
@@ -519,7 +652,6 @@ mod tests {
             !jit.take_changed(),
             "a framed method over no other changes nothing"
         );
-        let fp = |pc| UnwindRow::new(pc, CfaRule::FramePointer, 0);
         assert_eq!(
             jit.rows(),
             vec![
@@ -622,7 +754,16 @@ mod tests {
     #[test]
     fn osr_methods_unwind_through_the_tier0_frame() {
         let base = 0x2000;
-        assert_eq!(method_frame(MAIN_TIER0, base), MethodFrame::FramePointer);
+        // push rbp; sub rsp, 0x110; vzeroupper; lea rbp, [rsp+0x110].
+        assert_eq!(
+            method_frame(MAIN_TIER0, base),
+            MethodFrame::Prologue(vec![
+                sp(base, 8),
+                sp(base + 1, 16).with_fp_at(-16),
+                sp(base + 8, 0x120).with_fp_at(-16),
+                UnwindRow::new(base + 19, CfaRule::FramePointer, 0),
+            ])
+        );
         // Entered with rsp one slot below the tier-0 frame (return address,
         // saved rbp, 0x110 bytes): CFA = rsp + 0x128, rbp saved at CFA-16.
         let fp = |row: UnwindRow| row.with_fp_at(-16);
