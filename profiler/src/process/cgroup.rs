@@ -160,7 +160,7 @@ fn identity_in_path(path: &str, depth: usize) -> CgroupIdentity {
         return CgroupIdentity::default();
     };
     let rest = &components[climbed..];
-    if rest.iter().any(|c| *c == "..") {
+    if rest.contains(&"..") {
         return CgroupIdentity::default();
     }
     LAYOUTS
