@@ -118,7 +118,7 @@ pub struct AgentArgs {
 
     /// Push profiles to Pyroscope (or Grafana Cloud Profiles, or Alloy's
     /// pyroscope.receive_http) at this base URL, e.g. http://pyroscope:4040.
-    #[arg(long, value_name = "URL", value_parser = parse_http_url,
+    #[arg(long, value_name = "URL", value_parser = HttpUrlParser,
           help_heading = "Sinks")]
     pub pyroscope_url: Option<String>,
 
@@ -184,7 +184,7 @@ pub struct AgentArgs {
 
     /// Export OTLP profiles over HTTP to this base URL (an OpenTelemetry
     /// collector's OTLP/HTTP receiver, e.g. http://otel-collector:4318).
-    #[arg(long, value_name = "URL", value_parser = parse_http_url,
+    #[arg(long, value_name = "URL", value_parser = HttpUrlParser,
           help_heading = "Sinks")]
     pub otlp_url: Option<String>,
 
@@ -322,6 +322,37 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .checked_mul(multiplier)
         .filter(|&bytes| bytes > 0)
         .ok_or_else(|| format!("`{text}` is zero or too large"))
+}
+
+/// Parses a sink's URL with [`parse_http_url`]. Unlike a plain function
+/// parser, whose error clap prints with the value given, its error shows
+/// the value through [`crate::agent::redact_url`]: a URL that fails to
+/// parse may still hold a user, a password or a `?token=`, and the error
+/// lands in pod logs.
+#[derive(Clone, Copy, Debug)]
+struct HttpUrlParser;
+
+impl clap::builder::TypedValueParser for HttpUrlParser {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        _cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        let text = value.to_string_lossy();
+        parse_http_url(&text).map_err(|reason| {
+            let flag = arg.map_or_else(|| "URL".to_owned(), ToString::to_string);
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!(
+                    "invalid value '{}' for '{flag}': {reason}\n",
+                    crate::agent::redact_url(&text)
+                ),
+            )
+        })
+    }
 }
 
 /// An http or https URL with a host.
@@ -607,6 +638,26 @@ pub struct RecordArgs {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_bad_sink_url_is_never_echoed_with_its_credentials() {
+        for bad in [
+            "http://user:s3cret@ho st:4040/?token=t0ken",
+            "ftp://user:s3cret@host/?token=t0ken",
+            "http://user:s3cret@host:4040/push?token=t0ken",
+        ] {
+            for flag in ["--pyroscope-url", "--otlp-url"] {
+                let error = Cli::try_parse_from(["clrbpf", "agent", flag, bad])
+                    .expect_err("a bad URL is refused");
+                let text = error.to_string();
+                assert!(
+                    !text.contains("s3cret") && !text.contains("t0ken") && !text.contains("user"),
+                    "{text}"
+                );
+                assert!(text.contains("[redacted]") && text.contains(flag), "{text}");
+            }
+        }
+    }
+
     use clap::CommandFactory;
 
     use super::*;

@@ -7,6 +7,7 @@
 use std::{
     fs,
     io::Write as _,
+    os::unix::fs::PermissionsExt as _,
     path::PathBuf,
     process::{Command, Stdio},
     thread,
@@ -238,6 +239,10 @@ fn agent_serves_runtime_metrics_and_profiles_on_demand() {
     let env = Env::privileged();
     let dir = TempDir::new("agent-metrics");
     let windows = dir.join("windows");
+    // The pull endpoint needs a token, on loopback too.
+    let token_file = dir.join("token");
+    fs::write(&token_file, "pull-token-0123456789\n").expect("write the token");
+    fs::set_permissions(&token_file, fs::Permissions::from_mode(0o600)).expect("chmod");
     let agent = TestAgent::start(
         &env,
         &dir,
@@ -247,6 +252,8 @@ fn agent_serves_runtime_metrics_and_profiles_on_demand() {
             "--output-dir".as_ref(),
             windows.as_os_str(),
             "--enable-pull".as_ref(),
+            "--http-token-file".as_ref(),
+            token_file.as_os_str(),
         ],
     );
     let port = agent.port();
@@ -256,7 +263,11 @@ fn agent_serves_runtime_metrics_and_profiles_on_demand() {
     // baseline), 30 collections, then idle while they are reported.
     let gc = TestProcess::start(&env, Runtime::Net8, "GcCounts", &["10", "30", "40"], false);
 
-    let (pull_status, pulled) = http::get(port, "/debug/pprof/profile?seconds=3", &[]);
+    let (pull_status, pulled) = http::get(
+        port,
+        "/debug/pprof/profile?seconds=3",
+        &[("Authorization", "Bearer pull-token-0123456789")],
+    );
     assert_eq!(pull_status, 200, "{}", String::from_utf8_lossy(&pulled));
     let pulled_path = dir.join("pulled.pb.gz");
     fs::write(&pulled_path, &pulled).expect("write the pulled profile");

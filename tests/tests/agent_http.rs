@@ -217,11 +217,17 @@ fn abandoned_pulls_end_with_their_clients() {
     // Frame pointers only and no CLR sessions: the agent's memory then
     // moves little with what else runs on the host (other processes'
     // unwind tables and sessions), so the pulls' part stands out.
+    let token_file = dir.join("token");
+    fs::write(&token_file, "pull-token-0123456789\n").expect("write the token");
+    fs::set_permissions(&token_file, fs::Permissions::from_mode(0o600)).expect("chmod");
+    let token = [("Authorization", "Bearer pull-token-0123456789")];
     let agent = start_agent(
         &env,
         &dir,
         &[
             "--enable-pull".as_ref(),
+            "--http-token-file".as_ref(),
+            token_file.as_os_str(),
             "--frame-pointers-only".as_ref(),
             "--no-clr-events".as_ref(),
         ],
@@ -237,7 +243,10 @@ fn abandoned_pulls_end_with_their_clients() {
         }
         let mut stream = TcpStream::connect(("127.0.0.1", agent.port())).expect("connect");
         stream
-            .write_all(b"GET /debug/pprof/profile?seconds=60 HTTP/1.1\r\nHost: x\r\n\r\n")
+            .write_all(
+                b"GET /debug/pprof/profile?seconds=60 HTTP/1.1\r\nHost: x\r\n\
+                  Authorization: Bearer pull-token-0123456789\r\n\r\n",
+            )
             .expect("send");
         thread::sleep(Duration::from_millis(20));
         drop(stream);
@@ -248,7 +257,7 @@ fn abandoned_pulls_end_with_their_clients() {
     let after = agent.rss_kib();
     let running_after = pulls_running(agent.port());
     // At once: the slot of the last abandoned pull is free.
-    let pulled = pull(agent.port(), &dir, 2, &[]);
+    let pulled = pull(agent.port(), &dir, 2, &token);
     agent.stop();
     assert_some_stack_contains(&pulled, Some(hot.pid()), &["Hot.Spin"]);
     assert!(

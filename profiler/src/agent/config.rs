@@ -56,8 +56,9 @@ pub enum ConfigError {
     #[error("cannot build the HTTP client")]
     HttpClient(#[source] reqwest::Error),
     #[error(
-        "--enable-pull: without --http-token-file, --listen must be a loopback address, not {listen} \
-         (whoever reaches the port would get the profiles of every selected process)"
+        "--enable-pull needs --http-token-file FILE (a bearer token, mode 0600): without one, whoever \
+         reaches {listen}, every local user on a loopback address included, would get the profiles \
+         of every selected process"
     )]
     UnprotectedPull { listen: SocketAddr },
 }
@@ -133,8 +134,9 @@ impl ProcessSelection {
 pub struct PullConfig {
     /// `--max-pull-seconds`.
     pub max_seconds: u64,
-    /// The bearer token every request needs (`--http-token-file`); `None`
-    /// only on a loopback `--listen` address.
+    /// The bearer token every request needs (`--http-token-file`): always
+    /// there from the command line, loopback included, since every local
+    /// user reaches a loopback port.
     pub token: Option<Secret>,
 }
 
@@ -198,10 +200,6 @@ impl AgentConfig {
             (true, Some(path)) => Some(PullConfig {
                 max_seconds: max_pull_seconds,
                 token: Some(read_secret(&path, "--http-token-file")?),
-            }),
-            (true, None) if listen.ip().is_loopback() => Some(PullConfig {
-                max_seconds: max_pull_seconds,
-                token: None,
             }),
             (true, None) => return Err(ConfigError::UnprotectedPull { listen }),
         };
@@ -550,14 +548,15 @@ mod tests {
     #[test]
     fn the_pull_endpoint_is_off_or_protected() {
         assert_eq!(config_or_panic(&[]).pull, None, "off by default");
-        let local = config_or_panic(&["--enable-pull"]).pull.expect("on");
-        assert_eq!((local.max_seconds, local.token), (60, None));
-        let error = config(&["--enable-pull", "--listen", "0.0.0.0:7071"]).unwrap_err();
-        let message = error.to_string();
-        assert!(
-            message.contains("--enable-pull") && message.contains("--http-token-file"),
-            "{message}"
-        );
+        // Loopback too: every local user reaches a loopback port.
+        for listen in ["127.0.0.1:7071", "[::1]:7071", "0.0.0.0:7071"] {
+            let error = config(&["--enable-pull", "--listen", listen]).unwrap_err();
+            let message = error.to_string();
+            assert!(
+                message.contains("--enable-pull") && message.contains("--http-token-file"),
+                "{message}"
+            );
+        }
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("token");
         std::fs::write(&token, "s3cr3t\n").unwrap();
@@ -570,6 +569,7 @@ mod tests {
         ])
         .pull
         .expect("on");
+        assert_eq!(pull.max_seconds, 60);
         assert_eq!(pull.token.expect("a token").expose(), "s3cr3t");
         std::fs::write(&token, "").unwrap();
         let error = config(&[
