@@ -1430,6 +1430,74 @@ impl HttpRequest {
     }
 }
 
+/// What a measured run of clrbpf gave.
+pub struct Measured {
+    pub status: ExitStatus,
+    pub stderr: String,
+    /// The clrbpf process's peak RSS (`VmHWM`), in bytes.
+    pub peak_rss: u64,
+    pub took: Duration,
+}
+
+/// Runs `clrbpf args...` and measures its peak RSS (`VmHWM`, read every
+/// 10 ms while it runs: `wait4`'s `ru_maxrss` would count the RSS of this
+/// test process, which the child had between its fork and its exec);
+/// kills it and panics after `timeout`.
+pub fn run_measured(env: &Env, args: &[OsString], timeout: Duration) -> Measured {
+    eprintln!("$ {} {}", env.clrbpf.display(), shown(args));
+    let started = Instant::now();
+    let mut child = Command::new(&env.clrbpf)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start clrbpf");
+    let mut pipe = child.stderr.take().expect("stderr is piped");
+    let reader = thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    });
+    let mut peak_rss = 0;
+    let status = loop {
+        // Read before the exit is looked for: the last read sees the
+        // process as it ended (a zombie has no VmHWM).
+        peak_rss = agent::status_bytes(child.id(), "VmHWM:")
+            .unwrap_or(0)
+            .max(peak_rss);
+        if let Some(status) = child.try_wait().expect("wait for clrbpf") {
+            break status;
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("clrbpf ran longer than {timeout:?}");
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    let took = started.elapsed();
+    let stderr = reader.join().unwrap_or_default();
+    eprintln!("{stderr}");
+    eprintln!(
+        "clrbpf exited with {status} after {took:?}, peak RSS {} MiB",
+        peak_rss >> 20
+    );
+    Measured {
+        status,
+        stderr,
+        peak_rss,
+        took,
+    }
+}
+
+fn shown(args: &[OsString]) -> String {
+    args.iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use clrbpf::pprof_proto::{Function, Label, Line, Location, Sample, ValueType};

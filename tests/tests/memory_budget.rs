@@ -16,17 +16,15 @@
 
 use std::{
     ffi::OsString,
-    io::Read as _,
     path::Path,
-    process::{Command, ExitStatus, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
 use clrbpf_integration_tests::{
-    Env, TempDir, TestProcess,
+    Env, Measured, TempDir, TestProcess,
     agent::{TestAgent, status_bytes},
-    http, pids, read_profile,
+    http, pids, read_profile, run_measured,
 };
 
 const USER: u32 = 1000;
@@ -64,74 +62,6 @@ fn file_attackers() -> [TestProcess; 2] {
         "the hog's maps file is {maps_bytes} bytes"
     );
     [maps, memory_hog("sparse", 1, 120)]
-}
-
-/// What a measured run of clrbpf gave.
-struct Measured {
-    status: ExitStatus,
-    stderr: String,
-    /// `ru_maxrss` of the clrbpf process, in bytes.
-    peak_rss: u64,
-    took: Duration,
-}
-
-/// Runs `clrbpf args...` and measures its peak RSS (`VmHWM`, read every
-/// 10 ms while it runs: `wait4`'s `ru_maxrss` would count the RSS of this
-/// test process, which the child had between its fork and its exec);
-/// kills it and panics after `timeout`.
-fn run_measured(env: &Env, args: &[OsString], timeout: Duration) -> Measured {
-    eprintln!("$ {} {}", env.clrbpf.display(), shown(args));
-    let started = Instant::now();
-    let mut child = Command::new(&env.clrbpf)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start clrbpf");
-    let mut pipe = child.stderr.take().expect("stderr is piped");
-    let reader = thread::spawn(move || {
-        let mut text = String::new();
-        let _ = pipe.read_to_string(&mut text);
-        text
-    });
-    let mut peak_rss = 0;
-    let status = loop {
-        // Read before the exit is looked for: the last read sees the
-        // process as it ended (a zombie has no VmHWM).
-        peak_rss = status_bytes(child.id(), "VmHWM:")
-            .unwrap_or(0)
-            .max(peak_rss);
-        if let Some(status) = child.try_wait().expect("wait for clrbpf") {
-            break status;
-        }
-        if started.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("clrbpf ran longer than {timeout:?}");
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
-    let took = started.elapsed();
-    let stderr = reader.join().unwrap_or_default();
-    eprintln!("{stderr}");
-    eprintln!(
-        "clrbpf exited with {status} after {took:?}, peak RSS {} MiB",
-        peak_rss / MIB
-    );
-    Measured {
-        status,
-        stderr,
-        peak_rss,
-        took,
-    }
-}
-
-fn shown(args: &[OsString]) -> String {
-    args.iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 fn record_args(out: &Path, targets: &[u32]) -> Vec<OsString> {
