@@ -329,16 +329,7 @@ impl ClrSession {
     /// per throw instead of several. The collector's budget turns it off
     /// and on ([`super::budget`]).
     pub fn start_exception_events(client: &DiagnosticClient) -> Result<Self, IpcError> {
-        let provider = ProviderConfig {
-            name: RUNTIME_PROVIDER.to_owned(),
-            keywords: keywords::EXCEPTION,
-            level: LEVEL_ERROR,
-            filter: String::new(),
-        };
-        let kinds = ClrEventKinds {
-            exceptions: true,
-            ..ClrEventKinds::NONE
-        };
+        let (kinds, provider) = exceptions_at_level_error();
         Self::start_providers(client, kinds, &[provider])
     }
 
@@ -349,16 +340,7 @@ impl ClrSession {
     /// while [`Self::start_exception_events`]'s session is off over the
     /// budget ([`super::budget`]).
     pub fn start_exception_counting(client: &DiagnosticClient) -> Result<Self, IpcError> {
-        let provider = ProviderConfig {
-            name: RUNTIME_PROVIDER.to_owned(),
-            keywords: keywords::EXCEPTION,
-            level: LEVEL_ERROR,
-            filter: String::new(),
-        };
-        let kinds = ClrEventKinds {
-            exceptions: true,
-            ..ClrEventKinds::NONE
-        };
+        let (kinds, provider) = exceptions_at_level_error();
         let payload = collect_tracing3_payload(SESSION_BUFFER_MB, false, false, &[provider]);
         Self::start_payload(client, kinds, CommandId::COLLECT_TRACING_3, &payload)
     }
@@ -689,6 +671,22 @@ pub(super) fn warn_if_metadata_over_budget(pid: u32, parser: &NettraceParser) {
             )
         });
     }
+}
+
+/// The runtime provider's exception events at level Error, the one
+/// provider of both exception sessions (with stacks, and counting).
+fn exceptions_at_level_error() -> (ClrEventKinds, ProviderConfig) {
+    let kinds = ClrEventKinds {
+        exceptions: true,
+        ..ClrEventKinds::NONE
+    };
+    let provider = ProviderConfig {
+        name: RUNTIME_PROVIDER.to_owned(),
+        keywords: keywords::EXCEPTION,
+        level: LEVEL_ERROR,
+        filter: String::new(),
+    };
+    (kinds, provider)
 }
 
 #[cfg(test)]
