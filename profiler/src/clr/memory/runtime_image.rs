@@ -272,24 +272,43 @@ impl RuntimeImage {
     }
 }
 
+/// An ELF header table (program or section headers) given by the ELF
+/// header's `(offset, entry size, count)`: entries of `size` bytes, at most
+/// `max` of them.
+fn read_header_table<R: ReadAt + ?Sized>(
+    file: &Bounded<'_, R>,
+    what: &'static str,
+    (offset, entry, count): (u64, u16, u16),
+    size: u64,
+    max: u64,
+) -> Result<Vec<u8>, RuntimeImageError> {
+    let count = u64::from(count);
+    if u64::from(entry) != size {
+        return Err(RuntimeImageError::NotElf);
+    }
+    if count > max {
+        return Err(RuntimeImageError::TooLarge {
+            what,
+            size: count * size,
+            cap: max * size,
+        });
+    }
+    file.read(what, offset, count * size, u64::MAX)
+}
+
 /// `(file offset, virtual address, file size)` of each `PT_LOAD`.
 fn read_segments<R: ReadAt + ?Sized>(
     file: &Bounded<'_, R>,
     header: &[u8],
 ) -> Result<Vec<(u64, u64, u64)>, RuntimeImageError> {
     let (offset, entry, count) = (u64_at(header, 32), u16_at(header, 54), u16_at(header, 56));
-    let count = u64::from(count);
-    if u64::from(entry) != PHDR_SIZE {
-        return Err(RuntimeImageError::NotElf);
-    }
-    if count > MAX_PROGRAM_HEADERS {
-        return Err(RuntimeImageError::TooLarge {
-            what: "program header table",
-            size: count * PHDR_SIZE,
-            cap: MAX_PROGRAM_HEADERS * PHDR_SIZE,
-        });
-    }
-    let table = file.read("program header table", offset, count * PHDR_SIZE, u64::MAX)?;
+    let table = read_header_table(
+        file,
+        "program header table",
+        (offset, entry, count),
+        PHDR_SIZE,
+        MAX_PROGRAM_HEADERS,
+    )?;
     Ok(table
         .chunks_exact(PHDR_SIZE as usize)
         .filter(|p| u32_at(p, 0) == PT_LOAD)
@@ -302,21 +321,16 @@ fn read_sections<R: ReadAt + ?Sized>(
     header: &[u8],
 ) -> Result<Vec<Section>, RuntimeImageError> {
     let (offset, entry, count) = (u64_at(header, 40), u16_at(header, 58), u16_at(header, 60));
-    let count = u64::from(count);
     if count == 0 {
         return Err(RuntimeImageError::NoDynsym);
     }
-    if u64::from(entry) != SHDR_SIZE {
-        return Err(RuntimeImageError::NotElf);
-    }
-    if count > MAX_SECTIONS {
-        return Err(RuntimeImageError::TooLarge {
-            what: "section header table",
-            size: count * SHDR_SIZE,
-            cap: MAX_SECTIONS * SHDR_SIZE,
-        });
-    }
-    let table = file.read("section header table", offset, count * SHDR_SIZE, u64::MAX)?;
+    let table = read_header_table(
+        file,
+        "section header table",
+        (offset, entry, count),
+        SHDR_SIZE,
+        MAX_SECTIONS,
+    )?;
     Ok(table
         .chunks_exact(SHDR_SIZE as usize)
         .map(|h| Section {
