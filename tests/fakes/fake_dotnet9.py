@@ -27,7 +27,12 @@ one, at the level clrbpf sees a runtime:
 A scenario may list ContentionStop (91, version 1) events instead,
 `{"kind": "contention_stop", "duration_ns": N}`: they go to any session
 that asks for the Contention keyword (0x4000) at level Informational,
-DurationNs as given (a hostile runtime's 2^63, issue 33).
+DurationNs as given (a hostile runtime's 2^63, issue 33), and
+GCAllocationTick (10, version 4) events, `{"kind": "allocation",
+"amount": N, "object_size": N, "type": "Evil.Blob"}`: they go to any
+session that asks for the GC keyword (0x1) at level Verbose,
+AllocationAmount64 as given (a hostile runtime's u64::MAX). A session
+gets the scenario's events of the kinds it asks for.
 
 The scenario (argv[1], JSON) lists the events:
   {"end": "stop" | "cut",
@@ -41,7 +46,8 @@ Method names are written as the runtime writes them in perf maps
 
 It prints PID and READY like the C# workloads, `SESSION keywords=0x...
 level=N peer=PID` for every session (PID: the client's), `WAITS_SENT
-peer=PID` once a session's events are written. It lives argv[2] seconds,
+peer=PID` once a session's events are written, then `SENT kinds=K,...
+peer=PID` with the kinds of those events. It lives argv[2] seconds,
 keeps its files in the directory argv[3] and removes its socket and files
 when it ends (a test that kills it removes the socket).
 """
@@ -64,6 +70,7 @@ from wire import utf16z, varuint
 RUNTIME_PROVIDER = "Microsoft-Windows-DotNETRuntime"
 WAIT_HANDLE_KEYWORD = 0x40000000000
 CONTENTION_KEYWORD = 0x4000
+GC_KEYWORD = 0x1
 LEVEL_INFO = 4
 LEVEL_VERBOSE = 5
 IPC_MAGIC = b"DOTNET_IPC_V1\0"
@@ -174,9 +181,18 @@ METADATA = (
     (2, 302, "WaitHandleWaitStop", WAIT_HANDLE_KEYWORD, 0, LEVEL_VERBOSE),
     # ContentionStop_V1: its payload carries DurationNs.
     (3, 91, "ContentionStop", CONTENTION_KEYWORD, 1, LEVEL_INFO),
+    # GCAllocationTick_V4: AllocationAmount64 and ObjectSize.
+    (4, 10, "GCAllocationTick", GC_KEYWORD, 4, LEVEL_VERBOSE),
 )
 # The metadata id of each scenario event kind.
-KIND_METADATA = {"start": 1, "stop": 2, "contention_stop": 3}
+KIND_METADATA = {"start": 1, "stop": 2, "contention_stop": 3, "allocation": 4}
+# The keyword and least level a session asks for to get each kind.
+KIND_ENABLED_BY = {
+    "start": (WAIT_HANDLE_KEYWORD, LEVEL_VERBOSE),
+    "stop": (WAIT_HANDLE_KEYWORD, LEVEL_VERBOSE),
+    "contention_stop": (CONTENTION_KEYWORD, LEVEL_INFO),
+    "allocation": (GC_KEYWORD, LEVEL_VERBOSE),
+}
 
 
 def metadata_block():
@@ -272,13 +288,15 @@ class Runtime:
             session_id = self.next_session
             self.next_session += 1
             stop = self.stops.setdefault(session_id, threading.Event())
-        # Every session that asks gets the waits, as every session of a
-        # runtime gets the events of its time (other profilers on the host
-        # may open sessions too).
-        wants_waits = keywords & WAIT_HANDLE_KEYWORD and level >= LEVEL_VERBOSE
-        # A scenario of contentions goes to any session that asks for them.
-        if any(e["kind"] == "contention_stop" for e in self.scenario["events"]):
-            wants_waits = keywords & CONTENTION_KEYWORD and level >= LEVEL_INFO
+        # Every session that asks gets the events of the kinds it asks
+        # for, as every session of a runtime gets the events of its time
+        # (other profilers on the host may open sessions too).
+        events = [
+            e
+            for e in self.scenario["events"]
+            if keywords & KIND_ENABLED_BY[e["kind"]][0] and level >= KIND_ENABLED_BY[e["kind"]][1]
+        ]
+        wants_waits = bool(events)
         peer, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         print(f"SESSION keywords={keywords:#x} level={level} peer={peer}", flush=True)
         reply(conn, struct.pack("<Q", session_id))
@@ -291,8 +309,10 @@ class Runtime:
             time.sleep(0.2)
             # Stack ids and sequence numbers are the session's own.
             state = {"next_stack_id": 1, "sequences": {}}
-            self.send_waits(stream, base + 200_000_000, state)
+            self.send_waits(stream, base + 200_000_000, state, events)
+            kinds = ",".join(sorted({e["kind"] for e in events}))
             print(f"WAITS_SENT peer={peer}", flush=True)
+            print(f"SENT kinds={kinds} peer={peer}", flush=True)
             if self.scenario.get("end") == "cut":
                 self.cut(stream, base + 200_000_000, state)
                 conn.shutdown(socket.SHUT_RDWR)
@@ -332,6 +352,14 @@ class Runtime:
                 # Flags, ClrInstanceID, DurationNs: whatever the scenario
                 # says (a hostile one says 2^63).
                 payload = struct.pack("<BHd", 0, 0, float(event["duration_ns"]))
+            elif event["kind"] == "allocation":
+                # AllocationAmount (the wide one truncated), AllocationKind
+                # (SOH), ClrInstanceID, AllocationAmount64, TypeID,
+                # TypeName, HeapIndex, Address, ObjectSize.
+                amount = event["amount"]
+                payload = struct.pack("<IIHQQ", amount & 0xFFFFFFFF, 0, 0, amount, 0x7F00_7E00_0000)
+                payload += utf16z(event.get("type", "Evil.Blob"))
+                payload += struct.pack("<IQQ", 0, 0x7F00_BEEF_0000, event["object_size"])
             else:
                 payload = struct.pack("<H", 0)
             block.blob(
@@ -346,9 +374,9 @@ class Runtime:
             )
         return stack_body, bytes(block.body)
 
-    def send_waits(self, stream, base, state):
+    def send_waits(self, stream, base, state, events):
         stream.block("MetadataBlock", metadata_block())
-        events = sorted(self.scenario["events"], key=lambda e: e["at_ns"])
+        events = sorted(events, key=lambda e: e["at_ns"])
         # Several blocks, as a runtime flushes its buffers: a wait may
         # start in one and end in the next.
         for chunk in (events[i : i + 3] for i in range(0, len(events), 3)):

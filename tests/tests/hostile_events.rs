@@ -1,10 +1,12 @@
 //! A target that sends crafted CLR events (issue 33, defect 1): an
 //! unprivileged user's stand-in runtime (`tests/fakes/fake_dotnet9.py`)
-//! answers clrbpf's session with two ContentionStop events whose
-//! DurationNs is 2^63. The apportioning of a window's delay used to wrap
-//! and count down from u64::MAX, which hung the main loop for good: `-d`
-//! and Ctrl-C were no longer looked at. Beside it runs a real .NET 8 app,
-//! whose samples must all be there.
+//! answers clrbpf's contention session with two ContentionStop events whose
+//! DurationNs is 2^63, and its allocation session (`--alloc`) with two
+//! GCAllocationTick events that claim u64::MAX bytes each. The
+//! apportioning of a window's delay or bytes used to wrap and count down
+//! from u64::MAX, which hung the main loop for good: `-d` and Ctrl-C were
+//! no longer looked at. Beside it runs a real .NET 8 app, whose samples
+//! must all be there. One set-up per test serves both attacks.
 
 use std::{
     ffi::OsString,
@@ -24,11 +26,19 @@ use clrbpf_integration_tests::{
 /// An unprivileged user: the attacker.
 const USER: u32 = 65534;
 
-/// The scenario: two ContentionStops of 2^63 ns on two threads.
+/// Most bytes clrbpf lets one allocation event stand for: a user address
+/// space (`profile::alloc_sampling::MAX_EVENT_BYTES`).
+const MAX_EVENT_BYTES: i128 = 1 << 47;
+
+/// The crafted allocation events: each claims u64::MAX bytes.
+const ALLOCATION_EVENTS: i128 = 2;
+
+/// The scenario: two ContentionStops of 2^63 ns on two threads, and
+/// [`ALLOCATION_EVENTS`] allocation ticks of u64::MAX bytes on two others.
 fn hostile_scenario(dir: &TempDir) -> PathBuf {
     let path = dir.join("contention.json");
     let stack = r#"["void [Evil] Evil.Program::Spin()[Optimized]"]"#;
-    let events: Vec<String> = [(21, 1_000_000), (22, 2_000_000)]
+    let mut events: Vec<String> = [(21, 1_000_000), (22, 2_000_000)]
         .iter()
         .map(|(tid, at)| {
             format!(
@@ -36,6 +46,12 @@ fn hostile_scenario(dir: &TempDir) -> PathBuf {
             )
         })
         .collect();
+    events.extend([(23, 1_500_000), (24, 2_500_000)].iter().map(|(tid, at)| {
+        format!(
+            r#"{{"tid": {tid}, "at_ns": {at}, "kind": "allocation", "amount": {}, "object_size": 24, "type": "Evil.Blob", "stack": {stack}}}"#,
+            u64::MAX
+        )
+    }));
     fs::write(
         &path,
         format!(r#"{{"end": "stop", "events": [{}]}}"#, events.join(", ")),
@@ -91,7 +107,7 @@ fn wait_at_most(child: std::process::Child, limit: Duration, what: &str) -> (Out
 
 fn record_all(env: &Env, out: &Path, duration: Option<&str>) -> std::process::Child {
     let mut command = Command::new(&env.clrbpf);
-    command.arg("record").arg("-a");
+    command.args(["record", "-a", "--alloc"]);
     if let Some(d) = duration {
         command.args(["-d", d]);
     }
@@ -106,9 +122,17 @@ fn record_all(env: &Env, out: &Path, duration: Option<&str>) -> std::process::Ch
 }
 
 /// The profile of `out` holds the app's hot method, and the attacker's
-/// contention delay is no more than the recording could hold: its two
-/// threads for the profile's duration.
-fn assert_profile(out: &Path, app: &TestProcess, attacker: &TestProcess, stderr: &str) {
+/// contention delay is no more than clrbpf could have seen: its two
+/// threads for clrbpf's whole run, `ran` (a wait is clamped to the time
+/// clrbpf has taken the process's events, and its sessions open during
+/// the attach, before the profile's own duration starts).
+fn assert_profile(
+    out: &Path,
+    app: &TestProcess,
+    attacker: &TestProcess,
+    ran: Duration,
+    stderr: &str,
+) {
     let profile = read_profile(out);
     assert_some_stack_contains(&profile, Some(app.pid()), &["Hot.Spin"]);
     let delay = value_index(&profile, "delay/nanoseconds");
@@ -117,11 +141,10 @@ fn assert_profile(out: &Path, app: &TestProcess, attacker: &TestProcess, stderr:
         .filter(|s| s.pid() == Some(attacker.pid()))
         .map(|s| i128::from(s.values[delay]))
         .sum();
-    let most = 2 * i128::from(profile.duration_nanos);
+    let most = 2 * i128::from(profile.duration_nanos).max(ran.as_nanos() as i128);
     assert!(
         (0..=most).contains(&attacker_delay),
-        "the attacker's contention delay {attacker_delay} ns is over two threads for {} ns:\n{stderr}",
-        profile.duration_nanos
+        "the attacker's contention delay {attacker_delay} ns is over two threads for {most} / 2 ns:\n{stderr}"
     );
     assert!(
         samples(&profile)
@@ -129,6 +152,32 @@ fn assert_profile(out: &Path, app: &TestProcess, attacker: &TestProcess, stderr:
             .filter(|s| s.pid() == Some(app.pid()))
             .all(|s| s.values.iter().all(|&v| v >= 0)),
         "negative values in the app's samples"
+    );
+    assert_allocations(out, attacker, stderr);
+}
+
+/// The attacker's allocation ticks are taken, each capped at
+/// [`MAX_EVENT_BYTES`]: its bytes in the allocation profile are more than
+/// nothing and at most [`ALLOCATION_EVENTS`] times the cap.
+fn assert_allocations(out: &Path, attacker: &TestProcess, stderr: &str) {
+    let profile = read_profile(out);
+    let bytes = value_index(&profile, "alloc_size/bytes");
+    let attacker_bytes: i128 = samples(&profile)
+        .iter()
+        .filter(|s| s.pid() == Some(attacker.pid()))
+        .map(|s| i128::from(s.values[bytes]))
+        .sum();
+    let most = ALLOCATION_EVENTS * MAX_EVENT_BYTES;
+    assert!(
+        (1..=most).contains(&attacker_bytes),
+        "the attacker's allocated bytes {attacker_bytes} are not within 1..={most} \
+         ({ALLOCATION_EVENTS} ticks of u64::MAX bytes, each capped at 2^47):\n{stderr}"
+    );
+    assert!(
+        samples(&profile)
+            .iter()
+            .all(|s| s.values.iter().all(|&v| v >= 0)),
+        "negative values in the allocation profile"
     );
 }
 
@@ -141,7 +190,9 @@ fn crafted_contention_durations_do_not_hang_record() {
     let attacker = hostile_runtime(&dir);
     let app = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
     let out = dir.join("out.pb.gz");
+    let spawned = Instant::now();
     let child = record_all(&env, &out, Some("10"));
+    let peer = child.id();
     let (output, took) = wait_at_most(child, Duration::from_secs(15), "record -a -d 10");
     assert_success(&output);
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
@@ -150,10 +201,25 @@ fn crafted_contention_durations_do_not_hang_record() {
     assert!(took < Duration::from_secs(15), "took {took:?}");
     let lines = attacker.lines();
     assert!(
-        lines.iter().any(|l| l.starts_with("WAITS_SENT")),
-        "the attacker sent no events: {lines:?}\n{stderr}"
+        sent_both(&attacker, peer),
+        "the attacker did not send both kinds of events: {lines:?}\n{stderr}"
     );
-    assert_profile(&out, &app, &attacker, &stderr);
+    assert_profile(&out, &app, &attacker, spawned.elapsed(), &stderr);
+}
+
+/// The attacker wrote both its contention and its allocation events to
+/// the sessions of clrbpf `peer` (other profilers on the host open
+/// sessions too).
+fn sent_both(attacker: &TestProcess, peer: u32) -> bool {
+    let lines = attacker.lines();
+    let peer = format!(" peer={peer}");
+    ["contention_stop", "allocation"].iter().all(|kind| {
+        lines.iter().any(|l| {
+            l.strip_prefix("SENT kinds=")
+                .and_then(|rest| rest.strip_suffix(peer.as_str()))
+                .is_some_and(|kinds| kinds.split(',').any(|k| k == *kind))
+        })
+    })
 }
 
 /// Ctrl-C is still honoured once the crafted events are in: clrbpf stops
@@ -165,10 +231,11 @@ fn ctrl_c_is_honoured_after_crafted_contention_durations() {
     let attacker = hostile_runtime(&dir);
     let app = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
     let out = dir.join("out.pb.gz");
+    let spawned = Instant::now();
     let child = record_all(&env, &out, None);
-    // Ctrl-C once the crafted events went out (about 3 s in).
+    // Ctrl-C once both sessions' crafted events went out (about 3 s in).
     let started = Instant::now();
-    while !attacker.lines().iter().any(|l| l.starts_with("WAITS_SENT")) {
+    while !sent_both(&attacker, child.id()) {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "the attacker sent no events within 10 s: {:?}",
@@ -186,5 +253,5 @@ fn ctrl_c_is_honoured_after_crafted_contention_durations() {
         took < Duration::from_secs(2),
         "clrbpf took {took:?} to stop after Ctrl-C:\n{stderr}"
     );
-    assert_profile(&out, &app, &attacker, &stderr);
+    assert_profile(&out, &app, &attacker, spawned.elapsed(), &stderr);
 }

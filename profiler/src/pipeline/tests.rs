@@ -263,3 +263,100 @@ fn a_window_leaves_later_samples_for_the_next() {
     assert_eq!(totals(&pipeline.take_window(span(100, 200), 1)), (1, 1000));
     assert_eq!(totals(&pipeline.take_window(span(200, 300), 1)), (0, 0));
 }
+
+/// A fake `/proc/<pid>` of a process named `name` that started at `start`
+/// ticks (issue 33, defect 8: the pid's next process has another start).
+fn fake_proc_entry(dir: &std::path::Path, pid: u32, name: &str, start: u64) -> ProcFs {
+    let status = crate::process::tests::STATUS.replace("dotnet", name);
+    let stat = crate::process::tests::stat_line(name, start);
+    crate::process::tests::fake_process(
+        dir,
+        pid,
+        &[
+            ("status", status.as_bytes()),
+            ("stat", &stat),
+            ("cmdline", name.as_bytes()),
+        ],
+    )
+}
+
+/// The executable names of the window's samples.
+fn executable_names(profile: &Profile) -> Vec<String> {
+    let mut names: Vec<String> = profile
+        .samples
+        .iter()
+        .filter_map(|s| {
+            s.labels
+                .iter()
+                .find(|l| &*l.key == label_keys::PROCESS_EXECUTABLE_NAME)
+        })
+        .map(|l| match &l.value {
+            crate::profile::LabelValue::Str(s) => s.to_string(),
+            crate::profile::LabelValue::Num { value, .. } => value.to_string(),
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Issue 33, defect 8: a process whose exit event was lost does not keep
+/// its entry for the next process under its pid. At the new process's exec
+/// (or the vanished check) the start time differs: the old entry is retired
+/// and the new process's samples carry its own labels.
+#[test]
+fn a_reused_pid_gets_the_new_process_not_the_old_entry() {
+    for at_exec in [true, false] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pid = u32::MAX - 1;
+        let layout = ValueLayout::new(false, false, false);
+        let mut pipeline = Pipeline::new(false, ClrEventKinds::NONE, layout);
+        pipeline.procfs = fake_proc_entry(dir.path(), pid, "old-app", 100);
+        pipeline.accept(&mut vec![cpu_sample(10, 1, vec![0x1000])]);
+        pipeline.process_pending(20);
+        assert_eq!(pipeline.processes[&pid].start_time_ticks, Some(100));
+        // The old process exits unseen (its exit event lost); another
+        // process gets its pid and execs.
+        fake_proc_entry(dir.path(), pid, "new-app", 200);
+        if at_exec {
+            pipeline
+                .lifecycle
+                .push_back(crate::bpf::ProcessEvent::Exec { pid, time_ns: 30 });
+            pipeline.process_pending(30);
+        } else {
+            pipeline.vanished.1 = std::time::Instant::now() - VANISHED_CHECK_EVERY;
+            pipeline.retire_vanished();
+        }
+        assert!(
+            !pipeline.processes.contains_key(&pid),
+            "the old entry retired (at exec: {at_exec})"
+        );
+        assert_eq!(pipeline.summary.processes_vanished, 1);
+        let old = pipeline.take_window(
+            WindowSpan {
+                start_ns: 0,
+                end_ns: 35,
+                start_unix_ns: 0,
+            },
+            35,
+        );
+        assert_eq!(executable_names(&old), ["old-app"]);
+        pipeline.accept(&mut vec![cpu_sample(40, 1, vec![0x1000])]);
+        pipeline.process_pending(50);
+        assert_eq!(pipeline.processes[&pid].start_time_ticks, Some(200));
+        let new = pipeline.take_window(
+            WindowSpan {
+                start_ns: 35,
+                end_ns: 100,
+                start_unix_ns: 35,
+            },
+            100,
+        );
+        assert_eq!(
+            executable_names(&new),
+            ["new-app"],
+            "the new process's samples carry its own labels (at exec: {at_exec})"
+        );
+        assert_eq!(pipeline.process_count(), 2);
+    }
+}

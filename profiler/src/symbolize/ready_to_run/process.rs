@@ -596,6 +596,37 @@ mod tests {
         assert!(small.memory_bytes() <= NEGATIVE_ENTRY_BYTES);
     }
 
+    /// Issue 33, defect 6: two images over their share alternating in one
+    /// stack are read once each, not at every frame: 1,000 frames that
+    /// alternate between them open each file once, and the cache holds
+    /// only their two remembered refusals.
+    #[test]
+    fn two_images_over_their_share_alternating_are_read_once_each() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let paths = [names_dll(&dir, "BigA.dll"), names_dll(&dir, "BigB.dll")];
+        let keys = paths
+            .each_ref()
+            .map(|p| AssemblyKey::of(&File::open(p).expect("open")).expect("fstat"));
+        assert_ne!(keys[0], keys[1], "two files");
+        let bytes = AssemblyImage::read(&File::open(&paths[0]).expect("open"))
+            .expect("parse")
+            .memory_bytes();
+        let cache = AssemblyCache::new(bytes * 2 - 2);
+        let opens = std::cell::Cell::new(0u32);
+        for frame in 0..1_000 {
+            let which = frame % 2;
+            let image = cache.get_or_read(keys[which], || {
+                opens.set(opens.get() + 1);
+                File::open(&paths[which]).ok()
+            });
+            assert!(image.is_none(), "over its share: refused");
+        }
+        assert_eq!(opens.get(), 2, "each image opened and read once");
+        let stats = cache.stats();
+        assert_eq!((stats.refused, stats.parsed), (2, 0));
+        assert!(cache.memory_bytes() <= 2 * NEGATIVE_ENTRY_BYTES);
+    }
+
     /// The cache is keyed by the file's size and mtime too: a file whose
     /// inode was reused (or rewritten in place) is another entry, and a
     /// file opened that is not the one keyed is not read under its key.
