@@ -13,7 +13,9 @@
 //!    [`WINDOW_TIME`]); past it, its other frames stay unnamed for the
 //!    window. All processes share [`CUT_TIME`] a window; past it, each
 //!    still gets [`FAIR_SHARE`], so one tenant cannot spend another's.
-//! 4. A process whose last [`PUT_ASIDE_AFTER`] lookups all failed is put
+//! 4. A process whose last [`PUT_ASIDE_AFTER`] lookups all failed (or
+//!    whose last [`PUT_ASIDE_AFTER_READS`] reads were all in failed
+//!    lookups) is put
 //!    aside for [`ASIDE_FIRST`], twice as long each time again (up to
 //!    [`ASIDE_LONGEST`]): it is either not .NET or crafted.
 //! 5. Code heap scans of all processes share [`SCAN_TIME_PER_SECOND`]; a
@@ -56,6 +58,11 @@ pub const MAX_FAILED: usize = 4096;
 pub const RANGE_FAILURES: u32 = 16;
 /// Lookups in a row that fail, none named, before a process is put aside.
 pub const PUT_ASIDE_AFTER: u64 = 256;
+/// Reads in a row, all in lookups that failed, before a process is put
+/// aside: a crafted process whose every lookup runs to [`LOOKUP_READS`]
+/// spends its window's reads in about 50 lookups, so it would never reach
+/// [`PUT_ASIDE_AFTER`] failures and cost its whole budget every window.
+pub const PUT_ASIDE_AFTER_READS: u64 = WINDOW_READS;
 pub const ASIDE_FIRST: Duration = Duration::from_secs(30);
 pub const ASIDE_LONGEST: Duration = Duration::from_secs(600);
 /// Time all processes' code heap scans may take in one second.
@@ -242,6 +249,7 @@ struct ProcessState {
     spent: Duration,
     negative: NegativeCache,
     failed_in_a_row: u64,
+    failed_reads_in_a_row: u64,
     named_ever: bool,
     aside_until: Option<Instant>,
     aside_for: Duration,
@@ -347,6 +355,7 @@ impl ProcessNamingBudget {
         match outcome {
             Outcome::Named | Outcome::NotManaged => {
                 state.failed_in_a_row = 0;
+                state.failed_reads_in_a_row = 0;
                 state.named_ever |= outcome == Outcome::Named;
                 state.negative.named(permit.range);
                 if outcome == Outcome::Named {
@@ -359,8 +368,11 @@ impl ProcessNamingBudget {
                     state.negative.fail(FailedAt::Range(range), now);
                 }
                 state.failed_in_a_row += 1;
-                if state.failed_in_a_row >= PUT_ASIDE_AFTER {
-                    state.failed_in_a_row = 0;
+                state.failed_reads_in_a_row = state.failed_reads_in_a_row.saturating_add(reads);
+                if state.failed_in_a_row >= PUT_ASIDE_AFTER
+                    || state.failed_reads_in_a_row >= PUT_ASIDE_AFTER_READS
+                {
+                    (state.failed_in_a_row, state.failed_reads_in_a_row) = (0, 0);
                     state.aside_for = (state.aside_for * 2).clamp(ASIDE_FIRST, ASIDE_LONGEST);
                     state.aside_until = Some(now + state.aside_for);
                     state.times_aside += 1;
@@ -546,6 +558,25 @@ mod tests {
         }
         assert_eq!(budget.put_aside(), (2, false));
         assert_eq!(budget.shared.counts.snapshot().processes_put_aside, 2);
+    }
+
+    #[test]
+    fn a_process_whose_costly_lookups_all_fail_is_put_aside_after_a_windows_reads() {
+        let budget = ProcessNamingBudget::new(leaked());
+        let now = Instant::now();
+        let lookups = PUT_ASIDE_AFTER_READS.div_ceil(LOOKUP_READS);
+        assert!(lookups < PUT_ASIDE_AFTER);
+        for i in 0..lookups {
+            assert_eq!(budget.put_aside().0, 0, "put aside after {i} lookups");
+            let permit = budget.permit(i << 12, None, now).unwrap();
+            budget.charge(&permit, LOOKUP_READS, Outcome::Failed, now);
+            budget.shared.new_window();
+        }
+        assert_eq!(
+            budget.permit(0x9999_0000, None, now).unwrap_err(),
+            Refusal::PutAside
+        );
+        assert_eq!(budget.put_aside(), (1, false));
     }
 
     #[test]
