@@ -1,0 +1,109 @@
+//! Exception totals by type that are exact at a process's exit (issue 34,
+//! item 1): a .NET 8 and a .NET Core 3.1 app throw known counts of three
+//! types over about 3 s and exit at once, under `record -p` and `record -a`
+//! watching the same run, with the default bound. Run by `cargo xtask test`
+//! (root, one test at a time).
+
+use std::{fs, thread, time::Duration};
+
+use clrbpf::pprof_proto::Profile;
+
+use clrbpf_integration_tests::{
+    EXCEPTIONS_WORKLOAD_TYPES, Env, LabelValue, Runtime, TempDir, TestProcess, parse_value,
+    read_profile, record_pid, samples, start_whole_host_recording, value_index,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The profile's exceptions of `pid` by type, and whether the type thrown
+/// once came with its stack.
+fn by_type(profile: &Profile, pid: u32) -> (Vec<i64>, bool) {
+    let at = value_index(profile, "exceptions/count");
+    let all = samples(profile);
+    let mine: Vec<_> = all.iter().filter(|s| s.pid() == Some(pid)).collect();
+    let counts = EXCEPTIONS_WORKLOAD_TYPES
+        .iter()
+        .map(|ty| {
+            mine.iter()
+                .filter(|s| s.label("exception.type") == Some(&LabelValue::Str((*ty).to_owned())))
+                .map(|s| s.values[at])
+                .sum()
+        })
+        .collect();
+    let once_with_stack = mine.iter().any(|s| {
+        s.values[at] > 0
+            && s.label("exception.type")
+                == Some(&LabelValue::Str("System.TimeoutException".to_owned()))
+            && s.stack_contains(&["Exceptions.ThrowOnce"])
+    });
+    (counts, once_with_stack)
+}
+
+fn assert_exact_at_exit(runtime: Runtime) {
+    let env = Env::privileged();
+    let dir = TempDir::new(&format!("exact-exceptions-{runtime:?}"));
+    let whole_host = dir.join("all.pb.gz");
+    let log = dir.join("all.txt");
+    let mut all = start_whole_host_recording(&env, &["-d", "18"], &whole_host, &log);
+    // 20,000 + 500 + 1 over 3 s, no linger: the process exits right after
+    // its last throw, before any later counter value.
+    let workload = TestProcess::start(
+        &env,
+        runtime,
+        "Exceptions",
+        &["4", "20000", "500", "1", "frequent", "x", "0", "3"],
+        false,
+    );
+    let pid = workload.pid();
+    let record_dir = dir.path().to_path_buf();
+    let recorder = {
+        let env = Env::privileged();
+        thread::spawn(move || {
+            let dir = TempDir::new("exact-exceptions-p");
+            let (output, path) = record_pid(&env, &dir, pid, &[], "p.pb.gz");
+            let to = record_dir.join("p.pb.gz");
+            fs::copy(&path, &to).expect("keep the profile");
+            (String::from_utf8_lossy(&output.stderr).into_owned(), to)
+        })
+    };
+    let (status, lines) = workload.wait(TIMEOUT);
+    assert!(status.success(), "workload failed: {lines:?}");
+    let thrown: Vec<i64> = EXCEPTIONS_WORKLOAD_TYPES
+        .iter()
+        .map(|ty| {
+            parse_value(&lines, &format!("THROWN_{ty}"))
+                .unwrap_or_else(|| panic!("no THROWN_{ty} in {lines:?}"))
+        })
+        .collect();
+    let (stderr, path) = recorder.join().expect("record -p");
+    let status = all.wait().expect("wait for record -a");
+    let all_stderr = fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "record -a failed:\n{all_stderr}");
+    for (mode, path, stderr) in [
+        ("record -p", path, stderr),
+        ("record -a", whole_host, all_stderr),
+    ] {
+        let (counts, once_with_stack) = by_type(&read_profile(&path), pid);
+        eprintln!("{mode}: thrown {thrown:?}, in the profile {counts:?}");
+        for ((ty, &want), &got) in EXCEPTIONS_WORKLOAD_TYPES.iter().zip(&thrown).zip(&counts) {
+            assert!(
+                (got - want).abs() as f64 <= 0.01 * want as f64,
+                "{mode}: {got} {ty} of {want} thrown\n{stderr}"
+            );
+        }
+        assert!(
+            once_with_stack,
+            "{mode}: no TimeoutException with Exceptions.ThrowOnce on its stack\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn net8_exception_totals_by_type_are_exact_at_exit() {
+    assert_exact_at_exit(Runtime::Net8);
+}
+
+#[test]
+fn netcore31_exception_totals_by_type_are_exact_at_exit() {
+    assert_exact_at_exit(Runtime::NetCore31);
+}
