@@ -304,7 +304,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        agent::server::{ServerLimits, serve},
+        agent::server::{RefusedConnections, ServerLimits, serve},
         export::{read_pprof, test_profile},
     };
 
@@ -349,6 +349,7 @@ mod tests {
             listener,
             router(state),
             limits,
+            RefusedConnections::default(),
             std::future::pending(),
         ));
         (url, task)

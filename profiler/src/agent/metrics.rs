@@ -57,6 +57,8 @@ pub struct AgentMetrics {
     pub services_over_cap: Counter,
     /// On-demand profiles being taken (`/debug/pprof/profile`).
     pub pulls_running: Gauge,
+    /// Connections to `--listen` closed at once, by reason.
+    http_connections_refused: Family<Vec<(&'static str, &'static str)>, Counter>,
     shipped: Family<SinkLabels, Counter>,
     failed: Family<SinkLabels, Counter>,
     dropped: Family<SinkLabels, Counter>,
@@ -120,6 +122,7 @@ impl AgentMetrics {
         let runtime_counter_errors = Counter::default();
         let services_over_cap = Counter::default();
         let pulls_running = Gauge::default();
+        let http_connections_refused = Family::default();
         let shipped = Family::default();
         let failed = Family::default();
         let dropped = Family::default();
@@ -174,6 +177,11 @@ impl AgentMetrics {
                 pulls_running.clone(),
             );
             agent.register(
+                "http_connections_refused",
+                "Connections to --listen closed at once, by reason (per_peer: the peer address held its share; over_cap: every place ran a request)",
+                http_connections_refused.clone(),
+            );
+            agent.register(
                 "windows_shipped",
                 "Windows delivered, per sink",
                 shipped.clone(),
@@ -215,6 +223,7 @@ impl AgentMetrics {
             runtime_counter_errors,
             services_over_cap,
             pulls_running,
+            http_connections_refused,
             shipped,
             failed,
             dropped,
@@ -222,6 +231,19 @@ impl AgentMetrics {
             upload_seconds,
             runtime,
             sinks: Arc::default(),
+        }
+    }
+
+    /// The counters the HTTP server bumps when it refuses a connection.
+    pub fn refused_connections(&self) -> super::server::RefusedConnections {
+        let reason = |name| {
+            self.http_connections_refused
+                .get_or_create(&vec![("reason", name)])
+                .clone()
+        };
+        super::server::RefusedConnections {
+            per_peer: reason("per_peer"),
+            over_cap: reason("over_cap"),
         }
     }
 
