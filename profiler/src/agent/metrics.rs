@@ -57,8 +57,8 @@ pub struct AgentMetrics {
     pub services_over_cap: Counter,
     /// On-demand profiles being taken (`/debug/pprof/profile`).
     pub pulls_running: Gauge,
-    /// Connections to `--listen` closed at once, by reason.
-    http_connections_refused: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// Connections to `--listen` closed to make room, by the cap reached.
+    http_connections_shed: Family<Vec<(&'static str, &'static str)>, Counter>,
     shipped: Family<SinkLabels, Counter>,
     failed: Family<SinkLabels, Counter>,
     dropped: Family<SinkLabels, Counter>,
@@ -122,7 +122,7 @@ impl AgentMetrics {
         let runtime_counter_errors = Counter::default();
         let services_over_cap = Counter::default();
         let pulls_running = Gauge::default();
-        let http_connections_refused = Family::default();
+        let http_connections_shed = Family::default();
         let shipped = Family::default();
         let failed = Family::default();
         let dropped = Family::default();
@@ -177,9 +177,9 @@ impl AgentMetrics {
                 pulls_running.clone(),
             );
             agent.register(
-                "http_connections_refused",
-                "Connections to --listen closed at once, by reason (per_peer: the peer address held its share; over_cap: every place ran a request)",
-                http_connections_refused.clone(),
+                "http_connections_shed",
+                "Connections to --listen closed to make room (an idle one evicted or the new one refused), by the cap reached (per_peer: 16 from one address; total: 128)",
+                http_connections_shed.clone(),
             );
             agent.register(
                 "windows_shipped",
@@ -223,7 +223,7 @@ impl AgentMetrics {
             runtime_counter_errors,
             services_over_cap,
             pulls_running,
-            http_connections_refused,
+            http_connections_shed,
             shipped,
             failed,
             dropped,
@@ -234,16 +234,16 @@ impl AgentMetrics {
         }
     }
 
-    /// The counters the HTTP server bumps when it refuses a connection.
-    pub fn refused_connections(&self) -> super::server::RefusedConnections {
+    /// The counters the HTTP server bumps when it sheds a connection.
+    pub fn shed_connections(&self) -> super::server::ShedConnections {
         let reason = |name| {
-            self.http_connections_refused
-                .get_or_create(&vec![("reason", name)])
+            self.http_connections_shed
+                .get_or_create(&vec![("cap", name)])
                 .clone()
         };
-        super::server::RefusedConnections {
+        super::server::ShedConnections {
             per_peer: reason("per_peer"),
-            over_cap: reason("over_cap"),
+            total: reason("total"),
         }
     }
 

@@ -10,10 +10,10 @@
 //!   requests cannot keep the kubelet's probe out. When every open one
 //!   runs a request, the new one is closed at once.
 //! - One peer address holds at most [`ServerLimits::max_per_peer`] of
-//!   them: a connection over it is closed at once, before it takes a
-//!   place, so one client cannot even make the others' connections be
-//!   evicted. Both refusals are counted ([`RefusedConnections`], on
-//!   `/metrics`).
+//!   them: a connection over it closes that peer's oldest idle one (or
+//!   itself, when all of them run a request), so one client churns only
+//!   its own places and never evicts another peer's. Connections closed
+//!   for either cap are counted ([`ShedConnections`], on `/metrics`).
 //! - A request's head must arrive within
 //!   [`ServerLimits::header_read_timeout`] (also the limit on a kept-alive
 //!   connection waiting for its next request), and a connection where
@@ -84,14 +84,15 @@ impl ServerLimits {
     }
 }
 
-/// The connections closed at once, by why; cheap to clone (the counters
+/// The connections closed to make room (an idle one evicted, or the new
+/// one refused), by the cap that was reached; cheap to clone (the counters
 /// are shared with `/metrics`).
 #[derive(Clone, Debug, Default)]
-pub struct RefusedConnections {
+pub struct ShedConnections {
     /// The peer already held [`ServerLimits::max_per_peer`].
     pub per_peer: Counter,
-    /// [`ServerLimits::max_connections`] were open, each running a request.
-    pub over_cap: Counter,
+    /// [`ServerLimits::max_connections`] were open.
+    pub total: Counter,
 }
 
 /// The HTTP server on a thread of its own, with a single-threaded runtime.
@@ -108,7 +109,7 @@ impl HttpServer {
         listener: std::net::TcpListener,
         router: axum::Router,
         limits: ServerLimits,
-        refused: RefusedConnections,
+        shed: ShedConnections,
     ) -> io::Result<Self> {
         listener.set_nonblocking(true)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -122,7 +123,7 @@ impl HttpServer {
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => {
-                            serve(listener, router, limits, refused, async {
+                            serve(listener, router, limits, shed, async {
                                 let _ = stop_requested.await;
                             })
                             .await;
@@ -167,7 +168,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     limits: ServerLimits,
-    refused: RefusedConnections,
+    shed: ShedConnections,
     shutdown: impl Future<Output = ()>,
 ) {
     let open = Arc::new(OpenConnections::new(
@@ -191,16 +192,15 @@ pub async fn serve(
                 continue;
             }
         };
-        let connection = match OpenConnections::admit(&open, peer.ip()) {
-            Ok(connection) => connection,
-            Err(Refused::PerPeer) => {
-                refused.per_peer.inc();
-                continue;
-            }
-            Err(Refused::OverCap) => {
-                refused.over_cap.inc();
-                continue;
-            }
+        let (admitted, cap) = OpenConnections::admit(&open, peer.ip());
+        if let Some(cap) = cap {
+            match cap {
+                Cap::PerPeer => shed.per_peer.inc(),
+                Cap::Total => shed.total.inc(),
+            };
+        }
+        let Some(connection) = admitted else {
+            continue;
         };
         tasks.spawn(serve_connection(
             stream,
@@ -261,11 +261,11 @@ impl Drop for Admitted {
     }
 }
 
-/// Why a connection was closed at once.
+/// The cap a new connection reached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Refused {
+enum Cap {
     PerPeer,
-    OverCap,
+    Total,
 }
 
 impl OpenConnections {
@@ -289,28 +289,35 @@ impl OpenConnections {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// A place for a new connection from `peer`: refused when the peer
-    /// holds its share; at the cap, the oldest connection running no
-    /// request is told to close, and the new one is refused when every one
-    /// runs a request.
-    fn admit(open: &Arc<Self>, peer: IpAddr) -> Result<Admitted, Refused> {
+    /// A place for a new connection from `peer`, and the cap it reached:
+    /// at the peer's share, the peer's oldest connection running no request
+    /// is told to close; at the total cap, the oldest of all. `None` when
+    /// every candidate runs a request (the new connection is closed).
+    fn admit(open: &Arc<Self>, peer: IpAddr) -> (Option<Admitted>, Option<Cap>) {
         let peer = peer.to_canonical();
         let mut by_id = open.lock();
         // At most `max` entries: counting them is cheaper than keeping a
         // second map in step.
         let from_peer = by_id.values().filter(|state| state.peer == peer).count();
-        if from_peer >= open.max_per_peer {
-            return Err(Refused::PerPeer);
-        }
-        if by_id.len() >= open.max {
+        let cap = if from_peer >= open.max_per_peer {
+            Some(Cap::PerPeer)
+        } else if by_id.len() >= open.max {
+            Some(Cap::Total)
+        } else {
+            None
+        };
+        if let Some(cap) = cap {
             let oldest_idle = by_id
                 .iter()
-                .find(|(_, state)| state.running.load(Ordering::Relaxed) == 0)
-                .map(|(&id, _)| id)
-                .ok_or(Refused::OverCap)?;
-            if let Some(state) = by_id.remove(&oldest_idle) {
-                state.evicted.notify_one();
-            }
+                .find(|(_, state)| {
+                    state.running.load(Ordering::Relaxed) == 0
+                        && (cap == Cap::Total || state.peer == peer)
+                })
+                .map(|(&id, _)| id);
+            let Some(state) = oldest_idle.and_then(|id| by_id.remove(&id)) else {
+                return (None, Some(cap));
+            };
+            state.evicted.notify_one();
         }
         let id = open.next_id.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ConnectionState {
@@ -321,11 +328,12 @@ impl OpenConnections {
         });
         by_id.insert(id, Arc::clone(&state));
         drop(by_id);
-        Ok(Admitted {
+        let admitted = Admitted {
             open: Arc::clone(open),
             id,
             state,
-        })
+        };
+        (Some(admitted), cap)
     }
 }
 
@@ -510,18 +518,18 @@ mod tests {
         std::net::SocketAddr,
         oneshot::Sender<()>,
         tokio::task::JoinHandle<()>,
-        RefusedConnections,
+        ShedConnections,
     ) {
         let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
         let router = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
         let (stop, stopped) = oneshot::channel::<()>();
-        let refused = RefusedConnections::default();
-        let task = tokio::spawn(serve(listener, router, limits, refused.clone(), async {
+        let shed = ShedConnections::default();
+        let task = tokio::spawn(serve(listener, router, limits, shed.clone(), async {
             let _ = stopped.await;
         }));
-        (address, stop, task, refused)
+        (address, stop, task, shed)
     }
 
     /// A connection to `address` from the loopback address `from`.
@@ -588,66 +596,63 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread")]
-    async fn one_peer_over_its_share_is_refused_and_others_still_answered() {
+    async fn one_peer_over_its_share_churns_only_its_own_places() {
         let mut limits = limits();
         limits.max_connections = 16;
         limits.max_per_peer = 3;
         limits.header_read_timeout = Duration::from_secs(60);
-        let (address, _stop, _task, refused) = start_counted(limits).await;
+        let (address, _stop, _task, shed) = start_counted(limits).await;
+        let half = b"GET /healthz HTTP/1.1\r\nHost: x\r\n";
+        let mut other = connect_from([127, 0, 0, 2], address).await;
+        other.write_all(half).await.unwrap();
         let mut held = Vec::new();
         for _ in 0..10 {
             let mut stream = connect_from([127, 0, 0, 1], address).await;
-            stream
-                .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-                .await
-                .unwrap();
+            stream.write_all(half).await.unwrap();
             held.push(stream);
         }
-        // The first three keep their places; the seven after are closed
-        // at once.
-        for stream in &mut held[3..] {
+        // Each over the share of three closed the peer's oldest: the
+        // seven oldest are closed, the three newest and the other peer's
+        // connection stay open.
+        for stream in &mut held[..7] {
             assert!(closed_within(stream, Duration::from_millis(500)).await);
         }
-        for stream in &mut held[..3] {
+        for stream in held[7..].iter_mut().chain([&mut other]) {
             assert!(!closed_within(stream, Duration::from_millis(50)).await);
         }
-        assert_eq!(refused.per_peer.get(), 7);
-        assert_eq!(refused.over_cap.get(), 0);
-        let mut probe = connect_from([127, 0, 0, 2], address).await;
-        probe
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let mut reply = String::new();
-        probe.read_to_string(&mut reply).await.unwrap();
-        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+        assert_eq!(shed.per_peer.get(), 7);
+        assert_eq!(shed.total.get(), 0);
+        // The flooding peer itself still gets an answer.
+        assert_eq!(healthz(address).await, "HTTP/1.1 200 OK");
     }
 
     #[test]
-    fn admit_refuses_over_the_peer_share_and_when_every_place_runs_a_request() {
+    fn admit_refuses_when_every_candidate_runs_a_request() {
         let open = Arc::new(OpenConnections::new(3, 2));
         let a = IpAddr::from([10, 0, 0, 1]);
         let b = IpAddr::from([10, 0, 0, 2]);
-        let first = OpenConnections::admit(&open, a).unwrap();
+        let first = OpenConnections::admit(&open, a).0.unwrap();
         // An IPv4-mapped IPv6 address is the same peer.
         let mapped = IpAddr::from(std::net::Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped());
-        let second = OpenConnections::admit(&open, mapped).unwrap();
-        assert_eq!(
-            OpenConnections::admit(&open, a).err(),
-            Some(Refused::PerPeer)
-        );
-        let third = OpenConnections::admit(&open, b).unwrap();
-        let _running: Vec<_> = [&first, &second, &third]
+        let second = OpenConnections::admit(&open, mapped).0.unwrap();
+        let third = OpenConnections::admit(&open, b).0.unwrap();
+        let _running: Vec<_> = [&first, &second]
             .iter()
             .map(|admitted| RunningRequest::new(&admitted.state))
             .collect();
-        assert_eq!(
-            OpenConnections::admit(&open, IpAddr::from([10, 0, 0, 3])).err(),
-            Some(Refused::OverCap)
-        );
-        // A place given up is free again, for the peer too.
-        drop(second);
-        assert!(OpenConnections::admit(&open, a).is_ok());
+        // a's two places run requests: refused, though b's is idle.
+        let (admitted, cap) = OpenConnections::admit(&open, a);
+        assert!(admitted.is_none());
+        assert_eq!(cap, Some(Cap::PerPeer));
+        // At the total cap, another peer evicts b's idle one.
+        let (admitted, cap) = OpenConnections::admit(&open, IpAddr::from([10, 0, 0, 3]));
+        assert_eq!(cap, Some(Cap::Total));
+        let fourth = admitted.unwrap();
+        let _running = RunningRequest::new(&fourth.state);
+        let (admitted, cap) = OpenConnections::admit(&open, b);
+        assert!(admitted.is_none());
+        assert_eq!(cap, Some(Cap::Total));
+        drop((first, third, fourth));
     }
 
     #[tokio::test(flavor = "current_thread")]
