@@ -110,6 +110,21 @@ impl fmt::Debug for AgentMetrics {
     }
 }
 
+/// `clrbpf_agent_http_connections_shed`, registered apart to keep
+/// [`AgentMetrics::new`] short.
+fn register_http_connections_shed(
+    registry: &mut Registry,
+) -> Family<Vec<(&'static str, &'static str)>, Counter> {
+    let family = Family::default();
+    let agent = registry.sub_registry_with_prefix("clrbpf_agent");
+    agent.register(
+        "http_connections_shed",
+        "Connections to --listen closed to make room (an idle one evicted or the new one refused), by the cap reached (per_peer: 16 from one address; total: 128)",
+        family.clone(),
+    );
+    family
+}
+
 impl AgentMetrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
@@ -122,7 +137,6 @@ impl AgentMetrics {
         let runtime_counter_errors = Counter::default();
         let services_over_cap = Counter::default();
         let pulls_running = Gauge::default();
-        let http_connections_shed = Family::default();
         let shipped = Family::default();
         let failed = Family::default();
         let dropped = Family::default();
@@ -177,11 +191,6 @@ impl AgentMetrics {
                 pulls_running.clone(),
             );
             agent.register(
-                "http_connections_shed",
-                "Connections to --listen closed to make room (an idle one evicted or the new one refused), by the cap reached (per_peer: 16 from one address; total: 128)",
-                http_connections_shed.clone(),
-            );
-            agent.register(
                 "windows_shipped",
                 "Windows delivered, per sink",
                 shipped.clone(),
@@ -211,6 +220,7 @@ impl AgentMetrics {
             agent.register_collector(Box::new(MemoryBudgetCollector));
             agent.register_collector(Box::new(MemoryNamingCollector));
         }
+        let http_connections_shed = register_http_connections_shed(&mut registry);
         registry.register_collector(Box::new(Arc::clone(&runtime)));
         Self {
             registry: Arc::new(registry),
