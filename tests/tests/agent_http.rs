@@ -3,7 +3,8 @@
 //! clients from this test (some as uid 1000). `/debug/pprof/profile` is off
 //! unless asked for, then needs its token and holds only the selected
 //! processes; clients that hang up or never finish their requests hold
-//! neither the agent's memory, nor its probes, nor its exit; `/metrics`
+//! neither the agent's memory, nor its probes, nor its exit; one peer's flood
+//! of connections closes only its own; `/metrics`
 //! carries no exception message or command line.
 
 use std::{
@@ -388,6 +389,96 @@ fn half_sent_requests_hold_neither_the_probes_nor_the_exit() {
         took <= GRACE + Duration::from_secs(4),
         "SIGTERM took {took:?} with half-sent requests open (grace period {GRACE:?})"
     );
+}
+
+/// A connection to the agent from the loopback address `from` (another
+/// peer than 127.0.0.1).
+fn connect_from(from: [u8; 4], port: u16) -> TcpStream {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let stream = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .bind(std::net::SocketAddr::from((from, 0)))
+            .expect("bind the source address");
+        socket
+            .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+            .await
+            .expect("connect to the agent")
+    });
+    let stream = stream.into_std().expect("a std stream");
+    stream.set_nonblocking(false).expect("blocking");
+    stream
+}
+
+/// Whether the agent closed `stream` (EOF or reset) within `within`.
+fn closed_within(stream: &TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).expect("timeout");
+    let mut byte = [0u8; 1];
+    match (&*stream).read(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+/// One peer (127.0.0.1) opens 64 connections with half a request each
+/// (under the total cap of 128): all but the newest 16 are closed at once,
+/// counted on `/metrics`, while a connection from another peer (127.0.0.2)
+/// opened before them stays open and is answered when it completes its
+/// request.
+#[test]
+fn one_peer_flooding_connections_sheds_only_its_own() {
+    const HALF: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: x\r\n";
+    let env = Env::privileged();
+    let dir = TempDir::new("agent-http-per-peer");
+    let agent = start_agent(&env, &dir, &[], None);
+    let mut other = connect_from([127, 0, 0, 2], agent.port());
+    other
+        .write_all(HALF)
+        .expect("half a request from 127.0.0.2");
+    let flood: Vec<TcpStream> = (0..64)
+        .map(|_| {
+            let mut stream = connect_from([127, 0, 0, 1], agent.port());
+            stream.write_all(HALF).expect("half a request");
+            stream
+        })
+        .collect();
+    let closed = flood
+        .iter()
+        .filter(|stream| closed_within(stream, Duration::from_millis(100)))
+        .count();
+    assert_eq!(
+        closed, 48,
+        "of 64 connections from one peer, all but its share of 16 are closed"
+    );
+    other
+        .write_all(b"Connection: close\r\n\r\n")
+        .expect("the rest of the request from 127.0.0.2");
+    other
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    let mut reply = String::new();
+    let _ = other.read_to_string(&mut reply);
+    assert!(
+        reply.starts_with("HTTP/1.1 200"),
+        "the other peer's /healthz beside the flood: {reply:?}"
+    );
+    let (status, body) = http::get(agent.port(), "/metrics", &[]);
+    assert_eq!(status, 200);
+    let text = String::from_utf8_lossy(&body);
+    let shed: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("clrbpf_agent_http_connections_shed_total{cap=\"per_peer\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no per-peer shed count on /metrics:\n{text}"));
+    assert!(shed >= 48.0, "{shed} connections shed for the per-peer cap");
+    drop(flood);
 }
 
 /// `/metrics` while a .NET 8 workload throws exceptions with a message of

@@ -17,7 +17,7 @@ use clrbpf::{
     agent::{
         http::{AgentHealth, HttpState, router},
         metrics::AgentMetrics,
-        server::{ServerLimits, serve},
+        server::{ServerLimits, ShedConnections, serve},
     },
     clr::{
         counters::{
@@ -140,6 +140,7 @@ fn served_gc_collections(pid: u32, counters: &RuntimeCounters) -> [f64; 3] {
             listener,
             router(state),
             ServerLimits::agent(Duration::from_secs(1)),
+            ShedConnections::default(),
             std::future::pending(),
         ));
         let text = tokio::task::spawn_blocking(move || {

@@ -304,7 +304,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        agent::server::{ServerLimits, serve},
+        agent::server::{ServerLimits, ShedConnections, serve},
         export::{read_pprof, test_profile},
     };
 
@@ -349,6 +349,7 @@ mod tests {
             listener,
             router(state),
             limits,
+            ShedConnections::default(),
             std::future::pending(),
         ));
         (url, task)

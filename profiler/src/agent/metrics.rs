@@ -57,6 +57,8 @@ pub struct AgentMetrics {
     pub services_over_cap: Counter,
     /// On-demand profiles being taken (`/debug/pprof/profile`).
     pub pulls_running: Gauge,
+    /// Connections to `--listen` closed to make room, by the cap reached.
+    http_connections_shed: Family<Vec<(&'static str, &'static str)>, Counter>,
     shipped: Family<SinkLabels, Counter>,
     failed: Family<SinkLabels, Counter>,
     dropped: Family<SinkLabels, Counter>,
@@ -106,6 +108,21 @@ impl fmt::Debug for AgentMetrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AgentMetrics").finish_non_exhaustive()
     }
+}
+
+/// `clrbpf_agent_http_connections_shed`, registered apart to keep
+/// [`AgentMetrics::new`] short.
+fn register_http_connections_shed(
+    registry: &mut Registry,
+) -> Family<Vec<(&'static str, &'static str)>, Counter> {
+    let family = Family::default();
+    let agent = registry.sub_registry_with_prefix("clrbpf_agent");
+    agent.register(
+        "http_connections_shed",
+        "Connections to --listen closed to make room (an idle one evicted or the new one refused), by the cap reached (per_peer: 16 from one address; total: 128)",
+        family.clone(),
+    );
+    family
 }
 
 impl AgentMetrics {
@@ -203,6 +220,7 @@ impl AgentMetrics {
             agent.register_collector(Box::new(MemoryBudgetCollector));
             agent.register_collector(Box::new(MemoryNamingCollector));
         }
+        let http_connections_shed = register_http_connections_shed(&mut registry);
         registry.register_collector(Box::new(Arc::clone(&runtime)));
         Self {
             registry: Arc::new(registry),
@@ -215,6 +233,7 @@ impl AgentMetrics {
             runtime_counter_errors,
             services_over_cap,
             pulls_running,
+            http_connections_shed,
             shipped,
             failed,
             dropped,
@@ -222,6 +241,19 @@ impl AgentMetrics {
             upload_seconds,
             runtime,
             sinks: Arc::default(),
+        }
+    }
+
+    /// The counters the HTTP server bumps when it sheds a connection.
+    pub fn shed_connections(&self) -> super::server::ShedConnections {
+        let reason = |name| {
+            self.http_connections_shed
+                .get_or_create(&vec![("cap", name)])
+                .clone()
+        };
+        super::server::ShedConnections {
+            per_peer: reason("per_peer"),
+            total: reason("total"),
         }
     }
 

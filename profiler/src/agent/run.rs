@@ -267,6 +267,7 @@ fn start_http(
         listener,
         super::http::router(HttpState::new(metrics.clone(), Arc::clone(health), pull)),
         ServerLimits::agent(config.grace_period),
+        metrics.shed_connections(),
     )
     .context("start the HTTP endpoint")?;
     Ok((http, pulls))

@@ -7,7 +7,13 @@
 //! - At most [`ServerLimits::max_connections`] connections are open, far
 //!   below the descriptor budget. A connection over the cap closes the
 //!   oldest one that is not running a request: a flood of half-sent
-//!   requests cannot keep the kubelet's probe out.
+//!   requests cannot keep the kubelet's probe out. When every open one
+//!   runs a request, the new one is closed at once.
+//! - One peer address holds at most [`ServerLimits::max_per_peer`] of
+//!   them: a connection over it closes that peer's oldest idle one (or
+//!   itself, when all of them run a request), so one client churns only
+//!   its own places and never evicts another peer's. Connections closed
+//!   for either cap are counted ([`ShedConnections`], on `/metrics`).
 //! - A request's head must arrive within
 //!   [`ServerLimits::header_read_timeout`] (also the limit on a kept-alive
 //!   connection waiting for its next request), and a connection where
@@ -19,6 +25,7 @@
 use std::{
     collections::BTreeMap,
     io,
+    net::IpAddr,
     pin::Pin,
     sync::{
         Arc, Mutex,
@@ -30,6 +37,7 @@ use std::{
 
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::metrics::counter::Counter;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
@@ -51,6 +59,7 @@ const IDLE_CHECK_EVERY: Duration = Duration::from_secs(1);
 #[derive(Clone, Copy, Debug)]
 pub struct ServerLimits {
     pub max_connections: usize,
+    pub max_per_peer: usize,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub shutdown_grace: Duration,
@@ -64,11 +73,26 @@ impl ServerLimits {
             // handful; the agent's own descriptors (perf events, maps,
             // /proc files) need the rest of even a 1024 limit.
             max_connections: 128,
+            // The kubelet, Prometheus and a pull each need one or two; a
+            // peer with more is a flood (pods behind one node address
+            // share it, hence not 2).
+            max_per_peer: 16,
             header_read_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(10),
             shutdown_grace,
         }
     }
+}
+
+/// The connections closed to make room (an idle one evicted, or the new
+/// one refused), by the cap that was reached; cheap to clone (the counters
+/// are shared with `/metrics`).
+#[derive(Clone, Debug, Default)]
+pub struct ShedConnections {
+    /// The peer already held [`ServerLimits::max_per_peer`].
+    pub per_peer: Counter,
+    /// [`ServerLimits::max_connections`] were open.
+    pub total: Counter,
 }
 
 /// The HTTP server on a thread of its own, with a single-threaded runtime.
@@ -85,6 +109,7 @@ impl HttpServer {
         listener: std::net::TcpListener,
         router: axum::Router,
         limits: ServerLimits,
+        shed: ShedConnections,
     ) -> io::Result<Self> {
         listener.set_nonblocking(true)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -98,7 +123,7 @@ impl HttpServer {
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => {
-                            serve(listener, router, limits, async {
+                            serve(listener, router, limits, shed, async {
                                 let _ = stop_requested.await;
                             })
                             .await;
@@ -143,9 +168,13 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     limits: ServerLimits,
+    shed: ShedConnections,
     shutdown: impl Future<Output = ()>,
 ) {
-    let open = Arc::new(OpenConnections::new(limits.max_connections));
+    let open = Arc::new(OpenConnections::new(
+        limits.max_connections,
+        limits.max_per_peer,
+    ));
     let (closing, closing_seen) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -155,15 +184,22 @@ pub async fn serve(
             accepted = listener.accept() => accepted,
         };
         while tasks.try_join_next().is_some() {}
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(error) => {
                 tracing::debug!(%error, "accepting an HTTP connection failed");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
         };
-        let Some(connection) = OpenConnections::admit(&open) else {
+        let (admitted, cap) = OpenConnections::admit(&open, peer.ip());
+        if let Some(cap) = cap {
+            match cap {
+                Cap::PerPeer => shed.per_peer.inc(),
+                Cap::Total => shed.total.inc(),
+            };
+        }
+        let Some(connection) = admitted else {
             continue;
         };
         tasks.spawn(serve_connection(
@@ -192,6 +228,7 @@ pub async fn serve(
 /// The open connections, oldest first (ids grow).
 struct OpenConnections {
     max: usize,
+    max_per_peer: usize,
     by_id: Mutex<BTreeMap<u64, Arc<ConnectionState>>>,
     next_id: AtomicU64,
     epoch: Instant,
@@ -199,6 +236,8 @@ struct OpenConnections {
 
 /// What the server knows of one connection.
 struct ConnectionState {
+    /// The peer's address (an IPv4-mapped IPv6 address as IPv4).
+    peer: IpAddr,
     /// Requests whose handler runs (a connection with one is never
     /// evicted).
     running: AtomicUsize,
@@ -222,10 +261,18 @@ impl Drop for Admitted {
     }
 }
 
+/// The cap a new connection reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cap {
+    PerPeer,
+    Total,
+}
+
 impl OpenConnections {
-    fn new(max: usize) -> Self {
+    fn new(max: usize, max_per_peer: usize) -> Self {
         Self {
             max: max.max(1),
+            max_per_peer: max_per_peer.max(1),
             by_id: Mutex::default(),
             next_id: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -242,32 +289,51 @@ impl OpenConnections {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// A place for a new connection: at the cap, the oldest connection
-    /// running no request is told to close. `None` when every one runs a
-    /// request (the new connection is closed).
-    fn admit(open: &Arc<Self>) -> Option<Admitted> {
+    /// A place for a new connection from `peer`, and the cap it reached:
+    /// at the peer's share, the peer's oldest connection running no request
+    /// is told to close; at the total cap, the oldest of all. `None` when
+    /// every candidate runs a request (the new connection is closed).
+    fn admit(open: &Arc<Self>, peer: IpAddr) -> (Option<Admitted>, Option<Cap>) {
+        let peer = peer.to_canonical();
         let mut by_id = open.lock();
-        if by_id.len() >= open.max {
+        // At most `max` entries: counting them is cheaper than keeping a
+        // second map in step.
+        let from_peer = by_id.values().filter(|state| state.peer == peer).count();
+        let cap = if from_peer >= open.max_per_peer {
+            Some(Cap::PerPeer)
+        } else if by_id.len() >= open.max {
+            Some(Cap::Total)
+        } else {
+            None
+        };
+        if let Some(cap) = cap {
             let oldest_idle = by_id
                 .iter()
-                .find(|(_, state)| state.running.load(Ordering::Relaxed) == 0)
+                .find(|(_, state)| {
+                    state.running.load(Ordering::Relaxed) == 0
+                        && (cap == Cap::Total || state.peer == peer)
+                })
                 .map(|(&id, _)| id);
-            let state = by_id.remove(&oldest_idle?)?;
+            let Some(state) = oldest_idle.and_then(|id| by_id.remove(&id)) else {
+                return (None, Some(cap));
+            };
             state.evicted.notify_one();
         }
         let id = open.next_id.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ConnectionState {
+            peer,
             running: AtomicUsize::new(0),
             last_io_ms: AtomicU64::new(open.now_ms()),
             evicted: Notify::new(),
         });
         by_id.insert(id, Arc::clone(&state));
         drop(by_id);
-        Some(Admitted {
+        let admitted = Admitted {
             open: Arc::clone(open),
             id,
             state,
-        })
+        };
+        (Some(admitted), cap)
     }
 }
 
@@ -427,6 +493,7 @@ mod tests {
     fn limits() -> ServerLimits {
         ServerLimits {
             max_connections: 4,
+            max_per_peer: 64,
             header_read_timeout: Duration::from_millis(500),
             idle_timeout: Duration::from_secs(2),
             shutdown_grace: Duration::from_millis(300),
@@ -440,14 +507,36 @@ mod tests {
         oneshot::Sender<()>,
         tokio::task::JoinHandle<()>,
     ) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
+        let (address, stop, task, _) = start_counted(limits).await;
+        (address, stop, task)
+    }
+
+    /// [`start`] on every loopback address, with the refusal counters.
+    async fn start_counted(
+        limits: ServerLimits,
+    ) -> (
+        std::net::SocketAddr,
+        oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+        ShedConnections,
+    ) {
+        let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
         let router = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve(listener, router, limits, async {
+        let shed = ShedConnections::default();
+        let task = tokio::spawn(serve(listener, router, limits, shed.clone(), async {
             let _ = stopped.await;
         }));
-        (address, stop, task)
+        (address, stop, task, shed)
+    }
+
+    /// A connection to `address` from the loopback address `from`.
+    async fn connect_from(from: [u8; 4], address: std::net::SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(std::net::SocketAddr::from((from, 0))).unwrap();
+        socket.connect(address).await.unwrap()
     }
 
     /// Connects and sends half a request.
@@ -504,6 +593,66 @@ mod tests {
         // probe), the newest stay open.
         assert!(closed_within(&mut held[0], Duration::from_millis(200)).await);
         assert!(!closed_within(&mut held[9], Duration::from_millis(100)).await);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn one_peer_over_its_share_churns_only_its_own_places() {
+        let mut limits = limits();
+        limits.max_connections = 16;
+        limits.max_per_peer = 3;
+        limits.header_read_timeout = Duration::from_secs(60);
+        let (address, _stop, _task, shed) = start_counted(limits).await;
+        let half = b"GET /healthz HTTP/1.1\r\nHost: x\r\n";
+        let mut other = connect_from([127, 0, 0, 2], address).await;
+        other.write_all(half).await.unwrap();
+        let mut held = Vec::new();
+        for _ in 0..10 {
+            let mut stream = connect_from([127, 0, 0, 1], address).await;
+            stream.write_all(half).await.unwrap();
+            held.push(stream);
+        }
+        // Each over the share of three closed the peer's oldest: the
+        // seven oldest are closed, the three newest and the other peer's
+        // connection stay open.
+        for stream in &mut held[..7] {
+            assert!(closed_within(stream, Duration::from_millis(500)).await);
+        }
+        for stream in held[7..].iter_mut().chain([&mut other]) {
+            assert!(!closed_within(stream, Duration::from_millis(50)).await);
+        }
+        assert_eq!(shed.per_peer.get(), 7);
+        assert_eq!(shed.total.get(), 0);
+        // The flooding peer itself still gets an answer.
+        assert_eq!(healthz(address).await, "HTTP/1.1 200 OK");
+    }
+
+    #[test]
+    fn admit_refuses_when_every_candidate_runs_a_request() {
+        let open = Arc::new(OpenConnections::new(3, 2));
+        let a = IpAddr::from([10, 0, 0, 1]);
+        let b = IpAddr::from([10, 0, 0, 2]);
+        let first = OpenConnections::admit(&open, a).0.unwrap();
+        // An IPv4-mapped IPv6 address is the same peer.
+        let mapped = IpAddr::from(std::net::Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped());
+        let second = OpenConnections::admit(&open, mapped).0.unwrap();
+        let third = OpenConnections::admit(&open, b).0.unwrap();
+        let _running: Vec<_> = [&first, &second]
+            .iter()
+            .map(|admitted| RunningRequest::new(&admitted.state))
+            .collect();
+        // a's two places run requests: refused, though b's is idle.
+        let (admitted, cap) = OpenConnections::admit(&open, a);
+        assert!(admitted.is_none());
+        assert_eq!(cap, Some(Cap::PerPeer));
+        // At the total cap, another peer evicts b's idle one.
+        let (admitted, cap) = OpenConnections::admit(&open, IpAddr::from([10, 0, 0, 3]));
+        assert_eq!(cap, Some(Cap::Total));
+        let fourth = admitted.unwrap();
+        let _running = RunningRequest::new(&fourth.state);
+        let (admitted, cap) = OpenConnections::admit(&open, b);
+        assert!(admitted.is_none());
+        assert_eq!(cap, Some(Cap::Total));
+        drop((first, third, fourth));
     }
 
     #[tokio::test(flavor = "current_thread")]
