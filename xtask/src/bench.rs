@@ -1,4 +1,4 @@
-//! `cargo xtask bench`: the budgets of DESIGN.md measured in one run, with
+//! `cargo xtask bench`: the budgets of docs/performance.md measured in one run, with
 //! `perf` doing the same job next to clrbpf. These machines are noisy, so
 //! every figure is a median over rounds whose modes are interleaved
 //! (baseline, clrbpf, clrbpf with frame pointers only, perf, baseline,

@@ -78,7 +78,7 @@ enum Task {
     /// Profile a bundled .NET workload; writes profile.pb.gz and
     /// flamegraph.svg and prints the top functions (needs root).
     Demo,
-    /// Measure the budgets of DESIGN.md (throughput loss next to perf, BPF
+    /// Measure the budgets of docs/performance.md (throughput loss next to perf, BPF
     /// time per sample, CPU and memory of clrbpf, perf map load time) and
     /// print one table (needs root).
     Bench,

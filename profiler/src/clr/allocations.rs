@@ -1,8 +1,8 @@
 //! Allocation events of the runtime, decoded from the payloads of the
 //! allocation session ([`super::alloc_session`]) for the allocation sampler
 //! ([`crate::profile::alloc_sampling`]). Layouts from
-//! `shared/reference/clr-allocations.md` §1.2 and §3.2 (PerfView's
-//! `ClrTraceEventParser`, Datadog's `ClrEventsParser`), 64-bit pointers:
+//! `ClrEtwAll.man`, as PerfView's `ClrTraceEventParser` and Datadog's
+//! `ClrEventsParser` read them, with 64-bit pointers:
 //!
 //! - `GCAllocationTick` (id 10, GC keyword 0x1, level Verbose): fired on
 //!   the allocating thread each time about 100 KiB ([`TICK_BYTES`]) were

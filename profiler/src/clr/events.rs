@@ -1,8 +1,8 @@
 //! Typed CLR runtime events, decoded from the payloads the nettrace parser
 //! ([`super::nettrace`]) delivers. The runtime sends no field descriptions
 //! for its own events, so the layouts are written down here, keyed by
-//! (provider, event id, version) as in `ClrEtwAll.man` and summarised in
-//! `shared/reference/clr-runtime-interfaces.md` §3.4-3.5. The decoded events
+//! (provider, event id, version) as in dotnet/runtime's
+//! `src/coreclr/vm/ClrEtwAll.man`. The decoded events
 //! go to the contention, exception and wait samplers and to the managed
 //! symbol index (method load and rundown events).
 //!
@@ -718,7 +718,7 @@ impl ClrEventDecoder {
 /// `char`, `uint32`, `native int`), and the `generic` calling-convention
 /// word the perf map omits is dropped. Differences that remain:
 /// - the JIT tier (`[QuickJitted]`) is not part of the name: it is
-///   [`MethodLoad::tier`], kept apart as DESIGN.md asks;
+///   [`MethodLoad::tier`], kept apart so a method's tiers stay one function;
 /// - types the runtime could not name print as `pMT: 0x...` in the event
 ///   and as `Name /* MT: 0x... */` in the perf map;
 /// - in IL stubs, types of other assemblies and nested types are qualified

@@ -23,7 +23,7 @@ use crate::profile::{
     },
 };
 
-/// Label keys of CLR event samples (OpenTelemetry names, DESIGN.md decision 6).
+/// Label keys of CLR event samples (OpenTelemetry semantic-convention names).
 pub mod clr_label_keys {
     pub const EXCEPTION_TYPE: &str = "exception.type";
     pub const EXCEPTION_MESSAGE: &str = "exception.message";

@@ -25,8 +25,7 @@
 //! Synchronous I/O on purpose (one short exchange per command): call it
 //! from `tokio::task::spawn_blocking`.
 //!
-//! Protocol reference: dotnet/diagnostics `documentation/design-docs/ipc-protocol.md`;
-//! our notes in `shared/reference/clr-runtime-interfaces.md` §1.
+//! Protocol reference: dotnet/diagnostics `documentation/design-docs/ipc-protocol.md`.
 
 use std::{
     ffi::{OsStr, OsString},

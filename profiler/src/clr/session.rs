@@ -713,7 +713,7 @@ mod tests {
 
     #[test]
     fn payload_matches_the_documented_collect_tracing2_request() {
-        // shared/reference/clr-runtime-interfaces.md §1.5, dotnet/runtime#42382,
+        // dotnet/diagnostics ipc-protocol.md (CollectTracing2), dotnet/runtime#42382,
         // except that we send an empty filter as count 0.
         let payload = collect_tracing2_payload(
             256,

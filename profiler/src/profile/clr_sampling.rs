@@ -1,5 +1,5 @@
-//! Sampling and upscaling of CLR events before aggregation (DESIGN.md,
-//! decision 5): the expensive part of an event (its stack, symbolized later,
+//! Sampling and upscaling of CLR events before aggregation, after Datadog's
+//! .NET profiler: the expensive part of an event (its stack, symbolized later,
 //! and its strings) is kept for a bounded number of events per window, and
 //! the kept ones are weighted so that the totals are exact.
 //!
@@ -134,7 +134,7 @@ impl SplitMix64 {
 
 /// Lower bounds of the contention duration buckets, in milliseconds.
 pub const CONTENTION_BUCKETS_MS: [u64; 5] = [0, 10, 50, 100, 500];
-/// Default per-window limits (DESIGN.md decision 5).
+/// Default per-window limits.
 pub const DEFAULT_CONTENTION_LIMIT: usize = 3000;
 pub const DEFAULT_EXCEPTION_LIMIT: usize = 500;
 

@@ -24,8 +24,7 @@
 //!    event id and version.
 //!
 //! Reference: perfview `src/TraceEvent/EventPipe/NetTraceFormat_v5.md` and
-//! dotnet/runtime `src/native/eventpipe/ep-block.c`; summarised in
-//! `shared/reference/clr-runtime-interfaces.md` §2. Limits: V6 streams
+//! dotnet/runtime `src/native/eventpipe/ep-block.c`. Limits: V6 streams
 //! (`dotnet-trace collect-linux`) and NetPerf (V3) are rejected; metadata
 //! field descriptions and V5 tags are not parsed.
 
