@@ -218,6 +218,54 @@ fn net8_allocations_over_the_budget_keep_their_totals() {
     );
 }
 
+/// Allocation bytes exact at a process's exit (issue 34, item 1): the
+/// workload allocates 40 MB a second for 4 s and exits at once, before any
+/// later counter value, under `record --alloc -p` with the default budget.
+/// The profile's bytes are within 1% of the process's own count
+/// (`GC.GetTotalAllocatedBytes(true)` over the same time).
+fn assert_allocation_bytes_exact_at_exit(runtime: Runtime) {
+    let env = Env::privileged();
+    let dir = TempDir::new(&format!("allocations-exit-{runtime:?}"));
+    let workload = TestProcess::start(
+        &env,
+        runtime,
+        "Allocs",
+        &[START_DELAY_S, "4", "40", "0"],
+        false,
+    );
+    let pid = workload.pid();
+    let (output, _) = record_pid(&env, &dir, pid, &["--alloc", "--split"], "allocs.pb.gz");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (status, lines) = workload.wait(TIMEOUT);
+    assert!(status.success(), "workload failed: {lines:?}");
+    let profile = read_profile(&dir.join("allocs.allocations.pb.gz"));
+    let at = clrbpf_integration_tests::value_index(&profile, "alloc_size/bytes");
+    let total: i64 = samples(&profile)
+        .iter()
+        .filter(|s| s.pid() == Some(pid))
+        .map(|s| s.values[at])
+        .sum();
+    let process = value(&lines, "BYTES_PROCESS");
+    eprintln!(
+        "{runtime:?}: the process allocated {process} bytes, the profile holds {total}; {lines:?}"
+    );
+    assert!(
+        (total - process).abs() as f64 <= 0.01 * process as f64,
+        "the profile's bytes {total}, the process allocated {process}\n{stderr}"
+    );
+}
+
+#[test]
+fn net8_allocation_bytes_are_exact_at_exit() {
+    assert_allocation_bytes_exact_at_exit(Runtime::Net8);
+}
+
+#[test]
+#[ignore = "open (issue 34, item 1): on .NET Core 3.1 the profile holds some 8% more bytes than the process allocated (175.4 MB against 162.4 MB, about 129 of its 161 large objects counted twice?)"]
+fn netcore31_allocation_bytes_are_exact_at_exit() {
+    assert_allocation_bytes_exact_at_exit(Runtime::NetCore31);
+}
+
 /// The agent with `--clr-events ...,allocations` ships a `memory` profile
 /// per window to Pyroscope and to the directory sink at once. A loopback
 /// receiver stands in for Pyroscope (no Pyroscope server can be installed

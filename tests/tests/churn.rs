@@ -1,10 +1,11 @@
 //! A whole-host recording on a host that keeps starting processes: short
-//! native ones many times a second and a short .NET 8 app every few
-//! seconds, as a build server or a cron-heavy node does. What clrbpf holds
-//! for a process must leave with it: after warm-up its memory stays flat,
-//! its open files and BPF map entries come back to where they were, no perf
-//! file of an exited app stays behind, and the apps that exited are still
-//! named in the profile. Run by `cargo xtask test` (root).
+//! native ones 100 times a second and a short .NET 8 app every 3 s, for two
+//! minutes, as a build server or a cron-heavy node does (issue 34, item 3).
+//! What clrbpf holds for a process must leave with it: five seconds after
+//! the churn ends, its memory is within 10% and its open files within 16
+//! of a sample in the middle of the churn, its BPF map entries came back,
+//! no perf file of an exited app stays behind, and the apps that exited
+//! are still named in the profile. Run by `cargo xtask test` (root).
 
 use std::{
     collections::BTreeMap,
@@ -21,11 +22,14 @@ use std::{
 
 use clrbpf_integration_tests::{Env, Runtime, TempDir, TestProcess, read_profile, samples};
 
-/// The whole recording; the first [`WARM_UP`] of it fills the caches.
-const RECORDING: Duration = Duration::from_secs(70);
-const WARM_UP: Duration = Duration::from_secs(20);
+/// How long processes are started; the middle of it is the reference.
+const CHURN: Duration = Duration::from_secs(120);
+/// The end is read this long after the churn ends.
+const SETTLE: Duration = Duration::from_secs(5);
+/// The whole recording: the churn, the settling, and a margin.
+const RECORDING: Duration = Duration::from_secs(130);
 /// Short native processes started per second.
-const NATIVE_PER_SECOND: u32 = 40;
+const NATIVE_PER_SECOND: u32 = 100;
 /// A .NET app starts this often and runs for [`APP_SECONDS`].
 const APP_EVERY: Duration = Duration::from_secs(3);
 const APP_SECONDS: &str = "1.5";
@@ -147,7 +151,6 @@ fn a_whole_host_recording_under_process_churn_stays_bounded() {
             // The cache line is one of clrbpf's own figures.
             "-v",
             "-a",
-            "--off-cpu",
             "--unwind-table-memory-mb",
             "16",
             "-d",
@@ -164,10 +167,9 @@ fn a_whole_host_recording_under_process_churn_stays_bounded() {
     let stop = Arc::new(AtomicBool::new(false));
     let native = churn_native(stop.clone());
     let mut apps: Vec<u32> = Vec::new();
-    let mut warm: Option<Footprint> = None;
-    let last_app_at = RECORDING - Duration::from_secs(8);
+    let mut mid: Option<Footprint> = None;
     let mut next_app = Duration::from_secs(2);
-    while started.elapsed() < last_app_at {
+    while started.elapsed() < CHURN {
         if started.elapsed() >= next_app {
             next_app += APP_EVERY;
             let app = TestProcess::start(&env, Runtime::Net8, "Hot", &[APP_SECONDS], false);
@@ -176,17 +178,17 @@ fn a_whole_host_recording_under_process_churn_stays_bounded() {
             let (status, _) = app.wait(Duration::from_secs(30));
             assert!(status.success(), "Hot exited with {status}");
         }
-        if warm.is_none() && started.elapsed() >= WARM_UP {
-            warm = Some(Footprint::of(clrbpf.id()));
+        if mid.is_none() && started.elapsed() >= CHURN / 2 {
+            mid = Some(Footprint::of(clrbpf.id()));
         }
         thread::sleep(Duration::from_millis(100));
     }
     stop.store(true, Ordering::Relaxed);
     let natives = native.join().expect("the churn thread");
     // Every app has exited and been let go of; nothing new starts now.
-    thread::sleep(Duration::from_secs(3));
+    thread::sleep(SETTLE);
     let end = Footprint::of(clrbpf.id());
-    let warm = warm.expect("a footprint after warm-up");
+    let mid = mid.expect("a footprint in the middle of the churn");
     let status = clrbpf.wait().expect("wait for clrbpf");
     let stderr = fs::read_to_string(&log).unwrap_or_default();
     assert!(status.success(), "clrbpf failed:\n{stderr}");
@@ -194,26 +196,26 @@ fn a_whole_host_recording_under_process_churn_stays_bounded() {
         "{natives} native processes and {} .NET apps started",
         apps.len()
     );
-    eprintln!("after warm-up: {warm:?}\nat the end:    {end:?}");
+    eprintln!("mid-churn:  {mid:?}\nafter it:   {end:?}");
 
     assert!(
-        end.rss_kib as f64 <= warm.rss_kib as f64 * 1.10,
-        "RSS grew by more than 10% after warm-up: {} -> {} KiB\n{stderr}",
-        warm.rss_kib,
+        end.rss_kib as f64 <= mid.rss_kib as f64 * 1.10,
+        "RSS grew by more than 10% in the second half of the churn: {} -> {} KiB\n{stderr}",
+        mid.rss_kib,
         end.rss_kib
     );
     assert!(
-        end.fds <= warm.fds,
-        "open files grew after warm-up: {} -> {}",
-        warm.fds,
+        end.fds <= mid.fds + 16,
+        "open files grew by more than 16 in the second half of the churn: {} -> {}",
+        mid.fds,
         end.fds
     );
     for (name, &entries) in &end.map_entries {
-        let before = warm.map_entries.get(name).copied().unwrap_or(0);
+        let before = mid.map_entries.get(name).copied().unwrap_or(0);
         // A few processes and threads are alive at either moment.
         assert!(
             entries <= before + 16,
-            "BPF map {name} grew after warm-up: {before} -> {entries} entries"
+            "BPF map {name} grew in the second half of the churn: {before} -> {entries} entries"
         );
     }
     for pid in &apps {

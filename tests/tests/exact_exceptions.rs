@@ -1,37 +1,45 @@
 //! Exception totals by type that are exact at a process's exit (issue 34,
 //! item 1): a .NET 8 and a .NET Core 3.1 app throw known counts of three
-//! types over about 3 s and exit at once, under `record -p` and `record -a`
-//! watching the same run, with the default bound. Run by `cargo xtask test`
-//! (root, one test at a time).
+//! types over about 3 s and exit at once, under `record -p`, `record -a`
+//! and the agent's directory sink (summed over its windows) watching the
+//! same run, with the default bound. Run by `cargo xtask test` (root, one
+//! test at a time).
 
-use std::{fs, thread, time::Duration};
+use std::{fs, path::Path, thread, time::Duration};
 
 use clrbpf::pprof_proto::Profile;
 
 use clrbpf_integration_tests::{
-    EXCEPTIONS_WORKLOAD_TYPES, Env, LabelValue, Runtime, TempDir, TestProcess, parse_value,
-    read_profile, record_pid, samples, start_whole_host_recording, value_index,
+    EXCEPTIONS_WORKLOAD_TYPES, Env, LabelValue, Runtime, TempDir, TestProcess, agent::TestAgent,
+    parse_value, read_profile, record_pid, samples, start_whole_host_recording, value_index,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
-/// The profile's exceptions of `pid` by type, and whether the type thrown
-/// once came with its stack.
-fn by_type(profile: &Profile, pid: u32) -> (Vec<i64>, bool) {
-    let at = value_index(profile, "exceptions/count");
-    let all = samples(profile);
-    let mine: Vec<_> = all.iter().filter(|s| s.pid() == Some(pid)).collect();
+/// The profiles' exceptions of `pid` by type, summed, and whether the type
+/// thrown once came with its stack.
+fn by_type(profiles: &[Profile], pid: u32) -> (Vec<i64>, bool) {
+    let all: Vec<_> = profiles
+        .iter()
+        .flat_map(|profile| {
+            let at = value_index(profile, "exceptions/count");
+            samples(profile).into_iter().map(move |s| (at, s))
+        })
+        .collect();
+    let mine: Vec<_> = all.iter().filter(|(_, s)| s.pid() == Some(pid)).collect();
     let counts = EXCEPTIONS_WORKLOAD_TYPES
         .iter()
         .map(|ty| {
             mine.iter()
-                .filter(|s| s.label("exception.type") == Some(&LabelValue::Str((*ty).to_owned())))
-                .map(|s| s.values[at])
+                .filter(|(_, s)| {
+                    s.label("exception.type") == Some(&LabelValue::Str((*ty).to_owned()))
+                })
+                .map(|(at, s)| s.values[*at])
                 .sum()
         })
         .collect();
-    let once_with_stack = mine.iter().any(|s| {
-        s.values[at] > 0
+    let once_with_stack = mine.iter().any(|(at, s)| {
+        s.values[*at] > 0
             && s.label("exception.type")
                 == Some(&LabelValue::Str("System.TimeoutException".to_owned()))
             && s.stack_contains(&["Exceptions.ThrowOnce"])
@@ -39,19 +47,43 @@ fn by_type(profile: &Profile, pid: u32) -> (Vec<i64>, bool) {
     (counts, once_with_stack)
 }
 
+/// The agent's exception windows in `out`, every one.
+fn exception_windows(out: &Path) -> Vec<Profile> {
+    fs::read_dir(out)
+        .expect("the agent's output directory")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().contains(".exception."))
+        .map(|p| read_profile(&p))
+        .collect()
+}
+
 fn assert_exact_at_exit(runtime: Runtime) {
     let env = Env::privileged();
     let dir = TempDir::new(&format!("exact-exceptions-{runtime:?}"));
     let whole_host = dir.join("all.pb.gz");
     let log = dir.join("all.txt");
-    let mut all = start_whole_host_recording(&env, &["-d", "18"], &whole_host, &log);
+    let out = dir.join("windows");
+    let agent = TestAgent::start(
+        &env,
+        &dir,
+        &[
+            "--upload-interval".as_ref(),
+            "5s".as_ref(),
+            "--output-dir".as_ref(),
+            out.as_os_str(),
+        ],
+    )
+    .wait_ready();
+    let mut all = start_whole_host_recording(&env, &["-d", "20"], &whole_host, &log);
     // 20,000 + 500 + 1 over 3 s, no linger: the process exits right after
-    // its last throw, before any later counter value.
+    // its last throw, before any later counter value. It waits 8 s first:
+    // the agent looks for new .NET processes every 5 s (an idle one is
+    // not sampled sooner).
     let workload = TestProcess::start(
         &env,
         runtime,
         "Exceptions",
-        &["4", "20000", "500", "1", "frequent", "x", "0", "3"],
+        &["8", "20000", "500", "1", "frequent", "x", "0", "3"],
         false,
     );
     let pid = workload.pid();
@@ -79,11 +111,18 @@ fn assert_exact_at_exit(runtime: Runtime) {
     let status = all.wait().expect("wait for record -a");
     let all_stderr = fs::read_to_string(&log).unwrap_or_default();
     assert!(status.success(), "record -a failed:\n{all_stderr}");
-    for (mode, path, stderr) in [
-        ("record -p", path, stderr),
-        ("record -a", whole_host, all_stderr),
+    // The agent has seen the exit by now; SIGTERM flushes its last window.
+    let agent_log = agent.stop();
+    for (mode, profiles, stderr) in [
+        ("record -p", vec![read_profile(&path)], stderr),
+        ("record -a", vec![read_profile(&whole_host)], all_stderr),
+        (
+            "the agent's directory sink",
+            exception_windows(&out),
+            agent_log,
+        ),
     ] {
-        let (counts, once_with_stack) = by_type(&read_profile(&path), pid);
+        let (counts, once_with_stack) = by_type(&profiles, pid);
         eprintln!("{mode}: thrown {thrown:?}, in the profile {counts:?}");
         for ((ty, &want), &got) in EXCEPTIONS_WORKLOAD_TYPES.iter().zip(&thrown).zip(&counts) {
             assert!(

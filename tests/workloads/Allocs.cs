@@ -11,7 +11,10 @@
 // when the rate is held below what it can do. GC methods are called by reflection: mcs compiles
 // against Mono's mscorlib, which lacks them.
 //
-// Usage: Allocs.dll [START_DELAY_S=3] [SECONDS=6] [RATE_MB=40]
+// It lives LINGER_S after its figures (0: it exits at once, before any
+// later counter value).
+//
+// Usage: Allocs.dll [START_DELAY_S=3] [SECONDS=6] [RATE_MB=40] [LINGER_S=1]
 using System;
 using System.Diagnostics;
 using System.Globalization;
@@ -63,6 +66,7 @@ static class Allocs
         double delay = args.Length > 0 ? double.Parse(args[0], CultureInfo.InvariantCulture) : 3;
         double seconds = args.Length > 1 ? double.Parse(args[1], CultureInfo.InvariantCulture) : 6;
         double rateMb = args.Length > 2 ? double.Parse(args[2], CultureInfo.InvariantCulture) : 40;
+        double linger = args.Length > 3 ? double.Parse(args[3], CultureInfo.InvariantCulture) : 1;
         MethodInfo current = typeof(GC).GetMethod("GetAllocatedBytesForCurrentThread", Type.EmptyTypes);
         MethodInfo total = typeof(GC).GetMethod("GetTotalAllocatedBytes", new[] { typeof(bool) });
         threadBytes = (Func<long>)Delegate.CreateDelegate(typeof(Func<long>), current);
@@ -103,9 +107,10 @@ static class Allocs
         Console.WriteLine("BYTES_TOTAL " + sum);
         Console.WriteLine("BYTES_PROCESS " + (processEnd - processStart));
         Console.WriteLine("BYTES_PER_S " + (long)(sum / elapsed));
+        Console.WriteLine("LARGE_OBJECTS " + rounds * LargePerRound);
         Console.WriteLine("CPU_S " + cpu.ToString("F3", CultureInfo.InvariantCulture));
         Console.Out.Flush();
-        Thread.Sleep(1000);
+        Thread.Sleep((int)(linger * 1000));
         return 0;
     }
 }

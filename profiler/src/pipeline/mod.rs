@@ -184,7 +184,17 @@ pub struct Pipeline {
     /// When the perf map ledger was last brought up to date
     /// ([`Self::keep_perf_map_ledger`]).
     ledger_kept_at: std::time::Instant,
+    /// When the raw stacks that need no runtime were last named
+    /// ([`Self::name_native_stacks`]).
+    native_stacks_named_at: std::time::Instant,
 }
+
+/// How often the raw CPU stacks that need no runtime to be named (kernel
+/// and file-backed code of processes without one) are named and added,
+/// rather than held to the window's end: `record`'s one window would
+/// otherwise hold every distinct raw stack of the host's long-lived
+/// processes for the whole recording, each larger than its named sample.
+const NATIVE_STACKS_NAMED_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long after its exit event a process's late samples are still its
 /// own (see [`Pipeline::apply_lifecycle`]).
@@ -268,6 +278,7 @@ impl Pipeline {
             clr_visits: visits::Visits::new(VISIT_ALL_EVERY, std::time::Instant::now()),
             jit_visits: visits::Visits::new(VISIT_ALL_EVERY, std::time::Instant::now()),
             ledger_kept_at: std::time::Instant::now(),
+            native_stacks_named_at: std::time::Instant::now(),
         }
     }
 
@@ -538,6 +549,7 @@ impl Pipeline {
         let delay = u64::try_from(SYMBOLIZE_DELAY.as_nanos()).unwrap_or(u64::MAX);
         self.process_pending(crate::profile::monotonic_ns().saturating_sub(delay));
         self.send_new_jit_code();
+        self.name_native_stacks();
         self.retire_vanished();
         // An attach starts when a process is tracked or its runtime seen,
         // and runs while its runtime is busy: those mark it for the next
@@ -613,6 +625,11 @@ impl Pipeline {
         self.sizes_logged_at = std::time::Instant::now();
         let managed = self.managed_budget.stats();
         let shared = self.image_code.stats();
+        let (raw_processes, busiest) = self.raw_cpu.processes();
+        let busiest = busiest.map(|(pid, stacks)| {
+            let exe = self.processes.get(&pid).map_or("?", |p| &*p.exe_name);
+            format!("{pid} ({exe}): {stacks}")
+        });
         tracing::debug!(
             processes = self.processes.len(),
             managed_symbol_bytes = managed.used_bytes,
@@ -622,6 +639,8 @@ impl Pipeline {
             frames = self.aggregator.frame_count(),
             samples = self.aggregator.distinct_samples(),
             raw_stacks = self.raw_cpu.len(),
+            raw_stack_processes = raw_processes,
+            raw_stacks_most = busiest.as_deref().unwrap_or("-"),
             pending = self.pending.len(),
             retry = self.retry.len(),
             thread_names = self.thread_names.len(),
@@ -894,6 +913,43 @@ impl Pipeline {
         }
         for stack in &stacks {
             self.add_counted(&stack.sample, stack.count, true);
+        }
+    }
+
+    /// Every [`NATIVE_STACKS_NAMED_EVERY`], names and adds the raw CPU
+    /// stacks whose names cannot change before the window ends: those of
+    /// processes without a runtime whose user addresses all lie in files
+    /// (no JIT code, which a perf map read later would name). Their counts
+    /// merge in the aggregator with the same stack named earlier, so the
+    /// profile is the one naming them at the end gives.
+    fn name_native_stacks(&mut self) {
+        if self.native_stacks_named_at.elapsed() < NATIVE_STACKS_NAMED_EVERY {
+            return;
+        }
+        self.native_stacks_named_at = std::time::Instant::now();
+        let pids: Vec<u32> = self
+            .raw_cpu
+            .pids()
+            .filter(|pid| {
+                self.processes
+                    .get(pid)
+                    .is_some_and(|p| p.selected && p.runtime().is_none())
+            })
+            .collect();
+        for pid in pids {
+            let Some(process) = self.processes.get(&pid) else {
+                continue;
+            };
+            let in_files = |sample: &RawSample| {
+                sample.user_stack.iter().all(|&addr| {
+                    process
+                        .mapping_for(addr)
+                        .is_some_and(|m| m.file_path().is_some())
+                })
+            };
+            for stack in self.raw_cpu.take_pid_if(pid, in_files) {
+                self.add_counted(&stack.sample, stack.count, true);
+            }
         }
     }
 

@@ -27,14 +27,26 @@ pub struct RawStackCount {
     pub count: u64,
 }
 
-/// The distinct raw stacks of the current window.
+/// The distinct raw stacks of the current window, grouped by process so
+/// that an exited process's stacks leave in the time of its own (at 100
+/// exits a second, beside a busy process's thousands of stacks).
 #[derive(Debug, Default)]
 pub struct RawStacks {
+    by_pid: HashMap<u32, ProcessStacks>,
+    /// The arrival number of the next new stack, so the output keeps the
+    /// order of first arrival across processes.
+    next_arrival: u64,
+    len: usize,
+    samples: u64,
+}
+
+/// The distinct raw stacks of one process.
+#[derive(Debug, Default)]
+struct ProcessStacks {
     /// Key hash to indices into `entries` (collisions are compared in full).
     by_hash: HashMap<u64, Vec<usize>>,
-    /// In order of first arrival, so the output is deterministic.
-    entries: Vec<RawStackCount>,
-    samples: u64,
+    /// With their arrival numbers, in order of first arrival.
+    entries: Vec<(u64, RawStackCount)>,
 }
 
 impl RawStacks {
@@ -44,29 +56,34 @@ impl RawStacks {
     pub fn add(&mut self, sample: RawSample) -> Option<&RawSample> {
         self.samples += 1;
         let hash = key_hash(&sample);
-        let slots = self.by_hash.entry(hash).or_default();
+        let process = self.by_pid.entry(sample.pid).or_default();
+        let slots = process.by_hash.entry(hash).or_default();
         if let Some(&at) = slots
             .iter()
-            .find(|&&at| same_key(&self.entries[at].sample, &sample))
+            .find(|&&at| same_key(&process.entries[at].1.sample, &sample))
         {
-            let entry = &mut self.entries[at];
+            let entry = &mut process.entries[at].1;
             entry.count += 1;
             entry.sample.value = entry.sample.value.saturating_add(sample.value);
             entry.sample.time_ns = entry.sample.time_ns.max(sample.time_ns);
             return None;
         }
-        slots.push(self.entries.len());
-        self.entries.push(RawStackCount { sample, count: 1 });
-        self.entries.last().map(|entry| &entry.sample)
+        slots.push(process.entries.len());
+        process
+            .entries
+            .push((self.next_arrival, RawStackCount { sample, count: 1 }));
+        self.next_arrival += 1;
+        self.len += 1;
+        process.entries.last().map(|(_, entry)| &entry.sample)
     }
 
     /// Distinct stacks held.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len == 0
     }
 
     /// Samples counted since the last [`Self::take`].
@@ -74,34 +91,77 @@ impl RawStacks {
         self.samples
     }
 
-    /// The distinct stacks of process `pid` (it exited: they are named
-    /// before its symbols go); the others stay.
-    pub fn take_pid(&mut self, pid: u32) -> Vec<RawStackCount> {
-        if !self.entries.iter().any(|e| e.sample.pid == pid) {
+    /// Processes with stacks held, and the pid holding the most of them
+    /// with how many (for the debug line of the pipeline's sizes).
+    pub fn processes(&self) -> (usize, Option<(u32, usize)>) {
+        let busiest = self
+            .by_pid
+            .iter()
+            .map(|(&pid, p)| (pid, p.entries.len()))
+            .max_by_key(|&(pid, n)| (n, std::cmp::Reverse(pid)));
+        (self.by_pid.len(), busiest)
+    }
+
+    /// The pids with stacks held.
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.by_pid.keys().copied()
+    }
+
+    /// Takes the stacks of process `pid` that `now` says can be named now,
+    /// in order of first arrival; the others stay.
+    pub fn take_pid_if(
+        &mut self,
+        pid: u32,
+        mut now: impl FnMut(&RawSample) -> bool,
+    ) -> Vec<RawStackCount> {
+        let Some(process) = self.by_pid.get_mut(&pid) else {
             return Vec::new();
+        };
+        let (taken, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut process.entries)
+            .into_iter()
+            .partition(|(_, e)| now(&e.sample));
+        if kept.is_empty() {
+            self.by_pid.remove(&pid);
+        } else {
+            process.by_hash.clear();
+            for (at, (_, entry)) in kept.iter().enumerate() {
+                process
+                    .by_hash
+                    .entry(key_hash(&entry.sample))
+                    .or_default()
+                    .push(at);
+            }
+            process.entries = kept;
         }
-        let (mine, others): (Vec<RawStackCount>, Vec<RawStackCount>) =
-            std::mem::take(&mut self.entries)
-                .into_iter()
-                .partition(|e| e.sample.pid == pid);
+        self.len -= taken.len();
+        let taken: Vec<RawStackCount> = taken.into_iter().map(|(_, e)| e).collect();
+        self.samples -= taken.iter().map(|e| e.count).sum::<u64>();
+        taken
+    }
+
+    /// The distinct stacks of process `pid` (it exited: they are named
+    /// before its symbols go), in order of first arrival; the others stay.
+    pub fn take_pid(&mut self, pid: u32) -> Vec<RawStackCount> {
+        let Some(process) = self.by_pid.remove(&pid) else {
+            return Vec::new();
+        };
+        self.len -= process.entries.len();
+        let mine: Vec<RawStackCount> = process.entries.into_iter().map(|(_, e)| e).collect();
         self.samples -= mine.iter().map(|e| e.count).sum::<u64>();
-        self.by_hash.clear();
-        for (at, entry) in others.iter().enumerate() {
-            self.by_hash
-                .entry(key_hash(&entry.sample))
-                .or_default()
-                .push(at);
-        }
-        self.entries = others;
         mine
     }
 
     /// Every distinct stack of the window, in order of first arrival; the
     /// next window starts empty.
     pub fn take(&mut self) -> Vec<RawStackCount> {
-        self.by_hash.clear();
+        let mut all: Vec<(u64, RawStackCount)> = std::mem::take(&mut self.by_pid)
+            .into_values()
+            .flat_map(|p| p.entries)
+            .collect();
+        all.sort_unstable_by_key(|&(arrival, _)| arrival);
+        self.len = 0;
         self.samples = 0;
-        std::mem::take(&mut self.entries)
+        all.into_iter().map(|(_, e)| e).collect()
     }
 }
 
@@ -175,6 +235,7 @@ mod tests {
         raw.add(sample(3, 1, vec![2]));
         let mine = raw.take_pid(7);
         assert_eq!(mine.len(), 2);
+        assert_eq!(mine[1].sample.user_stack, vec![2], "in order of arrival");
         assert_eq!((raw.len(), raw.samples()), (1, 1));
         raw.add(other);
         assert_eq!(
@@ -182,6 +243,39 @@ mod tests {
             (1, 2),
             "the index still finds it"
         );
+    }
+
+    #[test]
+    fn the_window_keeps_the_order_of_arrival_across_processes() {
+        let mut raw = RawStacks::default();
+        for (pid, leaf) in [(7, 1), (8, 2), (7, 3), (9, 4), (8, 5)] {
+            let mut s = sample(1, 1, vec![leaf]);
+            s.pid = pid;
+            raw.add(s);
+        }
+        assert_eq!(raw.processes(), (3, Some((7, 2))));
+        let leaves: Vec<u64> = raw.take().iter().map(|e| e.sample.user_stack[0]).collect();
+        assert_eq!(leaves, [1, 2, 3, 4, 5]);
+        assert_eq!(raw.processes(), (0, None));
+    }
+
+    #[test]
+    fn the_stacks_that_can_be_named_early_leave_and_the_others_stay_found() {
+        let mut raw = RawStacks::default();
+        raw.add(sample(1, 1, vec![1]));
+        raw.add(sample(2, 1, vec![2]));
+        raw.add(sample(3, 1, vec![1]));
+        let early = raw.take_pid_if(7, |s| s.user_stack == [2]);
+        assert_eq!(early.len(), 1);
+        assert_eq!((raw.len(), raw.samples()), (1, 2));
+        raw.add(sample(4, 1, vec![1]));
+        assert_eq!(
+            (raw.len(), raw.samples()),
+            (1, 3),
+            "the index still finds it"
+        );
+        assert_eq!(raw.take_pid_if(7, |_| true).len(), 1);
+        assert_eq!(raw.processes(), (0, None));
     }
 
     #[test]

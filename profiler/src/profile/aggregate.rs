@@ -22,9 +22,14 @@ pub struct Aggregator {
     sample_types: Vec<ValueType>,
     frames: Vec<Frame>,
     frame_index: HashMap<Frame, FrameIndex>,
-    samples: HashMap<SampleKey, Vec<i64>>,
-    /// Insertion order of the keys, so output is deterministic.
-    order: Vec<SampleKey>,
+    /// Each distinct stack and labels, held once, with the index of its
+    /// values in [`Self::values`]: the order of first arrival, so output is
+    /// deterministic. A whole-host `record` holds every distinct sample of
+    /// its one window (a churning host's short processes each have their
+    /// own pid label), so a second copy of each key would cost as much as
+    /// the profile.
+    samples: HashMap<SampleKey, usize>,
+    values: Vec<Box<[i64]>>,
 }
 
 impl Aggregator {
@@ -34,7 +39,7 @@ impl Aggregator {
             frames: Vec::new(),
             frame_index: HashMap::new(),
             samples: HashMap::new(),
-            order: Vec::new(),
+            values: Vec::new(),
         }
     }
 
@@ -62,21 +67,18 @@ impl Aggregator {
             labels: labels.into_boxed_slice(),
         };
         let width = self.sample_types.len();
-        match self.samples.get_mut(&key) {
-            Some(sum) => {
-                for (total, v) in sum.iter_mut().zip(values) {
-                    *total = total.saturating_add(*v);
-                }
+        if let Some(&at) = self.samples.get(&key) {
+            for (total, v) in self.values[at].iter_mut().zip(values) {
+                *total = total.saturating_add(*v);
             }
-            None => {
-                let mut sum = vec![0; width];
-                for (total, v) in sum.iter_mut().zip(values) {
-                    *total = *v;
-                }
-                self.order.push(key.clone());
-                self.samples.insert(key, sum);
-            }
+            return;
         }
+        let mut sum = vec![0; width].into_boxed_slice();
+        for (total, v) in sum.iter_mut().zip(values) {
+            *total = *v;
+        }
+        self.samples.insert(key, self.values.len());
+        self.values.push(sum);
     }
 
     pub fn frame_count(&self) -> usize {
@@ -98,17 +100,19 @@ impl Aggregator {
     ) -> Profile {
         self.frame_index.clear();
         let frames = std::mem::take(&mut self.frames);
-        let mut sums = std::mem::take(&mut self.samples);
-        let samples = std::mem::take(&mut self.order)
+        let mut keys: Vec<(usize, SampleKey)> = std::mem::take(&mut self.samples)
             .into_iter()
-            .filter_map(|key| {
-                let values = sums.remove(&key)?;
-                let SampleKey { stack, labels } = key;
-                Some(ProfileSample {
-                    stack: stack.into_vec(),
-                    values,
-                    labels: labels.into_vec(),
-                })
+            .map(|(key, at)| (at, key))
+            .collect();
+        keys.sort_unstable_by_key(|&(at, _)| at);
+        let values = std::mem::take(&mut self.values);
+        let samples = keys
+            .into_iter()
+            .zip(values)
+            .map(|((_, SampleKey { stack, labels }), values)| ProfileSample {
+                stack: stack.into_vec(),
+                values: values.into_vec(),
+                labels: labels.into_vec(),
             })
             .collect();
         Profile {

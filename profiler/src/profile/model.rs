@@ -173,16 +173,39 @@ pub struct Label {
     pub value: LabelValue,
 }
 
+/// Most label keys [`label_key`] shares (they are clrbpf's own names, a
+/// few dozen at most).
+const MAX_SHARED_LABEL_KEYS: usize = 64;
+
+/// The one allocation of label key `key` on this thread: each distinct
+/// sample holds several labels, and a whole-host `record` holds every
+/// distinct sample of its one window.
+fn label_key(key: &str) -> Arc<str> {
+    thread_local! {
+        static KEYS: std::cell::RefCell<Vec<Arc<str>>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    KEYS.with_borrow_mut(|keys| {
+        if let Some(shared) = keys.iter().find(|k| &***k == key) {
+            return shared.clone();
+        }
+        let new: Arc<str> = key.into();
+        if keys.len() < MAX_SHARED_LABEL_KEYS {
+            keys.push(new.clone());
+        }
+        new
+    })
+}
+
 impl Label {
     pub fn str(key: &str, value: impl Into<Arc<str>>) -> Self {
         Self {
-            key: key.into(),
+            key: label_key(key),
             value: LabelValue::Str(value.into()),
         }
     }
     pub fn num(key: &str, value: i64) -> Self {
         Self {
-            key: key.into(),
+            key: label_key(key),
             value: LabelValue::Num { value, unit: None },
         }
     }
