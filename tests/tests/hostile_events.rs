@@ -1,12 +1,21 @@
 //! A target that sends crafted CLR events (issue 33, defect 1): an
-//! unprivileged user's stand-in runtime (`tests/fakes/fake_dotnet9.py`)
-//! answers clrbpf's contention session with two ContentionStop events whose
-//! DurationNs is 2^63, and its allocation session (`--alloc`) with two
-//! GCAllocationTick events that claim u64::MAX bytes each. The
-//! apportioning of a window's delay or bytes used to wrap and count down
-//! from u64::MAX, which hung the main loop for good: `-d` and Ctrl-C were
-//! no longer looked at. Beside it runs a real .NET 8 app, whose samples
-//! must all be there. One set-up per test serves both attacks.
+//! unprivileged user's stand-in runtime (`tests/fakes/fake_dotnet9.py`; no
+//! .NET 9 runtime can be installed here) answers clrbpf's sessions with
+//!
+//! - two ContentionStop events whose DurationNs is 2^63;
+//! - two GCAllocationTick events (`--alloc`) that claim u64::MAX bytes;
+//! - WaitHandleWait pairs that last 2^63 ns, that began before the
+//!   machine booted (timestamp 0), that end before they begin, and a Stop
+//!   with no Start;
+//! - two exceptions of two types, each thrown once, against an
+//!   `exception-count` counter (the EventCounters session clrbpf asks for
+//!   with an exception budget) that claims u64::MAX every second.
+//!
+//! The apportioning of a window's delay, bytes or exceptions used to wrap
+//! and count down from u64::MAX, which hung the main loop for good: `-d`
+//! and Ctrl-C were no longer looked at. Beside it runs a real .NET 8 app,
+//! whose samples must all be there, named. One set-up per test serves
+//! every attack.
 
 use std::{
     ffi::OsString,
@@ -18,9 +27,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use clrbpf::pprof_proto::Profile;
 use clrbpf_integration_tests::{
-    Env, Runtime, TempDir, TestProcess, assert_some_stack_contains, assert_success, read_profile,
-    samples, value_index,
+    Env, LabelValue, Runtime, TempDir, TestProcess, assert_some_stack_contains, assert_success,
+    read_profile, samples, value_index,
 };
 
 /// An unprivileged user: the attacker.
@@ -33,8 +43,21 @@ const MAX_EVENT_BYTES: i128 = 1 << 47;
 /// The crafted allocation events: each claims u64::MAX bytes.
 const ALLOCATION_EVENTS: i128 = 2;
 
-/// The scenario: two ContentionStops of 2^63 ns on two threads, and
-/// [`ALLOCATION_EVENTS`] allocation ticks of u64::MAX bytes on two others.
+/// Waits of the scenario that have a Start and a Stop (the Stop alone
+/// stands for none).
+const PAIRED_WAITS: i128 = 3;
+
+/// Most exceptions clrbpf believes a runtime's `exception-count` counted
+/// in a second (`clr::budget::MAX_EXCEPTIONS_PER_SECOND`).
+const MAX_EXCEPTIONS_PER_SECOND: i128 = 100_000_000;
+
+/// The crafted exception types, each thrown once.
+const EXCEPTION_TYPES: [&str; 2] = ["Evil.AException", "Evil.BException"];
+
+/// The scenario: two ContentionStops of 2^63 ns on two threads,
+/// [`ALLOCATION_EVENTS`] allocation ticks of u64::MAX bytes on two others,
+/// the crafted waits ([`hostile_waits`]) and exceptions against a counter
+/// of u64::MAX a second.
 fn hostile_scenario(dir: &TempDir) -> PathBuf {
     let path = dir.join("contention.json");
     let stack = r#"["void [Evil] Evil.Program::Spin()[Optimized]"]"#;
@@ -52,12 +75,44 @@ fn hostile_scenario(dir: &TempDir) -> PathBuf {
             u64::MAX
         )
     }));
+    events.extend(hostile_waits(stack));
+    events.extend(EXCEPTION_TYPES.iter().zip([41, 42]).map(|(ty, tid)| {
+        format!(
+            r#"{{"tid": {tid}, "at_ns": 1200000, "kind": "exception", "type": "{ty}", "message": "once", "stack": {stack}}}"#
+        )
+    }));
     fs::write(
         &path,
-        format!(r#"{{"end": "stop", "events": [{}]}}"#, events.join(", ")),
+        format!(
+            r#"{{"end": "stop", "counters": {{"exception-count": {}.0}}, "events": [{}]}}"#,
+            u64::MAX,
+            events.join(", ")
+        ),
     )
     .expect("write the scenario");
     path
+}
+
+/// WaitHandleWait events: a wait of 2^63 ns (tid 31), one that began at
+/// timestamp 0, before the machine booted (32), a Stop with no Start (33),
+/// and a Stop stamped before its Start (34). `at_ns` orders them in the
+/// stream; `at_abs_ns` is a timestamp of the attacker's choosing.
+fn hostile_waits(stack: &str) -> Vec<String> {
+    let wait = |tid: u32, at: u64, kind: &str, abs: Option<u64>| {
+        let abs = abs
+            .map(|t| format!(r#", "at_abs_ns": {t}"#))
+            .unwrap_or_default();
+        format!(r#"{{"tid": {tid}, "at_ns": {at}, "kind": "{kind}"{abs}, "stack": {stack}}}"#)
+    };
+    vec![
+        wait(31, 1_000_000, "start", None),
+        wait(31, 1_000_000 + (1 << 63), "stop", None),
+        wait(32, 1_100_000, "start", Some(0)),
+        wait(32, 3_000_000, "stop", None),
+        wait(33, 4_000_000, "stop", None),
+        wait(34, 5_000_000, "start", None),
+        wait(34, 5_500_000, "stop", Some(1)),
+    ]
 }
 
 /// The stand-in, run as [`USER`] with its files in a directory of its own.
@@ -153,7 +208,63 @@ fn assert_profile(
             .all(|s| s.values.iter().all(|&v| v >= 0)),
         "negative values in the app's samples"
     );
+    let run_ns = i128::from(profile.duration_nanos).max(ran.as_nanos() as i128);
+    assert_waits(&profile, attacker, run_ns, stderr);
+    assert_exceptions(&profile, attacker, run_ns, stderr);
     assert_allocations(out, attacker, stderr);
+}
+
+/// The attacker's value of sample type `name`, summed.
+fn attacker_total(profile: &Profile, attacker: &TestProcess, name: &str) -> i128 {
+    let at = value_index(profile, name);
+    samples(profile)
+        .iter()
+        .filter(|s| s.pid() == Some(attacker.pid()))
+        .map(|s| i128::from(s.values[at]))
+        .sum()
+}
+
+/// The crafted waits are all taken (the Stop alone is none), and none
+/// lasted longer than clrbpf ran.
+fn assert_waits(profile: &Profile, attacker: &TestProcess, run_ns: i128, stderr: &str) {
+    let waits = attacker_total(profile, attacker, "waits/count");
+    let delay = attacker_total(profile, attacker, "wait_delay/nanoseconds");
+    assert_eq!(
+        waits, PAIRED_WAITS,
+        "the attacker's waits: {waits}, not {PAIRED_WAITS}:\n{stderr}"
+    );
+    let most = PAIRED_WAITS * run_ns;
+    assert!(
+        (0..=most).contains(&delay),
+        "the attacker's wait delay {delay} ns is over {PAIRED_WAITS} waits of clrbpf's whole run ({run_ns} ns):\n{stderr}"
+    );
+}
+
+/// Both exception types are there, and the counter's u64::MAX a second
+/// counts for no more than a real runtime could throw in clrbpf's run
+/// (one counter value a second, and the first one's interval).
+fn assert_exceptions(profile: &Profile, attacker: &TestProcess, run_ns: i128, stderr: &str) {
+    let at = value_index(profile, "exceptions/count");
+    let mine: Vec<_> = samples(profile)
+        .into_iter()
+        .filter(|s| s.pid() == Some(attacker.pid()))
+        .collect();
+    for ty in EXCEPTION_TYPES {
+        let n: i128 = mine
+            .iter()
+            .filter(|s| s.label("exception.type") == Some(&LabelValue::Str(ty.to_owned())))
+            .map(|s| i128::from(s.values[at]))
+            .sum();
+        assert!(n >= 1, "no {ty} in the attacker's exceptions:\n{stderr}");
+    }
+    let thrown: i128 = mine.iter().map(|s| i128::from(s.values[at])).sum();
+    let seconds = run_ns / 1_000_000_000 + 2;
+    let most = EXCEPTION_TYPES.len() as i128 + MAX_EXCEPTIONS_PER_SECOND * seconds;
+    assert!(
+        (2..=most).contains(&thrown),
+        "the attacker's exceptions {thrown} are not within 2..={most}:\n{stderr}"
+    );
+    eprintln!("the attacker's exceptions: {thrown} (at most {most})");
 }
 
 /// The attacker's allocation ticks are taken, each capped at
@@ -213,7 +324,15 @@ fn crafted_contention_durations_do_not_hang_record() {
 fn sent_both(attacker: &TestProcess, peer: u32) -> bool {
     let lines = attacker.lines();
     let peer = format!(" peer={peer}");
-    ["contention_stop", "allocation"].iter().all(|kind| {
+    [
+        "contention_stop",
+        "allocation",
+        "start",
+        "stop",
+        "exception",
+    ]
+    .iter()
+    .all(|kind| {
         lines.iter().any(|l| {
             l.strip_prefix("SENT kinds=")
                 .and_then(|rest| rest.strip_suffix(peer.as_str()))
