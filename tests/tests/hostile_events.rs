@@ -18,10 +18,7 @@
 //! every attack.
 
 use std::{
-    ffi::OsString,
-    fs,
-    os::unix::fs::PermissionsExt,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Output, Stdio},
     thread,
     time::{Duration, Instant},
@@ -30,115 +27,17 @@ use std::{
 use clrbpf::pprof_proto::Profile;
 use clrbpf_integration_tests::{
     Env, LabelValue, Runtime, TempDir, TestProcess, assert_some_stack_contains, assert_success,
+    attackers::{self, ALLOCATION_EVENTS, EXCEPTION_TYPES, PAIRED_WAITS},
     read_profile, samples, value_index,
 };
-
-/// An unprivileged user: the attacker.
-const USER: u32 = 65534;
 
 /// Most bytes clrbpf lets one allocation event stand for: a user address
 /// space (`profile::alloc_sampling::MAX_EVENT_BYTES`).
 const MAX_EVENT_BYTES: i128 = 1 << 47;
 
-/// The crafted allocation events: each claims u64::MAX bytes.
-const ALLOCATION_EVENTS: i128 = 2;
-
-/// Waits of the scenario that have a Start and a Stop (the Stop alone
-/// stands for none).
-const PAIRED_WAITS: i128 = 3;
-
 /// Most exceptions clrbpf believes a runtime's `exception-count` counted
 /// in a second (`clr::budget::MAX_EXCEPTIONS_PER_SECOND`).
 const MAX_EXCEPTIONS_PER_SECOND: i128 = 100_000_000;
-
-/// The crafted exception types, each thrown once.
-const EXCEPTION_TYPES: [&str; 2] = ["Evil.AException", "Evil.BException"];
-
-/// The scenario: two ContentionStops of 2^63 ns on two threads,
-/// [`ALLOCATION_EVENTS`] allocation ticks of u64::MAX bytes on two others,
-/// the crafted waits ([`hostile_waits`]) and exceptions against a counter
-/// of u64::MAX a second.
-fn hostile_scenario(dir: &TempDir) -> PathBuf {
-    let path = dir.join("contention.json");
-    let stack = r#"["void [Evil] Evil.Program::Spin()[Optimized]"]"#;
-    let mut events: Vec<String> = [(21, 1_000_000), (22, 2_000_000)]
-        .iter()
-        .map(|(tid, at)| {
-            format!(
-                r#"{{"tid": {tid}, "at_ns": {at}, "kind": "contention_stop", "duration_ns": 9223372036854775808, "stack": {stack}}}"#
-            )
-        })
-        .collect();
-    events.extend([(23, 1_500_000), (24, 2_500_000)].iter().map(|(tid, at)| {
-        format!(
-            r#"{{"tid": {tid}, "at_ns": {at}, "kind": "allocation", "amount": {}, "object_size": 24, "type": "Evil.Blob", "stack": {stack}}}"#,
-            u64::MAX
-        )
-    }));
-    events.extend(hostile_waits(stack));
-    events.extend(EXCEPTION_TYPES.iter().zip([41, 42]).map(|(ty, tid)| {
-        format!(
-            r#"{{"tid": {tid}, "at_ns": 1200000, "kind": "exception", "type": "{ty}", "message": "once", "stack": {stack}}}"#
-        )
-    }));
-    fs::write(
-        &path,
-        format!(
-            r#"{{"end": "stop", "counters": {{"exception-count": {}.0}}, "events": [{}]}}"#,
-            u64::MAX,
-            events.join(", ")
-        ),
-    )
-    .expect("write the scenario");
-    path
-}
-
-/// WaitHandleWait events: a wait of 2^63 ns (tid 31), one that began at
-/// timestamp 0, before the machine booted (32), a Stop with no Start (33),
-/// and a Stop stamped before its Start (34). `at_ns` orders them in the
-/// stream; `at_abs_ns` is a timestamp of the attacker's choosing.
-fn hostile_waits(stack: &str) -> Vec<String> {
-    let wait = |tid: u32, at: u64, kind: &str, abs: Option<u64>| {
-        let abs = abs
-            .map(|t| format!(r#", "at_abs_ns": {t}"#))
-            .unwrap_or_default();
-        format!(r#"{{"tid": {tid}, "at_ns": {at}, "kind": "{kind}"{abs}, "stack": {stack}}}"#)
-    };
-    vec![
-        wait(31, 1_000_000, "start", None),
-        wait(31, 1_000_000 + (1 << 63), "stop", None),
-        wait(32, 1_100_000, "start", Some(0)),
-        wait(32, 3_000_000, "stop", None),
-        wait(33, 4_000_000, "stop", None),
-        wait(34, 5_000_000, "start", None),
-        wait(34, 5_500_000, "stop", Some(1)),
-    ]
-}
-
-/// The stand-in, run as [`USER`] with its files in a directory of its own.
-fn hostile_runtime(dir: &TempDir) -> TestProcess {
-    let scenario = hostile_scenario(dir);
-    let own = dir.join("attacker");
-    fs::create_dir_all(&own).expect("create the attacker's directory");
-    // SAFETY: chown has no memory preconditions; the path is a C string.
-    let path = std::ffi::CString::new(own.as_os_str().as_encoded_bytes()).expect("no NUL");
-    assert_eq!(unsafe { libc::chown(path.as_ptr(), USER, USER) }, 0);
-    for p in [dir.path(), scenario.as_path()] {
-        let mode = if p.is_dir() { 0o755 } else { 0o644 };
-        fs::set_permissions(p, fs::Permissions::from_mode(mode)).expect("chmod");
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fakes")
-        .join("fake_dotnet9.py");
-    let argv: Vec<OsString> = vec![
-        "/usr/bin/python3".into(),
-        script.into_os_string(),
-        scenario.into_os_string(),
-        "120".into(),
-        own.into_os_string(),
-    ];
-    TestProcess::start_as_user("hostile .NET (contention)", &argv, USER)
-}
 
 /// Waits for `child` at most `limit`; kills it and panics past that.
 fn wait_at_most(child: std::process::Child, limit: Duration, what: &str) -> (Output, Duration) {
@@ -298,7 +197,7 @@ fn assert_allocations(out: &Path, attacker: &TestProcess, stderr: &str) {
 fn crafted_contention_durations_do_not_hang_record() {
     let env = Env::privileged();
     let dir = TempDir::new("hostile-events-d");
-    let attacker = hostile_runtime(&dir);
+    let attacker = attackers::event_attacker(&dir);
     let app = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
     let out = dir.join("out.pb.gz");
     let spawned = Instant::now();
@@ -347,7 +246,7 @@ fn sent_both(attacker: &TestProcess, peer: u32) -> bool {
 fn ctrl_c_is_honoured_after_crafted_contention_durations() {
     let env = Env::privileged();
     let dir = TempDir::new("hostile-events-int");
-    let attacker = hostile_runtime(&dir);
+    let attacker = attackers::event_attacker(&dir);
     let app = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
     let out = dir.join("out.pb.gz");
     let spawned = Instant::now();
