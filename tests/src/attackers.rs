@@ -29,7 +29,7 @@ pub const ALLOCATION_EVENTS: i128 = 2;
 
 /// Waits of the scenario that have a Start and a Stop (the Stop alone
 /// stands for none).
-pub const PAIRED_WAITS: i128 = 3;
+pub const PAIRED_WAITS: i128 = 5;
 
 /// The crafted exception types, each thrown once.
 pub const EXCEPTION_TYPES: [&str; 2] = ["Evil.AException", "Evil.BException"];
@@ -73,8 +73,11 @@ fn hostile_scenario(dir: &TempDir) -> PathBuf {
     path
 }
 
-/// WaitHandleWait events: a wait of 2^63 ns (tid 31), one that began at
-/// timestamp 0, before the machine booted (32), a Stop with no Start (33),
+/// WaitHandleWait events: a wait of 2^63 ns (tid 31: its Start at the
+/// lowest timestamp, its Stop at the highest; timestamps are signed 64-bit
+/// ticks), one that began at timestamp 0, before the machine booted (32),
+/// one whose Stop is stamped 146 years on (35, then a wait of the present
+/// on 36 that must not wait for that window), a Stop with no Start (33),
 /// and a Stop stamped before its Start (34). `at_ns` orders them in the
 /// stream; `at_abs_ns` is a timestamp of the attacker's choosing.
 fn hostile_waits(stack: &str) -> Vec<String> {
@@ -85,13 +88,17 @@ fn hostile_waits(stack: &str) -> Vec<String> {
         format!(r#"{{"tid": {tid}, "at_ns": {at}, "kind": "{kind}"{abs}, "stack": {stack}}}"#)
     };
     vec![
-        wait(31, 1_000_000, "start", None),
-        wait(31, 1_000_000 + (1 << 63), "stop", None),
+        wait(31, 1_000_000, "start", Some(1 << 63)),
+        wait(31, 2_000_000, "stop", Some((1 << 63) - 1)),
         wait(32, 1_100_000, "start", Some(0)),
         wait(32, 3_000_000, "stop", None),
         wait(33, 4_000_000, "stop", None),
         wait(34, 5_000_000, "start", None),
         wait(34, 5_500_000, "stop", Some(1)),
+        wait(35, 6_000_000, "start", None),
+        wait(35, 6_500_000, "stop", Some(1 << 62)),
+        wait(36, 7_000_000, "start", None),
+        wait(36, 7_500_000, "stop", None),
     ]
 }
 
