@@ -31,8 +31,22 @@ DurationNs as given (a hostile runtime's 2^63, issue 33), and
 GCAllocationTick (10, version 4) events, `{"kind": "allocation",
 "amount": N, "object_size": N, "type": "Evil.Blob"}`: they go to any
 session that asks for the GC keyword (0x1) at level Verbose,
-AllocationAmount64 as given (a hostile runtime's u64::MAX). A session
+AllocationAmount64 as given (a hostile runtime's u64::MAX). Exceptions, `{"kind": "exception", "type": "Evil.A", "message": "..."}`,
+are ExceptionThrown (80, version 1) events: they go to any session that
+asks for the Exception keyword (0x8000) at level Error. A session
 gets the scenario's events of the kinds it asks for.
+
+A scenario's `"counters": {"exception-count": 1.8446744073709552e19}`
+answers every session that asks for the `System.Runtime` provider
+(`EventCounterIntervalSec=N`) with one EventCounters event per counter
+every N seconds until it stops, each an incrementing counter whose
+Increment is the value given (a hostile runtime's u64::MAX). The
+EventCounters metadata is self-describing, as the runtime's: a `Payload`
+object with the fields of `IncrementingCounterPayload`.
+
+An event's `at_abs_ns`, where given, is its timestamp (CLOCK_MONOTONIC
+ns, masked to 64 bits: 0 is a wait that began before the machine booted);
+`at_ns` then only orders it in the stream.
 
 The scenario (argv[1], JSON) lists the events:
   {"end": "stop" | "cut",
@@ -71,6 +85,9 @@ RUNTIME_PROVIDER = "Microsoft-Windows-DotNETRuntime"
 WAIT_HANDLE_KEYWORD = 0x40000000000
 CONTENTION_KEYWORD = 0x4000
 GC_KEYWORD = 0x1
+EXCEPTION_KEYWORD = 0x8000
+COUNTERS_PROVIDER = "System.Runtime"
+LEVEL_ERROR = 2
 LEVEL_INFO = 4
 LEVEL_VERBOSE = 5
 IPC_MAGIC = b"DOTNET_IPC_V1\0"
@@ -81,6 +98,27 @@ METHOD_SIZE = 0x200
 TAG_NULL_REFERENCE = 1
 TAG_BEGIN_PRIVATE_OBJECT = 5
 TAG_END_OBJECT = 6
+
+# Type codes of self-describing metadata (TypeCode).
+TYPE_OBJECT = 1
+TYPE_SINGLE = 13
+TYPE_DOUBLE = 14
+TYPE_STRING = 18
+# The fields of the runtime's IncrementingCounterPayload, in its order.
+INCREMENTING_COUNTER_FIELDS = (
+    ("Name", TYPE_STRING),
+    ("DisplayName", TYPE_STRING),
+    ("DisplayRateTimeScale", TYPE_STRING),
+    ("Increment", TYPE_DOUBLE),
+    ("IntervalSec", TYPE_SINGLE),
+    ("Series", TYPE_STRING),
+    ("CounterType", TYPE_STRING),
+    ("Metadata", TYPE_STRING),
+    ("DisplayUnits", TYPE_STRING),
+)
+MASK64 = 0xFFFF_FFFF_FFFF_FFFF
+# The thread the runtime's counter timer writes from.
+COUNTER_THREAD = 99
 
 
 
@@ -183,15 +221,19 @@ METADATA = (
     (3, 91, "ContentionStop", CONTENTION_KEYWORD, 1, LEVEL_INFO),
     # GCAllocationTick_V4: AllocationAmount64 and ObjectSize.
     (4, 10, "GCAllocationTick", GC_KEYWORD, 4, LEVEL_VERBOSE),
+    # ExceptionThrown_V1: type, message, EIP, HRESULT, flags.
+    (5, 80, "ExceptionThrown", EXCEPTION_KEYWORD, 1, LEVEL_ERROR),
 )
+COUNTERS_METADATA_ID = 6
 # The metadata id of each scenario event kind.
-KIND_METADATA = {"start": 1, "stop": 2, "contention_stop": 3, "allocation": 4}
+KIND_METADATA = {"start": 1, "stop": 2, "contention_stop": 3, "allocation": 4, "exception": 5}
 # The keyword and least level a session asks for to get each kind.
 KIND_ENABLED_BY = {
     "start": (WAIT_HANDLE_KEYWORD, LEVEL_VERBOSE),
     "stop": (WAIT_HANDLE_KEYWORD, LEVEL_VERBOSE),
     "contention_stop": (CONTENTION_KEYWORD, LEVEL_INFO),
     "allocation": (GC_KEYWORD, LEVEL_VERBOSE),
+    "exception": (EXCEPTION_KEYWORD, LEVEL_ERROR),
 }
 
 
@@ -204,7 +246,24 @@ def metadata_block():
         payload += struct.pack("<I", event_id) + utf16z(name)
         payload += struct.pack("<QIII", keywords, version, level, 0)
         block.blob(payload)
+    # EventCounters describes its payload: one `Payload` object.
+    payload = struct.pack("<I", COUNTERS_METADATA_ID) + utf16z(COUNTERS_PROVIDER)
+    payload += struct.pack("<I", 0) + utf16z("EventCounters")
+    payload += struct.pack("<QIII", 0, 0, 0, 1)
+    payload += struct.pack("<II", TYPE_OBJECT, len(INCREMENTING_COUNTER_FIELDS))
+    for name, type_code in INCREMENTING_COUNTER_FIELDS:
+        payload += struct.pack("<I", type_code) + utf16z(name)
+    payload += utf16z("Payload")
+    block.blob(payload)
     return bytes(block.body)
+
+
+def counter_payload(name, increment, interval_sec):
+    """An IncrementingCounterPayload: `increment` over `interval_sec`."""
+    out = utf16z(name) + utf16z(name) + utf16z("00:00:01")
+    out += struct.pack("<df", float(increment), float(interval_sec))
+    out += utf16z(f"Interval={int(interval_sec * 1000)}") + utf16z("Sum") + utf16z("") + utf16z("")
+    return out
 
 
 class Runtime:
@@ -274,7 +333,7 @@ class Runtime:
         return out
 
     def session(self, conn, payload):
-        keywords, level = 0, 0
+        keywords, level, counters_interval = 0, 0, None
         _buffer_mb, _format, _rundown, count = struct.unpack_from("<IIBI", payload)
         at = 13
         for _ in range(count):
@@ -284,6 +343,8 @@ class Runtime:
             _filter, at = read_string(payload, at)
             if name == RUNTIME_PROVIDER:
                 keywords, level = provider_keywords, provider_level
+            elif name == COUNTERS_PROVIDER and _filter.startswith("EventCounterIntervalSec="):
+                counters_interval = max(1, int(_filter.split("=", 1)[1]))
         with self.lock:
             session_id = self.next_session
             self.next_session += 1
@@ -297,18 +358,21 @@ class Runtime:
             if keywords & KIND_ENABLED_BY[e["kind"]][0] and level >= KIND_ENABLED_BY[e["kind"]][1]
         ]
         wants_waits = bool(events)
+        counters = self.scenario.get("counters", {}) if counters_interval else {}
         peer, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         print(f"SESSION keywords={keywords:#x} level={level} peer={peer}", flush=True)
         reply(conn, struct.pack("<Q", session_id))
         stream = Stream(conn)
         base = time.monotonic_ns()
         stream.head(base)
+        # Stack ids and sequence numbers are the session's own.
+        state = {"next_stack_id": 1, "sequences": {}}
+        if wants_waits or counters:
+            stream.block("MetadataBlock", metadata_block())
         if wants_waits:
             # As a runtime, after the session is set up: the first waits
             # come a moment later.
             time.sleep(0.2)
-            # Stack ids and sequence numbers are the session's own.
-            state = {"next_stack_id": 1, "sequences": {}}
             self.send_waits(stream, base + 200_000_000, state, events)
             kinds = ",".join(sorted({e["kind"] for e in events}))
             print(f"WAITS_SENT peer={peer}", flush=True)
@@ -317,8 +381,29 @@ class Runtime:
                 self.cut(stream, base + 200_000_000, state)
                 conn.shutdown(socket.SHUT_RDWR)
                 return
-        stop.wait()
+        # The counter timer fires one interval after the session began,
+        # then every interval, until the session stops.
+        while not stop.wait(counters_interval or None):
+            self.send_counters(stream, state, counters, counters_interval)
         stream.end()
+
+    def send_counters(self, stream, state, counters, interval_sec):
+        block = BlobBlock()
+        sequences = state["sequences"]
+        for name, value in counters.items():
+            sequences[COUNTER_THREAD] = sequences.get(COUNTER_THREAD, 0) + 1
+            block.blob(
+                counter_payload(name, value, interval_sec),
+                metadata_id=COUNTERS_METADATA_ID,
+                sequence=sequences[COUNTER_THREAD],
+                capture_thread_id=COUNTER_THREAD,
+                processor=0,
+                thread_id=COUNTER_THREAD,
+                stack_id=0,
+                timestamp=time.monotonic_ns(),
+            )
+        stream.block("StackBlock", struct.pack("<II", state["next_stack_id"], 0))
+        stream.block("EventBlock", bytes(block.body))
 
     def stack_ids(self, events, state):
         """Stack ids of the events' stacks (0: none), numbered on from the
@@ -360,6 +445,13 @@ class Runtime:
                 payload = struct.pack("<IIHQQ", amount & 0xFFFFFFFF, 0, 0, amount, 0x7F00_7E00_0000)
                 payload += utf16z(event.get("type", "Evil.Blob"))
                 payload += struct.pack("<IQQ", 0, 0x7F00_BEEF_0000, event["object_size"])
+            elif event["kind"] == "exception":
+                # ExceptionType, ExceptionMessage, ExceptionEIP,
+                # ExceptionHRESULT, ExceptionFlags, ClrInstanceID.
+                payload = utf16z(event.get("type", "Evil.Exception"))
+                payload += utf16z(event.get("message", ""))
+                eip = self.return_address(event["stack"][0]) if event.get("stack") else 0
+                payload += struct.pack("<QIHH", eip, 0x80131500, 0, 0)
             else:
                 payload = struct.pack("<H", 0)
             block.blob(
@@ -370,12 +462,11 @@ class Runtime:
                 processor=0,
                 thread_id=tid,
                 stack_id=stack_id,
-                timestamp=base + event["at_ns"],
+                timestamp=event.get("at_abs_ns", base + event["at_ns"]) & MASK64,
             )
         return stack_body, bytes(block.body)
 
     def send_waits(self, stream, base, state, events):
-        stream.block("MetadataBlock", metadata_block())
         events = sorted(events, key=lambda e: e["at_ns"])
         # Several blocks, as a runtime flushes its buffers: a wait may
         # start in one and end in the next.

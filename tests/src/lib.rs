@@ -10,6 +10,7 @@
 //! BPF: a privileged test never skips silently.
 
 pub mod agent;
+pub mod attackers;
 pub mod http;
 
 use std::{

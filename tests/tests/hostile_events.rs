@@ -1,89 +1,43 @@
 //! A target that sends crafted CLR events (issue 33, defect 1): an
-//! unprivileged user's stand-in runtime (`tests/fakes/fake_dotnet9.py`)
-//! answers clrbpf's contention session with two ContentionStop events whose
-//! DurationNs is 2^63, and its allocation session (`--alloc`) with two
-//! GCAllocationTick events that claim u64::MAX bytes each. The
-//! apportioning of a window's delay or bytes used to wrap and count down
-//! from u64::MAX, which hung the main loop for good: `-d` and Ctrl-C were
-//! no longer looked at. Beside it runs a real .NET 8 app, whose samples
-//! must all be there. One set-up per test serves both attacks.
+//! unprivileged user's stand-in runtime (`tests/fakes/fake_dotnet9.py`; no
+//! .NET 9 runtime can be installed here) answers clrbpf's sessions with
+//!
+//! - two ContentionStop events whose DurationNs is 2^63;
+//! - two GCAllocationTick events (`--alloc`) that claim u64::MAX bytes;
+//! - WaitHandleWait pairs that last 2^63 ns, that began before the
+//!   machine booted (timestamp 0), that end before they begin, and a Stop
+//!   with no Start;
+//! - two exceptions of two types, each thrown once, against an
+//!   `exception-count` counter (the EventCounters session clrbpf asks for
+//!   with an exception budget) that claims u64::MAX every second.
+//!
+//! The apportioning of a window's delay, bytes or exceptions used to wrap
+//! and count down from u64::MAX, which hung the main loop for good: `-d`
+//! and Ctrl-C were no longer looked at. Beside it runs a real .NET 8 app,
+//! whose samples must all be there, named. One set-up per test serves
+//! every attack.
 
 use std::{
-    ffi::OsString,
-    fs,
-    os::unix::fs::PermissionsExt,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Output, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
+use clrbpf::pprof_proto::Profile;
 use clrbpf_integration_tests::{
-    Env, Runtime, TempDir, TestProcess, assert_some_stack_contains, assert_success, read_profile,
-    samples, value_index,
+    Env, LabelValue, Runtime, TempDir, TestProcess, assert_some_stack_contains, assert_success,
+    attackers::{self, ALLOCATION_EVENTS, EXCEPTION_TYPES, PAIRED_WAITS},
+    read_profile, samples, value_index,
 };
-
-/// An unprivileged user: the attacker.
-const USER: u32 = 65534;
 
 /// Most bytes clrbpf lets one allocation event stand for: a user address
 /// space (`profile::alloc_sampling::MAX_EVENT_BYTES`).
 const MAX_EVENT_BYTES: i128 = 1 << 47;
 
-/// The crafted allocation events: each claims u64::MAX bytes.
-const ALLOCATION_EVENTS: i128 = 2;
-
-/// The scenario: two ContentionStops of 2^63 ns on two threads, and
-/// [`ALLOCATION_EVENTS`] allocation ticks of u64::MAX bytes on two others.
-fn hostile_scenario(dir: &TempDir) -> PathBuf {
-    let path = dir.join("contention.json");
-    let stack = r#"["void [Evil] Evil.Program::Spin()[Optimized]"]"#;
-    let mut events: Vec<String> = [(21, 1_000_000), (22, 2_000_000)]
-        .iter()
-        .map(|(tid, at)| {
-            format!(
-                r#"{{"tid": {tid}, "at_ns": {at}, "kind": "contention_stop", "duration_ns": 9223372036854775808, "stack": {stack}}}"#
-            )
-        })
-        .collect();
-    events.extend([(23, 1_500_000), (24, 2_500_000)].iter().map(|(tid, at)| {
-        format!(
-            r#"{{"tid": {tid}, "at_ns": {at}, "kind": "allocation", "amount": {}, "object_size": 24, "type": "Evil.Blob", "stack": {stack}}}"#,
-            u64::MAX
-        )
-    }));
-    fs::write(
-        &path,
-        format!(r#"{{"end": "stop", "events": [{}]}}"#, events.join(", ")),
-    )
-    .expect("write the scenario");
-    path
-}
-
-/// The stand-in, run as [`USER`] with its files in a directory of its own.
-fn hostile_runtime(dir: &TempDir) -> TestProcess {
-    let scenario = hostile_scenario(dir);
-    let own = dir.join("attacker");
-    fs::create_dir_all(&own).expect("create the attacker's directory");
-    // SAFETY: chown has no memory preconditions; the path is a C string.
-    let path = std::ffi::CString::new(own.as_os_str().as_encoded_bytes()).expect("no NUL");
-    assert_eq!(unsafe { libc::chown(path.as_ptr(), USER, USER) }, 0);
-    for p in [dir.path(), scenario.as_path()] {
-        let mode = if p.is_dir() { 0o755 } else { 0o644 };
-        fs::set_permissions(p, fs::Permissions::from_mode(mode)).expect("chmod");
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fakes")
-        .join("fake_dotnet9.py");
-    let argv: Vec<OsString> = vec![
-        "/usr/bin/python3".into(),
-        script.into_os_string(),
-        scenario.into_os_string(),
-        "120".into(),
-        own.into_os_string(),
-    ];
-    TestProcess::start_as_user("hostile .NET (contention)", &argv, USER)
-}
+/// Most exceptions clrbpf believes a runtime's `exception-count` counted
+/// in a second (`clr::budget::MAX_EXCEPTIONS_PER_SECOND`).
+const MAX_EXCEPTIONS_PER_SECOND: i128 = 100_000_000;
 
 /// Waits for `child` at most `limit`; kills it and panics past that.
 fn wait_at_most(child: std::process::Child, limit: Duration, what: &str) -> (Output, Duration) {
@@ -153,7 +107,63 @@ fn assert_profile(
             .all(|s| s.values.iter().all(|&v| v >= 0)),
         "negative values in the app's samples"
     );
+    let run_ns = i128::from(profile.duration_nanos).max(ran.as_nanos() as i128);
+    assert_waits(&profile, attacker, run_ns, stderr);
+    assert_exceptions(&profile, attacker, run_ns, stderr);
     assert_allocations(out, attacker, stderr);
+}
+
+/// The attacker's value of sample type `name`, summed.
+fn attacker_total(profile: &Profile, attacker: &TestProcess, name: &str) -> i128 {
+    let at = value_index(profile, name);
+    samples(profile)
+        .iter()
+        .filter(|s| s.pid() == Some(attacker.pid()))
+        .map(|s| i128::from(s.values[at]))
+        .sum()
+}
+
+/// The crafted waits are all taken (the Stop alone is none), and none
+/// lasted longer than clrbpf ran.
+fn assert_waits(profile: &Profile, attacker: &TestProcess, run_ns: i128, stderr: &str) {
+    let waits = attacker_total(profile, attacker, "waits/count");
+    let delay = attacker_total(profile, attacker, "wait_delay/nanoseconds");
+    assert_eq!(
+        waits, PAIRED_WAITS,
+        "the attacker's waits: {waits}, not {PAIRED_WAITS}:\n{stderr}"
+    );
+    let most = PAIRED_WAITS * run_ns;
+    assert!(
+        (0..=most).contains(&delay),
+        "the attacker's wait delay {delay} ns is over {PAIRED_WAITS} waits of clrbpf's whole run ({run_ns} ns):\n{stderr}"
+    );
+}
+
+/// Both exception types are there, and the counter's u64::MAX a second
+/// counts for no more than a real runtime could throw in clrbpf's run
+/// (one counter value a second, and the first one's interval).
+fn assert_exceptions(profile: &Profile, attacker: &TestProcess, run_ns: i128, stderr: &str) {
+    let at = value_index(profile, "exceptions/count");
+    let mine: Vec<_> = samples(profile)
+        .into_iter()
+        .filter(|s| s.pid() == Some(attacker.pid()))
+        .collect();
+    for ty in EXCEPTION_TYPES {
+        let n: i128 = mine
+            .iter()
+            .filter(|s| s.label("exception.type") == Some(&LabelValue::Str(ty.to_owned())))
+            .map(|s| i128::from(s.values[at]))
+            .sum();
+        assert!(n >= 1, "no {ty} in the attacker's exceptions:\n{stderr}");
+    }
+    let thrown: i128 = mine.iter().map(|s| i128::from(s.values[at])).sum();
+    let seconds = run_ns / 1_000_000_000 + 2;
+    let most = EXCEPTION_TYPES.len() as i128 + MAX_EXCEPTIONS_PER_SECOND * seconds;
+    assert!(
+        (2..=most).contains(&thrown),
+        "the attacker's exceptions {thrown} are not within 2..={most}:\n{stderr}"
+    );
+    eprintln!("the attacker's exceptions: {thrown} (at most {most})");
 }
 
 /// The attacker's allocation ticks are taken, each capped at
@@ -187,7 +197,7 @@ fn assert_allocations(out: &Path, attacker: &TestProcess, stderr: &str) {
 fn crafted_contention_durations_do_not_hang_record() {
     let env = Env::privileged();
     let dir = TempDir::new("hostile-events-d");
-    let attacker = hostile_runtime(&dir);
+    let attacker = attackers::event_attacker(&dir);
     let app = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
     let out = dir.join("out.pb.gz");
     let spawned = Instant::now();
@@ -213,7 +223,15 @@ fn crafted_contention_durations_do_not_hang_record() {
 fn sent_both(attacker: &TestProcess, peer: u32) -> bool {
     let lines = attacker.lines();
     let peer = format!(" peer={peer}");
-    ["contention_stop", "allocation"].iter().all(|kind| {
+    [
+        "contention_stop",
+        "allocation",
+        "start",
+        "stop",
+        "exception",
+    ]
+    .iter()
+    .all(|kind| {
         lines.iter().any(|l| {
             l.strip_prefix("SENT kinds=")
                 .and_then(|rest| rest.strip_suffix(peer.as_str()))
@@ -228,7 +246,7 @@ fn sent_both(attacker: &TestProcess, peer: u32) -> bool {
 fn ctrl_c_is_honoured_after_crafted_contention_durations() {
     let env = Env::privileged();
     let dir = TempDir::new("hostile-events-int");
-    let attacker = hostile_runtime(&dir);
+    let attacker = attackers::event_attacker(&dir);
     let app = TestProcess::start(&env, Runtime::Net8, "Hot", &["60"], false);
     let out = dir.join("out.pb.gz");
     let spawned = Instant::now();

@@ -18,29 +18,11 @@ use std::{
     time::Duration,
 };
 
-use clrbpf_integration_tests::{Env, Measured, TempDir, TestProcess, run_measured};
+use clrbpf_integration_tests::{Env, Measured, TempDir, attackers, run_measured};
 
 /// The attackers' uid.
 const USER: u32 = 65534;
 const MIB: u64 = 1 << 20;
-
-fn hostile(args: &[OsString]) -> TestProcess {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fakes")
-        .join("hostile_files.py");
-    let mut argv: Vec<OsString> = vec!["/usr/bin/python3".into(), script.into_os_string()];
-    argv.extend(args.iter().cloned());
-    TestProcess::start_as_user("hostile files", &argv, USER)
-}
-
-/// A directory the attacker owns, below the test's own.
-fn attacker_dir(dir: &TempDir, name: &str) -> std::path::PathBuf {
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let path = dir.join(name);
-    std::fs::create_dir_all(&path).expect("mkdir");
-    chown(&path, Some(USER), Some(USER)).expect("chown");
-    path
-}
 
 /// `clrbpf record -a -d SECONDS -o OUT`, measured ([`run_measured`]);
 /// it must succeed.
@@ -78,8 +60,8 @@ fn refused(stderr: &str) -> (u64, u64, u64) {
 fn a_sparse_libcoreclr_with_a_4_gib_dynsym_is_refused_unread() {
     let env = Env::privileged();
     let dir = TempDir::new("hostile-files-sparse");
-    let work = attacker_dir(&dir, "sparse");
-    let fake = hostile(&["sparse".into(), work.into_os_string(), "60".into()]);
+    let work = attackers::attacker_dir(&dir, "sparse");
+    let fake = attackers::hostile_files(&["sparse".into(), work.into_os_string(), "60".into()]);
     let run = record_all(&env, "10", &dir.join("out.pb.gz"), Duration::from_secs(40));
     assert!(
         run.took < Duration::from_secs(15),
@@ -145,7 +127,7 @@ impl OpenWatch {
 fn a_directory_swapped_after_the_mapping_leads_root_nowhere() {
     let env = Env::privileged();
     let dir = TempDir::new("hostile-files-swap");
-    let work = attacker_dir(&dir, "attacker");
+    let work = attackers::attacker_dir(&dir, "attacker");
     let real = work.join("real");
     std::fs::create_dir_all(&real).expect("mkdir");
     chown(&real, Some(USER), Some(USER)).expect("chown");
@@ -163,7 +145,7 @@ fn a_directory_swapped_after_the_mapping_leads_root_nowhere() {
     // SAFETY: a NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
     let watch = OpenWatch::new(&secret);
-    let fake = hostile(&[
+    let fake = attackers::hostile_files(&[
         "swap".into(),
         work.into_os_string(),
         secret.into_os_string(),

@@ -17,68 +17,20 @@
 //! for as long as the attacker (200 s), and SIGINT at 100 s did not end it.
 
 use std::{
-    ffi::OsString,
     fs,
-    path::{Path, PathBuf},
-    process::{Child, Command},
+    path::Path,
+    process::Child,
     thread,
     time::{Duration, Instant},
 };
 
 use clrbpf_integration_tests::{
-    Env, Runtime, TempDir, TestProcess, number_before, read_profile, samples,
+    Env, Runtime, TempDir, TestProcess, attackers, number_before, read_profile, samples,
     start_whole_host_recording, summary_line, summary_samples_and_lost, warned_about,
 };
 
-/// `nobody`: a user with no rights on anything of the app's or clrbpf's.
-const ATTACKER: u32 = 65534;
 /// A sampling rate that gives the attacker many stacks to name.
 const FREQUENCY: &str = "499";
-
-/// Builds the attacker into `dir`: its binary and its framework directory.
-fn build_attacker(dir: &Path) -> (PathBuf, PathBuf) {
-    let framework = dir.join("shared/Microsoft.NETCore.App/7.0.99");
-    fs::create_dir_all(&framework).expect("create the framework directory");
-    let library = dir.join("libcoreclr.c");
-    fs::write(
-        &library,
-        "#include <stdint.h>\nuint64_t g_dacTable[64];\n\
-         const char version[] __attribute__((used)) = \"@(#)Version 7.0.99.1 @Commit: crafted\";\n",
-    )
-    .expect("write the library's source");
-    fs::write(framework.join("System.Private.CoreLib.dll"), [0u8; 8192]).expect("write CoreLib");
-    let gcc = |args: &[&OsString]| {
-        let status = Command::new("gcc")
-            .args(args)
-            .status()
-            .expect("run gcc (is it installed?)");
-        assert!(status.success(), "gcc {args:?} failed");
-    };
-    let os = |p: &Path| p.as_os_str().to_owned();
-    gcc(&[
-        &"-shared".into(),
-        &"-fPIC".into(),
-        &"-o".into(),
-        &os(&framework.join("libcoreclr.so")),
-        &os(&library),
-    ]);
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fakes/crafted_code_heap.c");
-    let binary = dir.join("crafted_code_heap");
-    gcc(&[
-        &"-O1".into(),
-        &"-pthread".into(),
-        &"-o".into(),
-        &os(&binary),
-        &os(&source),
-        &"-ldl".into(),
-    ]);
-    (binary, framework)
-}
-
-fn start_attacker(binary: &Path, framework: &Path) -> TestProcess {
-    let argv: Vec<OsString> = vec![binary.into(), "300".into(), framework.into(), "list".into()];
-    TestProcess::start_as_user("crafted code heap", &argv, ATTACKER)
-}
 
 /// Waits for `child` until `deadline`; kills it and panics past it.
 fn wait_until(child: &mut Child, deadline: Instant, what: &str, log: &Path) {
@@ -112,7 +64,7 @@ fn share_with(profile_path: &Path, pid: u32, frame: &str) -> (f64, usize) {
 fn costly_names_cost_other_tenants_nothing() {
     let env = Env::privileged();
     let dir = TempDir::new("hostile-naming");
-    let (binary, framework) = build_attacker(dir.path());
+    let (binary, framework) = attackers::build_crafted_code_heap(dir.path());
     let app = TestProcess::start(&env, Runtime::Net8, "Hot", &["120"], false);
     // The app named without the attacker.
     let baseline = dir.join("baseline.pb.gz");
@@ -139,7 +91,7 @@ fn costly_names_cost_other_tenants_nothing() {
     // comparison below is what the test is about.
     assert!(named_alone > 0.1, "the app alone: {named_alone:.2} named");
 
-    let attacker = start_attacker(&binary, &framework);
+    let attacker = attackers::start_crafted_code_heap(&binary, &framework);
     let out = dir.join("out.pb.gz");
     let log = dir.join("record.log");
     let mut clrbpf = start_whole_host_recording(&env, &["-d", "10", "-F", FREQUENCY], &out, &log);
@@ -192,8 +144,8 @@ fn costly_names_cost_other_tenants_nothing() {
 fn sigint_ends_the_recording_beside_costly_names() {
     let env = Env::privileged();
     let dir = TempDir::new("hostile-naming-int");
-    let (binary, framework) = build_attacker(dir.path());
-    let _attacker = start_attacker(&binary, &framework);
+    let (binary, framework) = attackers::build_crafted_code_heap(dir.path());
+    let _attacker = attackers::start_crafted_code_heap(&binary, &framework);
     let out = dir.join("out.pb.gz");
     let log = dir.join("record.log");
     let mut clrbpf = start_whole_host_recording(&env, &["-F", FREQUENCY], &out, &log);

@@ -24,7 +24,7 @@ use std::{
 use clrbpf_integration_tests::{
     Env, Measured, TempDir, TestProcess,
     agent::{TestAgent, status_bytes},
-    http, pids, read_profile, run_measured,
+    attackers, http, pids, read_profile, run_measured,
 };
 
 const USER: u32 = 1000;
@@ -34,34 +34,16 @@ const MIB: u64 = 1 << 20;
 /// from all of the budget is used by one kind of attack.
 const RECORD_PEAK_LIMIT: u64 = 300 * MIB;
 
-/// `memory_hog.py ATTACK SIZE` as uid 1000, living `seconds`.
-fn memory_hog(attack: &str, size: u32, seconds: u32) -> TestProcess {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fakes")
-        .join("memory_hog.py");
-    TestProcess::start_as_user(
-        &format!("memory hog ({attack})"),
-        &[
-            "/usr/bin/python3".into(),
-            script.into_os_string(),
-            attack.into(),
-            size.to_string().into(),
-            seconds.to_string().into(),
-        ],
-        USER,
-    )
-}
-
 /// The two file attacks: a 120 MB maps file and a sparse 1 GiB `MZ` file
 /// mapped executable.
 fn file_attackers() -> [TestProcess; 2] {
-    let maps = memory_hog("maps", 120, 120);
+    let maps = attackers::memory_hog("maps", 120, 120, USER);
     let maps_bytes = std::fs::read(format!("/proc/{}/maps", maps.pid())).map_or(0, |b| b.len());
     assert!(
         maps_bytes > 100_000_000,
         "the hog's maps file is {maps_bytes} bytes"
     );
-    [maps, memory_hog("sparse", 1, 120)]
+    [maps, attackers::memory_hog("sparse", 1, 120, USER)]
 }
 
 fn record_args(out: &Path, targets: &[u32]) -> Vec<OsString> {

@@ -229,6 +229,14 @@ impl ClrIntake {
         duration_ns.min(elapsed).min(self.window_ns)
     }
 
+    /// An event's time as far as it can be true: no event happened after
+    /// now. A target that stamps an event a century on would otherwise
+    /// open a sampler window there, and every later event of the process
+    /// would fall in it: a window that no event or clock ever closes.
+    fn no_later_than_now(time_ns: u64) -> u64 {
+        time_ns.min(crate::profile::monotonic_ns())
+    }
+
     pub fn counters(&self) -> ClrCounters {
         ClrCounters {
             unpaired_wait_stops: self.waits.unpaired_stops(),
@@ -246,6 +254,7 @@ impl ClrIntake {
             stack,
             event,
         } = event;
+        let time_ns = Self::no_later_than_now(time_ns);
         match event {
             ClrEvent::ContentionStart(ContentionStart {
                 lock_owner_thread_id,
@@ -341,7 +350,7 @@ impl ClrIntake {
             return;
         };
         self.counters.exceptions += 1;
-        let (time_ns, thread_id) = (event.time_ns, event.thread_id);
+        let (time_ns, thread_id) = (Self::no_later_than_now(event.time_ns), event.thread_id);
         self.exceptions.count(time_ns, &type_name, || {
             exception_sample(time_ns, thread_id, Vec::new(), &type_name, &message)
         });
@@ -362,6 +371,7 @@ impl ClrIntake {
         else {
             return;
         };
+        let time_ns = Self::no_later_than_now(time_ns);
         self.counters.exception_stacks += 1;
         self.exceptions.offer_shape(time_ns, &type_name, || {
             exception_sample(time_ns, thread_id, stack, &type_name, &message)
@@ -380,6 +390,7 @@ impl ClrIntake {
         else {
             return 0.0;
         };
+        let time_ns = Self::no_later_than_now(time_ns);
         self.counters.allocation_events += 1;
         let estimate = self.allocations.offer(time_ns, &allocation, || {
             let type_name = if allocation.type_name.is_empty() {
@@ -408,6 +419,7 @@ impl ClrIntake {
     /// Adds `bytes` allocated by `time_ns` that the runtime's counter saw
     /// while no allocation event stood for them.
     pub fn add_unobserved_allocations(&mut self, time_ns: u64, bytes: u64) {
+        let time_ns = Self::no_later_than_now(time_ns);
         self.counters.allocated_bytes = self.counters.allocated_bytes.saturating_add(bytes);
         self.counters.allocated_bytes_without_event = self
             .counters
@@ -441,6 +453,7 @@ impl ClrIntake {
     /// budget): they count in the totals and take the shape of the events
     /// ([`ExceptionSampler::add_unobserved`]).
     pub fn add_unobserved_exceptions(&mut self, time_ns: u64, count: u64) {
+        let time_ns = Self::no_later_than_now(time_ns);
         self.counters.exceptions = self.counters.exceptions.saturating_add(count);
         self.counters.exceptions_without_event =
             self.counters.exceptions_without_event.saturating_add(count);
@@ -744,5 +757,34 @@ mod tests {
         // Each type's share saturates at u64::MAX on its own; the sum of
         // two shares may be a little above.
         assert!(thrown >= u128::from(u64::MAX), "{thrown}");
+    }
+
+    #[test]
+    fn an_event_stamped_in_the_future_holds_no_window_open() {
+        // A wait whose Stop a target stamps 146 years on used to open the
+        // wait sampler's window there: every later wait of the process
+        // fell in it, and it never closed before the process ended.
+        let window_ns = 1_000_000;
+        let mut intake = ClrIntake::new(10, 10, window_ns);
+        intake.add(wait_start(1, 1, 0, 0x1000));
+        intake.add(wait_stop(1 << 62, 1));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let now = crate::profile::monotonic_ns();
+        intake.add(wait_start(now, 2, 0, 0x2000));
+        intake.add(wait_stop(now, 2));
+        let closed = intake.take_completed();
+        let waits: Vec<_> = closed
+            .iter()
+            .filter(|w| w.item.kind == ClrSampleKind::Wait)
+            .collect();
+        assert_eq!(waits.len(), 1, "the future-stamped wait's window closed");
+        assert!(waits[0].item.time_ns <= now);
+        let rest = intake.finish();
+        assert_eq!(
+            rest.iter()
+                .filter(|w| w.item.kind == ClrSampleKind::Wait)
+                .count(),
+            1
+        );
     }
 }
