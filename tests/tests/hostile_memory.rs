@@ -384,7 +384,7 @@ fn long_dynamic_method_names_stay_within_the_budget() {
     let longest = samples(&profile)
         .into_iter()
         .filter(|s| s.pid() == Some(names.pid()))
-        .flat_map(|s| s.frames.clone())
+        .flat_map(|s| s.frames)
         .filter(|f| f.starts_with("dynamicClass.M"))
         .map(|f| f.len())
         .max();
