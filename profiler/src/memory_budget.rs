@@ -324,7 +324,8 @@ pub struct Drops {
     pub mappings: AtomicU64,
     /// Maps files read only up to their byte cap.
     pub maps_files_truncated: AtomicU64,
-    /// Executable files not read for an unwind table (over the file cap).
+    /// Executable files not read for an unwind table, or assemblies not
+    /// read for their names (over the share for reading one file).
     pub files: AtomicU64,
     /// Bytes those files (or their sections) would have taken.
     pub file_bytes: AtomicU64,

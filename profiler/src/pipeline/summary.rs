@@ -571,7 +571,7 @@ fn print_lost(summary: &RecordSummary, w: &mut impl std::io::Write) -> std::io::
     if d.any() {
         writeln!(
             w,
-            "clrbpf: over the {} MiB memory budget, dropped: {} mappings ({} maps files read in part), {} files for unwind tables ({:.1} MiB), {} managed symbols, {} EventPipe metadata records, {} early stack-cache resets, {} .NET sessions, {} memory-path names not cached, {} images refused",
+            "clrbpf: over the {} MiB memory budget, dropped: {} mappings ({} maps files read in part), {} files over the read share for one file, for unwind tables or images ({:.1} MiB), {} managed symbols, {} EventPipe metadata records, {} early stack-cache resets, {} .NET sessions, {} memory-path names not cached, {} images refused",
             crate::memory_budget::current().total_bytes >> 20,
             d.mappings,
             d.maps_files_truncated,

@@ -197,6 +197,13 @@ impl AssemblyCache {
             }
             Some(Ok(image)) => Some(Arc::new(image)),
             Some(Err(error)) => {
+                if let super::ReadyToRunError::TooLarge { .. } = error {
+                    // Over the budget's share for reading one file: counted
+                    // with the unwinder's files over it (once: remembered).
+                    let drops = memory_budget::drops();
+                    Drops::count(&drops.files, 1);
+                    Drops::count(&drops.file_bytes, key.size);
+                }
                 tracing::debug!(?key, %error, "no names from this assembly");
                 None
             }
@@ -625,6 +632,28 @@ mod tests {
         let stats = cache.stats();
         assert_eq!((stats.refused, stats.parsed), (2, 0));
         assert!(cache.memory_bytes() <= 2 * NEGATIVE_ENTRY_BYTES);
+    }
+
+    /// A file over the budget's share for reading one file is not read,
+    /// and is counted once with the files over the budget.
+    #[test]
+    fn a_file_over_the_read_share_is_counted_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = names_dll(&dir, "Huge.dll");
+        let share = memory_budget::current().file_read_bytes();
+        File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(share + 1))
+            .expect("grow the file (sparse)");
+        let key = AssemblyKey::of(&File::open(&path).expect("open")).expect("fstat");
+        let before = memory_budget::drops().snapshot();
+        let cache = AssemblyCache::new(64 << 20);
+        assert!(cache.get_or_read(key, || File::open(&path).ok()).is_none());
+        assert!(cache.get_or_read(key, || panic!("remembered")).is_none());
+        let after = memory_budget::drops().snapshot();
+        assert!(after.files > before.files);
+        assert!(after.file_bytes >= before.file_bytes + share);
     }
 
     /// The cache is keyed by the file's size and mtime too: a file whose
