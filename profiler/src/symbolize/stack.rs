@@ -245,7 +245,7 @@ mod tests {
             coreclr(0x7f00_0000_2000),
             coreclr(0x7f00_0000_3000),
             unnamed_in("/dotnet/libclrjit.so", 0x7f10_0000_0000),
-            named.clone(),
+            named,
             coreclr(0x7f00_0000_4000),
         ];
         let mut previous = None;
