@@ -517,6 +517,14 @@ pub struct SamplingArgs {
     /// and runtime events.
     #[arg(long, value_enum, value_name = "SOURCE", default_value = "auto")]
     pub managed_names: crate::clr::name_sources::ManagedNames,
+
+    /// Keep every unnamed native frame (in a file nothing names, such as
+    /// the stripped libcoreclr.so) as a frame of its own, each pprof
+    /// location with its address. By default a run of consecutive unnamed
+    /// frames of one module is one frame `[libcoreclr.so]`, as perf shows
+    /// it, whose location keeps the run's innermost address.
+    #[arg(long)]
+    pub keep_unnamed_frames: bool,
 }
 
 #[derive(Debug, clap::Args)]

@@ -94,6 +94,8 @@ pub struct SamplingConfig {
     pub unwind_cache_dir: Option<PathBuf>,
     /// Which sources name managed frames.
     pub managed_names: crate::clr::name_sources::ManagedNames,
+    /// `--keep-unnamed-frames`: no run of unnamed native frames grouped.
+    pub keep_unnamed_frames: bool,
 }
 
 impl SamplingConfig {
@@ -115,6 +117,7 @@ impl SamplingConfig {
             cache_dir,
             no_cache,
             managed_names,
+            keep_unnamed_frames,
         } = args;
         if !(off_cpu_min.is_finite() && off_cpu_min > 0.0 && off_cpu_min <= MAX_OFF_CPU_MIN_MS) {
             return Err(SamplingOptionError::OffCpuMin);
@@ -140,6 +143,7 @@ impl SamplingConfig {
             hold_new_processes: Duration::from_millis(hold_new_processes_ms),
             unwind_cache_dir: (!no_cache).then_some(cache_dir),
             managed_names,
+            keep_unnamed_frames,
         })
     }
 
@@ -247,6 +251,7 @@ impl Driver {
         let attach_perf_maps = attach_perf_maps && sampling.managed_names.uses_perf_maps();
         let mut pipeline = Pipeline::new(attach_perf_maps, sampling.clr_events, sampling.layout());
         pipeline.managed_names = sampling.managed_names;
+        pipeline.keep_unnamed_frames(sampling.keep_unnamed_frames);
         pipeline.keep_perf_files = keep_perf_maps;
         pipeline.keep_perf_map_ledger_in(sampling.unwind_cache_dir.as_deref());
         pipeline.keep_kernel_symbols_in(sampling.unwind_cache_dir);

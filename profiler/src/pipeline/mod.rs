@@ -282,6 +282,12 @@ impl Pipeline {
         }
     }
 
+    /// `--keep-unnamed-frames`: every unnamed native frame its own
+    /// ([`StackNamer::group_unnamed`] off).
+    pub fn keep_unnamed_frames(&mut self, keep: bool) {
+        self.namer.group_unnamed = !keep;
+    }
+
     /// Names kernel frames from this boot's table of kallsyms kept in
     /// `cache_dir` (`--cache-dir`; `None`: the live file every time).
     pub fn keep_kernel_symbols_in(&mut self, cache_dir: Option<std::path::PathBuf>) {

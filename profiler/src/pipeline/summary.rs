@@ -45,7 +45,7 @@ pub struct RecordSummary {
     pub kernel_frames: u64,
     pub managed_frames: u64,
     pub native_frames: u64,
-    /// Frames in a known file without a symbol (`libcoreclr.so+0x1234`).
+    /// Frames in a known file without a symbol (`[libcoreclr.so]`).
     pub unnamed_frames: u64,
     pub unknown_frames: u64,
     pub truncated_stacks: u64,

@@ -121,7 +121,7 @@ pub struct Frame {
     pub kind: FrameKind,
     /// Function name. Managed frames keep the runtime's full signature with
     /// the JIT tier removed; unnamed frames are `0x<address>` or
-    /// `module+0x<offset>`.
+    /// `[module]`.
     pub name: Arc<str>,
     /// The name as the producer wrote it (mangled native name, managed name
     /// with its `[Tier]` suffix), when it differs from `name`.

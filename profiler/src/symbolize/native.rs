@@ -393,13 +393,13 @@ impl NativeSymbolizer {
                     }
                     _ => {
                         self.stats.unresolved_user += 1;
-                        unnamed_frame(Some(&elf.module), addr, file_offset)
+                        unnamed_frame(Some(&elf.module), addr)
                     }
                 }
             }
             None => {
                 self.stats.unresolved_user += 1;
-                unnamed_frame(None, addr, file_offset)
+                unnamed_frame(None, addr)
             }
         };
         let frame = Arc::new(frame);
@@ -592,13 +592,16 @@ fn code_path(dir: Option<&std::path::Path>, file: &std::ffi::OsStr) -> Arc<str> 
     }
 }
 
-/// A frame nothing could name: `libfoo.so+0x1234` when the file is known
-/// (the form pprof and perf use), else `[unknown]`.
-pub fn unnamed_frame(module: Option<&Arc<Module>>, addr: u64, file_offset: u64) -> Frame {
+/// A frame nothing could name: `[libfoo.so]` when the file is known (the
+/// form perf uses), else `[unknown]`. All unnamed addresses of a file are
+/// one function; each keeps its address (and the file's mapping, with its
+/// build id and offset) in its pprof location, for a backend that has the
+/// debug file to name later.
+pub fn unnamed_frame(module: Option<&Arc<Module>>, addr: u64) -> Frame {
     let name = match module {
         Some(m) => {
             let base = m.path.rsplit('/').next().unwrap_or(&m.path);
-            format!("{base}+0x{file_offset:x}")
+            format!("[{base}]")
         }
         None => "[unknown]".to_owned(),
     };
@@ -625,10 +628,11 @@ mod tests {
             file_offset: 0,
             has_functions: true,
         });
-        let f = unnamed_frame(Some(&module), 0x7f00_0000_1234, 0x1234);
-        assert_eq!(&*f.name, "libc.so.6+0x1234");
+        let f = unnamed_frame(Some(&module), 0x7f00_0000_1234);
+        assert_eq!(&*f.name, "[libc.so.6]");
         assert_eq!(f.kind, FrameKind::Unknown);
-        assert_eq!(&*unnamed_frame(None, 1, 1).name, "[unknown]");
+        assert_eq!(f.address, 0x7f00_0000_1234);
+        assert_eq!(&*unnamed_frame(None, 1).name, "[unknown]");
     }
 
     #[test]

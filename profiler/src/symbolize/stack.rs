@@ -57,7 +57,7 @@ pub fn user_frame(
     }
     match process.mapped_file(addr, procfs, native) {
         Some(mapped) => native.symbolize_user(&mapped, addr, is_return_address),
-        None => Arc::new(unnamed_frame(None, addr, 0)),
+        None => Arc::new(unnamed_frame(None, addr)),
     }
 }
 
@@ -99,10 +99,41 @@ impl FrameCounts {
 
 /// Names raw stacks, one at a time: [`Self::name_user`], then
 /// [`Self::intern`]. Keeps its buffers from one stack to the next.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StackNamer {
     user: Vec<Arc<Frame>>,
     kernel: Vec<Arc<Frame>>,
+    /// A run of consecutive unnamed frames of one module is one frame
+    /// (`[libcoreclr.so]`, at the run's innermost address), as perf and
+    /// stackcollapse-perf show it; off: each keeps its own frame
+    /// (`--keep-unnamed-frames`).
+    pub group_unnamed: bool,
+}
+
+impl Default for StackNamer {
+    fn default() -> Self {
+        Self {
+            user: Vec::new(),
+            kernel: Vec::new(),
+            group_unnamed: true,
+        }
+    }
+}
+
+/// Whether `frame` continues the run of unnamed frames `previous` is in:
+/// both unnamed, in the same file.
+fn same_unnamed_run(previous: Option<&Arc<Frame>>, frame: &Frame) -> bool {
+    let Some(previous) = previous else {
+        return false;
+    };
+    match (&previous.module, &frame.module) {
+        (Some(a), Some(b)) => {
+            previous.kind == FrameKind::Unknown
+                && frame.kind == FrameKind::Unknown
+                && a.path == b.path
+        }
+        _ => false,
+    }
 }
 
 impl StackNamer {
@@ -156,14 +187,19 @@ impl StackNamer {
         if sample.kernel_stack_truncated {
             stack.push(aggregator.intern(&Frame::synthetic("[truncated kernel stack]")));
         }
+        let mut previous = None;
         for frame in &self.user {
+            let grouped = self.group_unnamed && same_unnamed_run(previous, frame);
+            previous = Some(frame);
             match (frame.kind, &frame.module) {
                 (FrameKind::Managed, _) => counts.managed += 1,
                 (FrameKind::Native, _) => counts.native += 1,
                 (_, Some(_)) => counts.unnamed += 1,
                 (_, None) => counts.unknown += 1,
             }
-            stack.push(aggregator.intern(frame));
+            if !grouped {
+                stack.push(aggregator.intern(frame));
+            }
         }
         if sample.user_stack_truncated {
             counts.truncated_stacks = 1;
@@ -177,5 +213,64 @@ impl StackNamer {
     /// [`Self::intern`]ed, leaf first.
     pub fn kernel_names(&self) -> impl Iterator<Item = &str> + Clone {
         self.kernel.iter().map(|f| &*f.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Module;
+
+    fn unnamed_in(path: &str, addr: u64) -> Arc<Frame> {
+        let module = Arc::new(Module {
+            path: path.into(),
+            build_id: Some("ab12".into()),
+            memory_start: 0x7f00_0000_0000,
+            memory_limit: 0x7f00_0010_0000,
+            file_offset: 0,
+            has_functions: true,
+        });
+        Arc::new(unnamed_frame(Some(&module), addr))
+    }
+
+    #[test]
+    fn a_run_of_unnamed_frames_of_one_file_is_one_frame() {
+        let coreclr = |addr| unnamed_in("/dotnet/libcoreclr.so", addr);
+        let named = Arc::new(Frame {
+            kind: FrameKind::Native,
+            ..(*coreclr(0x7f00_0000_0100)).clone()
+        });
+        let stack = [
+            coreclr(0x7f00_0000_1000),
+            coreclr(0x7f00_0000_2000),
+            coreclr(0x7f00_0000_3000),
+            unnamed_in("/dotnet/libclrjit.so", 0x7f10_0000_0000),
+            named,
+            coreclr(0x7f00_0000_4000),
+        ];
+        let mut previous = None;
+        let kept: Vec<u64> = stack
+            .iter()
+            .filter(|frame| {
+                let grouped = same_unnamed_run(previous, frame);
+                previous = Some(*frame);
+                !grouped
+            })
+            .map(|frame| frame.address)
+            .collect();
+        // The run keeps its innermost address; another file, a named frame
+        // and a later run of the same file each start again.
+        assert_eq!(
+            kept,
+            [
+                0x7f00_0000_1000,
+                0x7f10_0000_0000,
+                0x7f00_0000_0100,
+                0x7f00_0000_4000
+            ]
+        );
+        assert_eq!(&*stack[0].name, "[libcoreclr.so]");
+        assert_eq!(stack[0].name, stack[2].name);
+        assert!(StackNamer::default().group_unnamed);
     }
 }
