@@ -7,28 +7,72 @@ use clap::{Parser, Subcommand};
 
 use crate::export::{frame_names::FrameNames, output::OutputFormat};
 
+mod values;
+pub use values::{
+    LOG_LEVELS, parse_duration, parse_duration_in, parse_duration_range, parse_log_filter,
+    parse_size,
+};
+
 /// clrbpf: whole-host CPU profiles of .NET (and everything else) on Linux,
 /// with kernel, native and managed frames, without restarting anything.
 #[derive(Debug, Parser)]
-#[command(name = "clrbpf", version, about, long_about = None, propagate_version = true)]
+#[command(name = "clrbpf", version, about, long_about = None, propagate_version = true,
+          after_help = DOCS_LINE)]
 pub struct Cli {
-    /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
-    #[arg(long, global = true, default_value = "warn", env = "CLRBPF_LOG")]
+    /// Diagnostics shown on stderr: off, error, warn, info, debug, trace.
+    ///
+    /// A level, or a comma-separated list of levels by module such as
+    /// `warn,clrbpf::agent=debug`. Anything else is an error.
+    #[arg(long, global = true, value_name = "LEVEL", default_value = "warn",
+          env = "CLRBPF_LOG", value_parser = parse_log_filter,
+          help_heading = "Global options")]
     pub log_level: String,
 
-    /// Memory that profiled processes can make clrbpf hold, in MiB: their
-    /// mapping tables, the parts of their files read for unwind tables,
-    /// their managed symbols and EventPipe streams, each a share of it.
-    /// What would go over is dropped, counted in the summary and on
+    /// How diagnostics are written on stderr: text or json.
+    ///
+    /// text: one line per event, coloured only when stderr is a terminal.
+    /// json: one JSON object per line (timestamp, level, fields, target),
+    /// for log collectors such as `kubectl logs` pipelines.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        value_name = "FORMAT",
+        default_value = "text",
+        env = "CLRBPF_LOG_FORMAT",
+        help_heading = "Global options"
+    )]
+    pub log_format: LogFormat,
+
+    /// Memory, in MiB, that profiled processes can make clrbpf hold.
+    ///
+    /// Their mapping tables, the parts of their files read for unwind
+    /// tables, their managed symbols and EventPipe streams, each a share of
+    /// it. What would go over is dropped, counted in the summary and on
     /// /metrics, and warned about once per process. Keep it under the
     /// agent's container memory limit (the chart does).
     #[arg(long, global = true, value_name = "MB",
           default_value_t = crate::memory_budget::DEFAULT_MEMORY_BUDGET_MB,
-          value_parser = clap::value_parser!(u64).range(32..=65_536))]
+          value_parser = clap::value_parser!(u64).range(32..=65_536),
+          allow_negative_numbers = true, hide_short_help = true,
+          help_heading = "Global options")]
     pub memory_budget_mb: u64,
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Where the user documentation is, shown under every help.
+const DOCS_LINE: &str = "Documentation: docs/record.md, docs/agent.md and docs/security.md in the \
+clrbpf source tree (README.md lists them all).";
+
+/// How log lines are written (`--log-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines, coloured on a terminal.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -40,6 +84,7 @@ pub enum Command {
     /// With -- COMMAND: runs it (as the invoking user under sudo) with
     /// DOTNET_PerfMapEnabled=1, profiles it and every process it starts, and
     /// stops when it exits.
+    #[command(after_help = RECORD_SHORT_AFTER_HELP, after_long_help = RECORD_EXAMPLES)]
     Record(Box<RecordArgs>),
     /// Profile continuously and ship one profile per service every
     /// interval to Pyroscope, an OpenTelemetry collector or a directory;
@@ -47,6 +92,7 @@ pub enum Command {
     ///
     /// Runs until SIGTERM or SIGINT, then ships the last window (within
     /// --grace-period) and exits 0. SIGHUP is ignored: nothing is reloaded.
+    #[command(after_help = AGENT_SHORT_AFTER_HELP, after_long_help = AGENT_EXAMPLES)]
     Agent(Box<AgentArgs>),
     /// List the .NET processes on this host.
     Ps,
@@ -54,20 +100,53 @@ pub enum Command {
     SystemInfo,
 }
 
-/// Options of `clrbpf agent`. Durations are written `500ms`, `10s`, `1m`,
-/// `24h`; sizes `500MB`, `2GiB` or bytes.
+const RECORD_SHORT_AFTER_HELP: &str = "\
+'clrbpf record --help' shows every option (tuning knobs included), examples and where the \
+documentation is.";
+
+const RECORD_EXAMPLES: &str = "\
+Examples:
+  sudo clrbpf record -d 30s                       # the whole host for 30 s: profile.pb.gz
+  sudo clrbpf record -p 1234 -o app.svg           # one process until it exits, as a flame graph
+  sudo clrbpf record -p 1234,5678 -d 2m           # two processes for two minutes
+  sudo clrbpf record --off-cpu -- dotnet App.dll  # run a command, with where it blocks
+  sudo clrbpf record -p 1234 --alloc --split      # also allocations: profile.allocations.pb.gz
+  go tool pprof -http=: profile.pb.gz             # look at the result
+
+Durations are written 30 (seconds), 30s, 2m or 500ms. -g is accepted as perf's: stacks are
+always recorded.
+
+Documentation: docs/record.md in the clrbpf source tree (README.md lists the others).";
+
+const AGENT_SHORT_AFTER_HELP: &str = "\
+'clrbpf agent --help' shows every option (tuning knobs included), examples and where the \
+documentation is.";
+
+const AGENT_EXAMPLES: &str = "\
+Examples:
+  sudo clrbpf agent --pyroscope-url http://pyroscope:4040
+  sudo clrbpf agent --otlp-url http://otel-collector:4318 --upload-interval 1m
+  sudo clrbpf agent --output-dir /var/lib/clrbpf/profiles --k8s-namespace shop
+  sudo clrbpf agent --log-format json --listen 0.0.0.0:7071
+
+Durations are written 30 (seconds), 30s, 2m or 500ms; sizes 500MB, 2GiB or bytes.
+
+Documentation: docs/agent.md in the clrbpf source tree; the Helm chart in deploy/helm.";
+
+/// Options of `clrbpf agent`. Durations are written `30` (seconds), `500ms`,
+/// `10s`, `1m`, `24h`; sizes `500MB`, `2GiB` or bytes.
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "Sampling")]
 pub struct AgentArgs {
     /// Samples per second on each CPU.
     #[arg(short = 'F', long = "frequency", value_name = "HZ", default_value_t = 19,
-          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+          value_parser = clap::value_parser!(u64).range(1..=10_000), allow_negative_numbers = true)]
     pub frequency: u64,
 
     /// How often a window is cut and shipped, aligned to the wall clock
     /// (5s to 5m).
     #[arg(long, value_name = "DURATION", default_value = "15s",
-          value_parser = parse_upload_interval)]
+          value_parser = parse_upload_interval, allow_negative_numbers = true)]
     pub upload_interval: std::time::Duration,
 
     /// Exception events taken with their stacks per second and process at
@@ -75,7 +154,8 @@ pub struct AgentArgs {
     /// rate it is told to stop sending them for a back-off (10s, doubling
     /// up to 5m while the storm lasts), and its exception counter keeps
     /// the totals exact. 0: no limit.
-    #[arg(long, value_name = "N", default_value_t = crate::clr::budget::DEFAULT_EXCEPTIONS_PER_SECOND)]
+    #[arg(long, value_name = "N", default_value_t = crate::clr::budget::DEFAULT_EXCEPTIONS_PER_SECOND,
+          allow_negative_numbers = true, conflicts_with = "no_clr_events", hide_short_help = true)]
     pub exceptions_per_second: u32,
 
     /// How often each .NET runtime sends its counters (1s to 60s): the
@@ -84,7 +164,7 @@ pub struct AgentArgs {
     /// that exits within this long of throwing while its exception events
     /// are off loses those throws from its profile (1s keeps nearly all).
     #[arg(long, value_name = "DURATION", default_value = "5s",
-          value_parser = parse_runtime_counters_interval)]
+          value_parser = parse_runtime_counters_interval, allow_negative_numbers = true)]
     pub runtime_counters_interval: std::time::Duration,
 
     #[command(flatten)]
@@ -113,7 +193,7 @@ pub struct AgentArgs {
     /// service, clrbpf-overflow (counted, with a warning).
     #[arg(long, value_name = "N", default_value_t = 256,
           value_parser = clap::value_parser!(u64).range(2..=100_000),
-          help_heading = "Process selection")]
+          allow_negative_numbers = true, help_heading = "Process selection")]
     pub max_services: u64,
 
     /// Push profiles to Pyroscope (or Grafana Cloud Profiles, or Alloy's
@@ -195,17 +275,17 @@ pub struct AgentArgs {
 
     /// Remove files of --output-dir older than this.
     #[arg(long, value_name = "DURATION", default_value = "24h",
-          value_parser = parse_duration, help_heading = "Sinks")]
+          value_parser = parse_duration, allow_negative_numbers = true, help_heading = "Sinks")]
     pub retention: std::time::Duration,
 
     /// Remove the oldest files of --output-dir while they total more.
     #[arg(long, value_name = "SIZE", default_value = "1GiB",
-          value_parser = parse_size, help_heading = "Sinks")]
+          value_parser = parse_size, allow_negative_numbers = true, help_heading = "Sinks")]
     pub retention_size: u64,
 
     /// How long the last window may take to ship at shutdown.
     #[arg(long, value_name = "DURATION", default_value = "10s",
-          value_parser = parse_duration, help_heading = "Sinks")]
+          value_parser = parse_duration, allow_negative_numbers = true, help_heading = "Sinks")]
     pub grace_period: std::time::Duration,
 
     /// Serve /metrics, /healthz, /readyz (and /debug/pprof/profile with
@@ -236,92 +316,63 @@ pub struct AgentArgs {
     pub http_token_file: Option<PathBuf>,
 
     /// Longest profile /debug/pprof/profile?seconds=N takes.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60,
-          value_parser = clap::value_parser!(u64).range(1..=3600),
+    #[arg(long, value_name = "DURATION", default_value = "60",
+          value_parser = parse_max_pull, allow_negative_numbers = true,
           help_heading = "HTTP endpoint")]
     pub max_pull_seconds: u64,
 }
 
-/// A duration such as `500ms`, `10s`, `1m`, `24h` (humantime syntax).
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    let duration = humantime::parse_duration(text.trim())
-        .map_err(|error| format!("{error} (write a duration like 500ms, 10s, 1m, 24h)"))?;
-    if duration.is_zero() {
-        return Err("must be more than zero".to_owned());
-    }
-    Ok(duration)
-}
-
-/// `--start-wait`: seconds from 0 to 600.
-fn parse_start_wait(text: &str) -> Result<f64, String> {
-    let seconds: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| "must be a number of seconds".to_owned())?;
-    if !(0.0..=600.0).contains(&seconds) {
-        return Err("must be from 0 to 600 seconds".to_owned());
-    }
-    Ok(seconds)
-}
-
-/// `--runtime-counters-interval`: whole seconds from 1 to 60.
-fn parse_runtime_counters_interval(text: &str) -> Result<std::time::Duration, String> {
-    let duration = parse_duration(text)?;
-    let (min, max) = (
-        std::time::Duration::from_secs(1),
-        std::time::Duration::from_secs(60),
-    );
-    if !(min..=max).contains(&duration) || duration.subsec_nanos() != 0 {
-        return Err("must be a whole number of seconds from 1s to 1m".to_owned());
-    }
-    Ok(duration)
-}
-
-/// `--upload-interval`: a duration from 5 s to 5 min.
+/// `--upload-interval`: a whole number of seconds from 5 s to 5 min.
 fn parse_upload_interval(text: &str) -> Result<std::time::Duration, String> {
+    use std::time::Duration;
+    parse_duration_range(text, Duration::from_secs(5), Duration::from_secs(300), true)
+}
+
+/// `--runtime-counters-interval`: a whole number of seconds from 1 s to 60 s.
+fn parse_runtime_counters_interval(text: &str) -> Result<std::time::Duration, String> {
+    use std::time::Duration;
+    parse_duration_range(text, Duration::from_secs(1), Duration::from_secs(60), true)
+}
+
+/// `--start-wait`: from 0 to 600 s.
+fn parse_start_wait(text: &str) -> Result<std::time::Duration, String> {
+    use std::time::Duration;
+    parse_duration_range(text, Duration::ZERO, Duration::from_secs(600), false)
+}
+
+/// `--duration`: more than zero, at most about ten years (for longer,
+/// leave it out and stop with Ctrl-C).
+fn parse_record_duration(text: &str) -> Result<std::time::Duration, String> {
+    use std::time::Duration;
+    let ten_years = Duration::from_secs(315_360_000);
     let duration = parse_duration(text)?;
-    let (min, max) = (
-        std::time::Duration::from_secs(5),
-        std::time::Duration::from_secs(300),
-    );
-    if !(min..=max).contains(&duration) {
-        return Err("must be from 5s to 5m".to_owned());
-    }
-    if duration.subsec_nanos() != 0 {
-        return Err("must be a whole number of seconds".to_owned());
+    if duration > ten_years {
+        return Err("is longer than ten years: leave -d out to record until Ctrl-C".to_owned());
     }
     Ok(duration)
 }
 
-/// A size: bytes, or a number with `KB`, `MB`, `GB` (powers of 1000) or
-/// `KiB`, `MiB`, `GiB` (powers of 1024).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size (write 500MB, 2GiB or bytes)"))?;
-    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kb" => 1000,
-        "mb" => 1000 * 1000,
-        "gb" => 1000 * 1000 * 1000,
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" => 1 << 30,
-        other => {
-            return Err(format!(
-                "unknown size unit `{other}` (use KB, MB, GB, KiB, MiB, GiB)"
-            ));
-        }
-    };
-    number
-        .checked_mul(multiplier)
-        .filter(|&bytes| bytes > 0)
-        .ok_or_else(|| format!("`{text}` is zero or too large"))
+/// `--off-cpu-min`: a plain number is milliseconds (`1`, `0.5`), or a
+/// duration with its unit (`500us`, `2ms`); more than zero, at most 4 s.
+fn parse_off_cpu_min(text: &str) -> Result<std::time::Duration, String> {
+    use std::time::Duration;
+    let duration = parse_duration_in(text, Duration::from_millis(1))?;
+    if duration.is_zero() || duration > crate::pipeline::driver::MAX_OFF_CPU_MIN {
+        return Err("must be more than 0 and at most 4s".to_owned());
+    }
+    Ok(duration)
+}
+
+/// `--max-pull-seconds`: a whole number of seconds from 1 s to 1 h.
+fn parse_max_pull(text: &str) -> Result<u64, String> {
+    use std::time::Duration;
+    parse_duration_range(
+        text,
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
+        true,
+    )
+    .map(|duration| duration.as_secs())
 }
 
 /// Parses a sink's URL with [`parse_http_url`]. Unlike a plain function
@@ -402,76 +453,107 @@ fn parse_k8s_namespace(text: &str) -> Result<String, String> {
 /// samples, and how stacks are walked. Checked into
 /// [`crate::pipeline::driver::SamplingConfig`].
 #[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("off_cpu_mode").args(["off_cpu", "wall"]).multiple(true))]
 pub struct SamplingArgs {
-    /// CLR events to collect from .NET processes over EventPipe, as extra
-    /// sample types in the profile: contention (contentions/count,
-    /// delay/nanoseconds, with the lock owner on .NET 8+), exceptions
-    /// (exceptions/count, by exception.type), waits (.NET 9+: waits/count,
-    /// wait_delay/nanoseconds, by wait.source), allocations (as `record
-    /// --alloc`). Sampled per minute, with exact totals.
+    /// CLR events collected from .NET processes, as extra sample types.
+    ///
+    /// Over EventPipe: contention (contentions/count, delay/nanoseconds,
+    /// with the lock owner on .NET 8+), exceptions (exceptions/count, by
+    /// exception.type), waits (.NET 9+: waits/count, wait_delay/nanoseconds,
+    /// by wait.source), allocations (as `record --alloc`). Sampled per
+    /// minute, with exact totals.
     #[arg(
         long,
         value_name = "KINDS",
         default_value = "contention,exceptions,waits",
-        conflicts_with = "no_clr_events"
+        conflicts_with = "no_clr_events",
+        help_heading = "What to collect"
     )]
     pub clr_events: String,
 
-    /// No EventPipe session for CLR events: CPU samples only (and, in the
-    /// agent, the runtime counters).
-    #[arg(long)]
+    /// No EventPipe session for CLR events: CPU samples only.
+    ///
+    /// In the agent, the runtime counters are still read.
+    #[arg(long, help_heading = "What to collect")]
     pub no_clr_events: bool,
 
     /// Allocation events taken with their stacks per second and process at
-    /// most. The runtime walks a stack for each one; above this rate their
+    /// most (0: every one).
+    ///
+    /// The runtime walks a stack for each one; above this rate their
     /// session stops for a back-off (10s, doubling up to 5m) and the
-    /// runtime's alloc-rate counter keeps the bytes exact. 0: every one.
-    #[arg(long, value_name = "N", default_value_t = crate::clr::alloc_session::DEFAULT_ALLOCATIONS_PER_SECOND)]
+    /// runtime's alloc-rate counter keeps the bytes exact.
+    #[arg(long, value_name = "N",
+          default_value_t = crate::clr::alloc_session::DEFAULT_ALLOCATIONS_PER_SECOND,
+          allow_negative_numbers = true, conflicts_with = "no_clr_events",
+          help_heading = "Tuning", hide_short_help = true)]
     pub allocs_per_second: u32,
 
-    /// Also record off-CPU time: where the profiled threads block (locks,
-    /// sleeps, I/O, page faults), for how long, and who woke them. Adds the
-    /// sample types off_cpu/nanoseconds (the stack at the moment a thread
-    /// blocked, labelled wait.kind) and wakeup/nanoseconds (the waker's
-    /// stack on top of the blocked one, as bcc's offwaketime).
-    #[arg(long)]
+    /// Also record off-CPU time: where threads block, for how long, and
+    /// who woke them.
+    ///
+    /// Locks, sleeps, I/O, page faults. Adds the sample types
+    /// off_cpu/nanoseconds (the stack at the moment a thread blocked,
+    /// labelled wait.kind) and wakeup/nanoseconds (the waker's stack on top
+    /// of the blocked one, as bcc's offwaketime).
+    #[arg(long, help_heading = "What to collect")]
     pub off_cpu: bool,
 
-    /// Off-CPU intervals at least this long (milliseconds) are all kept;
-    /// shorter ones are sampled with probability interval/min and weighted
+    /// Off-CPU intervals at least this long are all kept (needs --off-cpu
+    /// or --wall; a plain number is milliseconds).
+    ///
+    /// Shorter ones are sampled with probability interval/min and weighted
     /// min, so totals stay exact on average while the records stay few.
-    #[arg(long, value_name = "MS", default_value_t = 1.0)]
-    pub off_cpu_min: f64,
+    /// Written `1`, `0.5`, `500us` or `2ms`; at most 4s.
+    #[arg(long, value_name = "DURATION", default_value = "1", value_parser = parse_off_cpu_min,
+          allow_negative_numbers = true, requires = "off_cpu_mode",
+          help_heading = "Tuning", hide_short_help = true)]
+    pub off_cpu_min: std::time::Duration,
 
-    /// Most stacks taken per CPU per second when threads block (each costs
-    /// a stack walk in the kernel, a few microseconds). Above it, stacks are
-    /// taken at random with the probability that keeps to it, and the waits
-    /// that have one are upscaled by its inverse; every wait still counts in
-    /// the exact per-thread totals.
+    /// Most stacks taken per CPU per second when threads block (needs
+    /// --off-cpu or --wall).
+    ///
+    /// Each costs a stack walk in the kernel, a few microseconds. Above
+    /// it, stacks are taken at random with the probability that keeps to
+    /// it, and the waits that have one are upscaled by its inverse; every
+    /// wait still counts in the exact per-thread totals.
     #[arg(long, value_name = "N", default_value_t = 2000,
-          value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
+          value_parser = clap::value_parser!(u64).range(10..=1_000_000),
+          allow_negative_numbers = true, requires = "off_cpu_mode",
+          help_heading = "Tuning", hide_short_help = true)]
     pub off_cpu_max_stacks: u64,
 
-    /// Wall time: a wall/nanoseconds sample type with each thread's CPU
-    /// plus off-CPU time, the view that shows where a thread's whole time
-    /// went (implies --off-cpu; shown first by pprof viewers).
-    #[arg(long)]
+    /// Wall time: each thread's CPU plus off-CPU time (implies --off-cpu).
+    ///
+    /// A wall/nanoseconds sample type, the view that shows where a
+    /// thread's whole time went (shown first by pprof viewers).
+    #[arg(long, help_heading = "What to collect")]
     pub wall: bool,
 
-    /// Walk user stacks by frame pointers only: native code built without
-    /// them (glibc, most distribution binaries) then loses frames. By
-    /// default they are walked in the kernel with unwind tables built from
-    /// each file's `.eh_frame`.
-    #[arg(long, visible_alias = "no-dwarf-unwind")]
+    /// Walk user stacks by frame pointers only.
+    ///
+    /// Native code built without them (glibc, most distribution binaries)
+    /// then loses frames. By default they are walked in the kernel with
+    /// unwind tables built from each file's `.eh_frame`.
+    #[arg(
+        long,
+        visible_alias = "no-dwarf-unwind",
+        help_heading = "Tuning",
+        hide_short_help = true
+    )]
     pub frame_pointers_only: bool,
 
-    /// Bytes per second, for the whole host, of user-stack copies taken
-    /// while a new process's unwind tables are being built (16 KiB per
-    /// sample at most, unwound once the tables exist, as `perf
-    /// --call-graph dwarf` does); past it, those samples are walked by
-    /// frame pointers and counted. 0: no copies.
+    /// Bytes per second (KiB), for the whole host, of user-stack copies
+    /// taken while a new process's unwind tables are being built.
+    ///
+    /// 16 KiB per sample at most, unwound once the tables exist, as `perf
+    /// --call-graph dwarf` does; past it, those samples are walked by
+    /// frame pointers and counted. 0: no copies. No effect with
+    /// --frame-pointers-only (an error).
     #[arg(long, value_name = "KIB", default_value_t = 8192,
-          value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
+          value_parser = clap::value_parser!(u64).range(0..=1_048_576),
+          allow_negative_numbers = true, conflicts_with = "frame_pointers_only",
+          help_heading = "Tuning", hide_short_help = true)]
     pub stack_copy_kib_per_second: u64,
 
     /// Copy the user stack of every on-CPU sample and walk it in
@@ -486,36 +568,50 @@ pub struct SamplingArgs {
     #[arg(long, hide = true, value_name = "MS", default_value_t = 0)]
     pub hold_new_processes_ms: u64,
 
-    /// Kernel memory unwind tables may take at most (unless
-    /// --frame-pointers-only): allocated in 1.5 MiB chunks as tables are
-    /// loaded (24 bytes per table row); at the cap the least-recently-used
-    /// tables are evicted.
+    /// Kernel memory unwind tables may take at most, in MiB.
+    ///
+    /// Allocated in 1.5 MiB chunks as tables are loaded (24 bytes per table
+    /// row); at the cap the least-recently-used tables are evicted. No
+    /// effect with --frame-pointers-only (an error).
     #[arg(long, value_name = "MB", default_value_t = 64,
-          value_parser = clap::value_parser!(u64).range(1..=4096))]
+          value_parser = clap::value_parser!(u64).range(1..=4096),
+          allow_negative_numbers = true, conflicts_with = "frame_pointers_only",
+          help_heading = "Tuning", hide_short_help = true)]
     pub unwind_table_memory_mb: u64,
 
     /// Where unwind tables (and this boot's kernel symbols) are kept
-    /// between runs, so the next run does not build them again: a
-    /// directory of clrbpf's own (created mode 0700; not used unless owned
-    /// by the user clrbpf runs as and closed to others), at most 256 MiB of
-    /// tables, oldest removed first.
+    /// between runs.
+    ///
+    /// So the next run does not build them again: a directory of clrbpf's
+    /// own (created mode 0700; not used unless owned by the user clrbpf
+    /// runs as and closed to others), at most 256 MiB of tables, oldest
+    /// removed first. Given with --no-cache, an error.
     #[arg(long, value_name = "DIR", default_value = crate::unwind::disk_cache::DEFAULT_DIR,
-          env = "CLRBPF_CACHE_DIR")]
+          env = "CLRBPF_CACHE_DIR", conflicts_with = "no_cache",
+          help_heading = "Tuning", hide_short_help = true)]
     pub cache_dir: PathBuf,
 
     /// Build unwind tables and read kallsyms every run; keep nothing
     /// between runs.
-    #[arg(long)]
+    #[arg(long, help_heading = "Tuning", hide_short_help = true)]
     pub no_cache: bool,
 
-    /// Where .NET frames get their names. auto: perf maps where the
-    /// runtime can write them (asked over its diagnostic socket), and for
-    /// the rest (no socket, as with DOTNET_EnableDiagnostics=0, or a
-    /// read-only /tmp) ReadyToRun code from its image files and JIT code
-    /// from the runtime's memory. memory: only those; nothing is asked of
-    /// the runtime or written into the target. perf-map: only perf maps
-    /// and runtime events.
-    #[arg(long, value_enum, value_name = "SOURCE", default_value = "auto")]
+    /// Where .NET frames get their names: auto, memory or perf-map.
+    ///
+    /// auto: perf maps where the runtime can write them (asked over its
+    /// diagnostic socket), and for the rest (no socket, as with
+    /// DOTNET_EnableDiagnostics=0, or a read-only /tmp) ReadyToRun code from
+    /// its image files and JIT code from the runtime's memory. memory: only
+    /// those; nothing is asked of the runtime or written into the target.
+    /// perf-map: only perf maps and runtime events.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "SOURCE",
+        default_value = "auto",
+        help_heading = "Tuning",
+        hide_short_help = true
+    )]
     pub managed_names: crate::clr::name_sources::ManagedNames,
 
     /// Keep every unnamed native frame (in a file nothing names, such as
@@ -529,8 +625,10 @@ pub struct SamplingArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct RecordArgs {
-    /// Profile this process (repeatable); stops when all of them exit.
-    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    /// Profile these processes (comma-separated or repeated); stops when
+    /// all of them exit.
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',',
+          value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     pub pids: Vec<u32>,
 
     /// Profile the whole host as well as the given COMMAND or -p processes.
@@ -539,15 +637,17 @@ pub struct RecordArgs {
 
     /// Samples per second on each CPU.
     #[arg(short = 'F', long = "frequency", value_name = "HZ", default_value_t = 99,
-          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+          value_parser = clap::value_parser!(u64).range(1..=10_000), allow_negative_numbers = true)]
     pub frequency: u64,
 
-    /// Stop after this many seconds.
-    #[arg(short = 'd', long = "duration", value_name = "SECONDS")]
-    pub duration: Option<f64>,
+    /// Stop after this long: 30 (seconds), 30s, 2m, 500ms.
+    #[arg(short = 'd', long = "duration", value_name = "DURATION",
+          value_parser = parse_record_duration, allow_negative_numbers = true)]
+    pub duration: Option<std::time::Duration>,
 
-    /// Where to write the profile. The format follows the extension
-    /// (.pb.gz pprof, .folded/.collapsed folded stacks, .svg flame graph)
+    /// Where to write the profile; the format follows the extension.
+    ///
+    /// .pb.gz pprof, .folded/.collapsed folded stacks, .svg flame graph,
     /// unless --format is given.
     #[arg(
         short = 'o',
@@ -557,25 +657,84 @@ pub struct RecordArgs {
     )]
     pub output: PathBuf,
 
-    /// Output format.
-    #[arg(long, value_enum)]
+    /// Call stacks: always recorded, kernel, native and managed (accepted
+    /// for perf's habit).
+    #[arg(short = 'g')]
+    pub call_graph: bool,
+
+    /// No progress line and no summary.
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// Add clrbpf's own figures to the summary.
+    ///
+    /// BPF time per sample, unwind tables and their cache, JIT prologues
+    /// decoded, cache evictions.
+    #[arg(short, long, conflicts_with = "quiet")]
+    pub verbose: bool,
+
+    /// Also profile allocations of .NET processes.
+    ///
+    /// alloc_samples/count and alloc_size/bytes, by allocation.type (also
+    /// the leaf frame) and allocation.heap (soh, loh, poh), from the
+    /// runtime's allocation ticks (one per ~100 KiB allocated) with their
+    /// stacks.
+    #[arg(
+        long,
+        conflicts_with = "no_clr_events",
+        help_heading = "What to collect"
+    )]
+    pub alloc: bool,
+
+    /// Output format, when the extension of -o does not say it.
+    #[arg(long, value_enum, help_heading = "Output")]
     pub format: Option<OutputFormat>,
 
-    /// How managed (.NET) frames are named in every output format: short
-    /// `Namespace.Type.Method` (the full signature with its JIT tier is the
-    /// pprof system_name, the assembly its filename), or the runtime's full
-    /// signature `int64 [App] App.Worker::Spin(int64)`.
-    #[arg(long, value_enum, value_name = "FORM", default_value = "short")]
+    /// How managed (.NET) frames are named: short or full.
+    ///
+    /// short: `Namespace.Type.Method` (the full signature with its JIT tier
+    /// is the pprof system_name, the assembly its filename). full: the
+    /// runtime's signature `int64 [App] App.Worker::Spin(int64)`. In every
+    /// output format.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORM",
+        default_value = "short",
+        help_heading = "Output"
+    )]
     pub frame_names: FrameNames,
+
+    /// Write one file per kind: <stem>.cpu.pb.gz, <stem>.allocations.pb.gz...
+    ///
+    /// <stem>.cpu.pb.gz, <stem>.contention.pb.gz, <stem>.exceptions.pb.gz,
+    /// <stem>.waits.pb.gz, and with --off-cpu, --wall or --alloc
+    /// <stem>.offcpu.pb.gz, <stem>.wall.pb.gz, <stem>.allocations.pb.gz
+    /// (<stem>: -o without its extension, `profile` by default).
+    #[arg(long, help_heading = "Output")]
+    pub split: bool,
 
     /// Keep the perf map and jitdump files clrbpf made a running .NET
     /// process write (by default they are removed when recording ends).
-    #[arg(long)]
+    #[arg(long, help_heading = "Output", hide_short_help = true)]
     pub keep_perf_maps: bool,
+
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+
+    /// Exception events taken with their stacks per second and process at
+    /// most (0: every one).
+    ///
+    /// Above it the runtime stops sending them for a back-off and its
+    /// exception counter gives the totals.
+    #[arg(long, value_name = "N", default_value_t = crate::clr::budget::DEFAULT_EXCEPTIONS_PER_SECOND,
+          allow_negative_numbers = true, conflicts_with = "no_clr_events",
+          help_heading = "Tuning", hide_short_help = true)]
+    pub exceptions_per_second: u32,
 
     /// Do not ask running .NET 8+ processes to write perf maps (their JIT
     /// frames stay unnamed unless they already write them).
-    #[arg(long)]
+    #[arg(long, help_heading = "Tuning", hide_short_help = true)]
     pub no_perf_map_attach: bool,
 
     /// Accepted for scripts written when DWARF unwinding was opt-in; it is
@@ -583,29 +742,9 @@ pub struct RecordArgs {
     #[arg(long, hide = true, conflicts_with = "frame_pointers_only")]
     pub dwarf_unwind: bool,
 
-    /// Exception events taken with their stacks per second and process at
-    /// most. Above it the runtime stops sending them for a back-off and its
-    /// exception counter gives the totals. 0: every one.
-    #[arg(long, value_name = "N", default_value_t = crate::clr::budget::DEFAULT_EXCEPTIONS_PER_SECOND)]
-    pub exceptions_per_second: u32,
-
-    /// Also profile allocations of .NET processes: alloc_samples/count and
-    /// alloc_size/bytes, by allocation.type (also the leaf frame) and
-    /// allocation.heap (soh, loh, poh), from the runtime's allocation
-    /// ticks (one per ~100 KiB allocated) with their stacks.
-    #[arg(long, conflicts_with = "no_clr_events")]
-    pub alloc: bool,
-
-    /// Write one file per kind: <stem>.cpu.pb.gz, <stem>.contention.pb.gz,
-    /// <stem>.exceptions.pb.gz, <stem>.waits.pb.gz, and with --off-cpu,
-    /// --wall or --alloc <stem>.offcpu.pb.gz, <stem>.wall.pb.gz,
-    /// <stem>.allocations.pb.gz.
-    #[arg(long)]
-    pub split: bool,
-
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
-
+    /// Nice value of clrbpf's background threads (its sampling loop runs
+    /// SCHED_RR).
+    ///
     /// clrbpf raises its own priority so that it keeps up, and loses no
     /// samples, on the saturated hosts where a profile is most needed: the
     /// loop that drains the samples runs SCHED_RR (priority 1; it sleeps
@@ -613,198 +752,35 @@ pub struct RecordArgs {
     /// sessions) at this nice value. Needs CAP_SYS_NICE (root has it);
     /// without it clrbpf warns and runs as started.
     #[arg(long, value_name = "N", default_value_t = -10, allow_negative_numbers = true,
-          value_parser = clap::value_parser!(i32).range(-20..=19))]
+          value_parser = clap::value_parser!(i32).range(-20..=19),
+          help_heading = "Tuning", hide_short_help = true)]
     pub nice: i32,
 
     /// Keep clrbpf's scheduling priority as it was started.
-    #[arg(long, conflicts_with = "nice")]
+    #[arg(
+        long,
+        conflicts_with = "nice",
+        help_heading = "Tuning",
+        hide_short_help = true
+    )]
     pub no_priority_boost: bool,
 
-    /// Before sampling starts, wait at most this long for the unwind tables
-    /// of the -p processes (whole host: the running .NET processes; the
-    /// others are indexed right after), so that their first stacks are whole. Tables come
-    /// from --cache-dir, or are built. Processes not ready by then are
-    /// walked by frame pointers until they are (named in the summary).
-    #[arg(long, value_name = "SECONDS", default_value_t = 5.0,
-          value_parser = parse_start_wait)]
-    pub start_wait: f64,
+    /// Before sampling starts, wait at most this long (0 to 10m) for the
+    /// unwind tables of the profiled processes.
+    ///
+    /// -p processes, or on the whole host the running .NET processes (the
+    /// others are indexed right after), so that their first stacks are
+    /// whole. Tables come from --cache-dir, or are built. Processes not
+    /// ready by then are walked by frame pointers until they are (named in
+    /// the summary).
+    #[arg(long, value_name = "DURATION", default_value = "5", value_parser = parse_start_wait,
+          allow_negative_numbers = true, help_heading = "Tuning", hide_short_help = true)]
+    pub start_wait: std::time::Duration,
 
-    /// No progress line and no summary.
-    #[arg(short, long)]
-    pub quiet: bool,
-
-    /// Add clrbpf's own figures to the summary: BPF time per sample,
-    /// unwind tables and their cache, JIT prologues decoded, cache
-    /// evictions.
-    #[arg(short, long, conflicts_with = "quiet")]
-    pub verbose: bool,
-
-    /// The command to run and profile.
+    /// The command to run and profile, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
 }
 
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn a_bad_sink_url_is_never_echoed_with_its_credentials() {
-        for bad in [
-            "http://user:s3cret@ho st:4040/?token=t0ken",
-            "ftp://user:s3cret@host/?token=t0ken",
-            "http://user:s3cret@host:4040/push?token=t0ken",
-        ] {
-            for flag in ["--pyroscope-url", "--otlp-url"] {
-                let error = Cli::try_parse_from(["clrbpf", "agent", flag, bad])
-                    .expect_err("a bad URL is refused");
-                let text = error.to_string();
-                assert!(
-                    !text.contains("s3cret") && !text.contains("t0ken") && !text.contains("user"),
-                    "{text}"
-                );
-                assert!(text.contains("[redacted]") && text.contains(flag), "{text}");
-            }
-        }
-    }
-
-    use clap::CommandFactory;
-
-    use super::*;
-
-    #[test]
-    fn cli_is_consistent() {
-        Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn record_parses_perf_like_arguments() {
-        let cli = Cli::try_parse_from([
-            "clrbpf", "record", "-p", "1", "-p", "2", "-F", "499", "-d", "2.5", "-o", "x.svg",
-            "--", "dotnet", "a.dll",
-        ])
-        .expect("valid arguments");
-        let Command::Record(args) = cli.command else {
-            panic!("not record")
-        };
-        assert_eq!(args.pids, vec![1, 2]);
-        assert_eq!(args.frequency, 499);
-        assert_eq!(args.duration, Some(2.5));
-        assert_eq!(
-            args.command,
-            vec![OsString::from("dotnet"), OsString::from("a.dll")]
-        );
-        assert_eq!(args.frame_names, FrameNames::Short);
-        assert!(Cli::try_parse_from(["clrbpf", "record", "-F", "0"]).is_err());
-        let cli = Cli::try_parse_from(["clrbpf", "record", "--frame-names", "full"])
-            .expect("valid arguments");
-        let Command::Record(args) = cli.command else {
-            panic!("not record")
-        };
-        assert_eq!(args.frame_names, FrameNames::Full);
-    }
-
-    fn agent(args: &[&str]) -> Result<AgentArgs, clap::Error> {
-        let cli = Cli::try_parse_from(["clrbpf", "agent"].iter().chain(args))?;
-        match cli.command {
-            Command::Agent(args) => Ok(*args),
-            _ => panic!("not agent"),
-        }
-    }
-
-    fn agent_error(args: &[&str]) -> String {
-        agent(args).expect_err("refused").to_string()
-    }
-
-    #[test]
-    fn agent_defaults() {
-        let args = agent(&[]).expect("defaults");
-        assert_eq!(args.frequency, 19);
-        assert_eq!(args.upload_interval, std::time::Duration::from_secs(15));
-        assert_eq!(
-            args.runtime_counters_interval,
-            std::time::Duration::from_secs(5)
-        );
-        assert_eq!(args.grace_period, std::time::Duration::from_secs(10));
-        assert_eq!(args.retention, std::time::Duration::from_secs(24 * 3600));
-        assert_eq!(args.retention_size, 1 << 30);
-        assert_eq!(args.listen, "127.0.0.1:7071".parse().unwrap());
-        assert_eq!(args.max_pull_seconds, 60);
-        assert_eq!(args.max_services, 256);
-        assert!(!args.enable_pull && args.http_token_file.is_none());
-        assert!(args.pyroscope_url.is_none() && args.otlp_url.is_none());
-    }
-
-    #[test]
-    fn agent_parses_durations_sizes_urls_and_selections() {
-        let args = agent(&[
-            "--upload-interval",
-            "1m",
-            "--grace-period",
-            "500ms",
-            "--retention",
-            "2h",
-            "--retention-size",
-            "500MB",
-            "--pyroscope-url",
-            "https://profiles.example.com/",
-            "--otlp-url",
-            "http://collector:4318",
-            "--exe",
-            "dotnet",
-            "--container-id",
-            "containerd://0123456789ABcdef",
-            "--k8s-namespace",
-            "shop",
-            "-F",
-            "49",
-        ])
-        .expect("valid");
-        assert_eq!(args.upload_interval, std::time::Duration::from_secs(60));
-        assert_eq!(args.grace_period, std::time::Duration::from_millis(500));
-        assert_eq!(args.retention_size, 500_000_000);
-        assert_eq!(
-            args.pyroscope_url.as_deref(),
-            Some("https://profiles.example.com")
-        );
-        assert_eq!(args.otlp_url.as_deref(), Some("http://collector:4318"));
-        assert_eq!(args.container_ids, ["0123456789abcdef"]);
-        assert_eq!(args.k8s_namespaces, ["shop"]);
-        assert_eq!(args.frequency, 49);
-    }
-
-    #[test]
-    fn malformed_agent_config_is_refused_naming_the_option() {
-        for (args, option) in [
-            (&["--upload-interval", "4s"][..], "--upload-interval"),
-            (&["--upload-interval", "6m"], "--upload-interval"),
-            (&["--upload-interval", "15"], "--upload-interval"),
-            (
-                &["--runtime-counters-interval", "500ms"],
-                "--runtime-counters-interval",
-            ),
-            (
-                &["--runtime-counters-interval", "2m"],
-                "--runtime-counters-interval",
-            ),
-            (&["--upload-interval", "5500ms"], "--upload-interval"),
-            (&["--grace-period", "0s"], "--grace-period"),
-            (&["--retention", "soon"], "--retention"),
-            (&["--retention-size", "12XB"], "--retention-size"),
-            (&["--pyroscope-url", "ftp://x"], "--pyroscope-url"),
-            (&["--otlp-url", "not a url"], "--otlp-url"),
-            (&["--container-id", "xyz"], "--container-id"),
-            (&["--container-id", "0123456789a"], "--container-id"),
-            (&["--k8s-namespace", "Shop_1"], "--k8s-namespace"),
-            (&["--listen", "localhost"], "--listen"),
-            (&["--max-pull-seconds", "0"], "--max-pull-seconds"),
-            (&["--http-token-file", "/t"], "--enable-pull"),
-            (&["-F", "0"], "--frequency"),
-            (&["--pyroscope-tenant-id", "t"], "--pyroscope-url"),
-        ] {
-            let message = agent_error(args);
-            assert!(message.contains(option), "{args:?}: {message}");
-        }
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("99999999999999999999GB").is_err());
-    }
-}
+mod tests;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Parser as _;
 use clrbpf::{
-    cli::{Cli, Command, RecordArgs},
+    cli::{Cli, Command, LogFormat, RecordArgs},
     pipeline::summary::print_summary,
     record::{RecordConfig, Report, record},
 };
@@ -14,22 +14,48 @@ use clrbpf::{
 fn main() -> ExitCode {
     return_freed_memory_promptly();
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    let log_format = cli.log_format;
+    if let Err(err) = init_logging(&cli.log_level, log_format) {
+        eprintln!("clrbpf: error: {err:#}");
+        return ExitCode::from(2);
+    }
     clrbpf::memory_budget::configure(clrbpf::memory_budget::MemoryBudget::from_mb(
         cli.memory_budget_mb,
     ));
     match run(cli.command) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("clrbpf: error: {err:#}");
+            if log_format == LogFormat::Json {
+                // A log collector keeps the reason with the other lines.
+                tracing::error!(error = format!("{err:#}"), "clrbpf exits");
+            } else {
+                eprintln!("clrbpf: error: {err:#}");
+            }
             ExitCode::from(2)
         }
     }
+}
+
+/// Diagnostics on stderr: the filter `--log-level` checked, as text
+/// (coloured only on a terminal: `kubectl logs` and files get no escape
+/// codes) or one JSON object per line.
+fn init_logging(filter: &str, format: LogFormat) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .with_context(|| format!("--log-level {filter}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_ansi(false)
+            .init(),
+    }
+    Ok(())
 }
 
 /// clrbpf reads whole files of several MiB to build unwind tables (a

@@ -89,10 +89,6 @@ pub enum Report {
     Verbose,
 }
 
-/// Longest `--duration`: about ten years; for longer, leave it out and stop
-/// with Ctrl-C.
-const MAX_DURATION_SECONDS: f64 = 315_360_000.0;
-
 impl RecordConfig {
     /// Checks every option of `clrbpf record`.
     pub fn from_args(args: RecordArgs) -> anyhow::Result<Self> {
@@ -107,6 +103,7 @@ impl RecordConfig {
             keep_perf_maps,
             no_perf_map_attach,
             dwarf_unwind: _,
+            call_graph: _,
             exceptions_per_second,
             alloc,
             split,
@@ -128,15 +125,7 @@ impl RecordConfig {
                 output.display()
             ),
         };
-        let duration = match duration {
-            Some(d) if !(d.is_finite() && d > 0.0) => {
-                bail!("--duration must be a positive number of seconds")
-            }
-            Some(d) if d > MAX_DURATION_SECONDS => bail!(
-                "--duration {d} is longer than {MAX_DURATION_SECONDS} seconds (ten years): leave it out to record until Ctrl-C"
-            ),
-            d => d.map(Duration::from_secs_f64),
-        };
+        check_command(&command)?;
         let report = match (quiet, verbose) {
             (true, _) => Report::Quiet,
             (false, false) => Report::Summary,
@@ -160,9 +149,42 @@ impl RecordConfig {
             exceptions_per_second: (exceptions_per_second > 0).then_some(exceptions_per_second),
             split,
             nice: (!no_priority_boost).then_some(nice),
-            start_wait: Duration::from_secs_f64(start_wait),
+            start_wait,
         })
     }
+}
+
+/// Refuses, before anything is loaded, a command that cannot be run: one
+/// that looks like an option (`record -- -1` after clap's tip for a
+/// negative value), or a program that is not an executable file, by its
+/// path or on PATH.
+fn check_command(command: &[OsString]) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Some(program) = command.first() else {
+        return Ok(());
+    };
+    let shown = program.to_string_lossy();
+    if shown.starts_with('-') {
+        bail!(
+            "`{shown}` after `--` is taken as the command to run, and it is not one: options go before `--`"
+        );
+    }
+    let executable = |path: &std::path::Path| {
+        std::fs::metadata(path)
+            .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+    };
+    let path = std::path::Path::new(program);
+    if path.as_os_str().as_encoded_bytes().contains(&b'/') {
+        if !executable(path) {
+            bail!("cannot run {shown}: no such executable file");
+        }
+        return Ok(());
+    }
+    let search = std::env::var_os("PATH").unwrap_or_default();
+    if !std::env::split_paths(&search).any(|dir| executable(&dir.join(path))) {
+        bail!("cannot run {shown}: not found on PATH");
+    }
+    Ok(())
 }
 
 /// The invoking user under sudo: (uid, gid, name).

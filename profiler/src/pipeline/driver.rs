@@ -52,12 +52,12 @@ use crate::{
 const TICK: Duration = Duration::from_millis(50);
 
 /// Longest `--off-cpu-min` (the kernel side's keep rule takes up to 2^32 ns).
-const MAX_OFF_CPU_MIN_MS: f64 = 4000.0;
+pub const MAX_OFF_CPU_MIN: Duration = Duration::from_secs(4);
 
 /// An option the shared schema refuses; the message names the option.
 #[derive(Debug, thiserror::Error)]
 pub enum SamplingOptionError {
-    #[error("--off-cpu-min must be more than 0 and at most {MAX_OFF_CPU_MIN_MS} ms")]
+    #[error("--off-cpu-min must be more than 0 and at most 4s")]
     OffCpuMin,
     #[error("--clr-events: {0}")]
     ClrEvents(String),
@@ -119,7 +119,7 @@ impl SamplingConfig {
             managed_names,
             keep_unnamed_frames,
         } = args;
-        if !(off_cpu_min.is_finite() && off_cpu_min > 0.0 && off_cpu_min <= MAX_OFF_CPU_MIN_MS) {
+        if off_cpu_min.is_zero() || off_cpu_min > MAX_OFF_CPU_MIN {
             return Err(SamplingOptionError::OffCpuMin);
         }
         let clr_events = if no_clr_events {
@@ -132,7 +132,7 @@ impl SamplingConfig {
             allocations_per_second: (allocs_per_second > 0).then_some(allocs_per_second),
             // --wall is CPU plus off-CPU time: it turns off-CPU on.
             off_cpu: (off_cpu || wall).then_some(OffCpuConfig {
-                min_ns: (off_cpu_min * 1e6) as u64,
+                min_ns: u64::try_from(off_cpu_min.as_nanos()).unwrap_or(u64::MAX),
                 max_stacks_per_cpu_second: off_cpu_max_stacks,
             }),
             wall,
