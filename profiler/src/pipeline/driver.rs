@@ -51,6 +51,16 @@ use crate::{
 /// `record`).
 const TICK: Duration = Duration::from_millis(50);
 
+/// How long the end of a recording names CPU stacks after a stop signal
+/// (Ctrl-C, SIGTERM): the user waits, and a process whose every stack is new
+/// and costly must not make the end take seconds. What is left is kept
+/// unnamed ([`Pipeline::process_all`]).
+pub const NAMING_AFTER_SIGNAL: Duration = Duration::from_millis(500);
+
+/// The same at any other end (`--duration`, the command's exit): more, for
+/// a whole profile, still bounded.
+pub const NAMING_AT_END: Duration = Duration::from_secs(2);
+
 /// Longest `--off-cpu-min` (the kernel side's keep rule takes up to 2^32 ns).
 pub const MAX_OFF_CPU_MIN: Duration = Duration::from_secs(4);
 
@@ -215,6 +225,9 @@ pub struct Driver {
     started: Instant,
     /// `--hold-new-processes-ms`, applied once sampling starts.
     hold_new_processes: Duration,
+    /// Whether a stop signal ended the loop: the end's naming then has
+    /// [`NAMING_AFTER_SIGNAL`], not [`NAMING_AT_END`].
+    signalled: bool,
 }
 
 impl Driver {
@@ -276,6 +289,7 @@ impl Driver {
             clock: Clock::now(),
             started: Instant::now(),
             hold_new_processes,
+            signalled: false,
         })
     }
 
@@ -311,6 +325,7 @@ impl Driver {
         };
         let (tables, stopped) =
             start_tables::wait_for_tables(pipeline, targets, limit, progress, stop).await;
+        self.signalled |= stopped.is_some();
         tracing::debug!(?tables, "unwind tables at start");
         pipeline.summary.warnings.extend(tables.warning());
         pipeline.summary.tables_at_start = Some(tables);
@@ -375,6 +390,7 @@ impl Driver {
                 () = front.event() => None,
             };
             if let Some(signal) = stop {
+                self.signalled = true;
                 return front.stop_signal(signal);
             }
             let busy = self.pipeline.tick(&mut self.sampler, &mut self.raw);
@@ -424,6 +440,7 @@ impl Driver {
             clock,
             started: _,
             hold_new_processes: _,
+            signalled,
         } = self;
         // Each stage's time goes to the debug log: on a saturated host the
         // end is where a recording's time went unseen.
@@ -442,12 +459,20 @@ impl Driver {
         pipeline.flush_stack_copies();
         pipeline.finish_unwind();
         stage.done("copied stacks back, unwind thread stopped");
-        drop(sampler);
-        stage.done("programs detached");
+        // Closing the programs' perf events and maps takes the kernel a
+        // few hundred ms (RCU grace periods): done meanwhile, on a thread.
+        let detach = detach_in_background(sampler);
         tracing::debug!("finishing CLR sessions and symbolizing");
         pipeline.finish_clr();
         stage.done("CLR sessions stopped");
-        pipeline.process_all();
+        let naming_time = if signalled {
+            NAMING_AFTER_SIGNAL
+        } else {
+            NAMING_AT_END
+        };
+        pipeline.process_all(Instant::now() + naming_time);
+        pipeline.summary.not_named_in_time.limit = naming_time;
+        pipeline.summary.not_named_in_time.hurried = crate::stop::hurry();
         stage.done("symbolized");
         pipeline.restore_processes(keep_perf_maps);
         stage.done(".NET processes restored");
@@ -460,6 +485,10 @@ impl Driver {
         };
         let written = front.finish(&mut cutter, end);
         stage.done("profile written");
+        if let Some(detach) = detach {
+            let _ = detach.join();
+            stage.done("programs detached");
+        }
         // What is left is to report and exit: no thread of clrbpf is to
         // keep the process waiting for the CPU to end.
         crate::process::exit::hurry_threads_to_exit();
@@ -476,6 +505,16 @@ impl Driver {
         summary.stopped_by = stopped_by;
         Ok(summary)
     }
+}
+
+/// Drops `sampler` (detaches its programs, closes its maps) on a thread of
+/// its own, returned to be joined; if no thread can be started, the
+/// closure is dropped, and the sampler with it, here.
+fn detach_in_background(sampler: Sampler) -> Option<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("clrbpf-detach".to_owned())
+        .spawn(move || drop(sampler))
+        .ok()
 }
 
 /// Times the stages of [`Driver::finish`] for the debug log.

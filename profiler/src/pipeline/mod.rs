@@ -73,6 +73,10 @@ pub const SYMBOLIZE_DELAY: std::time::Duration = std::time::Duration::from_milli
 /// together) to turn their perf maps off again.
 const DETACH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The one frame of the CPU stacks the end of a recording had no time to
+/// name ([`Pipeline::process_all`]).
+pub const NOT_NAMED_IN_TIME: &str = "[not named: the end of the recording ran out of time]";
+
 /// Most samples held back for a late perf map (about 4 KiB each at most).
 const MAX_RETRY_SAMPLES: usize = 200_000;
 
@@ -726,7 +730,7 @@ impl Pipeline {
         for sample in &due {
             self.add_sample(sample, true);
         }
-        self.name_raw_stacks();
+        self.name_raw_stacks(None);
         let mut profile = self.aggregator.take(
             Some(ValueType::new("cpu", "nanoseconds")),
             i64::try_from(period_ns).unwrap_or(i64::MAX),
@@ -906,20 +910,60 @@ impl Pipeline {
 
     /// Names each distinct raw CPU stack of the window once (after one more
     /// read of the perf maps of their processes) and adds it with its
-    /// sample count and summed period.
-    fn name_raw_stacks(&mut self) {
+    /// sample count and summed period. With `until` (the end of a
+    /// recording), the stacks are named in [`raw_stacks::fair_order`] up to
+    /// that time, or a second stop request; the rest are added under one
+    /// [`NOT_NAMED_IN_TIME`] frame and counted: no sample is lost.
+    fn name_raw_stacks(&mut self, until: Option<std::time::Instant>) {
         // Each process's memory lookups get their window's budget again.
         crate::clr::memory::budget::global().new_window();
-        let stacks = self.raw_cpu.take();
+        let mut stacks = self.raw_cpu.take();
+        if until.is_some() {
+            stacks = raw_stacks::fair_order(stacks);
+        }
         let pids: HashSet<u32> = stacks.iter().map(|s| s.sample.pid).collect();
         for pid in pids {
             if let Some(process) = self.processes.get_mut(&pid) {
                 process.refresh_names(true);
             }
         }
-        for stack in &stacks {
+        let out_of_time = || {
+            until.is_some_and(|until| crate::stop::hurry() || std::time::Instant::now() >= until)
+        };
+        let mut stacks = stacks.into_iter();
+        for stack in stacks.by_ref() {
             self.add_counted(&stack.sample, stack.count, true);
+            if out_of_time() {
+                break;
+            }
         }
+        for stack in stacks {
+            self.add_not_named(&stack.sample, stack.count);
+        }
+    }
+
+    /// Adds `count` samples of a raw CPU stack the end had no time to
+    /// name, with their labels and values, under [`NOT_NAMED_IN_TIME`].
+    fn add_not_named(&mut self, sample: &RawSample, count: u64) {
+        let Self {
+            processes,
+            aggregator,
+            summary,
+            stack,
+            layout,
+            ..
+        } = self;
+        let Some(process) = processes.get_mut(&sample.pid) else {
+            return;
+        };
+        summary.samples += count;
+        summary.not_named_in_time.stacks += 1;
+        summary.not_named_in_time.samples += count;
+        stack.clear();
+        stack.push(aggregator.intern(&crate::profile::Frame::synthetic(NOT_NAMED_IN_TIME)));
+        let tid = i64::from(sample.tid);
+        let labels = labels::sample_labels(process, Some(tid), Some(&sample.thread_name));
+        aggregator.add(stack, labels, &layout.on_cpu(count, sample.value));
     }
 
     /// Every [`NATIVE_STACKS_NAMED_EVERY`], names and adds the raw CPU
@@ -966,8 +1010,9 @@ impl Pipeline {
     }
 
     /// The end of the recording: every perf map read one last time, then
-    /// every sample symbolized, the held-back ones included.
-    pub fn process_all(&mut self) {
+    /// every sample symbolized, the held-back ones included; the CPU
+    /// stacks as many as can be by `until` (see [`Self::name_raw_stacks`]).
+    pub fn process_all(&mut self, until: std::time::Instant) {
         self.file_watch.drain();
         for process in self.processes.values_mut() {
             process.refresh_names(true);
@@ -977,7 +1022,7 @@ impl Pipeline {
         for sample in pending.into_iter().chain(retry) {
             self.count_or_add(sample, true);
         }
-        self.name_raw_stacks();
+        self.name_raw_stacks(Some(until));
     }
 
     /// Symbolizes one sample and adds it. Before the final pass, a sample

@@ -165,6 +165,45 @@ impl RawStacks {
     }
 }
 
+/// `stacks` in the order the end of a recording names them, when its time
+/// may not be enough for all ([`super::Pipeline::process_all`]): one stack
+/// of each process in turn, each process's heaviest first. A process with
+/// thousands of stacks of one sample each (one that rewrites its return
+/// addresses) then leaves the other processes their turns, and what goes
+/// unnamed when time runs out is the lightest stacks of the processes with
+/// the most of them.
+pub fn fair_order(stacks: Vec<RawStackCount>) -> Vec<RawStackCount> {
+    let total = stacks.len();
+    let mut order: Vec<u32> = Vec::new();
+    let mut by_pid: HashMap<u32, Vec<RawStackCount>> = HashMap::new();
+    for stack in stacks {
+        let pid = stack.sample.pid;
+        by_pid
+            .entry(pid)
+            .or_insert_with(|| {
+                order.push(pid);
+                Vec::new()
+            })
+            .push(stack);
+    }
+    let mut queues: Vec<std::vec::IntoIter<RawStackCount>> = order
+        .iter()
+        .filter_map(|pid| by_pid.remove(pid))
+        .map(|mut mine| {
+            // Stable: stacks of equal weight keep their order of arrival.
+            mine.sort_by_key(|s| std::cmp::Reverse(s.count));
+            mine.into_iter()
+        })
+        .collect();
+    let mut fair = Vec::with_capacity(total);
+    while fair.len() < total {
+        for queue in &mut queues {
+            fair.extend(queue.next());
+        }
+    }
+    fair
+}
+
 /// What makes two CPU samples the same stack in the profile: everything
 /// that becomes a frame or a label.
 fn same_key(a: &RawSample, b: &RawSample) -> bool {
@@ -276,6 +315,30 @@ mod tests {
         );
         assert_eq!(raw.take_pid_if(7, |_| true).len(), 1);
         assert_eq!(raw.processes(), (0, None));
+    }
+
+    #[test]
+    fn the_fair_order_takes_each_process_in_turn_heaviest_first() {
+        let mut raw = RawStacks::default();
+        for i in 0..4 {
+            let mut crafted = sample(i, 1, vec![100 + i]);
+            crafted.pid = 9;
+            raw.add(crafted);
+        }
+        raw.add(sample(5, 1, vec![1]));
+        for t in 6..9 {
+            raw.add(sample(t, 1, vec![2]));
+        }
+        let fair = fair_order(raw.take());
+        let order: Vec<(u32, u64)> = fair
+            .iter()
+            .map(|s| (s.sample.pid, s.sample.user_stack[0]))
+            .collect();
+        assert_eq!(
+            order,
+            [(9, 100), (7, 2), (9, 101), (7, 1), (9, 102), (9, 103)],
+            "turns by first arrival; the app's heavier stack first"
+        );
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub struct RecordSummary {
     /// Lookups and scans of runtimes' memory the naming budgets refused
     /// ([`crate::clr::memory::budget`]).
     pub memory_naming: crate::clr::memory::budget::NamingBudgetSnapshot,
+    /// CPU stacks the end of the recording had no time to name.
+    pub not_named_in_time: NotNamedInTime,
     pub kernel_frames: u64,
     pub managed_frames: u64,
     pub native_frames: u64,
@@ -84,6 +86,19 @@ pub struct RecordSummary {
     pub tables_at_start: Option<super::start_tables::TablesAtStart>,
     /// How long after `record` started its first sample was taken.
     pub first_sample_after: Option<Duration>,
+}
+
+/// CPU stacks the end of a recording had no time to name
+/// ([`super::Pipeline::process_all`]): kept, with their labels and values,
+/// under one frame.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NotNamedInTime {
+    pub stacks: u64,
+    pub samples: u64,
+    /// The time the end's naming had.
+    pub limit: Duration,
+    /// A second stop request ended it before that.
+    pub hurried: bool,
 }
 
 /// .NET processes whose name sources the summary shows one by one.
@@ -586,6 +601,7 @@ fn print_lost(summary: &RecordSummary, w: &mut impl std::io::Write) -> std::io::
         )?;
     }
     print_memory_naming(&summary.memory_naming, w)?;
+    print_not_named_in_time(&summary.not_named_in_time, w)?;
     if summary.truncated_stacks > 0 || summary.malformed_records > 0 {
         writeln!(
             w,
@@ -614,6 +630,28 @@ fn print_memory_naming(
         n.processes_put_aside,
         n.scans_deferred,
         n.scans_cut_short
+    )
+}
+
+/// The CPU stacks the end of the recording had no time to name.
+fn print_not_named_in_time(n: &NotNamedInTime, w: &mut impl std::io::Write) -> std::io::Result<()> {
+    if n.stacks == 0 {
+        return Ok(());
+    }
+    let why = if n.hurried {
+        "a second stop request ended the naming".to_owned()
+    } else {
+        format!(
+            "the end's naming has {:.1} s, the heaviest stacks of each process first",
+            n.limit.as_secs_f64()
+        )
+    };
+    writeln!(
+        w,
+        "clrbpf: {} samples of {} CPU stacks not named in time ({why}): kept with their labels under {}",
+        n.samples,
+        n.stacks,
+        super::NOT_NAMED_IN_TIME
     )
 }
 
