@@ -471,6 +471,11 @@ class Runtime:
         # Several blocks, as a runtime flushes its buffers: a wait may
         # start in one and end in the next.
         for chunk in (events[i : i + 3] for i in range(0, len(events), 3)):
+            # As a runtime, a block leaves once its events have happened:
+            # clrbpf takes no event as later than its arrival. Only an
+            # attacker's own `at_abs_ns` stamps may lie in the future.
+            due = max((base + e["at_ns"] for e in chunk if "at_abs_ns" not in e), default=0)
+            time.sleep(max(0, due - time.monotonic_ns()) / 1e9)
             stack_body, event_body = self.event_block(chunk, base, state)
             stream.block("StackBlock", stack_body)
             stream.block("EventBlock", event_body)
