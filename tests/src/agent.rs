@@ -7,7 +7,7 @@ use std::{
     ffi::OsStr,
     fs,
     net::TcpListener,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
@@ -56,6 +56,19 @@ impl TestAgent {
     /// log in `dir`.
     pub fn start(env: &Env, dir: &TempDir, args: &[&OsStr]) -> Self {
         Self::start_with_open_files(env, dir, args, None)
+    }
+
+    /// [`Self::start`] with 5 s windows written to the directory sink
+    /// `windows`, then `more`: the set-up most agent tests share.
+    pub fn start_with_windows(env: &Env, dir: &TempDir, windows: &Path, more: &[&OsStr]) -> Self {
+        let mut args: Vec<&OsStr> = vec![
+            "--upload-interval".as_ref(),
+            "5s".as_ref(),
+            "--output-dir".as_ref(),
+            windows.as_os_str(),
+        ];
+        args.extend_from_slice(more);
+        Self::start(env, dir, &args)
     }
 
     /// [`Self::start`] under a soft RLIMIT_NOFILE of `open_files`.

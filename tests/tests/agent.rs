@@ -41,16 +41,7 @@ fn agent_ships_windows_per_service_and_flushes_on_sigterm() {
     );
     let dir = TempDir::new("agent");
     let out = dir.join("windows");
-    let agent = TestAgent::start(
-        &env,
-        &dir,
-        &[
-            "--upload-interval".as_ref(),
-            "5s".as_ref(),
-            "--output-dir".as_ref(),
-            out.as_os_str(),
-        ],
-    );
+    let agent = TestAgent::start_with_windows(&env, &dir, &out, &[]);
     let port = agent.port();
     thread::sleep(Duration::from_secs(13));
     let (health, _) = http::get_text(port, "/healthz");
@@ -101,14 +92,11 @@ fn assert_agent_bounds_an_exception_storm(runtime: Runtime, counters_interval: &
     let env = Env::privileged();
     let dir = TempDir::new(&format!("agent-storm-{runtime:?}"));
     let out = dir.join("windows");
-    let agent = TestAgent::start(
+    let agent = TestAgent::start_with_windows(
         &env,
         &dir,
+        &out,
         &[
-            "--upload-interval".as_ref(),
-            "5s".as_ref(),
-            "--output-dir".as_ref(),
-            out.as_os_str(),
             "--runtime-counters-interval".as_ref(),
             counters_interval.as_ref(),
         ],
@@ -243,14 +231,11 @@ fn agent_serves_runtime_metrics_and_profiles_on_demand() {
     let token_file = dir.join("token");
     fs::write(&token_file, "pull-token-0123456789\n").expect("write the token");
     fs::set_permissions(&token_file, fs::Permissions::from_mode(0o600)).expect("chmod");
-    let agent = TestAgent::start(
+    let agent = TestAgent::start_with_windows(
         &env,
         &dir,
+        &windows,
         &[
-            "--upload-interval".as_ref(),
-            "5s".as_ref(),
-            "--output-dir".as_ref(),
-            windows.as_os_str(),
             "--enable-pull".as_ref(),
             "--http-token-file".as_ref(),
             token_file.as_os_str(),

@@ -63,17 +63,7 @@ fn assert_exact_at_exit(runtime: Runtime) {
     let whole_host = dir.join("all.pb.gz");
     let log = dir.join("all.txt");
     let out = dir.join("windows");
-    let agent = TestAgent::start(
-        &env,
-        &dir,
-        &[
-            "--upload-interval".as_ref(),
-            "5s".as_ref(),
-            "--output-dir".as_ref(),
-            out.as_os_str(),
-        ],
-    )
-    .wait_ready();
+    let agent = TestAgent::start_with_windows(&env, &dir, &out, &[]).wait_ready();
     let mut all = start_whole_host_recording(&env, &["-d", "20"], &whole_host, &log);
     // 20,000 + 500 + 1 over 3 s, no linger: the process exits right after
     // its last throw, before any later counter value. It waits 8 s first:

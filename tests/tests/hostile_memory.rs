@@ -406,17 +406,7 @@ fn the_agent_counts_what_the_memory_path_refused() {
     let _images = attacker.start("images");
     let _names = attacker.start("names");
     let windows = dir.join("windows");
-    let agent = TestAgent::start(
-        &env,
-        &dir,
-        &[
-            "--upload-interval".as_ref(),
-            "5s".as_ref(),
-            "--output-dir".as_ref(),
-            windows.as_os_str(),
-        ],
-    )
-    .wait_ready();
+    let agent = TestAgent::start_with_windows(&env, &dir, &windows, &[]).wait_ready();
     let started = Instant::now();
     let mut peak = 0;
     while started.elapsed() < Duration::from_secs(16) {

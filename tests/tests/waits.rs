@@ -255,16 +255,7 @@ fn agent_ships_exact_waits_of_a_net9_stand_in_as_the_wait_series() {
     let dir = TempDir::new("waits-agent");
     let out = dir.join("windows");
     let scenario = write_scenario(&dir, "stop");
-    let agent = TestAgent::start(
-        &env,
-        &dir,
-        &[
-            "--upload-interval".as_ref(),
-            "5s".as_ref(),
-            "--output-dir".as_ref(),
-            out.as_os_str(),
-        ],
-    );
+    let agent = TestAgent::start_with_windows(&env, &dir, &out, &[]);
     let fake = TestProcess::fake_dotnet9(
         &scenario,
         120,
