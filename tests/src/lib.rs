@@ -11,6 +11,7 @@
 
 pub mod agent;
 pub mod attackers;
+pub mod file_watch;
 pub mod http;
 
 use std::{

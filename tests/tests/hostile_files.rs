@@ -18,7 +18,9 @@ use std::{
     time::Duration,
 };
 
-use clrbpf_integration_tests::{Env, Measured, TempDir, attackers, run_measured};
+use clrbpf_integration_tests::{
+    Env, Measured, TempDir, attackers, file_watch::FileWatch, run_measured,
+};
 
 /// The attackers' uid.
 const USER: u32 = 65534;
@@ -82,47 +84,6 @@ fn a_sparse_libcoreclr_with_a_4_gib_dynsym_is_refused_unread() {
     drop(fake);
 }
 
-/// Watches `dir` for opens and reads of anything in it (inotify sees
-/// every one, root's too; an `O_PATH` handle is no open).
-struct OpenWatch {
-    fd: std::os::fd::OwnedFd,
-}
-
-impl OpenWatch {
-    fn new(dir: &Path) -> Self {
-        use std::os::{fd::FromRawFd as _, unix::ffi::OsStrExt as _};
-        // SAFETY: plain syscalls; the fd is checked and owned.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        assert!(fd >= 0, "inotify_init1");
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).expect("path");
-        // SAFETY: a NUL-terminated path and a valid inotify fd.
-        let wd = unsafe {
-            libc::inotify_add_watch(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                path.as_ptr(),
-                libc::IN_OPEN | libc::IN_ACCESS,
-            )
-        };
-        assert!(wd >= 0, "inotify_add_watch");
-        Self { fd }
-    }
-
-    /// Whether anything was opened or read since the watch began.
-    fn saw_any(&self) -> bool {
-        let mut buf = [0u8; 4096];
-        // SAFETY: the buffer is writable for its length.
-        let n = unsafe {
-            libc::read(
-                std::os::fd::AsRawFd::as_raw_fd(&self.fd),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
-        n > 0
-    }
-}
-
 #[test]
 fn a_directory_swapped_after_the_mapping_leads_root_nowhere() {
     let env = Env::privileged();
@@ -144,7 +105,7 @@ fn a_directory_swapped_after_the_mapping_leads_root_nowhere() {
         .expect("path");
     // SAFETY: a NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
-    let watch = OpenWatch::new(&secret);
+    let watch = FileWatch::new(&secret, libc::IN_OPEN | libc::IN_ACCESS);
     let fake = attackers::hostile_files(&[
         "swap".into(),
         work.into_os_string(),
@@ -161,7 +122,7 @@ fn a_directory_swapped_after_the_mapping_leads_root_nowhere() {
     let run = record_all(&env, "4", &dir.join("out.pb.gz"), Duration::from_secs(40));
     assert!(run.took < Duration::from_secs(15), "took {:?}", run.took);
     assert!(
-        !watch.saw_any(),
+        watch.take().is_empty(),
         "something under the root-only directory was opened:\n{}",
         run.stderr
     );

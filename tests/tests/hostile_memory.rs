@@ -23,7 +23,6 @@
 //! named as ever.
 
 use std::{
-    collections::HashMap,
     ffi::OsString,
     fs,
     os::unix::fs::{PermissionsExt as _, chown},
@@ -36,6 +35,7 @@ use std::{
 use clrbpf_integration_tests::{
     Env, Runtime, TempDir, TestProcess,
     agent::{TestAgent, status_bytes},
+    file_watch::FileWatch,
     http, number_before, read_profile, samples, start_whole_host_recording, summary_line,
     summary_samples_and_lost, value_index,
 };
@@ -233,65 +233,6 @@ fn dropped(stderr: &str, what: &str) -> u64 {
     )
 }
 
-/// Counts opens of the files of a directory, by name (inotify sees every
-/// open, root's and those through `/proc/PID/map_files` too).
-struct OpenCounter {
-    fd: std::os::fd::OwnedFd,
-}
-
-impl OpenCounter {
-    fn new(dir: &Path) -> Self {
-        use std::os::{fd::FromRawFd as _, unix::ffi::OsStrExt as _};
-        // SAFETY: plain syscalls; the fd is checked and owned.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        assert!(fd >= 0, "inotify_init1");
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).expect("path");
-        // SAFETY: a NUL-terminated path and a valid inotify fd.
-        let wd = unsafe {
-            libc::inotify_add_watch(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                path.as_ptr(),
-                libc::IN_OPEN,
-            )
-        };
-        assert!(wd >= 0, "inotify_add_watch");
-        Self { fd }
-    }
-
-    /// Opens since the last call, by file name.
-    fn take(&self) -> HashMap<String, u64> {
-        let mut opens = HashMap::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            // SAFETY: the buffer is writable for its length.
-            let n = unsafe {
-                libc::read(
-                    std::os::fd::AsRawFd::as_raw_fd(&self.fd),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                )
-            };
-            if n <= 0 {
-                return opens;
-            }
-            let mut at = 0;
-            let header = size_of::<libc::inotify_event>();
-            while at + header <= n as usize {
-                // SAFETY: the kernel wrote a whole event at `at`.
-                let event: libc::inotify_event =
-                    unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
-                let name = &buf[at + header..at + header + event.len as usize];
-                let name = String::from_utf8_lossy(name)
-                    .trim_end_matches('\0')
-                    .to_owned();
-                *opens.entry(name).or_default() += 1;
-                at += header + event.len as usize;
-            }
-        }
-    }
-}
-
 /// Defect 5 (sparse images) and 6 (two images over their share alternating
 /// in one stack): every image is refused before its metadata is read, once,
 /// and the two thrashed images are opened a few times in all (the old cache
@@ -303,7 +244,7 @@ fn sparse_and_thrashed_images_are_refused_once_each() {
     let attacker = Attacker::build(&env, &dir);
     let app = start_app(&env);
     let images = attacker.start("images");
-    let opens = OpenCounter::new(&attacker.work);
+    let opens = FileWatch::new(&attacker.work, libc::IN_OPEN);
     let out = dir.join("out.pb.gz");
     let run = record_beside(&dir, &env, &out);
     let opened = opens.take();
