@@ -11,5 +11,9 @@
 //! cargo-fuzz target per parser, as aya keeps its object parser (`aya-obj`)
 //! apart from the loader.
 
+pub mod allocations;
+pub mod budget;
+pub mod events;
 pub mod jitdump;
+pub mod nettrace;
 pub mod perf_map;

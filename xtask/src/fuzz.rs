@@ -118,7 +118,7 @@ fn seed(repo: &Repo, target: &str, corpus: &Path) -> anyhow::Result<()> {
         return Ok(());
     }
     let profiler = repo.root.join("profiler/src");
-    let testdata = profiler.join("clr/nettrace/testdata");
+    let testdata = repo.root.join("profiler-parse/src/nettrace/testdata");
     let mut seeds: Vec<(PathBuf, &[u8])> = Vec::new();
     match target {
         "clr_metadata" | "ready_to_run_names" | "ready_to_run" => {

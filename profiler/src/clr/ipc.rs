@@ -1827,7 +1827,7 @@ mod tests {
     fn nettrace_fixture(name: &str) -> Vec<u8> {
         use std::io::Read as _;
         let path = format!(
-            "{}/src/clr/nettrace/testdata/{name}",
+            "{}/../profiler-parse/src/nettrace/testdata/{name}",
             env!("CARGO_MANIFEST_DIR")
         );
         let file = fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -1844,10 +1844,10 @@ mod tests {
     /// the capture delivered once.
     #[test]
     fn a_session_streams_a_real_capture_and_stops() {
-        use crate::clr::{
+        use crate::clr::session::{ClrEventKinds, ClrSession, collect_tracing2_payload};
+        use clrbpf_parse::{
             events::{ClrEvent, ClrEventDecoder},
             nettrace::{NettraceParser, ParsedItem},
-            session::{ClrEventKinds, ClrSession, collect_tracing2_payload},
         };
         let capture = nettrace_fixture("net8.nettrace.gz");
         let mut expected = (0u64, 0u64);
@@ -1903,7 +1903,7 @@ mod tests {
                 crate::clr::session::SESSION_BUFFER_MB,
                 false,
                 &[crate::clr::session::ProviderConfig {
-                    name: crate::clr::events::RUNTIME_PROVIDER.to_owned(),
+                    name: clrbpf_parse::events::RUNTIME_PROVIDER.to_owned(),
                     keywords: ClrEventKinds::ALL.keywords(Some(8)),
                     level: 5,
                     filter: String::new(),
