@@ -14,6 +14,8 @@
 pub mod allocations;
 pub mod budget;
 pub mod events;
+pub mod ipc;
 pub mod jitdump;
 pub mod nettrace;
 pub mod perf_map;
+pub mod version;
