@@ -2,10 +2,8 @@
 //! NativeFormat readers never panic on any bytes.
 #![no_main]
 
-use clrbpf::symbolize::ready_to_run::{
-    AssemblyImage,
-    native_format::{NativeArray, NativeReader, hashtable_entries},
-};
+use clrbpf::symbolize::ready_to_run::AssemblyImage;
+use clrbpf_parse::native_format::{NativeArray, NativeReader, hashtable_entries};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {

@@ -13,9 +13,11 @@
 
 pub mod allocations;
 pub mod budget;
+pub mod clr_metadata;
 pub mod events;
 pub mod ipc;
 pub mod jitdump;
+pub mod native_format;
 pub mod nettrace;
 pub mod perf_map;
 pub mod version;

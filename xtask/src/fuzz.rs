@@ -117,15 +117,12 @@ fn seed(repo: &Repo, target: &str, corpus: &Path) -> anyhow::Result<()> {
     if !empty {
         return Ok(());
     }
-    let profiler = repo.root.join("profiler/src");
-    let testdata = repo.root.join("profiler-parse/src/nettrace/testdata");
+    let parse = repo.root.join("profiler-parse/src");
+    let testdata = parse.join("nettrace/testdata");
     let mut seeds: Vec<(PathBuf, &[u8])> = Vec::new();
     match target {
         "clr_metadata" | "ready_to_run_names" | "ready_to_run" => {
-            seeds.push((
-                profiler.join("symbolize/clr_metadata/testdata/Names.dll"),
-                b"",
-            ));
+            seeds.push((parse.join("clr_metadata/testdata/Names.dll"), b""));
             for name in ["Ratio.dll", "Demo.dll"] {
                 seeds.push((repo.workloads_bin().join("net8").join(name), b""));
             }

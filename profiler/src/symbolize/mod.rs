@@ -10,7 +10,7 @@
 //! name .NET users read. [`stack`] names the frames of one raw stack with
 //! them.
 
-pub mod clr_metadata;
+pub mod assembly_file;
 pub mod file_watch;
 pub mod jit_index;
 pub mod kallsyms;
