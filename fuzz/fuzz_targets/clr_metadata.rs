@@ -2,7 +2,7 @@
 //! and every MethodDef it claims gets a name or `None`.
 #![no_main]
 
-use clrbpf::symbolize::clr_metadata::ClrMetadata;
+use clrbpf_parse::clr_metadata::ClrMetadata;
 use libfuzzer_sys::fuzz_target;
 
 fn name_all(metadata: &ClrMetadata) {

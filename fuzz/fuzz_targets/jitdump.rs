@@ -3,7 +3,7 @@
 //! exactly what reading it whole gives.
 #![no_main]
 
-use clrbpf::symbolize::jitdump::{JitDumpLimits, JitDumpParser};
+use clrbpf_parse::jitdump::{JitDumpLimits, JitDumpParser};
 use libfuzzer_sys::fuzz_target;
 
 #[path = "chunks.rs"]

@@ -5,7 +5,7 @@
 
 #![no_main]
 
-use clrbpf::clr::{
+use clrbpf_parse::{
     events::ClrEventDecoder,
     nettrace::{NettraceLimits, NettraceParser, ParsedItem},
 };

@@ -2,7 +2,7 @@
 //! gives exactly what reading it whole gives.
 #![no_main]
 
-use clrbpf::symbolize::perf_map::{PerfMapLimits, PerfMapParser};
+use clrbpf_parse::perf_map::{PerfMapLimits, PerfMapParser};
 use libfuzzer_sys::fuzz_target;
 
 #[path = "chunks.rs"]

@@ -85,7 +85,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn clr_intake(file: &std::path::Path, copies: usize, runs: usize) -> anyhow::Result<()> {
-    use clrbpf::clr::nettrace::bench::{bench_clr_event_intake, replicate_nettrace};
+    use clrbpf_parse::nettrace::bench::{bench_clr_event_intake, replicate_nettrace};
     let raw = std::fs::read(file).with_context(|| format!("read {}", file.display()))?;
     let capture = if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();

@@ -29,6 +29,10 @@
 //! dropped, counted here ([`drops`]), shown in the summary and on
 //! `/metrics`, and warned about once per process ([`warn_once`]).
 
+use clrbpf_parse::{
+    budget::{BudgetDrop, StreamBudget},
+    nettrace::{NettraceLimits, NettraceParser},
+};
 use std::{
     collections::HashSet,
     sync::{
@@ -425,6 +429,38 @@ pub fn warn_once(pid: u32, kind: OverBudget, message: impl FnOnce() -> String) -
     }
     tracing::warn!(pid, "{}", message());
     true
+}
+
+/// What one EventPipe stream's parser keeps (metadata, stack cache),
+/// charged to [`Pool::Nettrace`], with what it drops counted in [`drops`].
+#[derive(Debug)]
+struct StreamCharge(Charge);
+
+impl StreamBudget for StreamCharge {
+    fn try_add(&mut self, bytes: u64) -> bool {
+        self.0.try_add(bytes)
+    }
+
+    fn release(&mut self, bytes: u64) {
+        self.0.release(bytes);
+    }
+
+    fn count_drop(&self, drop: BudgetDrop) {
+        let counter = match drop {
+            BudgetDrop::NettraceMetadata => &drops().nettrace_metadata,
+            BudgetDrop::NettraceStackReset => &drops().nettrace_stack_resets,
+        };
+        Drops::count(counter, 1);
+    }
+}
+
+/// The parser of a target's EventPipe stream: default limits, its state
+/// charged to [`Pool::Nettrace`].
+pub fn nettrace_parser() -> NettraceParser {
+    NettraceParser::with_budget(
+        NettraceLimits::default(),
+        Box::new(StreamCharge(Charge::new(Pool::Nettrace))),
+    )
 }
 
 #[cfg(test)]

@@ -660,7 +660,7 @@ fn unwind_memory_rows(
 fn clr_benches(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     let fixture = inputs
         .repo_root
-        .join("profiler/src/clr/nettrace/testdata/net8.nettrace.gz");
+        .join("profiler-parse/src/nettrace/testdata/net8.nettrace.gz");
     let out = Command::new(inputs.micro_benches)
         .args(["clr-intake", "--file"])
         .arg(&fixture)

@@ -1,14 +1,17 @@
 //! `cargo xtask fuzz`: runs every cargo-fuzz target of `fuzz/` for a short
 //! while, one after the other, the parsers of what a target process
-//! controls (perf maps, jitdump, nettrace, assembly files, runtime memory,
-//! JIT code). A smoke run, not a campaign: it installs cargo-fuzz when
-//! missing, seeds each corpus from real files the first time (small
-//! framework assemblies, the workloads, captured streams and perf maps),
-//! and stops at the first crash, leak of time or memory with the input
-//! libFuzzer saved under `fuzz/artifacts/<target>/`.
+//! controls (perf maps, jitdump, nettrace, event payloads, IPC replies,
+//! assembly files, runtime memory, JIT code). A smoke run, not a campaign:
+//! it installs cargo-fuzz when missing, seeds each corpus from real files
+//! the first time (small framework assemblies, the workloads, captured
+//! streams and perf maps), and stops at the first crash, leak of time or
+//! memory with the input libFuzzer saved under `fuzz/artifacts/<target>/`.
 //!
-//! Not part of `cargo xtask test`: building the targets with sanitizers
-//! takes minutes, and CI's budget is for the tests.
+//! `cargo xtask test` runs the targets of `clrbpf-parse`
+//! ([`PARSER_TARGETS`], [`TEST_SECONDS`] each): they build without the
+//! profiler crate, in about a minute. The targets over parsers still in
+//! the profiler ([`PROFILER_TARGETS`]) build the whole crate with
+//! sanitizers (many minutes), so only `cargo xtask fuzz` runs them.
 
 use std::{
     fs,
@@ -20,18 +23,26 @@ use anyhow::{Context as _, bail};
 
 use crate::{Repo, cmd, setup};
 
-/// Every target in `fuzz/Cargo.toml`, the parsers of new code first.
-pub const TARGETS: &[&str] = &[
+/// The targets of `fuzz/Cargo.toml` that depend on `clrbpf-parse` alone.
+pub const PARSER_TARGETS: &[&str] = &[
+    "ipc_reply",
+    "clr_event_payload",
+    "native_format",
     "clr_metadata",
+    "perf_map",
+    "jitdump",
+    "nettrace",
+];
+/// The targets that need its feature `profiler` (the whole clrbpf crate).
+pub const PROFILER_TARGETS: &[&str] = &[
     "ready_to_run_names",
     "ready_to_run",
     "clr_memory",
     "runtime_image",
-    "perf_map",
-    "jitdump",
-    "nettrace",
     "jit_prologue",
 ];
+/// Seconds each of [`PARSER_TARGETS`] runs in `cargo xtask test`.
+pub const TEST_SECONDS: u32 = 10;
 
 /// The largest seed file copied into a corpus: big inputs slow every run.
 const MAX_SEED_BYTES: u64 = 64 * 1024;
@@ -46,21 +57,38 @@ const FRAMEWORK_SEEDS: &[&str] = &[
 
 /// Runs `targets` (all when empty) `seconds` each.
 pub fn run(repo: &Repo, targets: &[String], seconds: u32) -> anyhow::Result<()> {
+    let known = || PARSER_TARGETS.iter().chain(PROFILER_TARGETS);
     let unknown: Vec<&String> = targets
         .iter()
-        .filter(|t| !TARGETS.contains(&t.as_str()))
+        .filter(|t| !known().any(|k| k == t))
         .collect();
     if !unknown.is_empty() {
-        bail!("unknown fuzz targets {unknown:?}; known: {TARGETS:?}");
+        bail!("unknown fuzz targets {unknown:?}; known: {PARSER_TARGETS:?} {PROFILER_TARGETS:?}");
     }
     let targets: Vec<&str> = if targets.is_empty() {
-        TARGETS.to_vec()
+        known().copied().collect()
     } else {
         targets.iter().map(String::as_str).collect()
     };
+    run_targets(repo, &targets, seconds)
+}
+
+/// The step of `cargo xtask test`: every target of `clrbpf-parse`,
+/// [`TEST_SECONDS`] each.
+pub fn test(repo: &Repo) -> anyhow::Result<()> {
+    run_targets(repo, PARSER_TARGETS, TEST_SECONDS)
+}
+
+fn run_targets(repo: &Repo, targets: &[&str], seconds: u32) -> anyhow::Result<()> {
+    // The same features for the build and every run, so no run rebuilds.
+    let features: &[&str] = if targets.iter().any(|t| PROFILER_TARGETS.contains(t)) {
+        &["--features", "profiler"]
+    } else {
+        &[]
+    };
     cargo_fuzz(repo)?;
     let fuzz_dir = repo.root.join("fuzz");
-    for target in &targets {
+    for target in targets {
         let corpus = fuzz_dir.join("corpus").join(target);
         fs::create_dir_all(&corpus).with_context(|| format!("create {}", corpus.display()))?;
         seed(repo, target, &corpus)?;
@@ -71,15 +99,18 @@ pub fn run(repo: &Repo, targets: &[String], seconds: u32) -> anyhow::Result<()> 
         Command::new("cargo")
             .current_dir(&fuzz_dir)
             .args(["+nightly", "fuzz", "build"])
+            .args(features)
             .env(crate::ENV_AYA_BUILD_SKIP, "1"),
     )
     .context("build the fuzz targets")?;
-    for target in &targets {
+    for target in targets {
         println!("fuzz: {target}, {seconds} s");
         cmd::run(
             Command::new("cargo")
                 .current_dir(&fuzz_dir)
-                .args(["+nightly", "fuzz", "run", target, "--"])
+                .args(["+nightly", "fuzz", "run"])
+                .args(features)
+                .args([target, "--"])
                 .arg(format!("-max_total_time={seconds}"))
                 // A hostile input must not make a parser slow or greedy:
                 // one input taking 10 s, or one allocation of 512 MiB, is
@@ -117,15 +148,12 @@ fn seed(repo: &Repo, target: &str, corpus: &Path) -> anyhow::Result<()> {
     if !empty {
         return Ok(());
     }
-    let profiler = repo.root.join("profiler/src");
-    let testdata = profiler.join("clr/nettrace/testdata");
+    let parse = repo.root.join("profiler-parse/src");
+    let testdata = parse.join("nettrace/testdata");
     let mut seeds: Vec<(PathBuf, &[u8])> = Vec::new();
     match target {
         "clr_metadata" | "ready_to_run_names" | "ready_to_run" => {
-            seeds.push((
-                profiler.join("symbolize/clr_metadata/testdata/Names.dll"),
-                b"",
-            ));
+            seeds.push((parse.join("clr_metadata/testdata/Names.dll"), b""));
             for name in ["Ratio.dll", "Demo.dll"] {
                 seeds.push((repo.workloads_bin().join("net8").join(name), b""));
             }
@@ -155,7 +183,42 @@ fn seed(repo: &Repo, target: &str, corpus: &Path) -> anyhow::Result<()> {
         let name = format!("seed-{i}-{}", file_name(path));
         fs::write(corpus.join(&name), &bytes).with_context(|| format!("write seed {name}"))?;
     }
+    if target == "ipc_reply" {
+        for (i, reply) in ipc_replies().iter().enumerate() {
+            let name = format!("seed-reply-{i}");
+            fs::write(corpus.join(&name), reply).with_context(|| format!("write seed {name}"))?;
+        }
+    }
     Ok(())
+}
+
+/// Replies as a .NET 8 runtime writes them, each after the one byte of
+/// read bound `ipc_reply` takes first: ProcessInfo2, an error HRESULT, a
+/// session id, a status.
+fn ipc_replies() -> Vec<Vec<u8>> {
+    let reply = |id: u8, payload: &[u8]| {
+        let size = u16::try_from(20 + payload.len()).expect("a small payload");
+        let mut bytes = vec![0xFF];
+        bytes.extend_from_slice(b"DOTNET_IPC_V1\0");
+        bytes.extend_from_slice(&size.to_le_bytes());
+        bytes.extend_from_slice(&[0xFF, id, 0, 0]);
+        bytes.extend_from_slice(payload);
+        bytes
+    };
+    let mut info = Vec::new();
+    info.extend_from_slice(&4242u64.to_le_bytes());
+    info.extend_from_slice(&[0xAB; 16]);
+    for text in ["dotnet App.dll", "Linux", "x64", "App", "8.0.4+2d7eea25"] {
+        let units: Vec<u16> = text.encode_utf16().chain([0]).collect();
+        info.extend_from_slice(&(units.len() as u32).to_le_bytes());
+        info.extend(units.iter().flat_map(|u| u.to_le_bytes()));
+    }
+    vec![
+        reply(0x00, &info),
+        reply(0xFF, &0x8013_1385u32.to_le_bytes()),
+        reply(0x00, &0x7f00_1234_5678u64.to_le_bytes()),
+        reply(0x00, &0u32.to_le_bytes()),
+    ]
 }
 
 /// The shared framework directories of the runtimes `cargo xtask setup`
@@ -205,20 +268,31 @@ fn file_name(path: &Path) -> String {
 mod tests {
     use super::*;
 
-    /// The list here and the `[[bin]]` targets of fuzz/Cargo.toml are the
-    /// same set, so a new target is not left out of the smoke run.
+    /// The lists here and the `[[bin]]` targets of fuzz/Cargo.toml are the
+    /// same sets, so a new target is not left out of the smoke run, and
+    /// exactly the targets of [`PROFILER_TARGETS`] need the profiler.
     #[test]
     fn every_fuzz_target_is_run() {
         let manifest = include_str!("../../fuzz/Cargo.toml");
-        let mut declared: Vec<&str> = manifest
-            .lines()
-            .filter_map(|l| l.strip_prefix("name = \""))
-            .filter_map(|l| l.strip_suffix('"'))
-            .filter(|name| *name != "clrbpf-fuzz")
-            .collect();
-        declared.sort_unstable();
-        let mut listed = TARGETS.to_vec();
-        listed.sort_unstable();
-        assert_eq!(declared, listed);
+        let mut parsers = Vec::new();
+        let mut profiler = Vec::new();
+        for bin in manifest.split("[[bin]]").skip(1) {
+            let name = bin
+                .lines()
+                .find_map(|l| l.strip_prefix("name = \"")?.strip_suffix('"'))
+                .expect("a named target");
+            if bin.contains("required-features = [\"profiler\"]") {
+                profiler.push(name);
+            } else {
+                parsers.push(name);
+            }
+        }
+        for (declared, listed) in [(parsers, PARSER_TARGETS), (profiler, PROFILER_TARGETS)] {
+            let mut declared = declared;
+            declared.sort_unstable();
+            let mut listed = listed.to_vec();
+            listed.sort_unstable();
+            assert_eq!(declared, listed);
+        }
     }
 }

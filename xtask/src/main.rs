@@ -83,7 +83,8 @@ enum Task {
     /// print one table (needs root).
     Bench,
     /// Run each cargo-fuzz target of fuzz/ briefly (nightly; installs
-    /// cargo-fuzz, seeds the corpora from real files). Not part of `test`.
+    /// cargo-fuzz, seeds the corpora from real files). `test` runs those of
+    /// clrbpf-parse for 10 s each.
     Fuzz {
         /// Seconds per target
         #[arg(long, default_value_t = 30)]
@@ -92,7 +93,8 @@ enum Task {
         targets: Vec<String>,
     },
     /// List production functions over 120 lines and files over 1,200
-    /// lines in profiler/src (test code excluded); fails when there is one.
+    /// lines in profiler/src and profiler-parse/src (test code excluded);
+    /// fails when there is one.
     Limits,
 }
 
@@ -159,7 +161,9 @@ fn main() -> ExitCode {
         Task::Demo => demo(&repo),
         Task::Bench => bench(&repo),
         Task::Fuzz { seconds, targets } => fuzz::run(&repo, &targets, seconds),
-        Task::Limits => limits::check(&repo.root.join("profiler/src")),
+        Task::Limits => ["profiler/src", "profiler-parse/src"]
+            .iter()
+            .try_for_each(|src| limits::check(&repo.root.join(src))),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -217,6 +221,8 @@ fn test(repo: &Repo) -> anyhow::Result<()> {
         "unit tests",
         repo.cargo().arg("test").env(ENV_AYA_BUILD_SKIP, "1"),
     )?;
+    println!("test: step fuzz (the parsers of clrbpf-parse)");
+    fuzz::test(repo)?;
     // The library's own tests that need root (a tmpfs mount, another
     // user's files, priorities) or `go tool pprof`: marked #[ignore] so a
     // plain `cargo test` runs anywhere. Tests against real .NET runtimes

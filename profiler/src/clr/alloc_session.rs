@@ -24,12 +24,15 @@
 
 use std::time::Instant;
 
-use super::{
+use clrbpf_parse::{
     allocations::ALLOCATION_SAMPLED_MIN_MAJOR,
+    events::{ClrEvent, RUNTIME_PROVIDER},
+};
+
+use super::{
     budget::{CounterLedger, ExceptionGate},
     collector::{BudgetedSession, refresh_keywords_in_background},
     counters::{CounterKind, CounterSample},
-    events::{ClrEvent, RUNTIME_PROVIDER},
     intake::ClrIntake,
     ipc::{DiagnosticClient, DiagnosticPort, IpcError},
     session::{
@@ -251,7 +254,7 @@ impl AllocationEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clr::allocations::{Allocation, AllocationHeap, AllocationSource};
+    use clrbpf_parse::allocations::{Allocation, AllocationHeap, AllocationSource};
 
     fn rate(value: f64, time_ns: u64) -> CounterSample {
         CounterSample {

@@ -27,11 +27,12 @@
 
 use std::time::{Duration, Instant};
 
+use clrbpf_parse::events::{ClrEvent, MethodLoad};
+
 use super::{
     alloc_session::{AllocationEvents, start_allocation_events},
     budget::{CounterLedger, ExceptionGate},
     counters::{CounterKind, CounterSample, RuntimeCounters},
-    events::{ClrEvent, MethodLoad},
     intake::{ClrCounters, ClrIntake, ClrSample},
     ipc::{DiagnosticPort, IpcError},
     jobs::{self, Job},
@@ -951,7 +952,7 @@ fn route(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clr::events::{ContentionStart, MethodEventKind};
+    use clrbpf_parse::events::{ContentionStart, MethodEventKind};
 
     #[test]
     fn only_events_with_stacks_to_name_are_counted_as_taken() {

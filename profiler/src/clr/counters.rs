@@ -7,7 +7,7 @@
 //!    `EventCounterIntervalSec=N`: every N seconds the runtime writes one
 //!    `EventCounters` event per counter.
 //! 2. Those events are self-describing: their metadata carries the field
-//!    list ([`crate::clr::nettrace::FieldDescription`]), one `Payload`
+//!    list ([`clrbpf_parse::nettrace::FieldDescription`]), one `Payload`
 //!    object holding `Name`, `Mean` (polling counters: the value now) or
 //!    `Increment` (incrementing counters: the change over the interval),
 //!    `CounterType` (`Mean`/`Sum`), `IntervalSec`, `DisplayUnits`, ...
@@ -28,10 +28,11 @@
 
 use std::collections::BTreeMap;
 
-use super::{
-    nettrace::{EventMetadata, EventRecord, FieldDescription, reader::ByteReader, type_code},
-    session::ProviderConfig,
+use clrbpf_parse::nettrace::{
+    EventMetadata, EventRecord, FieldDescription, reader::ByteReader, type_code,
 };
+
+use super::session::ProviderConfig;
 use crate::process::ProcFs;
 
 /// The runtime's EventSource of counters.

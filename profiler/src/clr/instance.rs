@@ -810,10 +810,10 @@ fn perf_files_vanished(stats: &RefreshStats, ours: bool, last: (u32, Option<Dura
 /// would (so frames look the same whichever source named them).
 fn add_event_method(
     managed: &mut ManagedSymbols,
-    method: &super::events::MethodLoad,
+    method: &clrbpf_parse::events::MethodLoad,
     time_ns: u64,
 ) {
-    use super::events::MethodEventKind;
+    use clrbpf_parse::events::MethodEventKind;
     let valid_from = match method.kind {
         MethodEventKind::Load => time_ns,
         // Rundown describes code that existed before the session.

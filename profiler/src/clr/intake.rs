@@ -9,8 +9,9 @@
 
 use std::collections::HashMap;
 
+use clrbpf_parse::events::{ClrEvent, ContentionStart, ExceptionThrown, WaitHandleWaitStart};
+
 use super::{
-    events::{ClrEvent, ContentionStart, ExceptionThrown, WaitHandleWaitStart},
     session::SessionEvent,
     waits::{WaitPairing, WaitSource},
 };
@@ -533,7 +534,7 @@ fn truncate(text: &str, max: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clr::events::ContentionStop;
+    use clrbpf_parse::events::ContentionStop;
 
     fn start(time_ns: u64, tid: u64, owner: Option<u64>) -> SessionEvent {
         SessionEvent {
@@ -624,7 +625,7 @@ mod tests {
             time_ns,
             thread_id: tid,
             stack: vec![0xdead],
-            event: ClrEvent::WaitHandleWaitStop(crate::clr::events::WaitHandleWaitStop {
+            event: ClrEvent::WaitHandleWaitStop(clrbpf_parse::events::WaitHandleWaitStop {
                 clr_instance_id: 0,
             }),
         }

@@ -5,19 +5,16 @@
 //! the pipeline asks of one process's runtime.
 
 pub mod alloc_session;
-pub mod allocations;
 pub mod budget;
 pub mod collector;
 pub mod counters;
 mod describe;
-pub mod events;
 pub mod instance;
 pub mod intake;
 pub mod ipc;
 pub mod jobs;
 pub mod memory;
 pub mod name_sources;
-pub mod nettrace;
 pub mod perf_map_attach;
 pub mod perf_map_ledger;
 pub mod session;

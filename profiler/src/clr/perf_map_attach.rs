@@ -7,13 +7,15 @@
 
 use std::{io, path::Path, time::SystemTime};
 
+use clrbpf_parse::version::version_major;
+
 use super::ipc::{
     DiagnosticClient, DiagnosticPort, IpcError, PerfMapType, RuntimeError, proc_to_ipc,
 };
 use crate::{
     process::{
         ProcFs,
-        dotnet::{DotnetEnvironment, DotnetRuntime, version_major},
+        dotnet::{DotnetEnvironment, DotnetRuntime},
         root::TargetRoot,
     },
     symbolize::perf_files::{self, PerfFileCleanup},

@@ -34,12 +34,15 @@ use std::{
     time::{Duration, Instant},
 };
 
+use clrbpf_parse::{
+    events::{ClrDecodeStats, ClrEvent, ClrEventDecoder, RUNTIME_PROVIDER},
+    nettrace::{NettraceParser, NettraceStats, ParsedItem, TraceHeader},
+};
+
 use super::{
     counters::{CounterSample, counters_provider},
-    events::{ClrDecodeStats, ClrEvent, ClrEventDecoder, RUNTIME_PROVIDER},
     ipc::{CommandId, DiagnosticClient, IpcError, encode_string},
     jobs::Job,
-    nettrace::{NettraceParser, NettraceStats, ParsedItem, TraceHeader},
     session_reader::ReaderTicket,
 };
 
@@ -567,7 +570,7 @@ impl ClrSession {
 pub fn method_rundown(
     client: &DiagnosticClient,
     deadline: Duration,
-) -> Result<(Vec<super::events::MethodLoad>, Option<String>), IpcError> {
+) -> Result<(Vec<clrbpf_parse::events::MethodLoad>, Option<String>), IpcError> {
     // A session needs a provider; level Informational keeps the verbose
     // method events of the live process out of this one.
     let provider = ProviderConfig {
@@ -587,7 +590,7 @@ pub fn method_rundown(
         std::thread::spawn(move || client.stop_tracing(session_id))
     };
     let until = Instant::now() + deadline;
-    let mut parser = NettraceParser::new();
+    let mut parser = crate::memory_budget::nettrace_parser();
     let mut decoder = ClrEventDecoder::new();
     let mut methods = Vec::new();
     let mut buf = vec![0u8; READ_CHUNK];
@@ -661,7 +664,7 @@ pub(super) fn clock_skew(header: &TraceHeader) -> Option<i64> {
 /// Warns once for `pid` when its stream defined more metadata than the
 /// parser keeps.
 pub(super) fn warn_if_metadata_over_budget(pid: u32, parser: &NettraceParser) {
-    if let Some(super::nettrace::NettraceError::MetadataOverBudget { max_bytes }) =
+    if let Some(clrbpf_parse::nettrace::NettraceError::MetadataOverBudget { max_bytes }) =
         parser.last_soft_error()
     {
         let max_bytes = *max_bytes;

@@ -38,10 +38,13 @@ use std::{
     time::Duration,
 };
 
-use super::{
-    counters::CounterDecoder,
+use clrbpf_parse::{
     events::ClrEventDecoder,
     nettrace::{NettraceParser, ParsedItem, TraceHeader},
+};
+
+use super::{
+    counters::CounterDecoder,
     session::{ClrEventKinds, SessionEnd, SessionEvent, SessionMessage},
 };
 
@@ -74,7 +77,7 @@ impl StreamDecoder {
         Self {
             pid,
             kinds,
-            parser: NettraceParser::new(),
+            parser: crate::memory_budget::nettrace_parser(),
             decoder: ClrEventDecoder::new(),
             counter_decoder: CounterDecoder::new(),
             counter_errors: 0,
@@ -525,7 +528,7 @@ mod tests {
     fn capture() -> Vec<u8> {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/src/clr/nettrace/testdata/net8.nettrace.gz"
+            "/../profiler-parse/src/nettrace/testdata/net8.nettrace.gz"
         );
         let mut bytes = Vec::new();
         flate2::read::GzDecoder::new(std::fs::File::open(path).expect("the capture"))

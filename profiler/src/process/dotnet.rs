@@ -12,6 +12,8 @@
 //! The environment decides where the runtime writes perf maps and whether
 //! it already does ([`DotnetEnvironment`]).
 
+use clrbpf_parse::version::version_major;
+
 use super::{Environ, MappingTable, ProcError, ProcFs};
 
 /// Directory of the shared framework, followed by the version directory.
@@ -104,16 +106,6 @@ impl DotnetRuntime {
     pub fn major(&self) -> Option<u32> {
         self.version.as_deref().and_then(version_major)
     }
-}
-
-/// The major number of a .NET version string: `"8.0.4"` -> 8,
-/// `"9.0.0-preview.1+abc"` -> 9, `"3.1.23"` -> 3.
-pub fn version_major(version: &str) -> Option<u32> {
-    let digits = version.split(['.', '-', '+']).next()?;
-    if digits.is_empty() || digits.len() > 4 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
 }
 
 /// The version directory after `Microsoft.NETCore.App/` in a path, if it
@@ -313,20 +305,6 @@ mod tests {
             ]),
             None
         );
-    }
-
-    #[test]
-    fn version_majors() {
-        assert_eq!(version_major("8.0.4"), Some(8));
-        assert_eq!(version_major("10.0.0-preview.7.25380.108"), Some(10));
-        assert_eq!(
-            version_major("8.0.4+2d7eea252964e69be94cb9c847b371b23e4dd470"),
-            Some(8)
-        );
-        assert_eq!(version_major("3"), Some(3));
-        assert_eq!(version_major(""), None);
-        assert_eq!(version_major("v8"), None);
-        assert_eq!(version_major("99999999999.0"), None);
     }
 
     #[test]

@@ -34,7 +34,7 @@
 //! shape is the kept events'. Pure and seeded, so unit-tested.
 
 use super::clr_sampling::{EventWindow, SplitMix64, Weighted, apportion};
-use crate::clr::allocations::{Allocation, AllocationSource, TICK_BYTES};
+use clrbpf_parse::allocations::{Allocation, AllocationSource, TICK_BYTES};
 
 /// Allocation events kept with their stacks per window by default.
 pub const DEFAULT_ALLOCATION_LIMIT: usize = 3000;
@@ -234,7 +234,7 @@ impl<T: Clone> AllocationSampler<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clr::allocations::AllocationHeap;
+    use clrbpf_parse::allocations::AllocationHeap;
 
     const SECOND: u64 = 1_000_000_000;
 

@@ -47,12 +47,12 @@ use std::time::{Duration, SystemTime};
 
 use super::file_watch::{FileWatch, WatchedPerfFile};
 use super::jit_index::JitCodeIndex;
-use super::jitdump::{JitDumpCounts, JitDumpError, JitDumpLimits, JitDumpParser};
 use super::method_name::parse_method_name;
 use super::perf_files::perf_file_names;
-use super::perf_map::{PerfMapCounts, PerfMapLimits, PerfMapParser};
 use super::target_fs::{self, TargetFsError};
 use crate::process::{ProcFs, identity::FsIdentity};
+use clrbpf_parse::jitdump::{JitDumpCounts, JitDumpError, JitDumpLimits, JitDumpParser};
+use clrbpf_parse::perf_map::{PerfMapCounts, PerfMapLimits, PerfMapParser};
 
 /// A named range of managed code.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

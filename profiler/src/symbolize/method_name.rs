@@ -1,7 +1,7 @@
 //! The short name of a managed method, as .NET users read it in Visual
 //! Studio, PerfView or dotnet-trace: `Namespace.Type.Method`, from the full
 //! name the runtime writes in perf maps and jitdumps
-//! (`int64 [Hot] Hot::Spin(int64)`) or that [`crate::clr::events`] spells
+//! (`int64 [Hot] Hot::Spin(int64)`) or that `clrbpf_parse::events` spells
 //! the same way from a MethodLoad event (`int64 Hot::Spin(int64)`). Part of
 //! the `symbolize/` stage: [`super::managed::ManagedSymbol`] keeps both
 //! forms, the frame shows the short one and the pprof `system_name` the
@@ -88,9 +88,9 @@ mod tests {
     use crate::symbolize::managed::{assembly_of, split_tier};
 
     /// Real lines (the text after address and size) of the perf maps of
-    /// .NET 8.0 and .NET Core 3.1 (`testdata/*.perf.map` of `clr/nettrace`,
+    /// .NET 8.0 and .NET Core 3.1 (`testdata/*.perf.map` of `profiler-parse/src/nettrace`,
     /// and `tests/workloads`-style programs run with perf maps enabled),
-    /// and MethodLoad names as `clr::events::method_display_name` spells
+    /// and MethodLoad names as `clrbpf_parse::events::method_display_name` spells
     /// them: (line, short name, assembly).
     const CASES: &[(&str, &str, Option<&str>)] = &[
         // .NET 8
@@ -267,11 +267,11 @@ mod tests {
         for (runtime, map) in [
             (
                 "net8",
-                include_str!("../clr/nettrace/testdata/net8.perf.map"),
+                include_str!("../../../profiler-parse/src/nettrace/testdata/net8.perf.map"),
             ),
             (
                 "netcore31",
-                include_str!("../clr/nettrace/testdata/netcore31.perf.map"),
+                include_str!("../../../profiler-parse/src/nettrace/testdata/netcore31.perf.map"),
             ),
         ] {
             for line in map.lines() {
@@ -284,6 +284,28 @@ mod tests {
                     .unwrap_or_else(|| panic!("{runtime}: no short form of {raw}"));
                 assert!(full.contains(&format!("{}::{}(", name.type_name, name.method)));
             }
+        }
+    }
+
+    /// Frames name generic types in the runtime's form, the one the
+    /// allocation ticks of `clrbpf_parse::allocations` name the allocated
+    /// type in (`List`1[System.Int32]`, as .NET 8 writes both), so an
+    /// allocation's leaf frame sits on the frames of its type's methods
+    /// (code shared by reference types shows `System.__Canon` there).
+    #[test]
+    fn generic_type_names_read_as_the_allocation_ticks_name_them() {
+        for (tick_name, perf_map_line) in [
+            (
+                "System.Collections.Generic.List`1[System.Int32]",
+                "instance void [System.Private.CoreLib] System.Collections.Generic.List`1[System.Int32]::.ctor(int32)[Optimized]",
+            ),
+            (
+                "System.Collections.Generic.Dictionary`2[System.Int32,System.Int64]",
+                "instance void [System.Private.CoreLib] System.Collections.Generic.Dictionary`2[System.Int32,System.Int64]::.ctor(int32)[QuickJitted]",
+            ),
+        ] {
+            let frame = parse_method_name(perf_map_line).expect("the runtime's shape");
+            assert_eq!(frame.type_name, tick_name);
         }
     }
 

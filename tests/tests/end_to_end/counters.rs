@@ -25,13 +25,13 @@ use clrbpf::{
             RUNTIME_FAMILIES, RuntimeCounters, counters_provider,
         },
         ipc::DiagnosticClient,
-        nettrace::{NettraceParser, ParsedItem},
         session::{ClrEventKinds, ClrSession, SESSION_BUFFER_MB, collect_tracing2_payload},
     },
     process::ProcFs,
     profile::monotonic_ns,
 };
 use clrbpf_integration_tests::{Env, Runtime, TestProcess, parse_value};
+use clrbpf_parse::nettrace::{NettraceParser, ParsedItem};
 
 /// Seconds `GcCounts` idles before it counts: the session is up and the
 /// counters have their baseline by then.
@@ -282,7 +282,7 @@ fn gc_and_exception_counts_match_the_process_own_counts() {
 /// Captures the raw stream of a counters-only session of each runtime and
 /// checks that it decodes; with `CLRBPF_CAPTURE_DIR` set, keeps it there as
 /// `<runtime>.counters.nettrace` (how the fixtures in
-/// `profiler/src/clr/nettrace/testdata/` were made).
+/// `profiler-parse/src/nettrace/testdata/` were made).
 #[test]
 fn capture_a_counters_stream() {
     let env = Env::from_env();

@@ -7,13 +7,13 @@ use std::{collections::BTreeMap, collections::HashSet, path::Path, thread, time:
 
 use clrbpf::{
     profile::monotonic_ns,
-    symbolize::{
-        jitdump::{JitDumpLimits, JitDumpParser},
-        managed::{ManagedSymbols, split_tier},
-        perf_map::{PerfMapLimits, PerfMapParser},
-    },
+    symbolize::managed::{ManagedSymbols, split_tier},
 };
 use clrbpf_integration_tests::{Env, Runtime, TestProcess};
+use clrbpf_parse::{
+    jitdump::{JitDumpLimits, JitDumpParser},
+    perf_map::{PerfMapLimits, PerfMapParser},
+};
 
 /// Removes the perf files of `pid` when dropped.
 struct PerfFiles(u32);

@@ -181,10 +181,10 @@ fn without_type_arguments(full: &str) -> Option<String> {
 #[test]
 fn ready_to_run_names_agree_with_the_runtimes_jitdump() {
     use clrbpf::symbolize::{
-        jitdump::{JitDumpLimits, JitDumpParser},
         managed::split_tier,
         ready_to_run::{AssemblyCache, ReadyToRunNames},
     };
+    use clrbpf_parse::jitdump::{JitDumpLimits, JitDumpParser};
     let env = Env::privileged();
     let app = TestProcess::start(&env, Runtime::Net8, "Demo", &["60"], true);
     let pid = app.pid();

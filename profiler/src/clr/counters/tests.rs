@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::clr::nettrace::{EventMetadata, EventRecord, FieldDescription};
+use clrbpf_parse::nettrace::{EventMetadata, EventRecord, FieldDescription};
 
 fn field(name: &str, type_code: u32) -> FieldDescription {
     FieldDescription {
@@ -261,9 +261,9 @@ fn the_provider_asks_for_the_interval() {
 fn capture_totals(name: &str) -> (RuntimeSnapshot, usize) {
     use std::io::Read as _;
 
-    use crate::clr::nettrace::{NettraceParser, ParsedItem};
+    use clrbpf_parse::nettrace::{NettraceParser, ParsedItem};
     let path = format!(
-        "{}/src/clr/nettrace/testdata/{name}",
+        "{}/../profiler-parse/src/nettrace/testdata/{name}",
         env!("CARGO_MANIFEST_DIR")
     );
     let gz = std::fs::read(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));

@@ -12,7 +12,7 @@ use super::{
     lock_tables,
 };
 use crate::process::identity::FsIdentity;
-use crate::symbolize::perf_map::PerfMapLimits;
+use clrbpf_parse::perf_map::PerfMapLimits;
 
 /// A target whose files are under `root` (its perf maps in `root/tmp`),
 /// pid 4242 on the host, 7 in its namespace, owned by this user.

@@ -16,12 +16,12 @@
 //!    NativeFormat hashtable of generic instantiations, each a method
 //!    signature whose MethodDef row is read and whose type arguments are
 //!    skipped) each give a method's entry function index
-//!    ([`native_format`]).
+//!    (`clrbpf_parse::native_format`).
 //! 4. Funclets (catch, finally, filter bodies) follow their method in the
 //!    table: an index that is no entry takes the nearest entry before it.
 //!    Cold code (`HotColdMap`, .NET 8+) maps to its hot part first.
 //! 5. Token -> `Namespace.Type.Method` from the image's own metadata
-//!    ([`super::clr_metadata`]).
+//!    (`clrbpf_parse::clr_metadata`).
 //!
 //! Known limits: composite images (the framework built as one file, as in
 //! some container images) are not read (their component assemblies carry
@@ -30,7 +30,6 @@
 //! runtime copied into anonymous memory (single-file bundles) has no file
 //! mapping and is left to the memory reader. Only x86_64 images.
 
-pub mod native_format;
 pub mod process;
 
 use std::fs::File;
@@ -38,11 +37,13 @@ use std::os::unix::fs::FileExt;
 
 use object::read::pe::PeFile64;
 
-use self::native_format::{NativeArray, NativeReader, hashtable_entries};
-use super::clr_metadata::{ClrMetadata, MetadataError};
 use crate::unwind::ready_to_run::{
     READY_TO_RUN_FLAG_COMPONENT, is_x86_64, ready_to_run_header, runtime_functions, section_bytes,
     section_type,
+};
+use clrbpf_parse::{
+    clr_metadata::{ClrMetadata, MetadataError},
+    native_format::{NativeArray, NativeReader, hashtable_entries},
 };
 
 pub use process::{AssemblyCache, AssemblyKey, HeldMetadata, ReadyToRunNames};

@@ -24,8 +24,9 @@ use crate::process::{
     mapped_file::{MappedFileRef, open_mapped},
 };
 use crate::profile::{Frame, FrameKind, Module};
-use crate::symbolize::clr_metadata::{ClrMetadata, MetadataError};
+use crate::symbolize::assembly_file::read_metadata_at_most;
 use crate::symbolize::native::FileKey;
+use clrbpf_parse::clr_metadata::{ClrMetadata, MetadataError};
 
 /// The tier a ReadyToRun frame shows, as the runtime's jitdump names
 /// precompiled code.
@@ -134,7 +135,7 @@ impl HeldMetadata {
         let too_large = || MetadataError::TooLarge {
             limit: u32::try_from(share).unwrap_or(u32::MAX),
         };
-        let metadata = ClrMetadata::read_at_most(file, u32::try_from(share).unwrap_or(u32::MAX))?;
+        let metadata = read_metadata_at_most(file, u32::try_from(share).unwrap_or(u32::MAX))?;
         let bytes = metadata.memory_bytes() as u64;
         if bytes > share {
             return Err(too_large());
@@ -528,7 +529,11 @@ mod tests {
     fn metadata_is_shared_while_held() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("Names.dll");
-        std::fs::write(&path, include_bytes!("../clr_metadata/testdata/Names.dll")).expect("write");
+        std::fs::write(
+            &path,
+            include_bytes!("../../../../profiler-parse/src/clr_metadata/testdata/Names.dll"),
+        )
+        .expect("write");
         let cache = AssemblyCache::new(0);
         let open = || File::open(&path).expect("open");
         let first = cache.shared_metadata(&open()).expect("metadata");
@@ -568,7 +573,11 @@ mod tests {
 
     fn names_dll(dir: &tempfile::TempDir, name: &str) -> std::path::PathBuf {
         let path = dir.path().join(name);
-        std::fs::write(&path, include_bytes!("../clr_metadata/testdata/Names.dll")).expect("write");
+        std::fs::write(
+            &path,
+            include_bytes!("../../../../profiler-parse/src/clr_metadata/testdata/Names.dll"),
+        )
+        .expect("write");
         path
     }
 

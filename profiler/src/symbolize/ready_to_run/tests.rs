@@ -121,8 +121,10 @@ fn instantiation_signatures() {
 
 #[test]
 fn il_only_assemblies_have_metadata_and_no_code() {
-    let image = AssemblyImage::from_image(include_bytes!("../clr_metadata/testdata/Names.dll"))
-        .expect("an assembly");
+    let image = AssemblyImage::from_image(include_bytes!(
+        "../../../../profiler-parse/src/clr_metadata/testdata/Names.dll"
+    ))
+    .expect("an assembly");
     assert!(image.methods.is_none());
     assert_eq!(image.token_at_file_offset(0x200), None);
     assert!(matches!(

@@ -11,7 +11,7 @@ use super::{
     },
     *,
 };
-use crate::clr::events::{
+use crate::events::{
     ClrEvent, ClrEventDecoder, ClrEventKind, MethodEventKind, RUNDOWN_PROVIDER, RUNTIME_PROVIDER,
     RundownMarker, assembly_simple_name, method_display_name_in_assembly,
 };
@@ -708,7 +708,7 @@ fn trace_header_converts_timestamps() {
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = format!(
-        "{}/src/clr/nettrace/testdata/{name}",
+        "{}/src/nettrace/testdata/{name}",
         env!("CARGO_MANIFEST_DIR")
     );
     let file = std::fs::File::open(&path).unwrap_or_else(|error| panic!("{path}: {error}"));
@@ -764,7 +764,7 @@ impl Decoded {
             .collect()
     }
 
-    fn method(&self, kind: MethodEventKind, name: &str) -> Vec<&crate::clr::events::MethodLoad> {
+    fn method(&self, kind: MethodEventKind, name: &str) -> Vec<&crate::events::MethodLoad> {
         self.clr()
             .filter_map(|(_, event)| match event {
                 ClrEvent::Method(m)
@@ -885,7 +885,7 @@ impl Decoded {
     /// except for signatures the documented differences cover.
     fn check_names_against_perf_map(&self, perf_map: &str) -> usize {
         let map = std::fs::read_to_string(format!(
-            "{}/src/clr/nettrace/testdata/{perf_map}",
+            "{}/src/nettrace/testdata/{perf_map}",
             env!("CARGO_MANIFEST_DIR")
         ))
         .expect("perf map excerpt");

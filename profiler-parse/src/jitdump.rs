@@ -1,7 +1,7 @@
 //! Incremental parser of the `jit-PID.dump` file CoreCLR writes next to its
 //! perf map (the better source of managed symbols: it also holds ReadyToRun
 //! code and stamps every method with the CLOCK_MONOTONIC time it was
-//! compiled; [`super::managed`] feeds it the file's new bytes).
+//! compiled; the profiler's `symbolize::managed` feeds it the file's new bytes).
 //!
 //! Layout (perf's jitdump as CoreCLR writes it, little-endian on x86-64 and
 //! arm64): a 40-byte file header (`u32 magic 0x4A695444, u32 version,

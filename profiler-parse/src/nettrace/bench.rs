@@ -9,7 +9,7 @@ use super::{
     error::BlockKind,
     framing::{Frame, Phase, Step, TAG_NULL_REFERENCE, next_frame, write_block_object},
 };
-use crate::clr::events::ClrEventDecoder;
+use crate::events::ClrEventDecoder;
 
 /// Socket-sized chunks, as the IPC client reads them.
 const CHUNK_BYTES: usize = 64 * 1024;
@@ -35,7 +35,7 @@ pub fn bench_nettrace_parse(bytes: &[u8]) -> (u64, Duration) {
 }
 
 /// Like [`bench_nettrace_parse`], and decode every event into a
-/// [`crate::clr::events::ClrEvent`] as a session would.
+/// [`crate::events::ClrEvent`] as a session would.
 pub fn bench_clr_event_intake(bytes: &[u8]) -> (u64, Duration) {
     let start = Instant::now();
     let mut parser = NettraceParser::new();

@@ -28,30 +28,30 @@ pub enum ReadError {
 /// A cursor over a byte slice. Field names travel into the errors so a
 /// malformed stream says which field broke.
 #[derive(Clone, Debug)]
-pub(crate) struct ByteReader<'a> {
+pub struct ByteReader<'a> {
     data: &'a [u8],
     pos: usize,
 }
 
 impl<'a> ByteReader<'a> {
-    pub(crate) fn new(data: &'a [u8]) -> Self {
+    pub fn new(data: &'a [u8]) -> Self {
         Self { data, pos: 0 }
     }
 
-    pub(crate) fn pos(&self) -> usize {
+    pub fn pos(&self) -> usize {
         self.pos
     }
 
-    pub(crate) fn remaining(&self) -> usize {
+    pub fn remaining(&self) -> usize {
         self.data.len() - self.pos
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.remaining() == 0
     }
 
     /// The next `len` bytes, consumed.
-    pub(crate) fn bytes(&mut self, len: usize, field: &'static str) -> Result<&'a [u8], ReadError> {
+    pub fn bytes(&mut self, len: usize, field: &'static str) -> Result<&'a [u8], ReadError> {
         let available = self.remaining();
         if len > available {
             return Err(ReadError::Truncated {
@@ -66,7 +66,7 @@ impl<'a> ByteReader<'a> {
         Ok(&self.data[start..self.pos])
     }
 
-    pub(crate) fn skip(&mut self, len: usize, field: &'static str) -> Result<(), ReadError> {
+    pub fn skip(&mut self, len: usize, field: &'static str) -> Result<(), ReadError> {
         self.bytes(len, field).map(|_| ())
     }
 
@@ -77,36 +77,36 @@ impl<'a> ByteReader<'a> {
         Ok(out)
     }
 
-    pub(crate) fn u8(&mut self, field: &'static str) -> Result<u8, ReadError> {
+    pub fn u8(&mut self, field: &'static str) -> Result<u8, ReadError> {
         Ok(self.array::<1>(field)?[0])
     }
 
-    pub(crate) fn u16(&mut self, field: &'static str) -> Result<u16, ReadError> {
+    pub fn u16(&mut self, field: &'static str) -> Result<u16, ReadError> {
         self.array(field).map(u16::from_le_bytes)
     }
 
-    pub(crate) fn u32(&mut self, field: &'static str) -> Result<u32, ReadError> {
+    pub fn u32(&mut self, field: &'static str) -> Result<u32, ReadError> {
         self.array(field).map(u32::from_le_bytes)
     }
 
-    pub(crate) fn u64(&mut self, field: &'static str) -> Result<u64, ReadError> {
+    pub fn u64(&mut self, field: &'static str) -> Result<u64, ReadError> {
         self.array(field).map(u64::from_le_bytes)
     }
 
-    pub(crate) fn i64(&mut self, field: &'static str) -> Result<i64, ReadError> {
+    pub fn i64(&mut self, field: &'static str) -> Result<i64, ReadError> {
         self.array(field).map(i64::from_le_bytes)
     }
 
-    pub(crate) fn f64(&mut self, field: &'static str) -> Result<f64, ReadError> {
+    pub fn f64(&mut self, field: &'static str) -> Result<f64, ReadError> {
         self.array(field).map(f64::from_le_bytes)
     }
 
-    pub(crate) fn guid(&mut self, field: &'static str) -> Result<[u8; 16], ReadError> {
+    pub fn guid(&mut self, field: &'static str) -> Result<[u8; 16], ReadError> {
         self.array(field)
     }
 
     /// Unsigned LEB128, at most 10 bytes, rejecting bits beyond 64.
-    pub(crate) fn varuint64(&mut self, field: &'static str) -> Result<u64, ReadError> {
+    pub fn varuint64(&mut self, field: &'static str) -> Result<u64, ReadError> {
         let start = self.pos;
         let mut value = 0u64;
         for index in 0..10u32 {
@@ -134,7 +134,7 @@ impl<'a> ByteReader<'a> {
     }
 
     /// Unsigned LEB128 that must fit 32 bits (at most 5 bytes).
-    pub(crate) fn varuint32(&mut self, field: &'static str) -> Result<u32, ReadError> {
+    pub fn varuint32(&mut self, field: &'static str) -> Result<u32, ReadError> {
         let start = self.pos;
         let mut value = 0u32;
         for index in 0..5u32 {
@@ -163,11 +163,7 @@ impl<'a> ByteReader<'a> {
     /// whatever its length (the fields after it must stay aligned), but only
     /// its first `max_units` code units are decoded; invalid UTF-16 becomes
     /// U+FFFD.
-    pub(crate) fn utf16z(
-        &mut self,
-        max_units: usize,
-        field: &'static str,
-    ) -> Result<String, ReadError> {
+    pub fn utf16z(&mut self, max_units: usize, field: &'static str) -> Result<String, ReadError> {
         let start = self.pos;
         let rest = &self.data[self.pos..];
         let units = rest.chunks_exact(2).position(|unit| unit == [0, 0]).ok_or(
@@ -184,7 +180,7 @@ impl<'a> ByteReader<'a> {
 
 impl ByteReader<'_> {
     /// Steps over a NUL-terminated UTF-16LE string without decoding it.
-    pub(crate) fn skip_utf16z(&mut self, field: &'static str) -> Result<(), ReadError> {
+    pub fn skip_utf16z(&mut self, field: &'static str) -> Result<(), ReadError> {
         let start = self.pos;
         let units = self.data[self.pos..]
             .chunks_exact(2)
@@ -201,7 +197,7 @@ impl ByteReader<'_> {
 /// Decode UTF-16LE bytes (an even count) with U+FFFD for unpaired
 /// surrogates. Plain ASCII, the common case for type and method names, takes
 /// a fast path.
-pub(crate) fn decode_utf16_lossy(bytes: &[u8]) -> String {
+pub fn decode_utf16_lossy(bytes: &[u8]) -> String {
     let units = bytes
         .chunks_exact(2)
         .map(|pair| u16::from_le_bytes([pair[0], pair[1]]));

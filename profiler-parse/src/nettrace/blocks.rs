@@ -5,7 +5,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use crate::memory_budget::{self, Charge, Pool};
+use crate::budget::{BudgetDrop, StreamBudget};
 
 use super::{
     EventMetadata, EventRecord, FieldDescription, NettraceLimits, NettraceStats, ParsedItem,
@@ -240,7 +240,7 @@ pub(crate) struct StreamState {
     charged_frames: usize,
     /// This stream's metadata and stack cache, charged to the memory
     /// budget's pool for event streams.
-    charge: Charge,
+    charge: Box<dyn StreamBudget>,
 }
 
 /// Frames of the stack cache charged at a time at most: a charge per stack
@@ -266,7 +266,7 @@ fn metadata_cost(event_name: &str, fields: &[FieldDescription]) -> usize {
 }
 
 impl StreamState {
-    pub(crate) fn new(limits: NettraceLimits) -> Self {
+    pub(crate) fn new(limits: NettraceLimits, charge: Box<dyn StreamBudget>) -> Self {
         Self {
             limits,
             pointer_size: 8,
@@ -278,7 +278,7 @@ impl StreamState {
             last_soft_error: None,
             metadata_bytes: 0,
             charged_frames: 0,
-            charge: Charge::new(Pool::Nettrace),
+            charge,
         }
     }
 
@@ -432,7 +432,7 @@ impl StreamState {
                 .map_or(0, |old| metadata_cost(&old.event_name, &old.fields));
             if !self.admit_metadata(cost, freed) {
                 self.stats.corrupt_metadata += 1;
-                memory_budget::Drops::count(&memory_budget::drops().nettrace_metadata, 1);
+                self.charge.count_drop(BudgetDrop::NettraceMetadata);
                 self.soft_error(NettraceError::MetadataOverBudget {
                     max_bytes: self.limits.max_metadata_bytes,
                 });
@@ -530,10 +530,7 @@ impl StreamState {
                 if needed > self.limits.max_cached_stack_frames || !self.charge_stack_frames(needed)
                 {
                     if needed <= self.limits.max_cached_stack_frames {
-                        memory_budget::Drops::count(
-                            &memory_budget::drops().nettrace_stack_resets,
-                            1,
-                        );
+                        self.charge.count_drop(BudgetDrop::NettraceStackReset);
                     }
                     self.stacks.clear();
                     self.stats.stack_cache_resets += 1;

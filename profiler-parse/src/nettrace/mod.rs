@@ -1,7 +1,7 @@
 //! A streaming parser of the NetTrace V4/V5 format that a .NET runtime
 //! writes on its diagnostic socket for an EventPipe session. It sits between
 //! the IPC client (bytes in arbitrary chunks) and the CLR event decoders
-//! ([`crate::clr::events`]): [`NettraceParser::feed`] takes whatever the
+//! ([`crate::events`]): [`NettraceParser::feed`] takes whatever the
 //! socket returned and calls back once per metadata record, event, stack
 //! block and sequence point that became complete.
 //!
@@ -34,13 +34,15 @@ pub mod bench;
 mod blocks;
 mod error;
 mod framing;
-pub(crate) mod reader;
+pub mod reader;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 pub(crate) mod writer;
 
 use std::sync::Arc;
+
+use crate::budget::{StreamBudget, Unbounded};
 
 pub use error::{BlockKind, NettraceError};
 pub use reader::ReadError;
@@ -390,14 +392,21 @@ impl NettraceParser {
         Self::with_limits(NettraceLimits::default())
     }
 
+    /// `limits` alone bound what the parser keeps ([`Unbounded`]).
     pub fn with_limits(limits: NettraceLimits) -> Self {
+        Self::with_budget(limits, Box::new(Unbounded))
+    }
+
+    /// `limits`, and the metadata and stack cache also charged to `budget`
+    /// (the profiler's memory budget, shared by every stream).
+    pub fn with_budget(limits: NettraceLimits, budget: Box<dyn StreamBudget>) -> Self {
         Self {
             phase: Phase::Preamble,
             offset: 0,
             pending: Vec::new(),
             pending_need: 0,
             trace: None,
-            state: StreamState::new(limits),
+            state: StreamState::new(limits, budget),
             failed: None,
         }
     }

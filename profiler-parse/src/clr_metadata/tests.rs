@@ -47,19 +47,6 @@ fn names_methods_of_namespaces_nested_and_generic_types() {
 }
 
 #[test]
-fn reads_only_headers_and_metadata_from_a_file() {
-    let dir = std::env::temp_dir().join(format!("clrbpf-metadata-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("Names.dll");
-    std::fs::write(&path, NAMES_DLL).expect("write");
-    let file = File::open(&path).expect("open");
-    let from_file = ClrMetadata::read(&file).expect("reads");
-    let from_image = ClrMetadata::from_image(NAMES_DLL).expect("parses");
-    assert_eq!(all_names(&from_file), all_names(&from_image));
-    std::fs::remove_dir_all(&dir).expect("cleanup");
-}
-
-#[test]
 fn other_files_are_clear_errors() {
     assert!(matches!(
         ClrMetadata::from_image(b"\x7fELF"),

@@ -4,9 +4,10 @@
 //! token comes from the image's own entry point tables) and JIT-compiled
 //! code (the token comes from the runtime's MethodDesc in target memory).
 //! Either way the assembly file is read through the target's root
-//! (`/proc/PID/root`, never following a symlink out of it: the caller opens
-//! it with [`crate::process::root::TargetRoot::open_file`]) and only its
-//! headers and metadata are read, at most [`MAX_METADATA_BYTES`].
+//! (`/proc/PID/root`, never following a symlink out of it: the profiler
+//! opens it with `TargetRoot::open_file` and reads it with
+//! [`ClrMetadata::from_parts`]) and only its headers and metadata are read,
+//! at most [`MAX_METADATA_BYTES`].
 //!
 //! Steps (ECMA-335 6th ed., Partition II §24 and §22):
 //! 1. PE (32- or 64-bit) -> CLI header (data directory 14) -> the metadata
@@ -20,7 +21,8 @@
 //! 3. A MethodDef's owner is the last TypeDef whose `MethodList` is at most
 //!    the method's row (the runs are contiguous); NestedClass gives each
 //!    nested type its enclosing one.
-//! 4. The name has the short form perf maps give ([`super::method_name`]):
+//! 4. The name has the short form perf maps give (the profiler's
+//!    `symbolize::method_name`):
 //!    `Namespace.Outer+Inner.Method`, the namespace of the outermost type,
 //!    generic types with their arity as metadata spells them
 //!    (``List`1``). Type arguments and signatures are not in a MethodDef:
@@ -36,8 +38,6 @@
 //! refused; method type parameters are not shown (perf maps show none).
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 
 /// Most bytes of metadata read from one assembly (System.Private.CoreLib
 /// 8.0 has about 5 MiB).
@@ -48,7 +48,7 @@ pub const MAX_NAME_BYTES: usize = 1024;
 pub const MAX_NESTING: usize = 32;
 /// Bytes of PE headers read to find the CLI header (headers and section
 /// table; images have 512 or 4096).
-const PE_HEADER_BYTES: usize = 4096;
+pub const PE_HEADER_BYTES: usize = 4096;
 /// Sections a PE image may list (the format allows 96).
 const MAX_PE_SECTIONS: usize = 96;
 /// The metadata root's signature, `BSJB`.
@@ -454,28 +454,18 @@ pub struct ClrMetadata {
 }
 
 impl ClrMetadata {
-    /// Reads the metadata of the assembly opened as `file` (headers and
-    /// metadata only, at most [`MAX_METADATA_BYTES`]). The caller opens a
-    /// target's file inside its root.
-    pub fn read(file: &File) -> Result<Self, MetadataError> {
-        Self::read_at_most(file, MAX_METADATA_BYTES)
-    }
-
-    /// [`Self::read`], refusing metadata over `limit` bytes before it is
-    /// read (a sparse file's header can claim 64 MiB that cost its owner
-    /// nothing).
-    pub fn read_at_most(file: &File, limit: u32) -> Result<Self, MetadataError> {
-        let read = |offset: u64, len: u32| -> Result<Vec<u8>, MetadataError> {
-            let mut buf = vec![0u8; len as usize];
-            file.read_exact_at(&mut buf, offset)
-                .map_err(|source| MetadataError::Read { source })?;
-            Ok(buf)
-        };
-        let mut header = vec![0u8; PE_HEADER_BYTES];
-        let got = read_up_to(file, &mut header)?;
-        header.truncate(got);
-        let headers = PeHeaders::parse(&header)?;
-        let (offset, size) = metadata_range(&headers, limit, read)?;
+    /// The metadata of an assembly file read in parts: `header` is its
+    /// first bytes (up to [`PE_HEADER_BYTES`], fewer for a short file),
+    /// `read(offset, len)` the caller's read of `len` bytes at `offset`.
+    /// Metadata over `limit` bytes is refused before it is read (a sparse
+    /// file's header can claim 64 MiB that cost its owner nothing).
+    pub fn from_parts(
+        header: &[u8],
+        limit: u32,
+        read: impl Fn(u64, u32) -> Result<Vec<u8>, MetadataError>,
+    ) -> Result<Self, MetadataError> {
+        let headers = PeHeaders::parse(header)?;
+        let (offset, size) = metadata_range(&headers, limit, &read)?;
         Self::parse_metadata(read(offset, size)?.into_boxed_slice())
     }
 
@@ -639,20 +629,6 @@ impl ClrMetadata {
         let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
         std::str::from_utf8(&rest[..end]).ok()
     }
-}
-
-/// Fills `buf` from the start of `file` as far as the file goes.
-fn read_up_to(file: &File, buf: &mut [u8]) -> Result<usize, MetadataError> {
-    let mut got = 0;
-    while got < buf.len() {
-        match file.read_at(&mut buf[got..], got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(source) => return Err(MetadataError::Read { source }),
-        }
-    }
-    Ok(got)
 }
 
 /// The streams of a metadata root that are read.

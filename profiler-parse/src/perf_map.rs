@@ -1,6 +1,6 @@
 //! Incremental parser of the `perf-PID.map` text a .NET runtime appends to
 //! while it JIT-compiles (one source of managed symbols, next to the
-//! jitdump; [`super::managed`] feeds it the file's new bytes and indexes
+//! jitdump; the profiler's `symbolize::managed` feeds it the file's new bytes and indexes
 //! what it yields).
 //!
 //! Format, one entry per line, as CoreCLR prints it with

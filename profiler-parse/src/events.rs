@@ -848,7 +848,7 @@ fn respell_signature(signature: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clr::nettrace::writer::utf16z;
+    use crate::nettrace::writer::utf16z;
 
     fn method_payload(version: u32) -> Vec<u8> {
         let mut p = Vec::new();
