@@ -21,6 +21,14 @@
 //!    beyond those the events charged are added to the intake once the
 //!    session is off and drained, and take the events' shape
 //!    ([`crate::profile::alloc_sampling`]).
+//! 4. .NET Core 3.1's ticks count more than was allocated: its
+//!    `try_allocate_more_space` adds `alloc_limit - alloc_ptr` of the
+//!    context, and a context extended in place keeps its old `alloc_ptr`,
+//!    so the unused end of the previous quantum counts again (8% more on
+//!    the Allocs workload; .NET 6+ count the bytes added). Where the
+//!    events carry more than the counter saw, they are scaled by its ratio
+//!    to them ([`CounterLedger::ratio`]), those outside any counter value
+//!    (a process's last interval) too ([`CounterLedger::correction`]).
 
 use std::time::Instant;
 
