@@ -178,6 +178,20 @@ pub struct CounterLedger {
     /// What was added without events so far. Events the runtime dropped
     /// (a full session buffer) are among it: the counter saw them too.
     added: u64,
+    /// Time of the latest counter value.
+    last_ns: u64,
+    /// What the events carried after the first value up to the latest
+    /// one: the span the counter covers.
+    observed_covered: f64,
+    /// Events after the latest value (time, amount): no value covers them
+    /// yet, and none will once the process has exited.
+    tail: Vec<(u64, f64)>,
+    /// What the events carried up to the first value's baseline.
+    observed_before_baseline: f64,
+    /// What the events handed on carried ([`Self::on_scaled_event`]).
+    handed: f64,
+    /// What [`Self::correction`] returned so far, summed.
+    corrected: f64,
 }
 
 /// A counter's first value: its time, its value and its baseline's time.
@@ -187,6 +201,11 @@ struct FirstValue {
     value: f64,
     baseline_ns: u64,
 }
+
+/// Most entries of a ledger's tail (16 KiB), and how close in time two
+/// events are to share one.
+const MAX_TAIL_ENTRIES: usize = 1024;
+const TAIL_MERGE_NS: u64 = 10_000_000;
 
 /// Longest counter interval believed, in seconds: a value's bound is its
 /// interval times the counter's rate, and the interval is the target's.
@@ -207,6 +226,12 @@ impl CounterLedger {
             observed_first_interval: 0.0,
             counted: 0.0,
             added: 0,
+            last_ns: 0,
+            observed_covered: 0.0,
+            tail: Vec::new(),
+            observed_before_baseline: 0.0,
+            handed: 0.0,
+            corrected: 0.0,
         }
     }
 
@@ -223,8 +248,20 @@ impl CounterLedger {
         let value = value.clamp(0.0, most);
         if self.first.is_some() {
             self.counted += value;
+            self.last_ns = self.last_ns.max(time_ns);
+            let last_ns = self.last_ns;
+            let mut covered = 0.0;
+            self.tail.retain(|&(t, amount)| {
+                let keep = t > last_ns;
+                if !keep {
+                    covered += amount;
+                }
+                keep
+            });
+            self.observed_covered += covered;
             return;
         }
+        self.last_ns = time_ns;
         let interval_ns = (f64::from(interval_sec.max(0.0)) * 1e9) as u64;
         let first = FirstValue {
             time_ns,
@@ -240,6 +277,13 @@ impl CounterLedger {
     /// An event at `time_ns` carrying `amount`; `over`: it went over the
     /// budget (the events go off).
     pub fn on_event(&mut self, time_ns: u64, amount: f64, over: bool) {
+        self.on_scaled_event(time_ns, amount, amount, over);
+    }
+
+    /// An event at `time_ns` carrying `amount`, handed on as `handed` (the
+    /// amount scaled by [`Self::ratio`]); `over` as in [`Self::on_event`].
+    pub fn on_scaled_event(&mut self, time_ns: u64, amount: f64, handed: f64, over: bool) {
+        self.handed += handed;
         match self.first {
             None if self.early.len() < MAX_EARLY_EVENTS => self.early.push((time_ns, amount)),
             None => {}
@@ -253,9 +297,89 @@ impl CounterLedger {
     fn tally(&mut self, first: FirstValue, time_ns: u64, amount: f64) {
         if time_ns > first.time_ns {
             self.observed += amount;
+            if time_ns <= self.last_ns {
+                self.observed_covered += amount;
+            } else {
+                self.push_tail(time_ns, amount);
+            }
         } else if time_ns > first.baseline_ns {
             self.observed_first_interval += amount;
+        } else {
+            self.observed_before_baseline += amount;
         }
+    }
+
+    /// Adds an event after the latest value to the tail: into the latest
+    /// entry when within [`TAIL_MERGE_NS`] of it or when the tail is full
+    /// (the entry's time is its latest event's), so that it stays small.
+    fn push_tail(&mut self, time_ns: u64, amount: f64) {
+        let full = self.tail.len() >= MAX_TAIL_ENTRIES;
+        match self.tail.last_mut() {
+            Some((t, a)) if full || time_ns.abs_diff(*t) <= TAIL_MERGE_NS => {
+                *t = (*t).max(time_ns);
+                *a += amount;
+            }
+            _ => self.tail.push((time_ns, amount)),
+        }
+    }
+
+    /// What the counter saw after its first value against what the events
+    /// carried over the same span (both with the first interval when the
+    /// events were off before the first value), and what the events
+    /// carried that no value covers (before it, or after the latest).
+    fn spans(&self, first: FirstValue) -> (f64, f64, f64) {
+        let tail: f64 = self.tail.iter().map(|&(_, amount)| amount).sum();
+        if self.first_off_ns.is_some_and(|off| off <= first.time_ns) {
+            (
+                self.counted + first.value,
+                self.observed_covered + self.observed_first_interval,
+                self.observed_before_baseline + tail,
+            )
+        } else {
+            (
+                self.counted,
+                self.observed_covered,
+                self.observed_before_baseline + self.observed_first_interval + tail,
+            )
+        }
+    }
+
+    /// The counter's amount per event amount over the span it covers,
+    /// when the events over-count (below 1), from at least `min_observed`
+    /// of the events; 1 otherwise, and once the events have been off (the
+    /// counter then also counts what they missed). .NET Core 3.1's
+    /// allocation ticks count some bytes twice ([`super::alloc_session`]).
+    pub fn ratio(&self, min_observed: f64) -> f64 {
+        let Some(first) = self.first else {
+            return 1.0;
+        };
+        if self.first_off_ns.is_some() {
+            return 1.0;
+        }
+        let (counted, observed, _) = self.spans(first);
+        if observed < min_observed.max(f64::MIN_POSITIVE) {
+            return 1.0;
+        }
+        (counted / observed).clamp(0.0, 1.0)
+    }
+
+    /// What to add (or take away, when negative) so that what was handed
+    /// on matches the counter: the counter's amount over the span it
+    /// covers, and the events' outside it at [`Self::ratio`]. Not returned
+    /// twice. Only meaningful while no event is still on its way.
+    pub fn correction(&mut self) -> i64 {
+        let Some(first) = self.first else {
+            return 0;
+        };
+        let (counted, _, uncovered) = self.spans(first);
+        let target = counted + uncovered * self.ratio(0.0);
+        let delta = (target - self.handed - self.corrected).round();
+        // Both are sums of finite amounts the counter's bound keeps far
+        // below i64::MAX.
+        let bound = (1u64 << 62) as f64;
+        let delta = delta.clamp(-bound, bound) as i64;
+        self.corrected += delta as f64;
+        delta
     }
 
     /// What the counter saw that no event stood for, not added yet. Only
@@ -343,6 +467,26 @@ mod tests {
             assert!(!gate.observe(2 * S + i, 0));
         }
         assert!(gate.is_on(3 * S));
+    }
+
+    #[test]
+    fn events_after_the_last_value_take_the_counters_ratio_in_a_bounded_tail() {
+        let mut ledger = CounterLedger::new(1e12);
+        ledger.on_counter(0.0, S, 1.0);
+        // 2 s of events at 2 per ms, 11 each where the counter saw 10.
+        for i in 0..4_000u64 {
+            ledger.on_event(S + 1 + i * S / 2_000, 11.0, false);
+        }
+        ledger.on_counter(40_000.0, 3 * S, 2.0);
+        assert!((ledger.ratio(0.0) - 10.0 / 11.0).abs() < 1e-12);
+        // A million more after the last value: the tail stays small.
+        for i in 0..1_000_000u64 {
+            ledger.on_event(3 * S + 1 + i * 1_000, 11.0, false);
+        }
+        assert!(ledger.tail.len() <= MAX_TAIL_ENTRIES);
+        let want = 40_000 + 10_000_000 - 44_000 - 11_000_000;
+        assert!((ledger.correction() - want).abs() <= 1);
+        assert_eq!(ledger.correction(), 0, "taken once");
     }
 
     #[test]

@@ -419,13 +419,15 @@ impl ClrIntake {
 
     /// Adds `bytes` allocated by `time_ns` that the runtime's counter saw
     /// while no allocation event stood for them.
-    pub fn add_unobserved_allocations(&mut self, time_ns: u64, bytes: u64) {
+    /// Negative: bytes the events counted that the counter did not see
+    /// (.NET Core 3.1's ticks count some twice).
+    pub fn add_unobserved_allocations(&mut self, time_ns: u64, bytes: i64) {
         let time_ns = Self::no_later_than_now(time_ns);
-        self.counters.allocated_bytes = self.counters.allocated_bytes.saturating_add(bytes);
+        self.counters.allocated_bytes = self.counters.allocated_bytes.saturating_add_signed(bytes);
         self.counters.allocated_bytes_without_event = self
             .counters
             .allocated_bytes_without_event
-            .saturating_add(bytes);
+            .saturating_add(bytes.max(0).unsigned_abs());
         self.allocations.add_unobserved(time_ns, bytes);
     }
 

@@ -1121,6 +1121,31 @@ mod tests {
     }
 
     #[test]
+    fn bytes_over_the_budget_say_where_their_count_came_from() {
+        assert_eq!(allocation_totals(&ClrCounters::default()), "");
+        let within = ClrCounters {
+            allocation_events: 2_400,
+            allocated_bytes: 240_500_000,
+            ..ClrCounters::default()
+        };
+        assert_eq!(
+            allocation_totals(&within),
+            ", 240.5 MB allocated (2400 allocation events)"
+        );
+        let counter = ClrCounters {
+            allocated_bytes_without_event: 120_000_000,
+            allocation_backoffs: 1,
+            ..within
+        };
+        let line = allocation_totals(&counter);
+        assert_eq!(
+            line,
+            ", 240.5 MB allocated (2400 allocation events; 120.0 MB counted from the runtime's counter while their events were off over the budget)"
+        );
+        assert!(!line.contains("1 times"), "{line}");
+    }
+
+    #[test]
     fn warnings_that_differ_only_in_their_pid_are_one_line() {
         let mut warnings = Warnings::default();
         warnings.push("tracefs is not mounted".to_owned());

@@ -91,8 +91,9 @@ pub struct AllocationSampler<T> {
     seen: u64,
     bytes: f64,
     objects: f64,
-    /// Bytes the counter saw without events, in this window.
-    unobserved_bytes: u64,
+    /// Bytes the counter saw without events, in this window (negative:
+    /// the events counted more than it saw).
+    unobserved_bytes: i64,
     kept: Vec<Kept<T>>,
     /// The kept events of the last window that had some: the shape of a
     /// later window's bytes that came without events.
@@ -151,7 +152,8 @@ impl<T: Clone> AllocationSampler<T> {
 
     /// Adds `bytes` the runtime's counter saw allocated by `time_ns` while
     /// no event stood for them.
-    pub fn add_unobserved(&mut self, time_ns: u64, bytes: u64) {
+    /// Negative `bytes` take away from the window's (down to none).
+    pub fn add_unobserved(&mut self, time_ns: u64, bytes: i64) {
         if bytes == 0 {
             return;
         }
@@ -188,7 +190,7 @@ impl<T: Clone> AllocationSampler<T> {
             return;
         }
         let (bytes, objects) = if bytes > 0.0 {
-            let total = bytes + unobserved as f64;
+            let total = (bytes + unobserved as f64).max(0.0);
             (total, objects * total / bytes)
         } else {
             // A window of unobserved bytes only: the last shape's objects
@@ -196,7 +198,7 @@ impl<T: Clone> AllocationSampler<T> {
             let (b, o) = shape.iter().fold((0.0, 0.0), |(b, o), k| {
                 (b + k.estimate.bytes, o + k.estimate.objects)
             });
-            let total = unobserved as f64;
+            let total = unobserved.max(0) as f64;
             (total, if b > 0.0 { o * total / b } else { 0.0 })
         };
         let byte_weights: Vec<f64> = shape.iter().map(|k| k.estimate.bytes).collect();
@@ -312,12 +314,14 @@ mod tests {
         for i in 0..1000u64 {
             sampler.offer(i, &huge, || i);
         }
-        sampler.add_unobserved(2000, u64::MAX);
+        sampler.add_unobserved(2000, i64::MAX);
+        sampler.add_unobserved(2001, i64::MAX);
         let out = sampler.finish();
         let bytes: u128 = out.iter().map(|w| u128::from(w.delay_ns)).sum();
+        let want = (1000.0 * MAX_EVENT_BYTES as f64 + i64::MAX as f64) as u64;
         assert_eq!(
             bytes,
-            u128::from(u64::MAX),
+            u128::from(want),
             "saturated at the end, exact over the kept"
         );
     }
