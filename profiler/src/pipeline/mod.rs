@@ -145,6 +145,8 @@ pub struct Pipeline {
     /// Process exits and execs reported by the kernel, in ring order: each
     /// is applied once every sample taken before it has been added.
     lifecycle: VecDeque<crate::bpf::ProcessEvent>,
+    /// The kernel's count of records it could not write, at the last look.
+    losses_seen: u64,
     /// Whether perf files of processes clrbpf asked for are kept.
     keep_perf_files: bool,
     /// Which sources name managed frames (`--managed-names`).
@@ -204,6 +206,14 @@ const NATIVE_STACKS_NAMED_EVERY: std::time::Duration = std::time::Duration::from
 /// own (see [`Pipeline::apply_lifecycle`]).
 const EXIT_GRACE_NS: u64 = 50_000_000;
 
+/// When a process event happened, on the samples' clock.
+fn event_time(event: &crate::bpf::ProcessEvent) -> u64 {
+    match *event {
+        crate::bpf::ProcessEvent::Exited { time_ns, .. }
+        | crate::bpf::ProcessEvent::Exec { time_ns, .. } => time_ns,
+    }
+}
+
 /// How often tracked processes are checked for having vanished without an
 /// exit event seen for them ([`Pipeline::retire_vanished`]).
 const VANISHED_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -257,6 +267,7 @@ impl Pipeline {
                 crate::memory_budget::current().managed_symbol_bytes(),
             ),
             lifecycle: VecDeque::new(),
+            losses_seen: 0,
             keep_perf_files: false,
             managed_names: crate::clr::name_sources::ManagedNames::default(),
             assemblies: crate::symbolize::ready_to_run::AssemblyCache::new(
@@ -442,6 +453,7 @@ impl Pipeline {
         };
         self.summary.over_budget = crate::memory_budget::drops().snapshot();
         self.summary.memory_naming = crate::clr::memory::budget::global().counts.snapshot();
+        self.summary.unknown_frames_over_share = self.aggregator.unknown_over_share();
     }
 
     /// The end of the recording: stops every session, then adds the kept
@@ -548,6 +560,7 @@ impl Pipeline {
         scratch: &mut Vec<RawSample>,
     ) -> bool {
         let drained = self.pull(sampler, scratch);
+        self.end_reused_after_losses(sampler);
         if let Some(unwind) = self.unwind.as_ref() {
             for pid in sampler.take_pids_to_rescan() {
                 unwind.refresh_process(pid);
@@ -582,7 +595,7 @@ impl Pipeline {
         if self.vanished.1.elapsed() < VANISHED_CHECK_EVERY {
             return;
         }
-        self.retire_reused();
+        self.end_reused();
         let gone: HashSet<u32> = self
             .processes
             .keys()
@@ -605,23 +618,48 @@ impl Pipeline {
         self.vanished.0 = gone.difference(&earlier).copied().collect();
     }
 
-    /// Retires the tracked processes whose pid another process holds now
-    /// (a different start time): their exit event was lost. They end as an
-    /// exit ends them (what they collected is added, their tables and
-    /// readers dropped, the unwinder's copies of their stacks given back
-    /// unreplayed), and the next sample of the pid learns the new process
-    /// afresh: its labels, selection and memory reader are its own.
-    fn retire_reused(&mut self) {
-        let reused: Vec<u32> = self
-            .processes
-            .values()
-            .filter(|process| process.pid_reused(&self.procfs))
-            .map(|process| process.pid)
-            .collect();
-        for pid in reused {
-            tracing::debug!(pid, "retiring a process whose pid was reused");
+    /// Ends the tracked processes whose pid another process holds now (a
+    /// different start time): their exit event was lost. An exit is queued
+    /// at the new process's start, in its place among the kernel's events,
+    /// so the samples taken before it stay the old process's and the first
+    /// one after it learns the new process afresh (its labels, selection
+    /// and memory reader its own). The exit ends the old one as a real
+    /// one would (what it collected added, its tables and readers dropped,
+    /// the unwinder's copies of its stacks given back unreplayed).
+    fn end_reused(&mut self) {
+        let mut exits = Vec::new();
+        for process in self.processes.values_mut() {
+            if process.successor_seen {
+                continue;
+            }
+            let Some(started_ns) = process.successor_start_ns(&self.procfs) else {
+                continue;
+            };
+            tracing::debug!(pid = process.pid, "a process whose pid was reused ends");
+            process.successor_seen = true;
+            exits.push(crate::bpf::ProcessEvent::Exited {
+                pid: process.pid,
+                // Applied EXIT_GRACE_NS after its time: at the start.
+                time_ns: started_ns.saturating_sub(EXIT_GRACE_NS),
+            });
+        }
+        for exit in exits {
             self.summary.processes_vanished += 1;
-            self.retire(pid);
+            let at = self
+                .lifecycle
+                .partition_point(|e| event_time(e) <= event_time(&exit));
+            self.lifecycle.insert(at, exit);
+        }
+    }
+
+    /// Checks for reused pids as soon as the kernel says it dropped a
+    /// record (a full ring): the exit event of a process may be among
+    /// them, and the next process under its pid must not be taken for it.
+    fn end_reused_after_losses(&mut self, sampler: &crate::bpf::Sampler) {
+        let losses = sampler.losses();
+        if losses != self.losses_seen {
+            self.losses_seen = losses;
+            self.end_reused();
         }
     }
 
@@ -737,6 +775,7 @@ impl Pipeline {
             span.start_unix_ns,
             i64::try_from(span.end_ns.saturating_sub(span.start_ns)).unwrap_or(i64::MAX),
         );
+        self.summary.unknown_frames_over_share = self.aggregator.unknown_over_share();
         profile.default_sample_type = Some(self.layout.default_index());
         profile
     }
