@@ -4,7 +4,8 @@
 //!
 //! clrbpf is stopped (SIGSTOP: a main loop that fell behind, as a costly
 //! tenant once made it) while two busy shells fill the 8 MiB ring at
-//! `-F 499`; the app exits then, its exit event lost to the full ring, and
+//! `-F 999` (and 400 short processes its last bytes); the app exits then,
+//! its exit event lost to the full ring, and
 //! a shell is started under its pid (the test steers the pid with
 //! `ns_last_pid`; an unprivileged user gets the same by forking until the
 //! pid comes round). Its exec event is lost too. After SIGCONT the shell's
@@ -12,8 +13,9 @@
 //! the app's tables, memory reader or stack copies.
 //!
 //! Before (pid, start time), the shell's samples were the app's: its
-//! `container.id` and `process.executable.name=dotnet`. With the start
-//! time checked only every 5 s, those of the first seconds still were.
+//! `container.id` and `process.executable.name=dotnet`. With the old entry
+//! ended at once at a check, the app's own samples still in the ring were
+//! taken for the shell's.
 
 use std::{
     fs,
@@ -30,6 +32,12 @@ use clrbpf_integration_tests::{
 /// A busy shell as uid 65534 under host pid `pid`, or `None` when other
 /// processes of the host kept taking it.
 fn busy_shell_at(pid: u32) -> Option<Child> {
+    // The app's pid is free once its namespace's parent has reaped it.
+    let waiting = Instant::now();
+    while fs::metadata(format!("/proc/{pid}")).is_ok() && waiting.elapsed() < Duration::from_secs(5)
+    {
+        thread::sleep(Duration::from_millis(10));
+    }
     for _ in 0..200 {
         fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
             .expect("write ns_last_pid (root)");
@@ -69,16 +77,23 @@ fn a_pid_reused_after_a_lost_exit_gets_nothing_of_the_old_process() {
     let app = ContainerTarget::start(&env, Runtime::Net8, "Hot", &["120"], 65534);
     let (pid, container_id) = (app.pid(), app.container_id.clone());
     let _fill = [BusyShell::start(), BusyShell::start()];
-    let mut clrbpf = start_whole_host_recording(&env, &["-F", "499"], &out, &log);
+    let mut clrbpf = start_whole_host_recording(&env, &["-F", "999"], &out, &log);
     // The app is learnt, attached to and named.
     thread::sleep(Duration::from_secs(8));
     signal(clrbpf.id(), libc::SIGSTOP);
-    // 2 KiB a sample, 1,000 a second: the ring is full in about 4 s.
-    thread::sleep(Duration::from_secs(8));
+    // 2 KiB a sample, 2,000 a second: the ring is full in about 2 s. The
+    // whole stop is shorter than the 5 s between clrbpf's own checks.
+    thread::sleep(Duration::from_millis(3500));
+    // A sample no longer fits, but a 32-byte exit might: short processes'
+    // exits and execs (a churning host's) take the last bytes.
+    let churn = Command::new("sh")
+        .args(["-c", "for i in $(seq 400); do /bin/true; done"])
+        .status()
+        .expect("run short processes");
+    assert!(churn.success());
     drop(app);
-    thread::sleep(Duration::from_secs(1));
     let shell = busy_shell_at(pid);
-    thread::sleep(Duration::from_secs(1));
+    thread::sleep(Duration::from_millis(300));
     signal(clrbpf.id(), libc::SIGCONT);
     let Some(mut shell) = shell else {
         signal(clrbpf.id(), libc::SIGKILL);
@@ -109,11 +124,21 @@ fn a_pid_reused_after_a_lost_exit_gets_nothing_of_the_old_process() {
     let (shell_samples, app_samples): (Vec<_>, Vec<_>) = all
         .into_iter()
         .partition(|s| label_str(s, "thread.name") == Some("sh"));
-    assert!(
-        app_samples
-            .iter()
-            .any(|s| label_str(s, "container.id") == Some(container_id.as_str())),
-        "the app's own samples carry its container id:\n{stderr}"
+    assert!(!app_samples.is_empty(), "no sample of the app:\n{stderr}");
+    // Those still in the ring when clrbpf went on are the app's too, not
+    // the shell's (ending the old entry at once would give them away).
+    let relabelled = app_samples
+        .iter()
+        .filter(|s| {
+            label_str(s, "container.id") != Some(container_id.as_str())
+                || label_str(s, "process.executable.name") != Some("dotnet")
+        })
+        .count();
+    assert_eq!(
+        relabelled,
+        0,
+        "{relabelled} of the app's {} samples lack its container id or executable name:\n{stderr}",
+        app_samples.len()
     );
     assert!(
         shell_samples.len() > 20,
@@ -141,13 +166,13 @@ fn a_pid_reused_after_a_lost_exit_gets_nothing_of_the_old_process() {
         shell_samples.len(),
         borrowed[0]
     );
+    let events_lost = stderr
+        .lines()
+        .find(|l| l.contains("process exits and execs lost"))
+        .unwrap_or_else(|| panic!("no process event was lost:\n{stderr}"));
     eprintln!(
-        "{} samples of the shell, {} of the app under pid {pid}; {lost} samples lost; {}",
+        "{} samples of the shell, {} of the app under pid {pid}; {lost} samples lost; {events_lost}",
         shell_samples.len(),
         app_samples.len(),
-        stderr
-            .lines()
-            .find(|l| l.contains("process exits and execs lost"))
-            .unwrap_or("no process event lost")
     );
 }
