@@ -718,6 +718,16 @@ impl Sampler {
         malformed
     }
 
+    /// The records the kernel could not write to the ring (samples and
+    /// process events), summed: two map reads, cheap enough for each tick.
+    pub fn losses(&self) -> u64 {
+        [Counter::SamplesLost, Counter::ProcessEventsLost]
+            .into_iter()
+            .filter_map(|c| self.counters.get(&(c as u32), 0).ok())
+            .map(|values| values.iter().fold(0u64, |a, v| a.saturating_add(*v)))
+            .fold(0, u64::saturating_add)
+    }
+
     pub fn counters(&self) -> KernelCounters {
         let mut sum = [0u64; COUNTER_SLOTS as usize];
         for (slot, total) in sum.iter_mut().enumerate() {

@@ -22,6 +22,7 @@ mod labels;
 pub mod perf_maps;
 pub mod raw_stacks;
 pub mod resolve;
+mod reuse;
 pub mod selection;
 mod stack_copies;
 pub mod start_tables;
@@ -145,6 +146,8 @@ pub struct Pipeline {
     /// Process exits and execs reported by the kernel, in ring order: each
     /// is applied once every sample taken before it has been added.
     lifecycle: VecDeque<crate::bpf::ProcessEvent>,
+    /// The kernel's count of records it could not write, at the last look.
+    losses_seen: u64,
     /// Whether perf files of processes clrbpf asked for are kept.
     keep_perf_files: bool,
     /// Which sources name managed frames (`--managed-names`).
@@ -257,6 +260,7 @@ impl Pipeline {
                 crate::memory_budget::current().managed_symbol_bytes(),
             ),
             lifecycle: VecDeque::new(),
+            losses_seen: 0,
             keep_perf_files: false,
             managed_names: crate::clr::name_sources::ManagedNames::default(),
             assemblies: crate::symbolize::ready_to_run::AssemblyCache::new(
@@ -442,6 +446,7 @@ impl Pipeline {
         };
         self.summary.over_budget = crate::memory_budget::drops().snapshot();
         self.summary.memory_naming = crate::clr::memory::budget::global().counts.snapshot();
+        self.summary.unknown_frames_over_share = self.aggregator.unknown_over_share();
     }
 
     /// The end of the recording: stops every session, then adds the kept
@@ -548,6 +553,7 @@ impl Pipeline {
         scratch: &mut Vec<RawSample>,
     ) -> bool {
         let drained = self.pull(sampler, scratch);
+        self.end_reused_after_losses(sampler);
         if let Some(unwind) = self.unwind.as_ref() {
             for pid in sampler.take_pids_to_rescan() {
                 unwind.refresh_process(pid);
@@ -582,7 +588,7 @@ impl Pipeline {
         if self.vanished.1.elapsed() < VANISHED_CHECK_EVERY {
             return;
         }
-        self.retire_reused();
+        self.end_reused();
         let gone: HashSet<u32> = self
             .processes
             .keys()
@@ -603,26 +609,6 @@ impl Pipeline {
             self.retire(pid);
         }
         self.vanished.0 = gone.difference(&earlier).copied().collect();
-    }
-
-    /// Retires the tracked processes whose pid another process holds now
-    /// (a different start time): their exit event was lost. They end as an
-    /// exit ends them (what they collected is added, their tables and
-    /// readers dropped, the unwinder's copies of their stacks given back
-    /// unreplayed), and the next sample of the pid learns the new process
-    /// afresh: its labels, selection and memory reader are its own.
-    fn retire_reused(&mut self) {
-        let reused: Vec<u32> = self
-            .processes
-            .values()
-            .filter(|process| process.pid_reused(&self.procfs))
-            .map(|process| process.pid)
-            .collect();
-        for pid in reused {
-            tracing::debug!(pid, "retiring a process whose pid was reused");
-            self.summary.processes_vanished += 1;
-            self.retire(pid);
-        }
     }
 
     /// Every 10 s, a debug line with the size of every table that grows
@@ -737,6 +723,7 @@ impl Pipeline {
             span.start_unix_ns,
             i64::try_from(span.end_ns.saturating_sub(span.start_ns)).unwrap_or(i64::MAX),
         );
+        self.summary.unknown_frames_over_share = self.aggregator.unknown_over_share();
         profile.default_sample_type = Some(self.layout.default_index());
         profile
     }

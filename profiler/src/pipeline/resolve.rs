@@ -42,7 +42,7 @@ pub(super) fn add_clr_samples(
         }
         for &addr in &item.stack {
             let frame = user_frame(native, procfs, process, addr, true, item.time_ns);
-            stack.push(aggregator.intern(&frame));
+            stack.push(aggregator.intern_user(process.pid, &frame));
         }
         if item.stack.is_empty() {
             stack.push(aggregator.intern(&Frame::synthetic("[no stack]")));

@@ -50,6 +50,10 @@ pub struct RecordSummary {
     /// Frames in a known file without a symbol (`[libcoreclr.so]`).
     pub unnamed_frames: u64,
     pub unknown_frames: u64,
+    /// `[unknown]` frames past their process's share of distinct addresses
+    /// a window, kept as its one `[unknown]` frame without an address
+    /// ([`crate::profile::UNKNOWN_FRAMES_PER_PROCESS`]).
+    pub unknown_frames_over_share: u64,
     pub truncated_stacks: u64,
     pub perf_maps_enabled: usize,
     /// Which source named how many managed frames, per .NET process (the
@@ -547,6 +551,14 @@ fn print_recorded(
         user_frames,
         summary.kernel_frames
     )?;
+    if summary.unknown_frames_over_share > 0 {
+        writeln!(
+            w,
+            "clrbpf: {} unknown frames past their process's share of {} distinct addresses a window, kept as one [unknown] frame",
+            summary.unknown_frames_over_share,
+            crate::profile::UNKNOWN_FRAMES_PER_PROCESS
+        )?;
+    }
     for (pid, counts) in &summary.name_sources {
         writeln!(w, "clrbpf: pid {pid}: managed frames named: {counts}")?;
     }
@@ -580,6 +592,13 @@ fn print_lost(summary: &RecordSummary, w: &mut impl std::io::Write) -> std::io::
             w,
             "clrbpf: {} samples lost: the ring the kernel writes them to was full (clrbpf fell behind: a saturated host, or a high -F)",
             summary.samples_lost
+        )?;
+    }
+    if summary.kernel.process_events_lost > 0 {
+        writeln!(
+            w,
+            "clrbpf: {} process exits and execs lost to the same full ring ({} processes ended without their exit event)",
+            summary.kernel.process_events_lost, summary.processes_vanished
         )?;
     }
     let d = summary.over_budget;

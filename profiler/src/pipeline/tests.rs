@@ -302,10 +302,15 @@ fn executable_names(profile: &Profile) -> Vec<String> {
 
 /// Issue 33, defect 8: a process whose exit event was lost does not keep
 /// its entry for the next process under its pid. At the new process's exec
-/// (or the vanished check) the start time differs: the old entry is retired
-/// and the new process's samples carry its own labels.
+/// the start time differs and the old entry is retired; at the check (every
+/// 5 s, or at once when the kernel dropped records) an exit is queued at the
+/// new process's start: an old sample still waiting stays the old
+/// process's, and the new process's samples carry its own labels.
 #[test]
 fn a_reused_pid_gets_the_new_process_not_the_old_entry() {
+    // Clock ticks after boot far enough on to be on the samples' clock.
+    let new_ticks = 1_000_000_000;
+    let new_start = crate::profile::boot_ticks_to_monotonic_ns(new_ticks);
     for at_exec in [true, false] {
         let dir = tempfile::tempdir().expect("tempdir");
         let pid = u32::MAX - 1;
@@ -315,39 +320,51 @@ fn a_reused_pid_gets_the_new_process_not_the_old_entry() {
         pipeline.accept(&mut vec![cpu_sample(10, 1, vec![0x1000])]);
         pipeline.process_pending(20);
         assert_eq!(pipeline.processes[&pid].start_time_ticks, Some(100));
+        // Taken before the old process ended, not added yet.
+        pipeline.accept(&mut vec![cpu_sample(
+            new_start - 2 * EXIT_GRACE_NS,
+            1,
+            vec![0x1000],
+        )]);
         // The old process exits unseen (its exit event lost); another
         // process gets its pid and execs.
-        fake_proc_entry(dir.path(), pid, "new-app", 200);
+        fake_proc_entry(dir.path(), pid, "new-app", new_ticks);
         if at_exec {
             pipeline
                 .lifecycle
-                .push_back(crate::bpf::ProcessEvent::Exec { pid, time_ns: 30 });
-            pipeline.process_pending(30);
+                .push_back(crate::bpf::ProcessEvent::Exec {
+                    pid,
+                    time_ns: new_start,
+                });
         } else {
             pipeline.vanished.1 = std::time::Instant::now() - VANISHED_CHECK_EVERY;
             pipeline.retire_vanished();
         }
+        let old = pipeline.take_window(
+            WindowSpan {
+                start_ns: 0,
+                end_ns: new_start + 1,
+                start_unix_ns: 0,
+            },
+            35,
+        );
         assert!(
             !pipeline.processes.contains_key(&pid),
             "the old entry retired (at exec: {at_exec})"
         );
         assert_eq!(pipeline.summary.processes_vanished, 1);
-        let old = pipeline.take_window(
-            WindowSpan {
-                start_ns: 0,
-                end_ns: 35,
-                start_unix_ns: 0,
-            },
-            35,
+        assert_eq!(
+            executable_names(&old),
+            ["old-app"],
+            "the sample taken before the new process started is the old one's (at exec: {at_exec})"
         );
-        assert_eq!(executable_names(&old), ["old-app"]);
-        pipeline.accept(&mut vec![cpu_sample(40, 1, vec![0x1000])]);
-        pipeline.process_pending(50);
-        assert_eq!(pipeline.processes[&pid].start_time_ticks, Some(200));
+        pipeline.accept(&mut vec![cpu_sample(new_start + 2, 1, vec![0x1000])]);
+        pipeline.process_pending(new_start + 3);
+        assert_eq!(pipeline.processes[&pid].start_time_ticks, Some(new_ticks));
         let new = pipeline.take_window(
             WindowSpan {
-                start_ns: 35,
-                end_ns: 100,
+                start_ns: new_start + 1,
+                end_ns: new_start + 100,
                 start_unix_ns: 35,
             },
             100,

@@ -55,6 +55,9 @@ pub(super) struct TrackedProcess {
     /// read when it was learnt: with the pid, who it is. Another process
     /// under the same pid (its exit event lost) has another start time.
     pub(super) start_time_ticks: Option<u64>,
+    /// Another process was found under the pid, and this one's exit was
+    /// queued at that one's start.
+    pub(super) successor_seen: bool,
     pub(super) exe_name: Arc<str>,
     pub(super) container_id: Option<Arc<str>>,
     /// Pod and container names (k8s/), looked up once.
@@ -108,6 +111,7 @@ impl TrackedProcess {
         let mut process = Self {
             pid,
             start_time_ticks: info.as_ref().map(|i| i.start_time_ticks),
+            successor_seen: false,
             exe_name,
             container_id,
             pod,
@@ -230,6 +234,14 @@ impl TrackedProcess {
         procfs
             .start_time_ticks(self.pid)
             .is_ok_and(|now| now != learnt)
+    }
+
+    /// When the process under this pid now started, on the samples'
+    /// clock, if it is not the one learnt ([`Self::pid_reused`]).
+    pub(super) fn successor_start_ns(&self, procfs: &ProcFs) -> Option<u64> {
+        let learnt = self.start_time_ticks?;
+        let now = procfs.start_time_ticks(self.pid).ok()?;
+        (now != learnt).then(|| crate::profile::boot_ticks_to_monotonic_ns(now))
     }
 
     pub(super) fn exec_seen(&mut self) {

@@ -98,7 +98,7 @@ impl Pipeline {
                     for (i, &addr) in waker.user_stack.iter().enumerate().rev() {
                         let frame =
                             user_frame(native, procfs, process, addr, i > 0, sample.time_ns);
-                        stack.push(aggregator.intern(&frame));
+                        stack.push(aggregator.intern_user(waker.pid, &frame));
                     }
                 } else {
                     stack.push(aggregator.intern(&Frame::synthetic("[process not profiled]")));

@@ -8,7 +8,16 @@
 
 use std::collections::HashMap;
 
-use super::model::{Frame, FrameIndex, Label, Profile, ProfileSample, ValueType};
+use super::model::{Frame, FrameIndex, FrameKind, Label, Profile, ProfileSample, ValueType};
+
+/// The distinct frames in no file that nothing named (`[unknown]`, one per
+/// address) one process may add to a window. Each costs a frame here and a
+/// location, function and string in the pprof, and a process that returns
+/// into fresh anonymous addresses at every sample (rewritten frame-pointer
+/// chains) would otherwise add 100 k of them a second. Past the share, its
+/// further ones are one `[unknown]` frame without an address, as perf
+/// shows them: the samples and their other frames are kept.
+pub const UNKNOWN_FRAMES_PER_PROCESS: u32 = 16_384;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct SampleKey {
@@ -30,6 +39,10 @@ pub struct Aggregator {
     /// the profile.
     samples: HashMap<SampleKey, usize>,
     values: Vec<Box<[i64]>>,
+    /// Per pid, the `[unknown]` frames it added to this window.
+    unknown: HashMap<u32, u32>,
+    /// `[unknown]` frames made the one shared frame, over the whole run.
+    unknown_over_share: u64,
 }
 
 impl Aggregator {
@@ -40,6 +53,8 @@ impl Aggregator {
             frame_index: HashMap::new(),
             samples: HashMap::new(),
             values: Vec::new(),
+            unknown: HashMap::new(),
+            unknown_over_share: 0,
         }
     }
 
@@ -57,6 +72,35 @@ impl Aggregator {
         self.frames.push(frame.clone());
         self.frame_index.insert(frame.clone(), index);
         index
+    }
+
+    /// The index of `frame`, a user frame of process `pid`: as
+    /// [`Self::intern`], but a new `[unknown]` frame past the process's
+    /// [`UNKNOWN_FRAMES_PER_PROCESS`] for the window is the one `[unknown]`
+    /// frame without an address.
+    pub fn intern_user(&mut self, pid: u32, frame: &Frame) -> FrameIndex {
+        if frame.kind != FrameKind::Unknown || frame.module.is_some() || frame.address == 0 {
+            return self.intern(frame);
+        }
+        if let Some(&index) = self.frame_index.get(frame) {
+            return index;
+        }
+        let added = self.unknown.entry(pid).or_insert(0);
+        if *added < UNKNOWN_FRAMES_PER_PROCESS {
+            *added += 1;
+            return self.intern(frame);
+        }
+        self.unknown_over_share = self.unknown_over_share.saturating_add(1);
+        let shared = Frame {
+            address: 0,
+            ..frame.clone()
+        };
+        self.intern(&shared)
+    }
+
+    /// How many `[unknown]` frames were made the shared one, over the run.
+    pub fn unknown_over_share(&self) -> u64 {
+        self.unknown_over_share
     }
 
     /// Adds `values` (one per sample type; missing ones count as 0) to the
@@ -99,6 +143,7 @@ impl Aggregator {
         duration_ns: i64,
     ) -> Profile {
         self.frame_index.clear();
+        self.unknown.clear();
         let frames = std::mem::take(&mut self.frames);
         let mut keys: Vec<(usize, SampleKey)> = std::mem::take(&mut self.samples)
             .into_iter()
@@ -229,6 +274,32 @@ mod tests {
         assert_eq!(second.frames.len(), 1);
         assert_eq!(second.frames[0].name.as_ref(), "work");
         assert_eq!(second.samples[0].values, vec![2, 20]);
+    }
+
+    #[test]
+    fn a_process_past_its_unknown_frames_gets_one_more() {
+        let mut a = Aggregator::new(types());
+        let unknown = |addr| Frame {
+            kind: FrameKind::Unknown,
+            name: "[unknown]".into(),
+            address: addr,
+            ..Frame::synthetic("")
+        };
+        let share = u64::from(UNKNOWN_FRAMES_PER_PROCESS);
+        for addr in 1..=share + 1000 {
+            a.intern_user(7, &unknown(addr));
+        }
+        assert_eq!(a.frame_count() as u64, share + 1);
+        assert_eq!(a.unknown_over_share(), 1000);
+        let other = a.intern_user(8, &unknown(1 << 40));
+        assert_eq!(other as u64, share + 1, "another process has its own share");
+        assert_eq!(a.intern_user(7, &unknown(5)), 4, "one seen is still itself");
+        let _ = a.take(None, 1, 0, 0);
+        assert_eq!(
+            a.intern_user(7, &unknown(share + 5)),
+            0,
+            "a new window, a new share"
+        );
     }
 
     #[test]

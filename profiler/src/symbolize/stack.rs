@@ -198,7 +198,7 @@ impl StackNamer {
                 (_, None) => counts.unknown += 1,
             }
             if !grouped {
-                stack.push(aggregator.intern(frame));
+                stack.push(aggregator.intern_user(sample.pid, frame));
             }
         }
         if sample.user_stack_truncated {
