@@ -621,6 +621,13 @@ pub struct SamplingArgs {
     /// it, whose location keeps the run's innermost address.
     #[arg(long)]
     pub keep_unnamed_frames: bool,
+
+    /// Look for native debug files in DIR first (repeatable, up to 16):
+    /// DIR/.build-id/xx/rest.debug, or the symbol-store layout
+    /// dotnet-symbol writes (DIR/libcoreclr.so.dbg/elf-buildid-sym-ID/libcoreclr.so.dbg).
+    /// A debug file is used only when its build id is the library's.
+    #[arg(long = "debug-dir", value_name = "DIR", help_heading = "Tuning")]
+    pub debug_dirs: Vec<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -106,6 +106,8 @@ pub struct SamplingConfig {
     pub managed_names: crate::clr::name_sources::ManagedNames,
     /// `--keep-unnamed-frames`: no run of unnamed native frames grouped.
     pub keep_unnamed_frames: bool,
+    /// `--debug-dir`s, searched first for native debug files.
+    pub debug_dirs: Vec<PathBuf>,
 }
 
 impl SamplingConfig {
@@ -128,6 +130,7 @@ impl SamplingConfig {
             no_cache,
             managed_names,
             keep_unnamed_frames,
+            debug_dirs,
         } = args;
         if off_cpu_min.is_zero() || off_cpu_min > MAX_OFF_CPU_MIN {
             return Err(SamplingOptionError::OffCpuMin);
@@ -154,6 +157,7 @@ impl SamplingConfig {
             unwind_cache_dir: (!no_cache).then_some(cache_dir),
             managed_names,
             keep_unnamed_frames,
+            debug_dirs,
         })
     }
 
@@ -265,6 +269,7 @@ impl Driver {
         let mut pipeline = Pipeline::new(attach_perf_maps, sampling.clr_events, sampling.layout());
         pipeline.managed_names = sampling.managed_names;
         pipeline.keep_unnamed_frames(sampling.keep_unnamed_frames);
+        pipeline.set_debug_dirs(sampling.debug_dirs.clone());
         pipeline.keep_perf_files = keep_perf_maps;
         pipeline.keep_perf_map_ledger_in(sampling.unwind_cache_dir.as_deref());
         pipeline.keep_kernel_symbols_in(sampling.unwind_cache_dir);

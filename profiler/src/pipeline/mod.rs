@@ -292,6 +292,11 @@ impl Pipeline {
         self.namer.group_unnamed = !keep;
     }
 
+    /// `--debug-dir`s: looked in first for native debug files.
+    pub fn set_debug_dirs(&mut self, dirs: Vec<std::path::PathBuf>) {
+        self.native.set_debug_dirs(dirs);
+    }
+
     /// Names kernel frames from this boot's table of kallsyms kept in
     /// `cache_dir` (`--cache-dir`; `None`: the live file every time).
     pub fn keep_kernel_symbols_in(&mut self, cache_dir: Option<std::path::PathBuf>) {

@@ -11,6 +11,8 @@
 //! them.
 
 pub mod clr_metadata;
+pub mod debug_file;
+pub mod debug_lookup;
 pub mod file_watch;
 pub mod jit_index;
 pub mod jitdump;

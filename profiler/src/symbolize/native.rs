@@ -33,7 +33,10 @@ use blazesym::symbolize::{
 };
 use lru::LruCache;
 
+use super::debug_file::{self, LoadSegment};
+use super::debug_lookup::{self, DebugLookupStats};
 use super::kallsyms::KernelSymbolFiles;
+use crate::memory_budget::{Charge, OverBudget, Pool};
 use crate::profile::{Frame, FrameKind, InlinedFunction, Module};
 
 /// Bounds of a [`NativeSymbolizer`].
@@ -100,13 +103,34 @@ struct OpenedElf {
     /// Held open so `fd_path` stays valid after the process exits.
     file: File,
     module: Arc<Module>,
+    /// Its debug file, when one with its build id was found.
+    debug: Option<DebugElf>,
+}
+
+/// A debug file (symbols and DWARF of a stripped file), with the
+/// original file's `PT_LOAD` segments: a file offset of the original is
+/// looked up at its virtual offset in the debug file.
+struct DebugElf {
+    file: File,
+    segments: Vec<LoadSegment>,
+    /// An estimate of what blazesym holds for it, in the debug-file pool.
+    _charge: Charge,
+}
+
+fn fd_path(file: &File) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 impl OpenedElf {
     fn fd_path(&self) -> PathBuf {
-        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+        fd_path(&self.file)
     }
 }
+
+/// The share of a debug file's size charged to [`Pool::DebugFiles`] as
+/// what blazesym parses of it (symbol table, line programs of the units
+/// asked for), a rough eighth.
+const DEBUG_FILE_CHARGE_DIVISOR: u64 = 8;
 
 /// One file as symbolization knows it: open (or found unopenable) once.
 struct KnownFile {
@@ -135,6 +159,16 @@ pub struct NativeStats {
     pub files_reopened: u64,
     /// Processes let go of through [`NativeSymbolizer::forget_process`].
     pub processes_forgotten: u64,
+    /// Files given a debug file (`--debug-dir`, the target's root, the
+    /// host), and files with a build id for which none was found.
+    pub debug_files_found: u64,
+    pub debug_files_missing: u64,
+    /// Debug files found but over the memory budget's share.
+    pub debug_files_over_budget: u64,
+    /// User frames named by a debug file.
+    pub named_by_debug_file: u64,
+    /// What the lookups came across (wrong build ids, sizes, bad links).
+    pub debug_lookup: DebugLookupStats,
 }
 
 pub struct NativeSymbolizer {
@@ -166,6 +200,8 @@ pub struct NativeSymbolizer {
     /// Which kallsyms names a kernel address (this boot's kept table or
     /// the live file).
     kernel_files: KernelSymbolFiles,
+    /// `--debug-dir`s, searched first for debug files.
+    debug_dirs: Vec<PathBuf>,
     pub stats: NativeStats,
 }
 
@@ -189,6 +225,9 @@ impl NativeSymbolizer {
             .enable_code_info(true)
             .enable_inlined_fns(true)
             .enable_demangling(true)
+            // Debug files are found (and their build ids checked) by
+            // debug_lookup, never by name alone.
+            .set_debug_dirs(Some(Vec::<PathBuf>::new()))
             .build();
         Self {
             symbolizer,
@@ -211,6 +250,7 @@ impl NativeSymbolizer {
                 has_functions: true,
             }),
             kernel_files: KernelSymbolFiles::new(None),
+            debug_dirs: Vec::new(),
             stats: NativeStats::default(),
         }
     }
@@ -220,6 +260,13 @@ impl NativeSymbolizer {
     /// core kernel's text.
     pub fn keep_kernel_symbols_in(&mut self, cache_dir: Option<PathBuf>) {
         self.kernel_files = KernelSymbolFiles::new(cache_dir);
+    }
+
+    /// Looks for debug files in `dirs` (`--debug-dir`, at most
+    /// [`debug_lookup::MAX_DEBUG_DIRS`]) before the usual places.
+    pub fn set_debug_dirs(&mut self, dirs: Vec<PathBuf>) {
+        self.debug_dirs = dirs;
+        self.debug_dirs.truncate(debug_lookup::MAX_DEBUG_DIRS);
     }
 
     /// Opens (once) the file behind a mapping while its process is alive,
@@ -239,23 +286,21 @@ impl NativeSymbolizer {
             return;
         }
         let opened = open_mapped_file(mapping).map(|file| {
-            let build_id = blazesym::helper::read_elf_build_id(&PathBuf::from(format!(
-                "/proc/self/fd/{}",
-                file.as_raw_fd()
-            )))
-            .ok()
-            .flatten()
-            .map(|id| hex(&id).into());
+            let build_id = debug_lookup::build_id_of(&file);
+            let debug = build_id
+                .as_deref()
+                .and_then(|id| self.debug_elf(mapping, &file, id));
             Arc::new(OpenedElf {
                 file,
                 module: Arc::new(Module {
                     path: mapping.path.into(),
-                    build_id,
+                    build_id: build_id.map(Into::into),
                     memory_start: 0,
                     memory_limit: 0,
                     file_offset: 0,
                     has_functions: true,
                 }),
+                debug,
             })
         });
         match &opened {
@@ -280,6 +325,47 @@ impl NativeSymbolizer {
             self.stats.files_evicted += 1;
             self.close(old_key, old);
         }
+    }
+
+    /// The debug file of `file` (build id `build_id`), found and charged.
+    fn debug_elf(
+        &mut self,
+        mapping: &MappedFile<'_>,
+        file: &File,
+        build_id: &str,
+    ) -> Option<DebugElf> {
+        let found = debug_lookup::find_debug_file(
+            mapping.pid,
+            mapping.path,
+            file,
+            build_id,
+            &self.debug_dirs,
+            &mut self.stats.debug_lookup,
+        );
+        let Some(found) = found else {
+            self.stats.debug_files_missing += 1;
+            return None;
+        };
+        let size = found.file.metadata().map_or(0, |m| m.len());
+        let mut charge = Charge::new(Pool::DebugFiles);
+        if !charge.try_add(size / DEBUG_FILE_CHARGE_DIVISOR) {
+            self.stats.debug_files_over_budget += 1;
+            crate::memory_budget::warn_once(mapping.pid, OverBudget::DebugFiles, || {
+                format!(
+                    "the debug file of {} is over the memory budget's share for debug files: its frames stay unnamed",
+                    mapping.path
+                )
+            });
+            return None;
+        }
+        let segments = debug_file::load_segments(&mut debug_lookup::FileAt(file)).ok()?;
+        self.stats.debug_files_found += 1;
+        tracing::debug!(path = mapping.path, build_id, source = ?found.source, "debug file found");
+        Some(DebugElf {
+            file: found.file,
+            segments,
+            _charge: charge,
+        })
     }
 
     /// Lets go of what `pid` held: the files only it mapped are closed and
@@ -344,6 +430,11 @@ impl NativeSymbolizer {
             let _ = self
                 .symbolizer
                 .evict(&Evict::Elf(evict::Elf::new(elf.fd_path())));
+            if let Some(debug) = &elf.debug {
+                let _ = self
+                    .symbolizer
+                    .evict(&Evict::Elf(evict::Elf::new(fd_path(&debug.file))));
+            }
         }
     }
 
@@ -381,22 +472,27 @@ impl NativeSymbolizer {
             });
         }
         let frame = match opened {
-            Some(elf) => {
-                let source = Source::Elf(Elf::new(elf.fd_path()));
-                let result = self
-                    .symbolizer
-                    .symbolize_single(&source, Input::FileOffset(file_offset))
-                    .ok();
-                match result {
-                    Some(Symbolized::Sym(sym)) => {
-                        frame_from_sym(&sym, FrameKind::Native, Some(&elf.module), addr)
-                    }
-                    _ => {
-                        self.stats.unresolved_user += 1;
-                        unnamed_frame(Some(&elf.module), addr)
+            Some(elf) => match self.name_from_debug_file(&elf, file_offset, addr) {
+                Some(frame) => {
+                    self.stats.named_by_debug_file += 1;
+                    frame
+                }
+                None => {
+                    let source = Source::Elf(Elf::new(elf.fd_path()));
+                    match self
+                        .symbolizer
+                        .symbolize_single(&source, Input::FileOffset(file_offset))
+                    {
+                        Ok(Symbolized::Sym(sym)) => {
+                            frame_from_sym(&sym, FrameKind::Native, Some(&elf.module), addr)
+                        }
+                        _ => {
+                            self.stats.unresolved_user += 1;
+                            unnamed_frame(Some(&elf.module), addr)
+                        }
                     }
                 }
-            }
+            },
             None => {
                 self.stats.unresolved_user += 1;
                 unnamed_frame(None, addr)
@@ -419,6 +515,26 @@ impl NativeSymbolizer {
             None => frame,
         }
     }
+    /// The frame `elf`'s debug file names at `file_offset`, if it has one
+    /// and it names it.
+    fn name_from_debug_file(&self, elf: &OpenedElf, file_offset: u64, addr: u64) -> Option<Frame> {
+        let debug = elf.debug.as_ref()?;
+        let virt = debug_file::virtual_offset(&debug.segments, file_offset)?;
+        let source = Source::Elf(Elf::new(fd_path(&debug.file)));
+        match self
+            .symbolizer
+            .symbolize_single(&source, Input::VirtOffset(virt))
+        {
+            Ok(Symbolized::Sym(sym)) => Some(frame_from_sym(
+                &sym,
+                FrameKind::Native,
+                Some(&elf.module),
+                addr,
+            )),
+            _ => None,
+        }
+    }
+
     /// `file_module` (the file's path and build id) placed where `mapping`
     /// maps it: the pprof mapping a server-side symbolizer needs.
     fn mapping_module(
@@ -535,10 +651,6 @@ fn open_mapped_file(mapping: &MappedFile<'_>) -> Option<File> {
     )
     .inspect_err(|e| tracing::debug!(pid = mapping.pid, "native file: {e}"))
     .ok()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn frame_from_sym(
@@ -886,6 +998,115 @@ mod tests {
         let _ = s.symbolize_kernel(1);
         let _ = s.symbolize_kernel(2);
         assert_eq!(s.kernel_cache.len(), 1);
+    }
+
+    /// A shared library built with `-g`, its debug info split off and the
+    /// library stripped (as Microsoft ships libcoreclr), loaded into this
+    /// process: (library, debug file, the address of its static `inner`).
+    fn load_stripped_library(dir: &std::path::Path) -> (PathBuf, PathBuf, u64) {
+        let source = dir.join("split.c");
+        std::fs::write(
+            &source,
+            "static int inner(int x) { return x * 3 + 1; }\n\
+             void *split_inner(void) { return (void *)inner; }\n",
+        )
+        .expect("write the source");
+        let lib = dir.join("libsplit.so");
+        let dbg = dir.join("libsplit.so.dbg");
+        let run = |program: &str, args: &[&std::ffi::OsStr]| {
+            let status = std::process::Command::new(program)
+                .args(args)
+                .status()
+                .unwrap_or_else(|e| panic!("run {program}: {e}"));
+            assert!(status.success(), "{program} {args:?}");
+        };
+        run(
+            "gcc",
+            &[
+                "-g".as_ref(),
+                "-O1".as_ref(),
+                "-shared".as_ref(),
+                "-fPIC".as_ref(),
+                "-Wl,--build-id".as_ref(),
+                "-o".as_ref(),
+                lib.as_os_str(),
+                source.as_os_str(),
+            ],
+        );
+        run(
+            "objcopy",
+            &[
+                "--only-keep-debug".as_ref(),
+                lib.as_os_str(),
+                dbg.as_os_str(),
+            ],
+        );
+        run("strip", &["--strip-unneeded".as_ref(), lib.as_os_str()]);
+        let c_path = std::ffi::CString::new(lib.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: a library of ours with no constructors; kept loaded.
+        let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW) };
+        assert!(!handle.is_null(), "dlopen {}", lib.display());
+        // SAFETY: the symbol is a `void *(void)` function of that library.
+        let inner = unsafe {
+            let sym = libc::dlsym(handle, c"split_inner".as_ptr());
+            assert!(!sym.is_null(), "dlsym split_inner");
+            let f: extern "C" fn() -> *const std::ffi::c_void = std::mem::transmute(sym);
+            f() as u64
+        };
+        (lib, dbg, inner)
+    }
+
+    #[test]
+    fn a_stripped_library_is_named_from_its_debug_file_in_a_debug_dir() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (lib, dbg, inner) = load_stripped_library(dir.path());
+        let own = std::process::id();
+        let lib_path = lib.to_str().expect("utf-8 path");
+        let mappings = mapped_files(own, lib_path);
+        let line = mappings
+            .iter()
+            .find(|(start, end, ..)| (*start..*end).contains(&inner))
+            .expect("inner is in an executable mapping of the library");
+
+        let mut plain = NativeSymbolizer::new();
+        let frame = plain.symbolize_user(&as_mapping(own, line), inner, false);
+        assert_eq!(&*frame.name, "[libsplit.so]", "stripped: nothing names it");
+        assert_eq!(plain.stats.debug_files_missing, 1);
+
+        let id = std::fs::File::open(&lib)
+            .ok()
+            .and_then(|f| debug_lookup::build_id_of(&f))
+            .expect("the library has a build id");
+        // The build-id layout, then the symbol-store layout.
+        let build_id_dir = dir.path().join("by-build-id");
+        let at = build_id_dir.join(debug_file::build_id_path(&id).expect("path"));
+        std::fs::create_dir_all(at.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(&dbg, &at).expect("copy the debug file");
+        let store = dir.path().join("store");
+        let [key, _] = debug_file::symbol_store_keys("libsplit.so", &id).expect("keys");
+        let at = store.join(key);
+        std::fs::create_dir_all(at.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(&dbg, &at).expect("copy the debug file");
+        // A debug file of another build id is never believed.
+        let wrong = dir.path().join("wrong");
+        let at = wrong.join(debug_file::build_id_path(&id).expect("path"));
+        std::fs::create_dir_all(at.parent().expect("parent")).expect("mkdir");
+        std::fs::copy("/proc/self/exe", &at).expect("copy another file");
+        for debug_dir in [&build_id_dir, &store] {
+            let mut s = NativeSymbolizer::new();
+            s.set_debug_dirs(vec![wrong.clone(), debug_dir.clone()]);
+            let frame = s.symbolize_user(&as_mapping(own, line), inner, false);
+            assert_eq!(&*frame.name, "inner", "from {}", debug_dir.display());
+            assert!(
+                frame
+                    .file
+                    .as_deref()
+                    .is_some_and(|f| f.ends_with("split.c"))
+            );
+            assert_eq!(s.stats.debug_files_found, 1);
+            assert_eq!(s.stats.debug_lookup.wrong_build_id, 1);
+            assert_eq!(s.stats.named_by_debug_file, 1);
+        }
     }
 
     #[test]
