@@ -22,6 +22,7 @@ use crate::{Repo, cmd, setup};
 
 /// Every target in `fuzz/Cargo.toml`, the parsers of new code first.
 pub const TARGETS: &[&str] = &[
+    "debug_file",
     "clr_metadata",
     "ready_to_run_names",
     "ready_to_run",

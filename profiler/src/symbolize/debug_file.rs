@@ -249,7 +249,7 @@ pub fn parse_build_id_note(section: &[u8]) -> Result<String, DebugFileError> {
         return Err(DebugFileError::BuildIdNote);
     }
     let desc_size = usize::try_from(desc_size).map_err(|_| DebugFileError::BuildIdNote)?;
-    if desc_size == 0 || desc_size > MAX_BUILD_ID_BYTES {
+    if desc_size < 2 || desc_size > MAX_BUILD_ID_BYTES {
         return Err(DebugFileError::BuildIdNote);
     }
     let id = section

@@ -24,4 +24,5 @@ pub mod perf_files;
 pub mod perf_map;
 pub mod ready_to_run;
 pub mod stack;
+pub mod symbol_server;
 pub mod target_fs;

@@ -36,6 +36,7 @@ use lru::LruCache;
 use super::debug_file::{self, LoadSegment};
 use super::debug_lookup::{self, DebugLookupStats};
 use super::kallsyms::KernelSymbolFiles;
+use super::symbol_server::{DebugDownloads, DownloadLimits, DownloadStats, SymbolServer};
 use crate::memory_budget::{Charge, OverBudget, Pool};
 use crate::profile::{Frame, FrameKind, InlinedFunction, Module};
 
@@ -88,6 +89,9 @@ pub struct MappedFile<'a> {
 /// A file mapping's identity: the file and where it is mapped.
 type MappingKey = (FileKey, u64, u64, u64);
 
+/// Files without a debug file listed in the summary.
+pub const MAX_MISSING_LISTED: usize = 32;
+
 /// Most mappings given their own module; past it frames keep the file's
 /// module (no range), so a host with endless `dlopen`s stays bounded.
 const MAX_MAPPING_MODULES: usize = 65_536;
@@ -103,8 +107,9 @@ struct OpenedElf {
     /// Held open so `fd_path` stays valid after the process exits.
     file: File,
     module: Arc<Module>,
-    /// Its debug file, when one with its build id was found.
-    debug: Option<DebugElf>,
+    /// Its debug file, when one with its build id was found (set once,
+    /// when found later, from a symbol server).
+    debug: std::sync::OnceLock<DebugElf>,
 }
 
 /// A debug file (symbols and DWARF of a stripped file), with the
@@ -200,8 +205,16 @@ pub struct NativeSymbolizer {
     /// Which kallsyms names a kernel address (this boot's kept table or
     /// the live file).
     kernel_files: KernelSymbolFiles,
-    /// `--debug-dir`s, searched first for debug files.
+    /// `--debug-dir`s, searched first for debug files (then the download
+    /// cache, when symbol servers are set).
     debug_dirs: Vec<PathBuf>,
+    /// Debug files asked of symbol servers.
+    downloads: Option<DebugDownloads>,
+    /// Open files whose debug file is being downloaded, with their build id.
+    awaiting_debug: HashMap<FileKey, String>,
+    /// Files (path, build id) no place had a debug file for, the first
+    /// [`MAX_MISSING_LISTED`], for the summary.
+    pub missing_debug: Vec<(Arc<str>, String)>,
     pub stats: NativeStats,
 }
 
@@ -251,6 +264,9 @@ impl NativeSymbolizer {
             }),
             kernel_files: KernelSymbolFiles::new(None),
             debug_dirs: Vec::new(),
+            downloads: None,
+            awaiting_debug: HashMap::new(),
+            missing_debug: Vec::new(),
             stats: NativeStats::default(),
         }
     }
@@ -267,6 +283,72 @@ impl NativeSymbolizer {
     pub fn set_debug_dirs(&mut self, dirs: Vec<PathBuf>) {
         self.debug_dirs = dirs;
         self.debug_dirs.truncate(debug_lookup::MAX_DEBUG_DIRS);
+    }
+
+    /// Asks `servers` for debug files no local place has, into
+    /// `cache_dir/debug` (off the sampling path, see [`DebugDownloads`]).
+    pub fn set_symbol_servers(
+        &mut self,
+        servers: Vec<SymbolServer>,
+        cache_dir: &std::path::Path,
+        limits: DownloadLimits,
+    ) {
+        self.downloads = DebugDownloads::start(servers, cache_dir, limits);
+        if let Some(downloads) = &self.downloads {
+            self.debug_dirs.push(downloads.dir.clone());
+        }
+    }
+
+    /// Waits until the debug files asked for arrived, or `deadline`.
+    pub fn wait_for_downloads(&self, deadline: std::time::Instant) {
+        if let Some(downloads) = &self.downloads {
+            downloads.wait_until(deadline);
+        }
+    }
+
+    /// What the downloads came to.
+    pub fn download_stats(&self) -> Option<DownloadStats> {
+        self.downloads.as_ref().map(DebugDownloads::stats)
+    }
+
+    fn note_missing(&mut self, path: &str, build_id: &str) {
+        self.stats.debug_files_missing += 1;
+        if self.missing_debug.len() < MAX_MISSING_LISTED
+            && !self.missing_debug.iter().any(|(_, id)| id == build_id)
+        {
+            self.missing_debug.push((path.into(), build_id.to_owned()));
+        }
+    }
+
+    /// Gives the file of `mapping` the debug file that was downloaded for
+    /// it, once its download finished; its frames are named afresh.
+    fn attach_downloaded(&mut self, mapping: &MappedFile<'_>) {
+        let Some(id) = self.awaiting_debug.get(&mapping.key) else {
+            return;
+        };
+        let Some(downloads) = &self.downloads else {
+            return;
+        };
+        if downloads.is_pending(id) {
+            return;
+        }
+        let Some(id) = self.awaiting_debug.remove(&mapping.key) else {
+            return;
+        };
+        let Some(opened) = self.files.peek(&mapping.key).and_then(|k| k.opened.clone()) else {
+            return;
+        };
+        match self.debug_elf(mapping, &opened.file, &id, false) {
+            Some(found) => {
+                let _ = opened.debug.set(found);
+                self.next_generation += 1;
+                let generation = self.next_generation;
+                if let Some(known) = self.files.get_mut(&mapping.key) {
+                    known.generation = generation;
+                }
+            }
+            None => self.note_missing(mapping.path, &id),
+        }
     }
 
     /// Opens (once) the file behind a mapping while its process is alive,
@@ -287,9 +369,13 @@ impl NativeSymbolizer {
         }
         let opened = open_mapped_file(mapping).map(|file| {
             let build_id = debug_lookup::build_id_of(&file);
-            let debug = build_id
+            let debug = std::sync::OnceLock::new();
+            if let Some(found) = build_id
                 .as_deref()
-                .and_then(|id| self.debug_elf(mapping, &file, id));
+                .and_then(|id| self.debug_elf(mapping, &file, id, true))
+            {
+                let _ = debug.set(found);
+            }
             Arc::new(OpenedElf {
                 file,
                 module: Arc::new(Module {
@@ -333,6 +419,7 @@ impl NativeSymbolizer {
         mapping: &MappedFile<'_>,
         file: &File,
         build_id: &str,
+        may_download: bool,
     ) -> Option<DebugElf> {
         let found = debug_lookup::find_debug_file(
             mapping.pid,
@@ -343,7 +430,17 @@ impl NativeSymbolizer {
             &mut self.stats.debug_lookup,
         );
         let Some(found) = found else {
-            self.stats.debug_files_missing += 1;
+            match &self.downloads {
+                Some(downloads) if may_download => {
+                    let name = std::path::Path::new(mapping.path)
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .unwrap_or("");
+                    downloads.request(build_id, name);
+                    self.awaiting_debug.insert(mapping.key, build_id.to_owned());
+                }
+                _ => self.note_missing(mapping.path, build_id),
+            }
             return None;
         };
         let size = found.file.metadata().map_or(0, |m| m.len());
@@ -422,6 +519,7 @@ impl NativeSymbolizer {
     }
 
     fn close(&mut self, key: FileKey, known: KnownFile) {
+        self.awaiting_debug.remove(&key);
         if let Some(elf) = known.opened {
             if let Some(build_id) = &elf.module.build_id {
                 self.closed.put(key, (build_id.clone(), known.generation));
@@ -430,7 +528,7 @@ impl NativeSymbolizer {
             let _ = self
                 .symbolizer
                 .evict(&Evict::Elf(evict::Elf::new(elf.fd_path())));
-            if let Some(debug) = &elf.debug {
+            if let Some(debug) = elf.debug.get() {
                 let _ = self
                     .symbolizer
                     .evict(&Evict::Elf(evict::Elf::new(fd_path(&debug.file))));
@@ -448,6 +546,9 @@ impl NativeSymbolizer {
         is_return_address: bool,
     ) -> Arc<Frame> {
         self.prepare(mapping);
+        if !self.awaiting_debug.is_empty() {
+            self.attach_downloaded(mapping);
+        }
         let lookup = if is_return_address {
             addr.saturating_sub(1)
         } else {
@@ -518,7 +619,7 @@ impl NativeSymbolizer {
     /// The frame `elf`'s debug file names at `file_offset`, if it has one
     /// and it names it.
     fn name_from_debug_file(&self, elf: &OpenedElf, file_offset: u64, addr: u64) -> Option<Frame> {
-        let debug = elf.debug.as_ref()?;
+        let debug = elf.debug.get()?;
         let virt = debug_file::virtual_offset(&debug.segments, file_offset)?;
         let source = Source::Elf(Elf::new(fd_path(&debug.file)));
         match self
@@ -1073,7 +1174,7 @@ mod tests {
         assert_eq!(&*frame.name, "[libsplit.so]", "stripped: nothing names it");
         assert_eq!(plain.stats.debug_files_missing, 1);
 
-        let id = std::fs::File::open(&lib)
+        let id = File::open(&lib)
             .ok()
             .and_then(|f| debug_lookup::build_id_of(&f))
             .expect("the library has a build id");
