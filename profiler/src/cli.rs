@@ -621,6 +621,34 @@ pub struct SamplingArgs {
     /// it, whose location keeps the run's innermost address.
     #[arg(long)]
     pub keep_unnamed_frames: bool,
+
+    /// Look for native debug files in DIR first (repeatable, up to 16):
+    /// DIR/.build-id/xx/rest.debug, or the symbol-store layout
+    /// dotnet-symbol writes (DIR/libcoreclr.so.dbg/elf-buildid-sym-ID/libcoreclr.so.dbg).
+    /// A debug file is used only when its build id is the library's.
+    #[arg(long = "debug-dir", value_name = "DIR", help_heading = "Tuning")]
+    pub debug_dirs: Vec<PathBuf>,
+
+    /// Download debug files no local place has from this symbol server
+    /// (repeatable), in Microsoft's symbol server layout
+    /// (URL/libcoreclr.so.dbg/elf-buildid-sym-ID/libcoreclr.so.dbg), as
+    /// https://msdl.microsoft.com/download/symbols serves the .NET
+    /// runtime's. Off the sampling path, into the cache directory; a file is
+    /// used only when its build id is the library's. Credentials belong in
+    /// the URL's environment, never on the command line.
+    #[arg(long = "symbol-server", value_name = "URL", help_heading = "Tuning")]
+    pub symbol_servers: Vec<String>,
+
+    /// Download debug files from this debuginfod server (repeatable;
+    /// default: the servers of DEBUGINFOD_URLS).
+    #[arg(long = "debuginfod-url", value_name = "URL", help_heading = "Tuning")]
+    pub debuginfod_urls: Vec<String>,
+
+    /// How long the end of a recording waits for debug files being
+    /// downloaded.
+    #[arg(long, value_name = "DURATION", default_value = "20s",
+          value_parser = parse_duration, help_heading = "Tuning", hide_short_help = true)]
+    pub symbol_download_wait: std::time::Duration,
 }
 
 #[derive(Debug, clap::Args)]

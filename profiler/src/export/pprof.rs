@@ -409,6 +409,15 @@ impl PprofBuilder {
     fn mapping_for(&mut self, frame: &Frame, module: &Module) -> u64 {
         let id = self.mapping_id(module);
         let mapping = &mut self.mapping[usize::try_from(id - 1).expect("id fits usize")];
+        if frame.kind == FrameKind::Unknown {
+            // A placeholder name (`[libcoreclr.so]`): a reader that has the
+            // debug file (`go tool pprof`, a backend) names these
+            // addresses only in a mapping that does not claim functions.
+            mapping.has_functions = false;
+            mapping.has_filenames = false;
+            mapping.has_line_numbers = false;
+            mapping.has_inline_frames = false;
+        }
         if mapping.has_functions {
             let inline_files = frame.inlined.iter().any(|inlined| inlined.file.is_some());
             let inline_lines = frame.inlined.iter().any(|inlined| inlined.line != 0);

@@ -106,6 +106,13 @@ pub struct SamplingConfig {
     pub managed_names: crate::clr::name_sources::ManagedNames,
     /// `--keep-unnamed-frames`: no run of unnamed native frames grouped.
     pub keep_unnamed_frames: bool,
+    /// `--debug-dir`s, searched first for native debug files.
+    pub debug_dirs: Vec<PathBuf>,
+    /// `--symbol-server`s and debuginfod servers (`--debuginfod-url`,
+    /// else `DEBUGINFOD_URLS`).
+    pub symbol_servers: Vec<crate::symbolize::symbol_server::SymbolServer>,
+    /// `--symbol-download-wait`.
+    pub symbol_download_wait: Duration,
 }
 
 impl SamplingConfig {
@@ -128,7 +135,26 @@ impl SamplingConfig {
             no_cache,
             managed_names,
             keep_unnamed_frames,
+            debug_dirs,
+            symbol_servers,
+            debuginfod_urls,
+            symbol_download_wait,
         } = args;
+        use crate::symbolize::symbol_server::{self, SymbolServer};
+        let debuginfod_urls = if debuginfod_urls.is_empty() {
+            symbol_server::debuginfod_urls_from_env(
+                std::env::var(symbol_server::DEBUGINFOD_URLS_ENV)
+                    .ok()
+                    .as_deref(),
+            )
+        } else {
+            debuginfod_urls
+        };
+        let symbol_servers = debuginfod_urls
+            .into_iter()
+            .map(SymbolServer::Debuginfod)
+            .chain(symbol_servers.into_iter().map(SymbolServer::Ssqp))
+            .collect();
         if off_cpu_min.is_zero() || off_cpu_min > MAX_OFF_CPU_MIN {
             return Err(SamplingOptionError::OffCpuMin);
         }
@@ -154,6 +180,9 @@ impl SamplingConfig {
             unwind_cache_dir: (!no_cache).then_some(cache_dir),
             managed_names,
             keep_unnamed_frames,
+            debug_dirs,
+            symbol_servers,
+            symbol_download_wait,
         })
     }
 
@@ -265,6 +294,15 @@ impl Driver {
         let mut pipeline = Pipeline::new(attach_perf_maps, sampling.clr_events, sampling.layout());
         pipeline.managed_names = sampling.managed_names;
         pipeline.keep_unnamed_frames(sampling.keep_unnamed_frames);
+        pipeline.set_debug_dirs(sampling.debug_dirs.clone());
+        match &sampling.unwind_cache_dir {
+            Some(dir) => pipeline.set_symbol_servers(sampling.symbol_servers.clone(), dir),
+            None if !sampling.symbol_servers.is_empty() => {
+                tracing::warn!("symbol servers need the cache directory (no --no-cache): not used");
+            }
+            None => {}
+        }
+        pipeline.symbol_download_wait = sampling.symbol_download_wait;
         pipeline.keep_perf_files = keep_perf_maps;
         pipeline.keep_perf_map_ledger_in(sampling.unwind_cache_dir.as_deref());
         pipeline.keep_kernel_symbols_in(sampling.unwind_cache_dir);
@@ -462,6 +500,7 @@ impl Driver {
         // Closing the programs' perf events and maps takes the kernel a
         // few hundred ms (RCU grace periods): done meanwhile, on a thread.
         let detach = detach_in_background(sampler);
+        pipeline.wait_for_debug_downloads();
         tracing::debug!("finishing CLR sessions and symbolizing");
         pipeline.finish_clr();
         stage.done("CLR sessions stopped");

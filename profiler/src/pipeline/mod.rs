@@ -150,6 +150,8 @@ pub struct Pipeline {
     losses_seen: u64,
     /// Whether perf files of processes clrbpf asked for are kept.
     keep_perf_files: bool,
+    /// How long the end waits for debug files being downloaded.
+    pub symbol_download_wait: std::time::Duration,
     /// Which sources name managed frames (`--managed-names`).
     pub managed_names: crate::clr::name_sources::ManagedNames,
     /// Parsed assemblies every process shares (ReadyToRun names, metadata).
@@ -262,6 +264,7 @@ impl Pipeline {
             lifecycle: VecDeque::new(),
             losses_seen: 0,
             keep_perf_files: false,
+            symbol_download_wait: std::time::Duration::from_secs(20),
             managed_names: crate::clr::name_sources::ManagedNames::default(),
             assemblies: crate::symbolize::ready_to_run::AssemblyCache::new(
                 usize::try_from(crate::memory_budget::current().assembly_bytes())
@@ -294,6 +297,28 @@ impl Pipeline {
     /// ([`StackNamer::group_unnamed`] off).
     pub fn keep_unnamed_frames(&mut self, keep: bool) {
         self.namer.group_unnamed = !keep;
+    }
+
+    /// Debug files asked of `servers`, downloaded into `cache_dir`.
+    pub fn set_symbol_servers(
+        &mut self,
+        servers: Vec<crate::symbolize::symbol_server::SymbolServer>,
+        cache_dir: &std::path::Path,
+    ) {
+        self.native
+            .set_symbol_servers(servers, cache_dir, Default::default());
+    }
+
+    /// Waits (at most `symbol_download_wait`) for debug files being
+    /// downloaded, so the end of a recording names their frames.
+    pub fn wait_for_debug_downloads(&self) {
+        let deadline = std::time::Instant::now() + self.symbol_download_wait;
+        self.native.wait_for_downloads(deadline);
+    }
+
+    /// `--debug-dir`s: looked in first for native debug files.
+    pub fn set_debug_dirs(&mut self, dirs: Vec<std::path::PathBuf>) {
+        self.native.set_debug_dirs(dirs);
     }
 
     /// Names kernel frames from this boot's table of kallsyms kept in
@@ -443,6 +468,14 @@ impl Pipeline {
             native_files: native.files_evicted,
             native_frames: native.frames_evicted,
             shared_image_code: self.image_code.stats(),
+        };
+        self.summary.debug_files = summary::DebugFileSummary {
+            found: native.debug_files_found,
+            frames_named: native.named_by_debug_file,
+            wrong_build_id: native.debug_lookup.wrong_build_id,
+            missing: self.native.missing_debug.clone(),
+            missing_count: native.debug_files_missing,
+            downloads: self.native.download_stats(),
         };
         self.summary.over_budget = crate::memory_budget::drops().snapshot();
         self.summary.memory_naming = crate::clr::memory::budget::global().counts.snapshot();

@@ -17,6 +17,19 @@ use crate::{
     profile::RawSample,
 };
 
+/// What naming native frames found of debug files.
+#[derive(Clone, Debug, Default)]
+pub struct DebugFileSummary {
+    pub found: u64,
+    pub frames_named: u64,
+    /// Candidates whose build id was another file's.
+    pub wrong_build_id: u64,
+    /// (path, build id) of files no place had a debug file for.
+    pub missing: Vec<(Arc<str>, String)>,
+    pub missing_count: u64,
+    pub downloads: Option<crate::symbolize::symbol_server::DownloadStats>,
+}
+
 /// What one recording collected, for the summary line and for tests.
 #[derive(Clone, Debug, Default)]
 pub struct RecordSummary {
@@ -55,6 +68,8 @@ pub struct RecordSummary {
     /// ([`crate::profile::UNKNOWN_FRAMES_PER_PROCESS`]).
     pub unknown_frames_over_share: u64,
     pub truncated_stacks: u64,
+    /// Native debug files: found, frames they named, files without one.
+    pub debug_files: DebugFileSummary,
     pub perf_maps_enabled: usize,
     /// Which source named how many managed frames, per .NET process (the
     /// processes with the most named frames, at most
@@ -559,6 +574,7 @@ fn print_recorded(
             crate::profile::UNKNOWN_FRAMES_PER_PROCESS
         )?;
     }
+    write_debug_files(w, &summary.debug_files)?;
     for (pid, counts) in &summary.name_sources {
         writeln!(w, "clrbpf: pid {pid}: managed frames named: {counts}")?;
     }
@@ -1231,4 +1247,47 @@ mod tests {
         let all = totals.all_counters();
         assert_eq!((all.exceptions, all.contentions), (1_500, 26));
     }
+}
+
+/// The native debug files line: what was found and named, which files
+/// (by build id) had none anywhere, what the symbol servers gave.
+fn write_debug_files(w: &mut impl std::io::Write, d: &DebugFileSummary) -> std::io::Result<()> {
+    if d.found > 0 || d.frames_named > 0 {
+        writeln!(
+            w,
+            "clrbpf: native frames named by debug files: {} (from {} debug files)",
+            d.frames_named, d.found
+        )?;
+    }
+    if d.wrong_build_id > 0 {
+        writeln!(
+            w,
+            "clrbpf: {} debug files not used: another build id",
+            d.wrong_build_id
+        )?;
+    }
+    if let Some(s) = &d.downloads {
+        writeln!(
+            w,
+            "clrbpf: symbol servers: {} asked, {} downloaded, {} not found, {} refused, {} dropped",
+            s.requested, s.downloaded, s.missing, s.refused, s.dropped
+        )?;
+    }
+    if d.missing_count > 0 {
+        let listed: Vec<String> = d
+            .missing
+            .iter()
+            .map(|(path, id)| {
+                let name = path.rsplit('/').next().unwrap_or(path);
+                format!("{name} ({id})")
+            })
+            .collect();
+        writeln!(
+            w,
+            "clrbpf: no debug file for {} native files (get them with dotnet-symbol, --debug-dir, --symbol-server or DEBUGINFOD_URLS): {}",
+            d.missing_count,
+            listed.join(", ")
+        )?;
+    }
+    Ok(())
 }

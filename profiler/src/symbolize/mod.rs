@@ -11,6 +11,8 @@
 //! them.
 
 pub mod assembly_file;
+pub mod debug_file;
+pub mod debug_lookup;
 pub mod file_watch;
 pub mod jit_index;
 pub mod kallsyms;
@@ -20,4 +22,5 @@ pub mod native;
 pub mod perf_files;
 pub mod ready_to_run;
 pub mod stack;
+pub mod symbol_server;
 pub mod target_fs;

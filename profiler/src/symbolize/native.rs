@@ -33,7 +33,11 @@ use blazesym::symbolize::{
 };
 use lru::LruCache;
 
+use super::debug_file::{self, LoadSegment};
+use super::debug_lookup::{self, DebugLookupStats};
 use super::kallsyms::KernelSymbolFiles;
+use super::symbol_server::{DebugDownloads, DownloadLimits, DownloadStats, SymbolServer};
+use crate::memory_budget::{Charge, OverBudget, Pool};
 use crate::profile::{Frame, FrameKind, InlinedFunction, Module};
 
 /// Bounds of a [`NativeSymbolizer`].
@@ -85,6 +89,9 @@ pub struct MappedFile<'a> {
 /// A file mapping's identity: the file and where it is mapped.
 type MappingKey = (FileKey, u64, u64, u64);
 
+/// Files without a debug file listed in the summary.
+pub const MAX_MISSING_LISTED: usize = 32;
+
 /// Most mappings given their own module; past it frames keep the file's
 /// module (no range), so a host with endless `dlopen`s stays bounded.
 const MAX_MAPPING_MODULES: usize = 65_536;
@@ -100,13 +107,35 @@ struct OpenedElf {
     /// Held open so `fd_path` stays valid after the process exits.
     file: File,
     module: Arc<Module>,
+    /// Its debug file, when one with its build id was found (set once,
+    /// when found later, from a symbol server).
+    debug: std::sync::OnceLock<DebugElf>,
+}
+
+/// A debug file (symbols and DWARF of a stripped file), with the
+/// original file's `PT_LOAD` segments: a file offset of the original is
+/// looked up at its virtual offset in the debug file.
+struct DebugElf {
+    file: File,
+    segments: Vec<LoadSegment>,
+    /// An estimate of what blazesym holds for it, in the debug-file pool.
+    _charge: Charge,
+}
+
+fn fd_path(file: &File) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 impl OpenedElf {
     fn fd_path(&self) -> PathBuf {
-        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+        fd_path(&self.file)
     }
 }
+
+/// The share of a debug file's size charged to [`Pool::DebugFiles`] as
+/// what blazesym parses of it (symbol table, line programs of the units
+/// asked for), a rough eighth.
+const DEBUG_FILE_CHARGE_DIVISOR: u64 = 8;
 
 /// One file as symbolization knows it: open (or found unopenable) once.
 struct KnownFile {
@@ -135,6 +164,16 @@ pub struct NativeStats {
     pub files_reopened: u64,
     /// Processes let go of through [`NativeSymbolizer::forget_process`].
     pub processes_forgotten: u64,
+    /// Files given a debug file (`--debug-dir`, the target's root, the
+    /// host), and files with a build id for which none was found.
+    pub debug_files_found: u64,
+    pub debug_files_missing: u64,
+    /// Debug files found but over the memory budget's share.
+    pub debug_files_over_budget: u64,
+    /// User frames named by a debug file.
+    pub named_by_debug_file: u64,
+    /// What the lookups came across (wrong build ids, sizes, bad links).
+    pub debug_lookup: DebugLookupStats,
 }
 
 pub struct NativeSymbolizer {
@@ -166,6 +205,16 @@ pub struct NativeSymbolizer {
     /// Which kallsyms names a kernel address (this boot's kept table or
     /// the live file).
     kernel_files: KernelSymbolFiles,
+    /// `--debug-dir`s, searched first for debug files (then the download
+    /// cache, when symbol servers are set).
+    debug_dirs: Vec<PathBuf>,
+    /// Debug files asked of symbol servers.
+    downloads: Option<DebugDownloads>,
+    /// Open files whose debug file is being downloaded, with their build id.
+    awaiting_debug: HashMap<FileKey, String>,
+    /// Files (path, build id) no place had a debug file for, the first
+    /// [`MAX_MISSING_LISTED`], for the summary.
+    pub missing_debug: Vec<(Arc<str>, String)>,
     pub stats: NativeStats,
 }
 
@@ -189,6 +238,9 @@ impl NativeSymbolizer {
             .enable_code_info(true)
             .enable_inlined_fns(true)
             .enable_demangling(true)
+            // Debug files are found (and their build ids checked) by
+            // debug_lookup, never by name alone.
+            .set_debug_dirs(Some(Vec::<PathBuf>::new()))
             .build();
         Self {
             symbolizer,
@@ -211,6 +263,10 @@ impl NativeSymbolizer {
                 has_functions: true,
             }),
             kernel_files: KernelSymbolFiles::new(None),
+            debug_dirs: Vec::new(),
+            downloads: None,
+            awaiting_debug: HashMap::new(),
+            missing_debug: Vec::new(),
             stats: NativeStats::default(),
         }
     }
@@ -220,6 +276,79 @@ impl NativeSymbolizer {
     /// core kernel's text.
     pub fn keep_kernel_symbols_in(&mut self, cache_dir: Option<PathBuf>) {
         self.kernel_files = KernelSymbolFiles::new(cache_dir);
+    }
+
+    /// Looks for debug files in `dirs` (`--debug-dir`, at most
+    /// [`debug_lookup::MAX_DEBUG_DIRS`]) before the usual places.
+    pub fn set_debug_dirs(&mut self, dirs: Vec<PathBuf>) {
+        self.debug_dirs = dirs;
+        self.debug_dirs.truncate(debug_lookup::MAX_DEBUG_DIRS);
+    }
+
+    /// Asks `servers` for debug files no local place has, into
+    /// `cache_dir/debug` (off the sampling path, see [`DebugDownloads`]).
+    pub fn set_symbol_servers(
+        &mut self,
+        servers: Vec<SymbolServer>,
+        cache_dir: &std::path::Path,
+        limits: DownloadLimits,
+    ) {
+        self.downloads = DebugDownloads::start(servers, cache_dir, limits);
+        if let Some(downloads) = &self.downloads {
+            self.debug_dirs.push(downloads.dir.clone());
+        }
+    }
+
+    /// Waits until the debug files asked for arrived, or `deadline`.
+    pub fn wait_for_downloads(&self, deadline: std::time::Instant) {
+        if let Some(downloads) = &self.downloads {
+            downloads.wait_until(deadline);
+        }
+    }
+
+    /// What the downloads came to.
+    pub fn download_stats(&self) -> Option<DownloadStats> {
+        self.downloads.as_ref().map(DebugDownloads::stats)
+    }
+
+    fn note_missing(&mut self, path: &str, build_id: &str) {
+        self.stats.debug_files_missing += 1;
+        if self.missing_debug.len() < MAX_MISSING_LISTED
+            && !self.missing_debug.iter().any(|(_, id)| id == build_id)
+        {
+            self.missing_debug.push((path.into(), build_id.to_owned()));
+        }
+    }
+
+    /// Gives the file of `mapping` the debug file that was downloaded for
+    /// it, once its download finished; its frames are named afresh.
+    fn attach_downloaded(&mut self, mapping: &MappedFile<'_>) {
+        let Some(id) = self.awaiting_debug.get(&mapping.key) else {
+            return;
+        };
+        let Some(downloads) = &self.downloads else {
+            return;
+        };
+        if downloads.is_pending(id) {
+            return;
+        }
+        let Some(id) = self.awaiting_debug.remove(&mapping.key) else {
+            return;
+        };
+        let Some(opened) = self.files.peek(&mapping.key).and_then(|k| k.opened.clone()) else {
+            return;
+        };
+        match self.debug_elf(mapping, &opened.file, &id, false) {
+            Some(found) => {
+                let _ = opened.debug.set(found);
+                self.next_generation += 1;
+                let generation = self.next_generation;
+                if let Some(known) = self.files.get_mut(&mapping.key) {
+                    known.generation = generation;
+                }
+            }
+            None => self.note_missing(mapping.path, &id),
+        }
     }
 
     /// Opens (once) the file behind a mapping while its process is alive,
@@ -239,23 +368,25 @@ impl NativeSymbolizer {
             return;
         }
         let opened = open_mapped_file(mapping).map(|file| {
-            let build_id = blazesym::helper::read_elf_build_id(&PathBuf::from(format!(
-                "/proc/self/fd/{}",
-                file.as_raw_fd()
-            )))
-            .ok()
-            .flatten()
-            .map(|id| hex(&id).into());
+            let build_id = debug_lookup::build_id_of(&file);
+            let debug = std::sync::OnceLock::new();
+            if let Some(found) = build_id
+                .as_deref()
+                .and_then(|id| self.debug_elf(mapping, &file, id, true))
+            {
+                let _ = debug.set(found);
+            }
             Arc::new(OpenedElf {
                 file,
                 module: Arc::new(Module {
                     path: mapping.path.into(),
-                    build_id,
+                    build_id: build_id.map(Into::into),
                     memory_start: 0,
                     memory_limit: 0,
                     file_offset: 0,
                     has_functions: true,
                 }),
+                debug,
             })
         });
         match &opened {
@@ -280,6 +411,58 @@ impl NativeSymbolizer {
             self.stats.files_evicted += 1;
             self.close(old_key, old);
         }
+    }
+
+    /// The debug file of `file` (build id `build_id`), found and charged.
+    fn debug_elf(
+        &mut self,
+        mapping: &MappedFile<'_>,
+        file: &File,
+        build_id: &str,
+        may_download: bool,
+    ) -> Option<DebugElf> {
+        let found = debug_lookup::find_debug_file(
+            mapping.pid,
+            mapping.path,
+            file,
+            build_id,
+            &self.debug_dirs,
+            &mut self.stats.debug_lookup,
+        );
+        let Some(found) = found else {
+            match &self.downloads {
+                Some(downloads) if may_download => {
+                    let name = std::path::Path::new(mapping.path)
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .unwrap_or("");
+                    downloads.request(build_id, name);
+                    self.awaiting_debug.insert(mapping.key, build_id.to_owned());
+                }
+                _ => self.note_missing(mapping.path, build_id),
+            }
+            return None;
+        };
+        let size = found.file.metadata().map_or(0, |m| m.len());
+        let mut charge = Charge::new(Pool::DebugFiles);
+        if !charge.try_add(size / DEBUG_FILE_CHARGE_DIVISOR) {
+            self.stats.debug_files_over_budget += 1;
+            crate::memory_budget::warn_once(mapping.pid, OverBudget::DebugFiles, || {
+                format!(
+                    "the debug file of {} is over the memory budget's share for debug files: its frames stay unnamed",
+                    mapping.path
+                )
+            });
+            return None;
+        }
+        let segments = debug_file::load_segments(&mut debug_lookup::FileAt(file)).ok()?;
+        self.stats.debug_files_found += 1;
+        tracing::debug!(path = mapping.path, build_id, source = ?found.source, "debug file found");
+        Some(DebugElf {
+            file: found.file,
+            segments,
+            _charge: charge,
+        })
     }
 
     /// Lets go of what `pid` held: the files only it mapped are closed and
@@ -336,6 +519,7 @@ impl NativeSymbolizer {
     }
 
     fn close(&mut self, key: FileKey, known: KnownFile) {
+        self.awaiting_debug.remove(&key);
         if let Some(elf) = known.opened {
             if let Some(build_id) = &elf.module.build_id {
                 self.closed.put(key, (build_id.clone(), known.generation));
@@ -344,6 +528,11 @@ impl NativeSymbolizer {
             let _ = self
                 .symbolizer
                 .evict(&Evict::Elf(evict::Elf::new(elf.fd_path())));
+            if let Some(debug) = elf.debug.get() {
+                let _ = self
+                    .symbolizer
+                    .evict(&Evict::Elf(evict::Elf::new(fd_path(&debug.file))));
+            }
         }
     }
 
@@ -357,6 +546,9 @@ impl NativeSymbolizer {
         is_return_address: bool,
     ) -> Arc<Frame> {
         self.prepare(mapping);
+        if !self.awaiting_debug.is_empty() {
+            self.attach_downloaded(mapping);
+        }
         let lookup = if is_return_address {
             addr.saturating_sub(1)
         } else {
@@ -381,22 +573,27 @@ impl NativeSymbolizer {
             });
         }
         let frame = match opened {
-            Some(elf) => {
-                let source = Source::Elf(Elf::new(elf.fd_path()));
-                let result = self
-                    .symbolizer
-                    .symbolize_single(&source, Input::FileOffset(file_offset))
-                    .ok();
-                match result {
-                    Some(Symbolized::Sym(sym)) => {
-                        frame_from_sym(&sym, FrameKind::Native, Some(&elf.module), addr)
-                    }
-                    _ => {
-                        self.stats.unresolved_user += 1;
-                        unnamed_frame(Some(&elf.module), addr)
+            Some(elf) => match self.name_from_debug_file(&elf, file_offset, addr) {
+                Some(frame) => {
+                    self.stats.named_by_debug_file += 1;
+                    frame
+                }
+                None => {
+                    let source = Source::Elf(Elf::new(elf.fd_path()));
+                    match self
+                        .symbolizer
+                        .symbolize_single(&source, Input::FileOffset(file_offset))
+                    {
+                        Ok(Symbolized::Sym(sym)) => {
+                            frame_from_sym(&sym, FrameKind::Native, Some(&elf.module), addr)
+                        }
+                        _ => {
+                            self.stats.unresolved_user += 1;
+                            unnamed_frame(Some(&elf.module), addr)
+                        }
                     }
                 }
-            }
+            },
             None => {
                 self.stats.unresolved_user += 1;
                 unnamed_frame(None, addr)
@@ -419,6 +616,26 @@ impl NativeSymbolizer {
             None => frame,
         }
     }
+    /// The frame `elf`'s debug file names at `file_offset`, if it has one
+    /// and it names it.
+    fn name_from_debug_file(&self, elf: &OpenedElf, file_offset: u64, addr: u64) -> Option<Frame> {
+        let debug = elf.debug.get()?;
+        let virt = debug_file::virtual_offset(&debug.segments, file_offset)?;
+        let source = Source::Elf(Elf::new(fd_path(&debug.file)));
+        match self
+            .symbolizer
+            .symbolize_single(&source, Input::VirtOffset(virt))
+        {
+            Ok(Symbolized::Sym(sym)) => Some(frame_from_sym(
+                &sym,
+                FrameKind::Native,
+                Some(&elf.module),
+                addr,
+            )),
+            _ => None,
+        }
+    }
+
     /// `file_module` (the file's path and build id) placed where `mapping`
     /// maps it: the pprof mapping a server-side symbolizer needs.
     fn mapping_module(
@@ -535,10 +752,6 @@ fn open_mapped_file(mapping: &MappedFile<'_>) -> Option<File> {
     )
     .inspect_err(|e| tracing::debug!(pid = mapping.pid, "native file: {e}"))
     .ok()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn frame_from_sym(
@@ -886,6 +1099,115 @@ mod tests {
         let _ = s.symbolize_kernel(1);
         let _ = s.symbolize_kernel(2);
         assert_eq!(s.kernel_cache.len(), 1);
+    }
+
+    /// A shared library built with `-g`, its debug info split off and the
+    /// library stripped (as Microsoft ships libcoreclr), loaded into this
+    /// process: (library, debug file, the address of its static `inner`).
+    fn load_stripped_library(dir: &std::path::Path) -> (PathBuf, PathBuf, u64) {
+        let source = dir.join("split.c");
+        std::fs::write(
+            &source,
+            "static int inner(int x) { return x * 3 + 1; }\n\
+             void *split_inner(void) { return (void *)inner; }\n",
+        )
+        .expect("write the source");
+        let lib = dir.join("libsplit.so");
+        let dbg = dir.join("libsplit.so.dbg");
+        let run = |program: &str, args: &[&std::ffi::OsStr]| {
+            let status = std::process::Command::new(program)
+                .args(args)
+                .status()
+                .unwrap_or_else(|e| panic!("run {program}: {e}"));
+            assert!(status.success(), "{program} {args:?}");
+        };
+        run(
+            "gcc",
+            &[
+                "-g".as_ref(),
+                "-O1".as_ref(),
+                "-shared".as_ref(),
+                "-fPIC".as_ref(),
+                "-Wl,--build-id".as_ref(),
+                "-o".as_ref(),
+                lib.as_os_str(),
+                source.as_os_str(),
+            ],
+        );
+        run(
+            "objcopy",
+            &[
+                "--only-keep-debug".as_ref(),
+                lib.as_os_str(),
+                dbg.as_os_str(),
+            ],
+        );
+        run("strip", &["--strip-unneeded".as_ref(), lib.as_os_str()]);
+        let c_path = std::ffi::CString::new(lib.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: a library of ours with no constructors; kept loaded.
+        let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW) };
+        assert!(!handle.is_null(), "dlopen {}", lib.display());
+        // SAFETY: the symbol is a `void *(void)` function of that library.
+        let inner = unsafe {
+            let sym = libc::dlsym(handle, c"split_inner".as_ptr());
+            assert!(!sym.is_null(), "dlsym split_inner");
+            let f: extern "C" fn() -> *const std::ffi::c_void = std::mem::transmute(sym);
+            f() as u64
+        };
+        (lib, dbg, inner)
+    }
+
+    #[test]
+    fn a_stripped_library_is_named_from_its_debug_file_in_a_debug_dir() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (lib, dbg, inner) = load_stripped_library(dir.path());
+        let own = std::process::id();
+        let lib_path = lib.to_str().expect("utf-8 path");
+        let mappings = mapped_files(own, lib_path);
+        let line = mappings
+            .iter()
+            .find(|(start, end, ..)| (*start..*end).contains(&inner))
+            .expect("inner is in an executable mapping of the library");
+
+        let mut plain = NativeSymbolizer::new();
+        let frame = plain.symbolize_user(&as_mapping(own, line), inner, false);
+        assert_eq!(&*frame.name, "[libsplit.so]", "stripped: nothing names it");
+        assert_eq!(plain.stats.debug_files_missing, 1);
+
+        let id = File::open(&lib)
+            .ok()
+            .and_then(|f| debug_lookup::build_id_of(&f))
+            .expect("the library has a build id");
+        // The build-id layout, then the symbol-store layout.
+        let build_id_dir = dir.path().join("by-build-id");
+        let at = build_id_dir.join(debug_file::build_id_path(&id).expect("path"));
+        std::fs::create_dir_all(at.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(&dbg, &at).expect("copy the debug file");
+        let store = dir.path().join("store");
+        let [key, _] = debug_file::symbol_store_keys("libsplit.so", &id).expect("keys");
+        let at = store.join(key);
+        std::fs::create_dir_all(at.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(&dbg, &at).expect("copy the debug file");
+        // A debug file of another build id is never believed.
+        let wrong = dir.path().join("wrong");
+        let at = wrong.join(debug_file::build_id_path(&id).expect("path"));
+        std::fs::create_dir_all(at.parent().expect("parent")).expect("mkdir");
+        std::fs::copy("/proc/self/exe", &at).expect("copy another file");
+        for debug_dir in [&build_id_dir, &store] {
+            let mut s = NativeSymbolizer::new();
+            s.set_debug_dirs(vec![wrong.clone(), debug_dir.clone()]);
+            let frame = s.symbolize_user(&as_mapping(own, line), inner, false);
+            assert_eq!(&*frame.name, "inner", "from {}", debug_dir.display());
+            assert!(
+                frame
+                    .file
+                    .as_deref()
+                    .is_some_and(|f| f.ends_with("split.c"))
+            );
+            assert_eq!(s.stats.debug_files_found, 1);
+            assert_eq!(s.stats.debug_lookup.wrong_build_id, 1);
+            assert_eq!(s.stats.named_by_debug_file, 1);
+        }
     }
 
     #[test]
