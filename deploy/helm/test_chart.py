@@ -22,7 +22,7 @@ For the default values and each ci/*-values.yaml:
      token: the golden render shows a placeholder for it); the
      NetworkPolicy, when on, opens the agent's port to the listed peers only;
   6. the common settings become the agent's flags (interval, log format,
-     off-CPU, CLR events, selection), and values.schema.json refuses
+     off-CPU, CLR events, selection, labels), and values.schema.json refuses
      misspelt keys and values the agent would refuse.
 """
 
@@ -233,6 +233,8 @@ def check_settings(name, values, objs):
         assert "--no-clr-events" in args, f"{name}: {args}"
     assert flag_values(args, "--k8s-namespace") == selection.get("namespaces", []), f"{name}: {args}"
     assert flag_values(args, "--exe") == selection.get("executables", []), f"{name}: {args}"
+    labels = values.get("labels") or {}
+    assert flag_values(args, "--label") == [f"{k}={v}" for k, v in sorted(labels.items())], f"{name}: {args}"
 
 
 SCHEMA_REFUSES = [
@@ -245,6 +247,11 @@ SCHEMA_REFUSES = [
     {"selection": {"namespaces": ["Not_A_Namespace"]}},
     {"selection": {"pods": ["x"]}},
     {"sinks": {"pyroscope": {"url": "pyroscope:4040"}}},
+    {"labels": {"Cluster": "x"}},
+    {"labels": {"service_name": "x"}},
+    {"labels": {"k8s.pod.name": "x"}},
+    {"labels": {"cluster": ""}},
+    {"labels": {f"l{i}": "x" for i in range(17)}},
 ]
 
 
