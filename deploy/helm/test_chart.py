@@ -20,7 +20,10 @@ For the default values and each ci/*-values.yaml:
   5. the pull endpoint is off unless the values turn it on, and then reads
      its token from a Secret mounted read-only (the chart's, with a random
      token: the golden render shows a placeholder for it); the
-     NetworkPolicy, when on, opens the agent's port to the listed peers only.
+     NetworkPolicy, when on, opens the agent's port to the listed peers only;
+  6. the common settings become the agent's flags (interval, log format,
+     off-CPU, CLR events, selection, labels), and values.schema.json refuses
+     misspelt keys and values the agent would refuse.
 """
 
 import base64
@@ -205,6 +208,66 @@ def check_generated_token(name, values, token):
     assert render(values)[2] != token, f"{name}: the generated token is random"
 
 
+def agent_args(objs):
+    daemonset = next(o for o in objs if o["kind"] == "DaemonSet")
+    return daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def flag_values(args, flag):
+    return [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == flag]
+
+
+def check_settings(name, values, objs):
+    """The agent's flags follow the values."""
+    agent = {**{"logFormat": "json", "uploadInterval": "15s", "offCpu": False,
+                "clrEvents": ["contention", "exceptions", "waits"]},
+             **(values.get("agent") or {})}
+    selection = values.get("selection") or {}
+    args = agent_args(objs)
+    assert flag_values(args, "--log-format") == [agent["logFormat"]], f"{name}: {args}"
+    assert flag_values(args, "--upload-interval") == [str(agent["uploadInterval"])], f"{name}: {args}"
+    assert ("--off-cpu" in args) == agent["offCpu"], f"{name}: {args}"
+    if agent["clrEvents"]:
+        assert flag_values(args, "--clr-events") == [",".join(agent["clrEvents"])], f"{name}: {args}"
+    else:
+        assert "--no-clr-events" in args, f"{name}: {args}"
+    assert flag_values(args, "--k8s-namespace") == selection.get("namespaces", []), f"{name}: {args}"
+    assert flag_values(args, "--exe") == selection.get("executables", []), f"{name}: {args}"
+    labels = values.get("labels") or {}
+    assert flag_values(args, "--label") == [f"{k}={v}" for k, v in sorted(labels.items())], f"{name}: {args}"
+
+
+SCHEMA_REFUSES = [
+    {"agent": {"logFormat": "xml"}},
+    {"agent": {"uploadInterval": "soon"}},
+    {"agent": {"uploadInterval": 2}},
+    {"agent": {"clrEvents": ["gc"]}},
+    {"agent": {"offCpu": "yes"}},
+    {"agent": {"frequncy": 19}},
+    {"selection": {"namespaces": ["Not_A_Namespace"]}},
+    {"selection": {"pods": ["x"]}},
+    {"sinks": {"pyroscope": {"url": "pyroscope:4040"}}},
+    {"labels": {"Cluster": "x"}},
+    {"labels": {"service_name": "x"}},
+    {"labels": {"k8s.pod.name": "x"}},
+    {"labels": {"cluster": ""}},
+    {"labels": {f"l{i}": "x" for i in range(17)}},
+]
+
+
+def check_schema():
+    """Each of SCHEMA_REFUSES is refused at render, naming the value."""
+    chart = helm.Chart.load(str(CHART))
+    for values in SCHEMA_REFUSES:
+        try:
+            chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        except Exception as e:  # the SDK raises its own error type
+            assert "schema" in str(e), f"{values}: {e}"
+            continue
+        raise AssertionError(f"values.schema.json accepts {values}")
+    print(f"chart schema: {len(SCHEMA_REFUSES)} bad values refused")
+
+
 def main():
     update = "--update" in sys.argv[1:]
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -228,10 +291,16 @@ def main():
             objs = objects(text)
             versions = validate(name, values, objs)
             check_security(name, values, objs, capabilities)
+            check_settings(name, values, objs)
             print(f"chart {name}: lint ok, golden ok, {len(objs)} objects valid for Kubernetes {versions[0]}..{versions[-1]}, security invariants ok")
         except AssertionError as e:
             failures.append(str(e))
             print(f"chart {name}: FAILED: {e}", file=sys.stderr)
+    try:
+        check_schema()
+    except AssertionError as e:
+        failures.append(str(e))
+        print(f"chart schema: FAILED: {e}", file=sys.stderr)
     if failures:
         sys.exit(1)
 

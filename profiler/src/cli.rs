@@ -94,10 +94,31 @@ pub enum Command {
     /// --grace-period) and exits 0. SIGHUP is ignored: nothing is reloaded.
     #[command(after_help = AGENT_SHORT_AFTER_HELP, after_long_help = AGENT_EXAMPLES)]
     Agent(Box<AgentArgs>),
-    /// List the .NET processes on this host.
-    Ps,
-    /// Report the kernel features clrbpf uses.
+    /// List the .NET processes on this host, and how each will be profiled.
+    ///
+    /// For each: its user, runtime version, the service name the agent
+    /// would give it, where its managed frames get their names (perf map:
+    /// files the runtime writes already; socket: clrbpf asks the runtime
+    /// through its diagnostic socket; memory: clrbpf reads them from the
+    /// runtime's memory), its pod and container. Run as a user who is not
+    /// root, it lists that user's processes only and says how many it could
+    /// not read.
+    Ps(PsArgs),
+    /// Say whether profiling will work here, and if not why and the fix.
+    ///
+    /// Loads and attaches a trivial BPF program to a perf event and reads
+    /// the kernel's BTF (nothing stays loaded), then shows the version, the
+    /// container and cgroup clrbpf sees, and the kernel features it uses.
+    /// Exits 1 when profiling will not work.
     SystemInfo,
+}
+
+/// Options of `clrbpf ps`.
+#[derive(Debug, clap::Args)]
+pub struct PsArgs {
+    /// Write one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 const RECORD_SHORT_AFTER_HELP: &str = "\
@@ -195,6 +216,17 @@ pub struct AgentArgs {
           value_parser = clap::value_parser!(u64).range(2..=100_000),
           allow_negative_numbers = true, help_heading = "Process selection")]
     pub max_services: u64,
+
+    /// A label on every series this agent ships, KEY=VALUE, such as
+    /// cluster=prod-eu or environment=staging (repeatable, at most 16).
+    ///
+    /// A Pyroscope label and an OTLP resource attribute. KEY is lower-case
+    /// letters, digits, `_` and `.`, starting with a letter; it cannot be
+    /// one clrbpf sets itself (service_name, service.name, pod, namespace,
+    /// ...).
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_static_label,
+          help_heading = "Sinks")]
+    pub labels: Vec<(String, String)>,
 
     /// Push profiles to Pyroscope (or Grafana Cloud Profiles, or Alloy's
     /// pyroscope.receive_http) at this base URL, e.g. http://pyroscope:4040.
@@ -435,6 +467,44 @@ fn parse_container_id(text: &str) -> Result<String, String> {
 }
 
 /// A Kubernetes namespace name (RFC 1123 label).
+/// Keys a static label cannot take: those the agent sets on a series.
+const RESERVED_LABEL_KEYS: [&str; 8] = [
+    "service_name",
+    "service.name",
+    "__name__",
+    "pod",
+    "namespace",
+    "container",
+    "process.executable.name",
+    "host.name",
+];
+
+/// `--label KEY=VALUE`.
+fn parse_static_label(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| "must be KEY=VALUE, e.g. cluster=prod-eu".to_owned())?;
+    let key_ok = (1..=64).contains(&key.len())
+        && key.starts_with(|c: char| c.is_ascii_lowercase())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.');
+    if !key_ok {
+        return Err(format!(
+            "key `{key}` must be 1 to 64 lower-case letters, digits, `_` or `.`, starting with a letter"
+        ));
+    }
+    if RESERVED_LABEL_KEYS.contains(&key) || key.starts_with("k8s.") {
+        return Err(format!("key `{key}` is set by clrbpf itself: pick another"));
+    }
+    if value.is_empty() || value.len() > 256 || value.chars().any(char::is_control) {
+        return Err(
+            "the value must be 1 to 256 characters, none of them control characters".to_owned(),
+        );
+    }
+    Ok((key.to_owned(), value.to_owned()))
+}
+
 fn parse_k8s_namespace(text: &str) -> Result<String, String> {
     let valid = (1..=63).contains(&text.len())
         && text

@@ -79,18 +79,40 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Record(args) => run_record(*args),
         Command::Agent(args) => run_agent(*args).map(|()| ExitCode::SUCCESS),
-        Command::Ps => {
-            let procfs = clrbpf::process::ProcFs::default();
-            let rows = clrbpf::ps::dotnet_processes(&procfs);
-            clrbpf::ps::print_ps_table(&rows, std::io::stdout().lock())
-                .context("write the process table")?;
+        Command::Ps(args) => {
+            run_ps(&args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::SystemInfo => {
-            clrbpf::bpf::system::print_system_info(std::io::stdout().lock()).context("write")?;
-            Ok(ExitCode::SUCCESS)
+            // 1 when it will not work, so a script or an init container can
+            // stop there.
+            let works = clrbpf::bpf::system::print_system_info(std::io::stdout().lock())
+                .context("write")?;
+            Ok(if works {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
     }
+}
+
+/// `clrbpf ps`: the table (or JSON) on stdout; what could not be seen, on
+/// stderr, with success: a partial list is still the right answer.
+fn run_ps(args: &clrbpf::cli::PsArgs) -> anyhow::Result<()> {
+    use clrbpf::ps::{UserNames, list_dotnet_processes, print_ps_json, print_ps_table};
+    let listing = list_dotnet_processes(&clrbpf::process::ProcFs::default());
+    let users = UserNames::from_host();
+    let out = std::io::stdout().lock();
+    if args.json {
+        print_ps_json(&listing, &users, out).context("write the process list")?;
+    } else {
+        print_ps_table(&listing.rows, &users, out).context("write the process table")?;
+    }
+    if let Some(note) = listing.hidden_note() {
+        eprintln!("clrbpf: note: {note}");
+    }
+    Ok(())
 }
 
 fn run_agent(args: clrbpf::cli::AgentArgs) -> anyhow::Result<()> {

@@ -49,6 +49,8 @@ pub enum ConfigError {
     BadSecretFile { option: &'static str, path: PathBuf },
     #[error("{option}: must not be empty")]
     Empty { option: &'static str },
+    #[error("--label: {reason}")]
+    Labels { reason: String },
     #[error(transparent)]
     Sampling(#[from] SamplingOptionError),
     #[error("--output-dir: the directory cannot be used (fix it, or pick another)")]
@@ -155,6 +157,8 @@ pub struct AgentConfig {
     /// Series shipped per window at most (the rest as one overflow
     /// service, [`super::batch::OVERFLOW_SERVICE`]).
     pub max_services: usize,
+    /// `--label`: on every series shipped, after the agent's own.
+    pub static_labels: Vec<(String, String)>,
     pub pyroscope: Option<PyroscopeConfig>,
     pub otlp: Option<OtlpConfig>,
     pub directory: Option<DirectoryConfig>,
@@ -178,6 +182,7 @@ impl AgentConfig {
             container_ids,
             k8s_namespaces,
             max_services,
+            labels,
             pyroscope_url,
             pyroscope_basic_auth_user,
             pyroscope_basic_auth_password,
@@ -195,6 +200,7 @@ impl AgentConfig {
             http_token_file,
             max_pull_seconds,
         } = args;
+        check_static_labels(&labels)?;
         let pull = match (enable_pull, http_token_file) {
             (false, _) => None,
             (true, Some(path)) => Some(PullConfig {
@@ -271,6 +277,7 @@ impl AgentConfig {
                 k8s_namespaces,
             },
             max_services: usize::try_from(max_services).unwrap_or(usize::MAX),
+            static_labels: labels,
             pyroscope,
             otlp,
             directory,
@@ -347,6 +354,25 @@ pub fn build_sinks(
             })
             .collect(),
     ))
+}
+
+/// Static labels shipped at most: each is on every series.
+const MAX_STATIC_LABELS: usize = 16;
+
+fn check_static_labels(labels: &[(String, String)]) -> Result<(), ConfigError> {
+    if labels.len() > MAX_STATIC_LABELS {
+        return Err(ConfigError::Labels {
+            reason: format!("{} given, at most {MAX_STATIC_LABELS}", labels.len()),
+        });
+    }
+    for (i, (key, _)) in labels.iter().enumerate() {
+        if labels[..i].iter().any(|(earlier, _)| earlier == key) {
+            return Err(ConfigError::Labels {
+                reason: format!("`{key}` is given twice: keep one"),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The start of the window `now` falls in: windows are aligned to

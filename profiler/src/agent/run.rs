@@ -101,7 +101,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             metrics.clone(),
             config.selection.clone(),
             config.max_services,
-        ),
+        )
+        .with_static_labels(config.static_labels.clone()),
         pulls,
         sighup: signal(SignalKind::hangup()).context("install the SIGHUP handler")?,
         health,

@@ -65,6 +65,12 @@ impl ServiceSinks {
             services: ServiceNames::default(),
         }
     }
+
+    /// Labels put on every series (`--label`), after the agent's own.
+    pub fn with_static_labels(mut self, labels: Vec<(String, String)>) -> Self {
+        self.services.static_labels = labels;
+        self
+    }
 }
 
 impl ProfileSink for ServiceSinks {
@@ -110,7 +116,7 @@ impl ProfileSink for ServiceSinks {
 
 /// The entry assembly of a `dotnet` command line (`dotnet [options]
 /// App.dll args`): the first argument ending in `.dll`, without it.
-fn entry_assembly(cmdline: &[String]) -> Option<String> {
+pub(crate) fn entry_assembly(cmdline: &[String]) -> Option<String> {
     let dll = cmdline.iter().skip(1).find(|arg| arg.ends_with(".dll"))?;
     let name = dll.rsplit('/').next()?.strip_suffix(".dll")?;
     (!name.is_empty()).then(|| name.to_owned())
@@ -131,6 +137,7 @@ struct ServiceNames {
     by_pid: HashMap<u32, Option<ServiceKey>>,
     seen: HashSet<u32>,
     procfs: ProcFs,
+    static_labels: Vec<(String, String)>,
 }
 
 /// OpenTelemetry's `service.name` when none is set.
@@ -183,7 +190,7 @@ impl ServiceNames {
         }
         let pid = pid?;
         self.seen.insert(pid);
-        let procfs = &self.procfs;
+        let (procfs, static_labels) = (&self.procfs, &self.static_labels);
         self.by_pid
             .entry(pid)
             .or_insert_with(|| {
@@ -217,6 +224,7 @@ impl ServiceNames {
                     ));
                 }
                 labels.extend(k8s.iter().map(|(k, v)| ((*k).to_owned(), v.to_string())));
+                labels.extend(static_labels.iter().cloned());
                 Some(ServiceKey {
                     service_name: service_name(
                         &environ,
@@ -295,6 +303,19 @@ mod tests {
                 .contains(&(series_keys::K8S_POD_NAME.to_owned(), "api-7d9f".to_owned()))
         );
         assert!(!key.labels.iter().any(|(k, _)| k == "thread.name"));
+        let mut with_static = ServiceNames {
+            static_labels: vec![("cluster".into(), "prod-eu".into())],
+            ..ServiceNames::default()
+        };
+        let labels = with_static
+            .key_of(&sample("shop"), &everything)
+            .expect("kept")
+            .labels;
+        assert_eq!(
+            labels.last(),
+            Some(&("cluster".to_owned(), "prod-eu".to_owned())),
+            "{labels:?}"
+        );
         assert!(
             !key.labels.iter().any(|(k, _)| k == label_keys::PROCESS_PID),
             "a pid names no series: {:?}",

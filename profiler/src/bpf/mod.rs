@@ -4,6 +4,7 @@
 //! [`RawSample`]s and [`ProcessEvent`]s (exits and execs, in order with the
 //! samples) for the rest of the pipeline.
 
+pub mod probe;
 mod stack_copies;
 pub mod start_tables;
 pub mod system;

@@ -8,6 +8,8 @@ use std::{
     path::Path,
 };
 
+use super::probe::{Blocked, Placement, Probe};
+
 const TRACEFS: &str = "/sys/kernel/tracing";
 const BPFFS: &str = "/sys/fs/bpf";
 const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
@@ -156,7 +158,7 @@ pub enum SystemError {
 }
 
 /// Effective capabilities of this process, from /proc/self/status.
-fn effective_capabilities() -> u64 {
+pub(super) fn effective_capabilities() -> u64 {
     fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| parse_cap_eff(&s))
@@ -166,6 +168,10 @@ fn effective_capabilities() -> u64 {
 fn parse_cap_eff(status: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("CapEff:"))?;
     u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
+}
+
+pub(super) fn has_capability(caps: u64, bit: u32) -> bool {
+    caps & (1u64 << bit) != 0
 }
 
 fn missing_capabilities(caps: u64) -> Vec<&'static str> {
@@ -311,8 +317,11 @@ fn kallsyms_hides_addresses(first_line: &str) -> bool {
         .is_some_and(|addr| !addr.is_empty() && addr.bytes().all(|b| b == b'0'))
 }
 
-/// `clrbpf system-info`: the kernel features clrbpf uses, one per line.
-pub fn print_system_info(mut w: impl Write) -> io::Result<()> {
+/// `clrbpf system-info`: whether profiling will work here, from a real
+/// probe ([`Probe`]), with the reason and the fix when it will not; then the
+/// version, where clrbpf runs, and the kernel features it uses, one per
+/// line. Returns whether it will work.
+pub fn print_system_info(mut w: impl Write) -> io::Result<bool> {
     let read = |p: &str| {
         fs::read_to_string(p)
             .map(|s| s.trim().to_owned())
@@ -321,6 +330,26 @@ pub fn print_system_info(mut w: impl Write) -> io::Result<()> {
     let yes_no = |b: bool| if b { "yes" } else { "no" };
     let caps = effective_capabilities();
     let missing = missing_capabilities(caps);
+    let probe = Probe::run();
+    let placement = Placement::of_this_process();
+    let limits = limits(caps, &probe, &placement);
+    writeln!(w, "verdict                {}", verdict(&probe, &limits))?;
+    writeln!(w, "clrbpf                 {}", env!("CARGO_PKG_VERSION"))?;
+    print_probe(&mut w, &probe)?;
+    for limit in &limits {
+        writeln!(w, "limit                  {limit}")?;
+    }
+    writeln!(w, "container              {}", placement.container())?;
+    writeln!(w, "cgroup                 {}", placement.cgroup)?;
+    writeln!(
+        w,
+        "pid namespace          {}",
+        if placement.own_pid_namespace {
+            "its own: only this container's processes are visible"
+        } else {
+            "the host's: every process is visible"
+        }
+    )?;
     writeln!(
         w,
         "kernel                 {}",
@@ -369,16 +398,6 @@ pub fn print_system_info(mut w: impl Write) -> io::Result<()> {
     )?;
     writeln!(
         w,
-        "bpf syscall            {}",
-        yes_no(Path::new("/proc/sys/kernel/bpf_stats_enabled").exists())
-    )?;
-    writeln!(
-        w,
-        "btf (vmlinux)          {}",
-        yes_no(Path::new(BTF_VMLINUX).exists())
-    )?;
-    writeln!(
-        w,
         "tracefs                {}",
         yes_no(Path::new(TRACEFS).join("events").is_dir())
     )?;
@@ -412,7 +431,65 @@ pub fn print_system_info(mut w: impl Write) -> io::Result<()> {
         "user_events            {}",
         yes_no(Path::new("/sys/kernel/tracing/user_events_data").exists())
     )?;
-    Ok(())
+    Ok(probe.blocker().is_none())
+}
+
+/// `will work`, `will work, with limits (see limit lines)`, or `will not
+/// work: REASON; fix: FIX`.
+fn verdict(probe: &Probe, limits: &[String]) -> String {
+    match probe.blocker() {
+        Some(Blocked { reason, fix }) => format!("will not work: {reason}; fix: {fix}"),
+        None if limits.is_empty() => "will work".to_owned(),
+        None => format!(
+            "will work, with {} limit{} (the `limit` lines)",
+            limits.len(),
+            if limits.len() == 1 { "" } else { "s" }
+        ),
+    }
+}
+
+/// What degrades profiling without stopping it.
+fn limits(caps: u64, probe: &Probe, placement: &Placement) -> Vec<String> {
+    let mut limits: Vec<String> = missing_chart_capabilities(caps, kernel_version())
+        .into_iter()
+        .filter(|c| !c.required)
+        .map(|c| format!("no CAP_{}: {}", c.name, c.without))
+        .collect();
+    limits.extend(kallsyms_warning());
+    if let Err(e) = &probe.btf {
+        limits.push(format!(
+            "no BTF ({e}): on-CPU sampling works, later features need CONFIG_DEBUG_INFO_BTF"
+        ));
+    }
+    limits.extend(placement.pid_namespace_limit());
+    limits
+}
+
+fn print_probe(w: &mut impl Write, probe: &Probe) -> io::Result<()> {
+    let outcome = |step: &Result<(), Blocked>, done: &str| match step {
+        Ok(()) => done.to_owned(),
+        Err(Blocked { reason, .. }) => format!("FAILS: {reason}"),
+    };
+    writeln!(
+        w,
+        "bpf program            {}",
+        outcome(&probe.bpf, "loads (a perf_event program, then unloaded)")
+    )?;
+    writeln!(
+        w,
+        "perf event             {}",
+        outcome(&probe.perf_event, "opens (cpu-clock, all processes, CPU 0)")
+    )?;
+    let attach = match &probe.attach {
+        Some(step) => outcome(step, "attaches (the program to the perf event)"),
+        None => "not tried (the steps above failed)".to_owned(),
+    };
+    writeln!(w, "attach                 {attach}")?;
+    let btf = match &probe.btf {
+        Ok(size) => format!("read ({BTF_VMLINUX}, {} KiB)", size / 1024),
+        Err(e) => format!("unreadable: {e}"),
+    };
+    writeln!(w, "btf                    {btf}")
 }
 
 #[cfg(test)]

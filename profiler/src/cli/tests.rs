@@ -126,6 +126,34 @@ fn agent_parses_durations_sizes_urls_and_selections() {
 }
 
 #[test]
+fn static_labels_are_key_value_pairs_clrbpf_does_not_set_itself() {
+    let args =
+        agent(&["--label", "cluster=prod-eu", "--label", "environment=a=b"]).expect("labels");
+    assert_eq!(
+        args.labels,
+        [
+            ("cluster".to_owned(), "prod-eu".to_owned()),
+            ("environment".to_owned(), "a=b".to_owned())
+        ]
+    );
+    for bad in [
+        "cluster",
+        "=x",
+        "Cluster=x",
+        "service_name=x",
+        "k8s.pod.name=x",
+        "pod=x",
+        "x=",
+    ] {
+        let message = agent_error(&["--label", bad]);
+        assert!(message.contains("--label"), "{bad}: {message}");
+    }
+    let twice = agent(&["--label", "a=1", "--label", "a=2"]).expect("parses");
+    let error = crate::agent::config::AgentConfig::from_args(twice, None).expect_err("twice");
+    assert!(error.to_string().contains("twice"), "{error}");
+}
+
+#[test]
 fn malformed_agent_config_is_refused_naming_the_option() {
     for (args, option) in [
         (&["--upload-interval", "4s"][..], "--upload-interval"),

@@ -19,7 +19,7 @@ use clrbpf::{
         session::{ClrEventKinds, ClrSession, method_rundown},
     },
     process::ProcFs,
-    ps::{dotnet_processes, print_ps_table},
+    ps::{UserNames, dotnet_processes, print_ps_table},
     symbolize::perf_files::perf_file_names,
 };
 use clrbpf_integration_tests::{Env, Launch, Runtime, TempDir, TestProcess};
@@ -320,7 +320,7 @@ fn ps_lists_net8_and_netcore31_processes() {
     );
     assert!(row31.perf_map_enabled);
     let mut table = Vec::new();
-    print_ps_table(&rows, &mut table).expect("print");
+    print_ps_table(&rows, &UserNames::from_host(), &mut table).expect("print");
     let table = String::from_utf8(table).expect("utf-8");
     assert!(
         table
