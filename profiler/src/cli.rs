@@ -3,7 +3,7 @@
 
 use std::{ffi::OsString, path::PathBuf};
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use crate::export::{frame_names::FrameNames, output::OutputFormat};
 
@@ -818,6 +818,9 @@ pub struct RecordArgs {
     pub keep_perf_maps: bool,
 
     #[command(flatten)]
+    pub flame_graph: FlameGraphArgs,
+
+    #[command(flatten)]
     pub sampling: SamplingArgs,
 
     /// Exception events taken with their stacks per second and process at
@@ -878,6 +881,63 @@ pub struct RecordArgs {
     /// The command to run and profile, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+/// How an .svg output is drawn (inferno's options of the same names).
+#[derive(Args, Debug, Clone, Default)]
+pub struct FlameGraphArgs {
+    /// The flame graph's title [default: what it measures].
+    #[arg(
+        long,
+        value_name = "TEXT",
+        help_heading = "Flame graph (.svg)",
+        hide_short_help = true
+    )]
+    pub title: Option<String>,
+
+    /// Leaf functions at the base, their callers above them: the hottest
+    /// functions and every path to them.
+    #[arg(long, help_heading = "Flame graph (.svg)", hide_short_help = true)]
+    pub reverse: bool,
+
+    /// An icicle graph: roots at the top, stacks growing down.
+    #[arg(long, help_heading = "Flame graph (.svg)", hide_short_help = true)]
+    pub inverted: bool,
+
+    /// One tower per thread under each process (`[name tid=N]`).
+    #[arg(long, help_heading = "Flame graph (.svg)", hide_short_help = true)]
+    pub per_thread: bool,
+
+    /// Leave out frames narrower than this percentage of the width
+    /// [default: 0.01].
+    #[arg(long, value_name = "PERCENT", value_parser = parse_min_width,
+          help_heading = "Flame graph (.svg)", hide_short_help = true)]
+    pub min_width: Option<f64>,
+}
+
+impl FlameGraphArgs {
+    /// Whether any of these options was given.
+    pub fn any(&self) -> bool {
+        self.title.is_some()
+            || self.reverse
+            || self.inverted
+            || self.per_thread
+            || self.min_width.is_some()
+    }
+}
+
+/// `--min-width`: a percentage, 0 to 100 (`%` allowed).
+fn parse_min_width(text: &str) -> Result<f64, String> {
+    let number = text.trim().trim_end_matches('%');
+    let percent: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a percentage of the width (e.g. 0.5)"))?;
+    if !(0.0..=100.0).contains(&percent) {
+        return Err(format!(
+            "{text} is not between 0 and 100 (percent of the width)"
+        ));
+    }
+    Ok(percent)
 }
 
 #[cfg(test)]

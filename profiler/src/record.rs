@@ -28,6 +28,7 @@ use crate::{
     cli::RecordArgs,
     export::{
         ExportError,
+        flamegraph::FlameGraphOptions,
         frame_names::{FrameNames, apply_frame_names},
         output::{OutputFormat, sudo_owner},
         sink::{ClosedWindow, FileSink, ProfileSink},
@@ -58,6 +59,8 @@ pub struct RecordConfig {
     /// How managed frames are named in the output.
     pub frame_names: FrameNames,
     pub keep_perf_maps: bool,
+    /// How an .svg output is drawn.
+    pub flame_graph: FlameGraphOptions,
     pub perf_map_attach: bool,
     /// What is collected besides CPU samples, and how stacks are walked.
     pub sampling: SamplingConfig,
@@ -101,6 +104,7 @@ impl RecordConfig {
             format,
             frame_names,
             keep_perf_maps,
+            flame_graph,
             no_perf_map_attach,
             dwarf_unwind: _,
             call_graph: _,
@@ -125,6 +129,11 @@ impl RecordConfig {
                 output.display()
             ),
         };
+        if flame_graph.any() && format != OutputFormat::Svg {
+            bail!(
+                "--title, --reverse, --inverted, --per-thread and --min-width draw a flame graph: write one with -o FILE.svg or --format svg (the output is {format})"
+            );
+        }
         check_command(&command)?;
         let report = match (quiet, verbose) {
             (true, _) => Report::Quiet,
@@ -140,6 +149,13 @@ impl RecordConfig {
             format,
             frame_names,
             keep_perf_maps,
+            flame_graph: FlameGraphOptions {
+                title: flame_graph.title,
+                reverse: flame_graph.reverse,
+                inverted: flame_graph.inverted,
+                per_thread: flame_graph.per_thread,
+                min_width: flame_graph.min_width,
+            },
             perf_map_attach: !no_perf_map_attach,
             sampling,
             command,
@@ -264,6 +280,7 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
         format,
         frame_names,
         keep_perf_maps,
+        flame_graph,
         perf_map_attach,
         sampling,
         command,
@@ -286,7 +303,8 @@ pub async fn record(config: RecordConfig) -> anyhow::Result<RecordSummary> {
     // Created now, with their final owner and mode: a bad output path
     // fails here, before anything is recorded.
     let file = FileSink::create(&output, format, split, &sampling.layout(), sudo_owner())
-        .with_context(|| format!("cannot write the profile to {}", output.display()))?;
+        .with_context(|| format!("cannot write the profile to {}", output.display()))?
+        .with_flame_graph(flame_graph);
     let whole_host = all || (pids.is_empty() && command.is_empty());
     let mut initial_targets = pids.clone();
     if !command.is_empty() && !whole_host {
@@ -497,5 +515,68 @@ mod tests {
         assert!(root.contains(&0), "{root:?}");
         let unknown = group_list(c"clrbpf-no-such-user", 4242);
         assert_eq!(unknown, [4242]);
+    }
+
+    fn config(args: &[&str]) -> anyhow::Result<RecordConfig> {
+        use clap::Parser as _;
+        let cli = crate::cli::Cli::try_parse_from(["clrbpf", "record"].iter().chain(args))?;
+        match cli.command {
+            crate::cli::Command::Record(args) => RecordConfig::from_args(*args),
+            _ => panic!("not record"),
+        }
+    }
+
+    #[test]
+    fn flame_graph_options_reach_the_config_and_need_an_svg() {
+        let svg = config(&[
+            "-a",
+            "-o",
+            "x.svg",
+            "--title",
+            "T",
+            "--reverse",
+            "--inverted",
+            "--per-thread",
+            "--min-width",
+            "0.5",
+        ])
+        .unwrap();
+        assert_eq!(
+            svg.flame_graph,
+            FlameGraphOptions {
+                title: Some("T".to_owned()),
+                reverse: true,
+                inverted: true,
+                per_thread: true,
+                min_width: Some(0.5),
+            }
+        );
+        assert_eq!(
+            config(&["-a", "-o", "x.svg"]).unwrap().flame_graph,
+            FlameGraphOptions::default()
+        );
+        assert!(config(&["-a", "--format", "svg", "--reverse"]).is_ok());
+        for option in [&["--reverse"][..], &["--title", "T"], &["--min-width", "1"]] {
+            let args: Vec<&str> = ["-a", "-o", "x.pb.gz"]
+                .iter()
+                .chain(option)
+                .copied()
+                .collect();
+            let error = config(&args).unwrap_err().to_string();
+            assert!(error.contains("-o FILE.svg or --format svg"), "{error}");
+        }
+        assert_eq!(
+            config(&["-a", "-o", "x.svg", "--min-width", "2%"])
+                .unwrap()
+                .flame_graph
+                .min_width,
+            Some(2.0)
+        );
+        for bad in ["-1", "101", "NaN", "wide"] {
+            assert!(
+                config(&["-a", "-o", "x.svg", "--min-width", bad]).is_err(),
+                "{bad}"
+            );
+        }
     }
 }

@@ -17,6 +17,7 @@ mod bench_stack_copy;
 mod bench_steady;
 mod chart;
 mod cmd;
+mod dist;
 mod fuzz;
 mod limits;
 mod setup;
@@ -69,6 +70,14 @@ enum Task {
         /// Rewrite the golden renders in deploy/helm/golden/ (review the diff)
         #[arg(long)]
         update: bool,
+    },
+    /// Build the release in target/dist/: a static clrbpf (musl, eBPF
+    /// object embedded), clrbpf-<version>-x86_64-linux.tar.gz, the image of
+    /// the Dockerfile as an OCI archive (buildah), SHA256SUMS.
+    Dist {
+        /// Only the binary, the tarball and its checksum
+        #[arg(long)]
+        no_image: bool,
     },
     /// Compile tests/workloads/*.cs into tests/workloads/bin/{net8,netcore31}/.
     Workloads,
@@ -156,6 +165,15 @@ fn main() -> ExitCode {
         }
         Task::Build => build(&repo),
         Task::ChartTest { update } => chart::test(&repo, update),
+        Task::Dist { no_image } => {
+            setup::run(&repo.runtimes_dir())?;
+            let image = if no_image {
+                dist::Image::Skip
+            } else {
+                dist::Image::Build
+            };
+            dist::run(&repo, image).map(drop)
+        }
         Task::Workloads => workloads(&repo),
         Task::Test => test(&repo),
         Task::Demo => demo(&repo),

@@ -193,16 +193,7 @@ fn debian_packages() -> anyhow::Result<()> {
     if !has_pip && !dpkg_installed("python3-pip") {
         missing.push("python3-pip");
     }
-    if !missing.is_empty() {
-        cmd::run(Command::new("apt-get").arg("update"))
-            .context("apt-get update (setup needs root to install Debian packages)")?;
-        cmd::run(
-            Command::new("apt-get")
-                .args(["install", "-y", "--no-install-recommends"])
-                .args(&missing)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )?;
-    }
+    apt_install(&missing)?;
     for package in DEBIAN_PACKAGES {
         report(
             &format!("Debian package {package}"),
@@ -213,6 +204,38 @@ fn debian_packages() -> anyhow::Result<()> {
         report("Debian package python3-pip", true);
     }
     Ok(())
+}
+
+/// Installs those of `packages` that are missing (the tasks that need a
+/// package only they use, such as `dist`'s musl-tools), one line each.
+pub fn debian_packages_of(packages: &[&str]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages
+        .iter()
+        .copied()
+        .filter(|p| !dpkg_installed(p))
+        .collect();
+    apt_install(&missing)?;
+    for package in packages {
+        report(
+            &format!("Debian package {package}"),
+            missing.contains(package),
+        );
+    }
+    Ok(())
+}
+
+fn apt_install(missing: &[&str]) -> anyhow::Result<()> {
+    if missing.is_empty() {
+        return Ok(());
+    }
+    cmd::run(Command::new("apt-get").arg("update"))
+        .context("apt-get update (setup needs root to install Debian packages)")?;
+    cmd::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
 }
 
 fn dpkg_installed(package: &str) -> bool {

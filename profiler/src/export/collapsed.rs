@@ -60,6 +60,26 @@ pub(crate) fn folded_stacks(
     profile: &Profile,
     sample_type_index: usize,
 ) -> Result<BTreeMap<String, i64>, ExportError> {
+    folded_stacks_by(profile, sample_type_index, Roots::Process)
+}
+
+/// The frames a folded stack starts with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Roots {
+    /// The process's executable name.
+    #[default]
+    Process,
+    /// The process, then its thread: `[name tid=N]` (async-profiler's
+    /// `--threads` convention), so each thread gets its own tower.
+    Thread,
+}
+
+/// [`folded_stacks`] with the roots chosen.
+pub(crate) fn folded_stacks_by(
+    profile: &Profile,
+    sample_type_index: usize,
+    roots: Roots,
+) -> Result<BTreeMap<String, i64>, ExportError> {
     check_sample_type_index(profile, sample_type_index)?;
     // Each frame's folded text, built on first use.
     let mut frame_texts: Vec<Option<String>> = vec![None; profile.frames.len()];
@@ -72,6 +92,10 @@ pub(crate) fn folded_stacks(
         }
         stack.clear();
         push_process(&mut stack, sample);
+        if roots == Roots::Thread {
+            stack.push(';');
+            push_thread(&mut stack, sample);
+        }
         for &index in sample.stack.iter().rev() {
             stack.push(';');
             let slot = usize::try_from(index)
@@ -109,6 +133,27 @@ fn push_process(stack: &mut String, sample: &crate::profile::ProfileSample) {
     if stack[start..].starts_with('#') {
         stack.replace_range(start..start + 1, "_");
     }
+}
+
+/// The thread root of [`Roots::Thread`]: `[name tid=N]`, `[tid=N]`
+/// without a name, `[unknown thread]` without an id.
+pub(crate) fn push_thread(stack: &mut String, sample: &crate::profile::ProfileSample) {
+    let mut name = None;
+    let mut tid = None;
+    for label in &sample.labels {
+        match (&*label.key, &label.value) {
+            (label_keys::THREAD_NAME, LabelValue::Str(value)) => name = Some(&**value),
+            (label_keys::THREAD_ID, LabelValue::Num { value, .. }) => tid = Some(*value),
+            _ => {}
+        }
+    }
+    let text = match (name, tid) {
+        (Some(name), Some(tid)) => format!("[{name} tid={tid}]"),
+        (None, Some(tid)) => format!("[tid={tid}]"),
+        (Some(name), None) => format!("[{name}]"),
+        (None, None) => "[unknown thread]".to_owned(),
+    };
+    push_name(stack, &text);
 }
 
 /// A frame's folded text: its own function, then its inline chain from
@@ -258,6 +303,25 @@ my:app;[truncated];libcoreclr.so+0x1234;evil:name with  controls 1
 _d;App.Main_[j];[invalid frame index] 9223372036854775807
 ";
         assert_eq!(collapsed(&profile, 0), expected);
+    }
+
+    #[test]
+    fn per_thread_roots_split_a_process_by_thread() {
+        let stacks = folded_stacks_by(&test_profile::profile(), 0, Roots::Thread).unwrap();
+        let lines: Vec<String> = stacks
+            .iter()
+            .map(|(stack, value)| format!("{stack} {value}"))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "[unknown];[tid=99];App.Main_[j] 1",
+                "dotnet;[.NET TP Worker tid=43];App.Main_[j];Hot.Spin_[j];__GI___libc_write;__write_nocancel_[i];entry_SYSCALL_64_[k];do_syscall_64_[k] 2",
+                "dotnet;[tid=43];App.Main_[j];Hot.Spin_[j] 3",
+                "dotnet;[tid=44];App.Main_[j];Hot.Spin_[j] 1",
+                "my:app;[tid=7];[truncated];libcoreclr.so+0x1234;evil:name with  controls 1",
+            ]
+        );
     }
 
     #[test]

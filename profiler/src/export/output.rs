@@ -40,7 +40,10 @@ use std::{
 };
 
 use super::{
-    ExportError, collapsed::write_collapsed, flamegraph::write_flamegraph, pprof::write_pprof,
+    ExportError,
+    collapsed::write_collapsed,
+    flamegraph::{FlameGraphOptions, write_flamegraph_with},
+    pprof::write_pprof,
 };
 use crate::profile::Profile;
 
@@ -242,10 +245,26 @@ impl OutputFile {
 
     /// Writes `profile` as `format` (see [`write_profile`]) and commits.
     pub fn write_profile(
+        self,
+        profile: &Profile,
+        format: OutputFormat,
+        sample_type_index: usize,
+    ) -> Result<(), ExportError> {
+        self.write_profile_with(
+            profile,
+            format,
+            sample_type_index,
+            &FlameGraphOptions::default(),
+        )
+    }
+
+    /// [`Self::write_profile`], an SVG drawn as `flame_graph` asks.
+    pub fn write_profile_with(
         mut self,
         profile: &Profile,
         format: OutputFormat,
         sample_type_index: usize,
+        flame_graph: &FlameGraphOptions,
     ) -> Result<(), ExportError> {
         if format != OutputFormat::Pprof {
             super::check_sample_type_index(profile, sample_type_index)?;
@@ -253,7 +272,9 @@ impl OutputFile {
         let written = match format {
             OutputFormat::Pprof => write_pprof(profile, &mut self),
             OutputFormat::Collapsed => write_collapsed(profile, sample_type_index, &mut self),
-            OutputFormat::Svg => write_flamegraph(profile, sample_type_index, &mut self),
+            OutputFormat::Svg => {
+                write_flamegraph_with(profile, sample_type_index, flame_graph, &mut self)
+            }
         };
         written.map_err(|error| match error {
             ExportError::Write { source, .. } => ExportError::WriteOutput {

@@ -19,6 +19,7 @@ use std::{
 
 use super::{
     ExportError,
+    flamegraph::FlameGraphOptions,
     output::{OutputFile, OutputFormat, create_output},
     split::{select_sample_types, split_outputs},
 };
@@ -84,6 +85,7 @@ impl FlushReport {
 /// filled and renamed into place with the one window's profile.
 pub struct FileSink {
     format: OutputFormat,
+    flame_graph: FlameGraphOptions,
     planned: Vec<PlannedOutput>,
     written: Vec<PathBuf>,
 }
@@ -134,12 +136,19 @@ impl FileSink {
             .collect::<Result<_, ExportError>>()?;
         Ok(Self {
             format,
+            flame_graph: FlameGraphOptions::default(),
             planned,
             written: Vec::new(),
         })
     }
 
     /// The files written so far.
+    /// How the .svg outputs are drawn.
+    pub fn with_flame_graph(mut self, options: FlameGraphOptions) -> Self {
+        self.flame_graph = options;
+        self
+    }
+
     pub fn written(&self) -> &[PathBuf] {
         &self.written
     }
@@ -165,9 +174,9 @@ impl ProfileSink for FileSink {
                 Some(types) => {
                     let mut part = select_sample_types(profile, &types);
                     part.default_sample_type = Some(index);
-                    file.write_profile(&part, self.format, index)?;
+                    file.write_profile_with(&part, self.format, index, &self.flame_graph)?;
                 }
-                None => file.write_profile(profile, self.format, index)?,
+                None => file.write_profile_with(profile, self.format, index, &self.flame_graph)?,
             }
             self.written.push(path);
         }
