@@ -1,5 +1,5 @@
 /* The C library of tests/workloads/NativeHot.cs. Built with -g, its debug
- * info split off and the library stripped by tests/tests/native_debug_files.rs.
+ * info split off and the library stripped by tests/tests/end_to_end/native_debug_files.rs.
  * The hot functions are static (in no dynamic symbol table): only the debug
  * file names them. Frame pointers kept so every unwinder walks through. */
 #include <stdint.h>

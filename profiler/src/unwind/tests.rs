@@ -1,6 +1,6 @@
 //! Tests of the table builder on real system binaries (libc, xz, a C
 //! program built here). The replays of live stacks and the tables of the
-//! .NET runtimes' files are privileged tests: `tests/tests/unwind_replay.rs`.
+//! .NET runtimes' files are privileged tests: `tests/tests/end_to_end/unwind_replay.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -11,7 +11,7 @@
 //! whose JSON names types, fields and globals, and whatever it names
 //! overrides the table ([`ClrLayout::apply_descriptor`]).
 //!
-//! Tested against a live runtime: .NET 8.0.4 (tests/tests/jit_names_from_memory.rs).
+//! Tested against a live runtime: .NET 8.0.4 (tests/tests/end_to_end/jit_names_from_memory.rs).
 //! Not tested here (no runtime on this machine): 6, 7, 9, 10; their
 //! numbers are from sources only. .NET Core 3.1 and .NET 5 are refused:
 //! their `libcoreclr.so` exports no `g_dacTable` (the table's address is
@@ -144,7 +144,7 @@ impl ClrLayout {
             // `DynamicMethodDesc::m_pszMethodName` follows `MethodDesc` (8
             // bytes) and `StoredSigMethodDesc`'s `m_pSig`, `m_cSig` and
             // `m_dwExtendedFlags` (method.hpp at v8.0.0); checked against a
-            // live 8.0.4 by tests/tests/jit_names_from_memory.rs. Left out
+            // live 8.0.4 by tests/tests/end_to_end/jit_names_from_memory.rs. Left out
             // for .NET 6/7, whose headers (relative pointers in 6) are not
             // checked against a runtime here: `[dynamic method]` there.
             dynamic_method_name: (major == 8).then_some(0x18),
