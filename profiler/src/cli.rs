@@ -689,14 +689,19 @@ pub struct SamplingArgs {
     /// location with its address. By default a run of consecutive unnamed
     /// frames of one module is one frame `[libcoreclr.so]`, as perf shows
     /// it, whose location keeps the run's innermost address.
-    #[arg(long)]
+    #[arg(long, help_heading = "Output", hide_short_help = true)]
     pub keep_unnamed_frames: bool,
 
     /// Look for native debug files in DIR first (repeatable, up to 16):
     /// DIR/.build-id/xx/rest.debug, or the symbol-store layout
     /// dotnet-symbol writes (DIR/libcoreclr.so.dbg/elf-buildid-sym-ID/libcoreclr.so.dbg).
     /// A debug file is used only when its build id is the library's.
-    #[arg(long = "debug-dir", value_name = "DIR", help_heading = "Tuning")]
+    #[arg(
+        long = "debug-dir",
+        value_name = "DIR",
+        help_heading = "Tuning",
+        hide_short_help = true
+    )]
     pub debug_dirs: Vec<PathBuf>,
 
     /// Download debug files no local place has from this symbol server
@@ -706,12 +711,22 @@ pub struct SamplingArgs {
     /// runtime's. Off the sampling path, into the cache directory; a file is
     /// used only when its build id is the library's. Credentials belong in
     /// the URL's environment, never on the command line.
-    #[arg(long = "symbol-server", value_name = "URL", help_heading = "Tuning")]
+    #[arg(
+        long = "symbol-server",
+        value_name = "URL",
+        help_heading = "Tuning",
+        hide_short_help = true
+    )]
     pub symbol_servers: Vec<String>,
 
     /// Download debug files from this debuginfod server (repeatable;
     /// default: the servers of DEBUGINFOD_URLS).
-    #[arg(long = "debuginfod-url", value_name = "URL", help_heading = "Tuning")]
+    #[arg(
+        long = "debuginfod-url",
+        value_name = "URL",
+        help_heading = "Tuning",
+        hide_short_help = true
+    )]
     pub debuginfod_urls: Vec<String>,
 
     /// How long the end of a recording waits for debug files being

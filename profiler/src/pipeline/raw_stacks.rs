@@ -10,10 +10,14 @@
 //! Only on-CPU samples come here; an off-CPU sample carries its own
 //! interval, wait kind and waker, and goes straight to symbolization.
 
-use std::{collections::HashMap, hash::Hasher as _};
+use std::{
+    collections::{HashMap, HashSet},
+    hash::Hasher as _,
+};
 
 use twox_hash::XxHash3_64;
 
+use super::{NATIVE_STACKS_NAMED_EVERY, NOT_NAMED_IN_TIME, labels};
 use crate::profile::RawSample;
 
 /// One distinct raw stack of a window and what its samples add up to.
@@ -232,6 +236,105 @@ fn key_hash(sample: &RawSample) -> u64 {
         hasher.write_u64(addr);
     }
     hasher.finish()
+}
+
+/// Naming the window's raw CPU stacks: at its end, or early for the
+/// stacks whose names cannot change.
+impl super::Pipeline {
+    /// Names each distinct raw CPU stack of the window once (after one more
+    /// read of the perf maps of their processes) and adds it with its
+    /// sample count and summed period. With `until` (the end of a
+    /// recording), the stacks are named in [`raw_stacks::fair_order`] up to
+    /// that time, or a second stop request; the rest are added under one
+    /// [`NOT_NAMED_IN_TIME`] frame and counted: no sample is lost.
+    pub(super) fn name_raw_stacks(&mut self, until: Option<std::time::Instant>) {
+        // Each process's memory lookups get their window's budget again.
+        crate::clr::memory::budget::global().new_window();
+        let mut stacks = self.raw_cpu.take();
+        if until.is_some() {
+            stacks = fair_order(stacks);
+        }
+        let pids: HashSet<u32> = stacks.iter().map(|s| s.sample.pid).collect();
+        for pid in pids {
+            if let Some(process) = self.processes.get_mut(&pid) {
+                process.refresh_names(true);
+            }
+        }
+        let out_of_time = || {
+            until.is_some_and(|until| crate::stop::hurry() || std::time::Instant::now() >= until)
+        };
+        let mut stacks = stacks.into_iter();
+        for stack in stacks.by_ref() {
+            self.add_counted(&stack.sample, stack.count, true);
+            if out_of_time() {
+                break;
+            }
+        }
+        for stack in stacks {
+            self.add_not_named(&stack.sample, stack.count);
+        }
+    }
+
+    /// Adds `count` samples of a raw CPU stack the end had no time to
+    /// name, with their labels and values, under [`NOT_NAMED_IN_TIME`].
+    fn add_not_named(&mut self, sample: &RawSample, count: u64) {
+        let Self {
+            processes,
+            aggregator,
+            summary,
+            stack,
+            layout,
+            ..
+        } = self;
+        let Some(process) = processes.get_mut(&sample.pid) else {
+            return;
+        };
+        summary.samples += count;
+        summary.not_named_in_time.stacks += 1;
+        summary.not_named_in_time.samples += count;
+        stack.clear();
+        stack.push(aggregator.intern(&crate::profile::Frame::synthetic(NOT_NAMED_IN_TIME)));
+        let tid = i64::from(sample.tid);
+        let labels = labels::sample_labels(process, Some(tid), Some(&sample.thread_name));
+        aggregator.add(stack, labels, &layout.on_cpu(count, sample.value));
+    }
+
+    /// Every [`NATIVE_STACKS_NAMED_EVERY`], names and adds the raw CPU
+    /// stacks whose names cannot change before the window ends: those of
+    /// processes without a runtime whose user addresses all lie in files
+    /// (no JIT code, which a perf map read later would name). Their counts
+    /// merge in the aggregator with the same stack named earlier, so the
+    /// profile is the one naming them at the end gives.
+    pub(super) fn name_native_stacks(&mut self) {
+        if self.native_stacks_named_at.elapsed() < NATIVE_STACKS_NAMED_EVERY {
+            return;
+        }
+        self.native_stacks_named_at = std::time::Instant::now();
+        let pids: Vec<u32> = self
+            .raw_cpu
+            .pids()
+            .filter(|pid| {
+                self.processes
+                    .get(pid)
+                    .is_some_and(|p| p.selected && p.runtime().is_none())
+            })
+            .collect();
+        for pid in pids {
+            let Some(process) = self.processes.get(&pid) else {
+                continue;
+            };
+            let in_files = |sample: &RawSample| {
+                sample.user_stack.iter().all(|&addr| {
+                    process
+                        .mapping_for(addr)
+                        .is_some_and(|m| m.file_path().is_some())
+                })
+            };
+            for stack in self.raw_cpu.take_pid_if(pid, in_files) {
+                self.add_counted(&stack.sample, stack.count, true);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

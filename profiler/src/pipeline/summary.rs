@@ -1020,6 +1020,49 @@ fn write_stack_copies(summary: &RecordSummary, w: &mut impl std::io::Write) -> s
     )
 }
 
+/// The native debug files line: what was found and named, which files
+/// (by build id) had none anywhere, what the symbol servers gave.
+fn write_debug_files(w: &mut impl std::io::Write, d: &DebugFileSummary) -> std::io::Result<()> {
+    if d.found > 0 || d.frames_named > 0 {
+        writeln!(
+            w,
+            "clrbpf: native frames named by debug files: {} (from {} debug files)",
+            d.frames_named, d.found
+        )?;
+    }
+    if d.wrong_build_id > 0 {
+        writeln!(
+            w,
+            "clrbpf: {} debug files not used: another build id",
+            d.wrong_build_id
+        )?;
+    }
+    if let Some(s) = &d.downloads {
+        writeln!(
+            w,
+            "clrbpf: symbol servers: {} asked, {} downloaded, {} not found, {} refused, {} dropped",
+            s.requested, s.downloaded, s.missing, s.refused, s.dropped
+        )?;
+    }
+    if d.missing_count > 0 {
+        let listed: Vec<String> = d
+            .missing
+            .iter()
+            .map(|(path, id)| {
+                let name = path.rsplit('/').next().unwrap_or(path);
+                format!("{name} ({id})")
+            })
+            .collect();
+        writeln!(
+            w,
+            "clrbpf: no debug file for {} native files (get them with dotnet-symbol, --debug-dir, --symbol-server or DEBUGINFOD_URLS): {}",
+            d.missing_count,
+            listed.join(", ")
+        )?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1247,47 +1290,4 @@ mod tests {
         let all = totals.all_counters();
         assert_eq!((all.exceptions, all.contentions), (1_500, 26));
     }
-}
-
-/// The native debug files line: what was found and named, which files
-/// (by build id) had none anywhere, what the symbol servers gave.
-fn write_debug_files(w: &mut impl std::io::Write, d: &DebugFileSummary) -> std::io::Result<()> {
-    if d.found > 0 || d.frames_named > 0 {
-        writeln!(
-            w,
-            "clrbpf: native frames named by debug files: {} (from {} debug files)",
-            d.frames_named, d.found
-        )?;
-    }
-    if d.wrong_build_id > 0 {
-        writeln!(
-            w,
-            "clrbpf: {} debug files not used: another build id",
-            d.wrong_build_id
-        )?;
-    }
-    if let Some(s) = &d.downloads {
-        writeln!(
-            w,
-            "clrbpf: symbol servers: {} asked, {} downloaded, {} not found, {} refused, {} dropped",
-            s.requested, s.downloaded, s.missing, s.refused, s.dropped
-        )?;
-    }
-    if d.missing_count > 0 {
-        let listed: Vec<String> = d
-            .missing
-            .iter()
-            .map(|(path, id)| {
-                let name = path.rsplit('/').next().unwrap_or(path);
-                format!("{name} ({id})")
-            })
-            .collect();
-        writeln!(
-            w,
-            "clrbpf: no debug file for {} native files (get them with dotnet-symbol, --debug-dir, --symbol-server or DEBUGINFOD_URLS): {}",
-            d.missing_count,
-            listed.join(", ")
-        )?;
-    }
-    Ok(())
 }

@@ -249,7 +249,7 @@ pub fn parse_build_id_note(section: &[u8]) -> Result<String, DebugFileError> {
         return Err(DebugFileError::BuildIdNote);
     }
     let desc_size = usize::try_from(desc_size).map_err(|_| DebugFileError::BuildIdNote)?;
-    if desc_size < 2 || desc_size > MAX_BUILD_ID_BYTES {
+    if !(2..=MAX_BUILD_ID_BYTES).contains(&desc_size) {
         return Err(DebugFileError::BuildIdNote);
     }
     let id = section
@@ -264,7 +264,7 @@ pub fn parse_build_id_note(section: &[u8]) -> Result<String, DebugFileError> {
 pub fn is_build_id(id: &str) -> bool {
     id.len() >= 4
         && id.len() <= 2 * MAX_BUILD_ID_BYTES
-        && id.len() % 2 == 0
+        && id.len().is_multiple_of(2)
         && id
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
