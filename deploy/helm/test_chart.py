@@ -235,6 +235,19 @@ def check_settings(name, values, objs):
     assert flag_values(args, "--exe") == selection.get("executables", []), f"{name}: {args}"
     labels = values.get("labels") or {}
     assert flag_values(args, "--label") == [f"{k}={v}" for k, v in sorted(labels.items())], f"{name}: {args}"
+    symbols = values.get("symbols") or {}
+    servers = symbols.get("symbolServers", [])
+    debuginfod = symbols.get("debuginfodUrls", [])
+    assert flag_values(args, "--symbol-server") == servers, f"{name}: {args}"
+    assert flag_values(args, "--debuginfod-url") == debuginfod, f"{name}: {args}"
+    cache_mb = symbols.get("cacheSizeMB", 1024)
+    downloads = bool(servers or debuginfod)
+    assert flag_values(args, "--symbol-cache-mb") == ([str(cache_mb)] if downloads else []), f"{name}: {args}"
+    # The cache volume holds the unwind tables (320Mi) and the debug files.
+    daemonset = next(o for o in objs if o["kind"] == "DaemonSet")
+    cache = next(v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "cache")
+    want = f"{320 + cache_mb}Mi" if downloads else "320Mi"
+    assert cache["emptyDir"]["sizeLimit"] == want, f"{name}: cache volume {cache}"
 
 
 SCHEMA_REFUSES = [
@@ -252,6 +265,8 @@ SCHEMA_REFUSES = [
     {"labels": {"k8s.pod.name": "x"}},
     {"labels": {"cluster": ""}},
     {"labels": {f"l{i}": "x" for i in range(17)}},
+    {"symbols": {"symbolServers": ["msdl.microsoft.com/download/symbols"]}},
+    {"symbols": {"cacheSizeMB": 0}},
 ]
 
 

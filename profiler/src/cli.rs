@@ -734,6 +734,13 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "DURATION", default_value = "20s",
           value_parser = parse_duration, help_heading = "Tuning", hide_short_help = true)]
     pub symbol_download_wait: std::time::Duration,
+
+    /// Most megabytes of downloaded debug files the cache directory keeps
+    /// (the oldest go first).
+    #[arg(long, value_name = "MB", default_value_t = 4096,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 20),
+          help_heading = "Tuning", hide_short_help = true)]
+    pub symbol_cache_mb: u64,
 }
 
 #[derive(Debug, clap::Args)]

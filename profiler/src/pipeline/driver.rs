@@ -113,6 +113,8 @@ pub struct SamplingConfig {
     pub symbol_servers: Vec<crate::symbolize::symbol_server::SymbolServer>,
     /// `--symbol-download-wait`.
     pub symbol_download_wait: Duration,
+    /// `--symbol-cache-mb`, in bytes.
+    pub symbol_cache_bytes: u64,
 }
 
 impl SamplingConfig {
@@ -139,6 +141,7 @@ impl SamplingConfig {
             symbol_servers,
             debuginfod_urls,
             symbol_download_wait,
+            symbol_cache_mb,
         } = args;
         use crate::symbolize::symbol_server::{self, SymbolServer};
         let debuginfod_urls = if debuginfod_urls.is_empty() {
@@ -183,6 +186,7 @@ impl SamplingConfig {
             debug_dirs,
             symbol_servers,
             symbol_download_wait,
+            symbol_cache_bytes: symbol_cache_mb << 20,
         })
     }
 
@@ -296,7 +300,11 @@ impl Driver {
         pipeline.keep_unnamed_frames(sampling.keep_unnamed_frames);
         pipeline.set_debug_dirs(sampling.debug_dirs.clone());
         match &sampling.unwind_cache_dir {
-            Some(dir) => pipeline.set_symbol_servers(sampling.symbol_servers.clone(), dir),
+            Some(dir) => pipeline.set_symbol_servers(
+                sampling.symbol_servers.clone(),
+                dir,
+                sampling.symbol_cache_bytes,
+            ),
             None if !sampling.symbol_servers.is_empty() => {
                 tracing::warn!("symbol servers need the cache directory (no --no-cache): not used");
             }

@@ -299,14 +299,19 @@ impl Pipeline {
         self.namer.group_unnamed = !keep;
     }
 
-    /// Debug files asked of `servers`, downloaded into `cache_dir`.
+    /// Debug files asked of `servers`, downloaded into `cache_dir`, which
+    /// keeps `max_cache_bytes` of them.
     pub fn set_symbol_servers(
         &mut self,
         servers: Vec<crate::symbolize::symbol_server::SymbolServer>,
         cache_dir: &std::path::Path,
+        max_cache_bytes: u64,
     ) {
-        self.native
-            .set_symbol_servers(servers, cache_dir, Default::default());
+        let limits = crate::symbolize::symbol_server::DownloadLimits {
+            max_cache_bytes,
+            ..Default::default()
+        };
+        self.native.set_symbol_servers(servers, cache_dir, limits);
     }
 
     /// Waits (at most `symbol_download_wait`) for debug files being
