@@ -208,9 +208,12 @@ def check_generated_token(name, values, token):
     assert render(values)[2] != token, f"{name}: the generated token is random"
 
 
+def daemonset(objs):
+    return next(o for o in objs if o["kind"] == "DaemonSet")
+
+
 def agent_args(objs):
-    daemonset = next(o for o in objs if o["kind"] == "DaemonSet")
-    return daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+    return daemonset(objs)["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def flag_values(args, flag):
@@ -244,8 +247,8 @@ def check_settings(name, values, objs):
     downloads = bool(servers or debuginfod)
     assert flag_values(args, "--symbol-cache-mb") == ([str(cache_mb)] if downloads else []), f"{name}: {args}"
     # The cache volume holds the unwind tables (320Mi) and the debug files.
-    daemonset = next(o for o in objs if o["kind"] == "DaemonSet")
-    cache = next(v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "cache")
+    volumes = daemonset(objs)["spec"]["template"]["spec"]["volumes"]
+    cache = next(v for v in volumes if v["name"] == "cache")
     want = f"{320 + cache_mb}Mi" if downloads else "320Mi"
     assert cache["emptyDir"]["sizeLimit"] == want, f"{name}: cache volume {cache}"
 
