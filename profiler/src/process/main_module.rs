@@ -126,6 +126,12 @@ pub fn main_module(procfs: &ProcFs, pid: u32) -> Option<Arc<Module>> {
     Some(Arc::new(module))
 }
 
+/// Whether `path` is the `dotnet` host itself, which stands for the
+/// application only when no argument names an assembly.
+fn is_dotnet_host(path: &str) -> bool {
+    Path::new(path).file_name().and_then(|n| n.to_str()) == Some("dotnet")
+}
+
 /// Most times [`ApplicationModule::poll`] reads `/proc` for a file not
 /// mapped yet (once per recording tick): a few seconds.
 const MAX_POLLS: u32 = 100;
@@ -158,8 +164,13 @@ impl ApplicationModule {
         let Some(pid) = self.pid else {
             return;
         };
-        let mapped = self.module.as_ref().is_some_and(|m| m.memory_limit != 0);
-        if mapped || self.polls >= MAX_POLLS {
+        // A `dotnet` host read without its assembly was read mid-exec (its
+        // exe already the host, its arguments not yet readable): read again.
+        let settled = self
+            .module
+            .as_ref()
+            .is_some_and(|m| m.memory_limit != 0 && !is_dotnet_host(&m.path));
+        if settled || self.polls >= MAX_POLLS {
             return;
         }
         self.polls += 1;
@@ -253,6 +264,13 @@ mod tests {
             (native.memory_start, native.file_offset),
             (0x55d0_a001_0000, 0x10000)
         );
+    }
+
+    #[test]
+    fn only_the_dotnet_host_itself_is_read_again() {
+        assert!(is_dotnet_host("/usr/share/dotnet/dotnet"));
+        assert!(!is_dotnet_host("/srv/app/App.dll"));
+        assert!(!is_dotnet_host("/srv/app/dotnet-app"));
     }
 
     #[test]
