@@ -67,6 +67,8 @@ use crate::unwind::{
     table::{UnwindTable, build_row_index, pack_index_words, read_build_id, read_elf_file},
 };
 
+/// The path of the memfd through which .NET 7+ maps its JIT code (W^X).
+const DOUBLE_MAPPED_CODE: &str = "/memfd:doublemapper";
 /// A process is rescanned at most this often.
 const RESCAN_EVERY: Duration = Duration::from_millis(500);
 /// A process whose maps file did not fit the memory budget is rescanned
@@ -85,6 +87,19 @@ const YOUNG_RESCAN_EVERY: Duration = Duration::from_secs(1);
 /// A young process that maps code is rescanned at most this often (a
 /// runtime maps tens of files in its first second, in bursts).
 const CODE_MAPPED_RESCAN_EVERY: Duration = Duration::from_millis(20);
+/// A process past [`YOUNG_FOR`] that maps code is rescanned at most this
+/// often. A .NET runtime keeps mapping executable views of its code heap
+/// as it tiers methods up, for a minute or more after an agent's sessions
+/// start: beside 50 idle services, rescans every [`RESCAN_EVERY`] made
+/// most of the agent's CPU over that minute (issue 34). A library loaded
+/// late gets its table this much later at most.
+const OLD_CODE_MAPPED_RESCAN_EVERY: Duration = Duration::from_secs(2);
+/// Rescans of processes past [`YOUNG_FOR`] for the code they mapped, a
+/// second, across all of them: a node whose runtimes all tier up at once
+/// (an agent's restart) costs a bounded rate of `/proc/PID/maps` reads;
+/// the others wait their turn, oldest due first. Young processes are not
+/// held back.
+const OLD_CODE_MAPPED_RESCANS_PER_SECOND: u32 = 10;
 /// The heap is trimmed at most this often (see
 /// [`UnwindMaps::trim_heap_after_loads`]).
 const TRIM_EVERY: Duration = Duration::from_secs(2);
@@ -292,6 +307,10 @@ pub struct UnwindMaps {
     /// Indexed processes that mapped code, and when (CLOCK_MONOTONIC ns)
     /// their rescan is due.
     code_mapped: HashMap<u32, u64>,
+    /// Rescans of processes past [`YOUNG_FOR`] for code they mapped, in
+    /// the second that began at `.0`: at most
+    /// [`OLD_CODE_MAPPED_RESCANS_PER_SECOND`].
+    old_rescans: (Instant, u32),
 }
 
 impl UnwindMaps {
@@ -332,6 +351,7 @@ impl UnwindMaps {
             times: TableTimes::default(),
             rescan_on_code_mapped: false,
             code_mapped: HashMap::new(),
+            old_rescans: (Instant::now(), 0),
         })
     }
 
@@ -395,7 +415,7 @@ impl UnwindMaps {
     /// `pid` mapped executable memory at `at_ns` (the kernel's
     /// [`clrbpf_common::ProcessEventKind::CodeMapped`]): an indexed process
     /// is rescanned once the kernel's interval is over, and at most every
-    /// [`CODE_MAPPED_RESCAN_EVERY`] while young ([`RESCAN_EVERY`] after).
+    /// [`CODE_MAPPED_RESCAN_EVERY`] while young ([`OLD_CODE_MAPPED_RESCAN_EVERY`] after).
     pub fn code_mapped(&mut self, pid: u32, at_ns: u64) {
         let Some(index) = self.processes.get(&pid) else {
             return;
@@ -403,7 +423,7 @@ impl UnwindMaps {
         let every = if index.first_scanned_at.elapsed() < YOUNG_FOR {
             CODE_MAPPED_RESCAN_EVERY
         } else {
-            RESCAN_EVERY
+            OLD_CODE_MAPPED_RESCAN_EVERY
         };
         let since_scan = u64::try_from(index.scanned_at.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let now = crate::profile::monotonic_ns();
@@ -420,16 +440,29 @@ impl UnwindMaps {
             return;
         }
         let now = crate::profile::monotonic_ns();
-        let due: Vec<u32> = self
+        let mut due: Vec<(u64, u32)> = self
             .code_mapped
             .iter()
             .filter(|&(_, &at)| at <= now)
-            .map(|(&pid, _)| pid)
+            .map(|(&pid, &at)| (at, pid))
             .collect();
-        for pid in due {
-            if self.processes.contains_key(&pid) {
-                self.scan(pid);
+        due.sort_unstable();
+        if self.old_rescans.0.elapsed() >= Duration::from_secs(1) {
+            self.old_rescans = (Instant::now(), 0);
+        }
+        for (_, pid) in due {
+            let Some(index) = self.processes.get(&pid) else {
+                self.code_mapped.remove(&pid);
+                continue;
+            };
+            if index.first_scanned_at.elapsed() >= YOUNG_FOR {
+                if self.old_rescans.1 >= OLD_CODE_MAPPED_RESCANS_PER_SECOND {
+                    // Its turn comes in a later second: it stays due.
+                    continue;
+                }
+                self.old_rescans.1 += 1;
             }
+            self.scan(pid);
             self.code_mapped.remove(&pid);
         }
     }
@@ -572,10 +605,23 @@ impl UnwindMaps {
             return Duration::from_millis(20);
         }
         let now = crate::profile::monotonic_ns();
-        let code_mapped = self
-            .code_mapped
-            .values()
-            .map(|&due| Duration::from_nanos(due.saturating_sub(now)));
+        // A rescan still due once they ran was held back by the rate of
+        // old processes' rescans: it waits for the next second.
+        let next_second = Duration::from_secs(1).saturating_sub(self.old_rescans.0.elapsed());
+        let held = |pid: &u32| {
+            self.old_rescans.1 >= OLD_CODE_MAPPED_RESCANS_PER_SECOND
+                && self
+                    .processes
+                    .get(pid)
+                    .is_some_and(|p| p.first_scanned_at.elapsed() >= YOUNG_FOR)
+        };
+        let code_mapped =
+            self.code_mapped.iter().map(move |(pid, &due)| {
+                match Duration::from_nanos(due.saturating_sub(now)) {
+                    Duration::ZERO if held(pid) => next_second,
+                    wait => wait,
+                }
+            });
         self.jit
             .values()
             .filter(|j| j.methods.is_changed())
@@ -726,7 +772,15 @@ impl UnwindMaps {
             if !m.is_executable() {
                 continue;
             }
-            let table = if m.path.as_deref().is_none_or(|p| p.starts_with('[')) {
+            // .NET's W^X views of its code heap (`/memfd:doublemapper`)
+            // hold JIT code, never an ELF file: they use the JIT table,
+            // and opening each new view to find that out cost an idle
+            // runtime's rescans most of their time.
+            let table = if m
+                .path
+                .as_deref()
+                .is_none_or(|p| p.starts_with('[') || p.starts_with(DOUBLE_MAPPED_CODE))
+            {
                 None
             } else {
                 let file = MappedFile::of(m);

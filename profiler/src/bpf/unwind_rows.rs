@@ -28,61 +28,103 @@ pub(super) struct RowChunks {
 pub(super) const CHUNK_ROWS: u32 = UNWIND_ROWS_PER_CHUNK as u32;
 pub(super) const CHUNK_BYTES: usize = UNWIND_ROWS_PER_CHUNK * size_of::<UnwindRow>();
 
-/// A chunk mapped here for writing, unmapped when dropped.
+/// Rows of a chunk mapped here for writing or reading, unmapped when
+/// dropped. The kernel maps every page of the range at once (an array's
+/// mmap is `remap_vmalloc_range`), so a write maps only the pages its rows
+/// fall in: mapping a whole chunk (1.5 MiB) for each JIT table of a few
+/// hundred rows made mapping and unmapping most of a table's cost.
 struct ChunkWriter {
-    base: NonNull<UnwindRow>,
+    mapping: NonNull<u8>,
+    len: usize,
+    /// The chunk's byte at the mapping's start.
+    first_byte: usize,
+}
+
+/// The size of a page, for the offsets of partial mappings.
+fn page_size() -> usize {
+    // SAFETY: sysconf has no memory preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0)
+        .unwrap_or(4096)
 }
 
 impl ChunkWriter {
+    /// The whole chunk.
     fn map(chunk: &MapData) -> std::io::Result<Self> {
+        Self::map_rows(chunk, 0, UNWIND_ROWS_PER_CHUNK)
+    }
+
+    /// The pages that hold rows `within..within + count` of the chunk.
+    fn map_rows(chunk: &MapData, within: usize, count: usize) -> std::io::Result<Self> {
+        assert!(within + count <= UNWIND_ROWS_PER_CHUNK);
+        let row = size_of::<UnwindRow>();
+        let page = page_size();
+        let first_byte = within * row / page * page;
+        let end = ((within + count) * row).div_ceil(page) * page;
+        let len = end.min(CHUNK_BYTES.div_ceil(page) * page) - first_byte;
+        let offset = libc::off_t::try_from(first_byte).map_err(std::io::Error::other)?;
         // SAFETY: a fresh shared mapping of an mmap-able BPF array's fd; the
-        // kernel checks the length against the array.
+        // kernel checks the offset and length against the array.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                CHUNK_BYTES,
+                len.max(page),
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 chunk.fd().as_fd().as_raw_fd(),
-                0,
+                offset,
             )
         };
-        NonNull::new(base.cast::<UnwindRow>())
+        NonNull::new(base.cast::<u8>())
             .filter(|_| base != libc::MAP_FAILED)
-            .map(|base| Self { base })
+            .map(|mapping| Self {
+                mapping,
+                len: len.max(page),
+                first_byte,
+            })
             .ok_or_else(std::io::Error::last_os_error)
+    }
+
+    /// Where row `within` of the chunk is mapped, if it is.
+    fn row_ptr(&self, within: usize) -> Option<*mut UnwindRow> {
+        let row = size_of::<UnwindRow>();
+        let byte = within.checked_mul(row)?.checked_sub(self.first_byte)?;
+        (within < UNWIND_ROWS_PER_CHUNK && byte + row <= self.len).then(|| {
+            // SAFETY: inside the mapping (checked just above).
+            unsafe { self.mapping.as_ptr().add(byte).cast::<UnwindRow>() }
+        })
     }
 
     /// Copies `rows` to row `within` of the chunk.
     fn write(&mut self, within: usize, rows: &[UnwindRow]) {
-        assert!(within + rows.len() <= UNWIND_ROWS_PER_CHUNK);
-        // SAFETY: in bounds of the mapping (checked above); the array is
-        // ours to write.
+        let Some(last) = rows.len().checked_sub(1) else {
+            return;
+        };
+        let (Some(first), Some(_)) = (self.row_ptr(within), self.row_ptr(within + last)) else {
+            panic!("rows {within}..+{} outside the chunk's mapping", rows.len());
+        };
+        // SAFETY: the first and the last row are inside the mapping
+        // (checked above), so all between are; the array is ours to write.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                rows.as_ptr(),
-                self.base.as_ptr().add(within),
-                rows.len(),
-            );
+            std::ptr::copy_nonoverlapping(rows.as_ptr(), first, rows.len());
         }
     }
-}
 
-impl ChunkWriter {
     /// Row `within` of the chunk.
     fn read(&self, within: usize) -> Option<UnwindRow> {
-        (within < UNWIND_ROWS_PER_CHUNK).then(|| {
-            // SAFETY: in bounds of the mapping (checked above); rows are
-            // plain data, written by this thread only.
-            unsafe { self.base.as_ptr().add(within).read() }
-        })
+        // SAFETY: inside the mapping (`row_ptr` checks), and aligned (a
+        // page is a multiple of 8 bytes, a row 24); rows are plain data,
+        // written by this thread only.
+        self.row_ptr(within).map(|p| unsafe { p.read() })
     }
 }
 
 impl Drop for ChunkWriter {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in `ChunkWriter::map`.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), CHUNK_BYTES) };
+        // SAFETY: the mapping made in `ChunkWriter::map_rows`.
+        unsafe { libc::munmap(self.mapping.as_ptr().cast(), self.len) };
     }
 }
 
@@ -187,7 +229,7 @@ impl RowChunks {
         while !rows.is_empty() {
             let (chunk, within) = (at / UNWIND_ROWS_PER_CHUNK, at % UNWIND_ROWS_PER_CHUNK);
             let n = rows.len().min(UNWIND_ROWS_PER_CHUNK - within);
-            ChunkWriter::map(&self.chunks[chunk])?.write(within, &rows[..n]);
+            ChunkWriter::map_rows(&self.chunks[chunk], within, n)?.write(within, &rows[..n]);
             rows = &rows[n..];
             at += n;
         }
