@@ -360,7 +360,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    // `CLRBPF_BENCH_ONLY=cpu,alloc,steady,churn,storm,first,allocstorm,node,names` runs
+    // `CLRBPF_BENCH_ONLY=cpu,alloc,steady,churn,storm,first,allocstorm,node,names,naming` runs
     // only those parts.
     if let Ok(only) = std::env::var("CLRBPF_BENCH_ONLY") {
         for part in only.split(',') {
@@ -378,9 +378,10 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
                 "allocstorm" => crate::bench_alloc_storm::run(inputs)?,
                 "node" => crate::bench_node::run(inputs)?,
                 "names" => crate::bench_names::run(inputs)?,
+                "naming" => crate::bench_naming::run(inputs, have_perf)?,
                 other => {
                     bail!(
-                        "CLRBPF_BENCH_ONLY: no bench part {other:?} (cpu, alloc, steady, churn, storm, first, allocstorm, node, names)"
+                        "CLRBPF_BENCH_ONLY: no bench part {other:?} (cpu, alloc, steady, churn, storm, first, allocstorm, node, names, naming)"
                     )
                 }
             }
@@ -421,6 +422,7 @@ pub fn run(inputs: &BenchInputs<'_>) -> anyhow::Result<()> {
     crate::bench_churn::run(inputs)?;
     crate::bench_node::run(inputs)?;
     crate::bench_names::run(inputs)?;
+    crate::bench_naming::run(inputs, have_perf)?;
     if !have_perf {
         println!("\nbench: perf is not installed (apt-get install linux-perf): no comparison row");
     }

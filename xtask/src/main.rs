@@ -9,6 +9,7 @@ mod bench_alloc_storm;
 mod bench_churn;
 mod bench_first;
 mod bench_names;
+mod bench_naming;
 mod bench_new_process;
 mod bench_node;
 mod bench_offcpu;

@@ -57,6 +57,13 @@ pub struct AgentMetrics {
     pub services_over_cap: Counter,
     /// On-demand profiles being taken (`/debug/pprof/profile`).
     pub pulls_running: Gauge,
+    /// Time the loop spent naming CPU stacks at window ends, in seconds.
+    pub stack_naming_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// Distinct raw CPU stacks named (once per window).
+    pub stacks_named: Counter,
+    /// Debug files asked of symbol servers, by `outcome` (`requested`,
+    /// `downloaded`, `missing`, `refused`, `dropped`).
+    pub symbol_downloads: Family<Vec<(&'static str, &'static str)>, Counter>,
     /// Connections to `--listen` closed to make room, by the cap reached.
     http_connections_shed: Family<Vec<(&'static str, &'static str)>, Counter>,
     shipped: Family<SinkLabels, Counter>,
@@ -137,6 +144,9 @@ impl AgentMetrics {
         let runtime_counter_errors = Counter::default();
         let services_over_cap = Counter::default();
         let pulls_running = Gauge::default();
+        let stack_naming_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+        let stacks_named = Counter::default();
+        let symbol_downloads = Family::default();
         let shipped = Family::default();
         let failed = Family::default();
         let dropped = Family::default();
@@ -190,6 +200,22 @@ impl AgentMetrics {
                 "On-demand profiles being taken (/debug/pprof/profile); a pull ends when its client goes away",
                 pulls_running.clone(),
             );
+            agent.register_with_unit(
+                "stack_naming",
+                "Time spent naming CPU stacks at window ends (symbol tables, debug files, perf maps, runtime memory)",
+                Unit::Seconds,
+                stack_naming_seconds.clone(),
+            );
+            agent.register(
+                "stacks_named",
+                "Distinct CPU stacks named, once per window",
+                stacks_named.clone(),
+            );
+            agent.register(
+                "symbol_downloads",
+                "Debug files asked of symbol servers, by outcome (requested, downloaded, missing, refused, dropped)",
+                symbol_downloads.clone(),
+            );
             agent.register(
                 "windows_shipped",
                 "Windows delivered, per sink",
@@ -233,6 +259,9 @@ impl AgentMetrics {
             runtime_counter_errors,
             services_over_cap,
             pulls_running,
+            stack_naming_seconds,
+            stacks_named,
+            symbol_downloads,
             http_connections_shed,
             shipped,
             failed,
@@ -574,8 +603,17 @@ mod tests {
             .samples
             .get_or_create(&vec![("kind", "cpu")])
             .inc_by(190);
+        metrics.stack_naming_seconds.inc_by(0.25);
+        metrics.stacks_named.inc_by(40);
+        metrics
+            .symbol_downloads
+            .get_or_create(&vec![("outcome", "missing")])
+            .inc_by(2);
         let text = metrics.render();
         for line in [
+            "clrbpf_agent_stack_naming_seconds_total 0.25",
+            "clrbpf_agent_stacks_named_total 40",
+            "clrbpf_agent_symbol_downloads_total{outcome=\"missing\"} 2",
             "clrbpf_agent_windows_shipped_total{sink=\"pyroscope\"} 1",
             "clrbpf_agent_windows_dropped_total{sink=\"pyroscope\",reason=\"queue_full\"} 2",
             "clrbpf_agent_queue_length{sink=\"pyroscope\"} 3",

@@ -338,6 +338,37 @@ fn update_metrics(
         .bpf_run_seconds
         .inc_by(bpf_ns.saturating_sub(*bpf_seen_ns) as f64 / 1e9);
     *bpf_seen_ns = bpf_ns.max(*bpf_seen_ns);
+    let naming = pipeline.naming_time();
+    metrics.stack_naming_seconds.inner().store(
+        naming.before_end.as_secs_f64().to_bits(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    metrics
+        .stacks_named
+        .inner()
+        .store(naming.stacks, std::sync::atomic::Ordering::Relaxed);
+    if let Some(downloads) = pipeline.debug_download_stats() {
+        let crate::symbolize::symbol_server::DownloadStats {
+            requested,
+            downloaded,
+            missing,
+            refused,
+            dropped,
+        } = downloads;
+        for (outcome, count) in [
+            ("requested", requested),
+            ("downloaded", downloaded),
+            ("missing", missing),
+            ("refused", refused),
+            ("dropped", dropped),
+        ] {
+            metrics
+                .symbol_downloads
+                .get_or_create(&vec![("outcome", outcome)])
+                .inner()
+                .store(count, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     let (live, dotnet) = pipeline.live_processes();
     metrics
         .processes_tracked

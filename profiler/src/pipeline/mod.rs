@@ -314,6 +314,17 @@ impl Pipeline {
         self.native.set_symbol_servers(servers, cache_dir, limits);
     }
 
+    /// The time naming CPU stacks took so far.
+    pub fn naming_time(&self) -> summary::NamingTime {
+        self.summary.naming
+    }
+
+    /// What the symbol servers' downloads came to so far (`None`: no
+    /// server set).
+    pub fn debug_download_stats(&self) -> Option<crate::symbolize::symbol_server::DownloadStats> {
+        self.native.download_stats()
+    }
+
     /// Waits (at most `symbol_download_wait`) for debug files being
     /// downloaded, so the end of a recording names their frames.
     pub fn wait_for_debug_downloads(&self) {
@@ -746,6 +757,7 @@ impl Pipeline {
     /// sample; the next window starts empty. Samples taken after the end
     /// stay pending for the next window.
     pub fn take_window(&mut self, span: WindowSpan, period_ns: u64) -> Profile {
+        let naming = std::time::Instant::now();
         self.process_pending(span.end_ns);
         let (due, later): (Vec<RawSample>, Vec<RawSample>) = std::mem::take(&mut self.retry)
             .into_iter()
@@ -755,6 +767,9 @@ impl Pipeline {
             self.add_sample(sample, true);
         }
         self.name_raw_stacks(None);
+        let naming = naming.elapsed();
+        self.summary.naming.before_end += naming;
+        self.summary.naming.last_window = naming;
         let mut profile = self.aggregator.take(
             Some(ValueType::new("cpu", "nanoseconds")),
             i64::try_from(period_ns).unwrap_or(i64::MAX),
@@ -943,6 +958,7 @@ impl Pipeline {
     /// every sample symbolized, the held-back ones included; the CPU
     /// stacks as many as can be by `until` (see [`Self::name_raw_stacks`]).
     pub fn process_all(&mut self, until: std::time::Instant) {
+        let started = std::time::Instant::now();
         self.file_watch.drain();
         for process in self.processes.values_mut() {
             process.refresh_names(true);
@@ -953,6 +969,7 @@ impl Pipeline {
             self.count_or_add(sample, true);
         }
         self.name_raw_stacks(Some(until));
+        self.summary.naming.end += started.elapsed();
     }
 
     /// Symbolizes one sample and adds it. Before the final pass, a sample

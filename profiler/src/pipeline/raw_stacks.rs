@@ -251,6 +251,7 @@ impl super::Pipeline {
         // Each process's memory lookups get their window's budget again.
         crate::clr::memory::budget::global().new_window();
         let mut stacks = self.raw_cpu.take();
+        self.summary.naming.stacks += stacks.len() as u64;
         if until.is_some() {
             stacks = fair_order(stacks);
         }
@@ -309,7 +310,8 @@ impl super::Pipeline {
         if self.native_stacks_named_at.elapsed() < NATIVE_STACKS_NAMED_EVERY {
             return;
         }
-        self.native_stacks_named_at = std::time::Instant::now();
+        let started = std::time::Instant::now();
+        self.native_stacks_named_at = started;
         let pids: Vec<u32> = self
             .raw_cpu
             .pids()
@@ -334,6 +336,7 @@ impl super::Pipeline {
                 self.add_counted(&stack.sample, stack.count, true);
             }
         }
+        self.summary.naming.before_end += started.elapsed();
     }
 }
 

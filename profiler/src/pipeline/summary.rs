@@ -57,6 +57,8 @@ pub struct RecordSummary {
     pub memory_naming: crate::clr::memory::budget::NamingBudgetSnapshot,
     /// CPU stacks the end of the recording had no time to name.
     pub not_named_in_time: NotNamedInTime,
+    /// The time naming CPU stacks took, before and at the end.
+    pub naming: NamingTime,
     pub kernel_frames: u64,
     pub managed_frames: u64,
     pub native_frames: u64,
@@ -118,6 +120,24 @@ pub struct NotNamedInTime {
     pub limit: Duration,
     /// A second stop request ended it before that.
     pub hurried: bool,
+}
+
+/// The time spent naming CPU stacks (symbol tables, debug files, perf
+/// maps, the runtime's images and memory), in the loop's thread: what
+/// `cargo xtask bench`'s `naming` part reports of `record -a`'s end and of
+/// the agent's windows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NamingTime {
+    /// Distinct raw CPU stacks named at window ends (once per window).
+    pub stacks: u64,
+    /// Naming while recording: the stacks of native processes named
+    /// early, and every window's end (the agent's, `record --split`'s).
+    pub before_end: Duration,
+    /// The last window's end, for the agent's histogram.
+    pub last_window: Duration,
+    /// The end of a recording: the perf maps read once more, the samples
+    /// held back and every stack of the last window named.
+    pub end: Duration,
 }
 
 /// .NET processes whose name sources the summary shows one by one.
@@ -798,6 +818,16 @@ fn print_internals(summary: &RecordSummary, w: &mut impl std::io::Write) -> std:
             shared.tables_freed,
             shared.refused_full,
             shared.conflicts
+        )?;
+    }
+    let naming = summary.naming;
+    if naming.stacks > 0 {
+        writeln!(
+            w,
+            "clrbpf: naming {} distinct CPU stacks took {:.3} s at the end and {:.3} s before",
+            naming.stacks,
+            naming.end.as_secs_f64(),
+            naming.before_end.as_secs_f64()
         )?;
     }
     if summary.bpf_stats.run_count > 0 {

@@ -179,3 +179,73 @@ fn a_stripped_library_is_grouped_without_its_debug_file_and_named_with_it() {
     }
     drop(workload);
 }
+
+/// Whether a folded frame is a bare address: `0x7f...`, or a module and an
+/// offset (`libcoreclr.so+0x1f2e0`) that the flame graph would show as is.
+fn is_bare_address(frame: &str) -> bool {
+    let frame = frame.trim();
+    frame.starts_with("0x") || frame.contains("+0x")
+}
+
+/// The demo as `cargo xtask demo` runs it (launch mode, 99 Hz, the Demo
+/// workload, no debug file for the runtime): no frame of its folded stacks
+/// (the flame graph's rows) is a bare address; the runtime's frames no
+/// symbol names are one `[libcoreclr.so]` frame per run, and the summary
+/// names the runtime modules that had no debug file and how to get them.
+#[test]
+fn the_demo_shows_no_bare_address_and_says_which_modules_had_no_debug_file() {
+    let env = Env::privileged();
+    let dir = TempDir::new("demo-names");
+    let folded = dir.join("demo.folded");
+    let mut args = vec![
+        "record".to_owned(),
+        "-F".to_owned(),
+        "99".to_owned(),
+        "-o".to_owned(),
+        folded.to_string_lossy().into_owned(),
+        "--".to_owned(),
+    ];
+    args.extend(env.workload_command(Runtime::Net8, "Demo", &["4"]));
+    let output = clrbpf_integration_tests::run_clrbpf(
+        &env,
+        &args,
+        dir.path(),
+        std::time::Duration::from_secs(60),
+    );
+    clrbpf_integration_tests::assert_success(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let text = std::fs::read_to_string(&folded).expect("the folded stacks");
+    let stacks = clrbpf_integration_tests::parse_folded(&text);
+    let total: u64 = stacks.iter().map(|(_, n)| n).sum();
+    assert!(total >= 100, "only {total} samples of the demo:\n{stderr}");
+    let bare: Vec<&String> = stacks
+        .iter()
+        .flat_map(|(frames, _)| frames)
+        .filter(|f| is_bare_address(f))
+        .collect();
+    assert!(
+        bare.is_empty(),
+        "{} bare-address frames in the demo's stacks, first: {:?}",
+        bare.len(),
+        &bare[..bare.len().min(10)]
+    );
+    assert!(
+        stacks
+            .iter()
+            .any(|(frames, _)| frames.iter().any(|f| f == "[libcoreclr.so]")),
+        "no [libcoreclr.so] group in the demo's stacks"
+    );
+    let line = clrbpf_integration_tests::summary_line(&stderr, "clrbpf: no debug file for ");
+    assert!(
+        line.contains("libcoreclr.so (") && line.contains("dotnet-symbol"),
+        "the summary does not name libcoreclr.so among the files without debug info: {line}"
+    );
+}
+
+#[test]
+fn bare_addresses_are_told_from_names() {
+    assert!(is_bare_address("libcoreclr.so+0x1f2e0"));
+    assert!(is_bare_address("0x7f0012345678"));
+    assert!(!is_bare_address("[libcoreclr.so]"));
+    assert!(!is_bare_address("Demo.Hash"));
+}
