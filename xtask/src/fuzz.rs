@@ -43,7 +43,7 @@ pub const PROFILER_TARGETS: &[&str] = &[
     "jit_prologue",
 ];
 /// Seconds each of [`PARSER_TARGETS`] runs in `cargo xtask test`.
-pub const TEST_SECONDS: u32 = 10;
+pub const TEST_SECONDS: u32 = 5;
 
 /// The largest seed file copied into a corpus: big inputs slow every run.
 const MAX_SEED_BYTES: u64 = 64 * 1024;

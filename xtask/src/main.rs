@@ -249,7 +249,9 @@ fn test(repo: &Repo) -> anyhow::Result<()> {
     step(
         "privileged unit tests",
         repo.cargo()
-            .args(["test", "--package", "clrbpf", "--lib", "--"])
+            // The same packages as `cargo test` above (only clrbpf has
+            // ignored tests), so their features, and the build, are shared.
+            .args(["test", "--lib", "--"])
             .args(["--ignored", "--test-threads=1"])
             .env(ENV_AYA_BUILD_SKIP, "1"),
     )?;

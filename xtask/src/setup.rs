@@ -62,11 +62,22 @@ impl RuntimeWheel {
 pub fn run(runtimes_dir: &Path) -> anyhow::Result<()> {
     nightly_toolchain()?;
     rust_src()?;
-    bpf_linker()?;
-    debian_packages()?;
-    for wheel in [&NET8, &NETCORE31] {
-        dotnet_runtime(wheel, runtimes_dir)?;
-    }
+    // The packages and runtimes download and install (network and disk)
+    // while bpf-linker compiles (CPU): on a fresh machine, a minute less.
+    let dir = runtimes_dir.to_path_buf();
+    let packages = std::thread::spawn(move || -> anyhow::Result<()> {
+        debian_packages()?;
+        for wheel in [&NET8, &NETCORE31] {
+            dotnet_runtime(wheel, &dir)?;
+        }
+        Ok(())
+    });
+    let linker = bpf_linker();
+    let packages = packages
+        .join()
+        .map_err(|_| anyhow::anyhow!("the package installs panicked"))?;
+    linker?;
+    packages?;
     tracefs()?;
     Ok(())
 }

@@ -361,7 +361,7 @@ fn agent_ships_to_pyroscope_and_otlp_through_a_receiver_outage() {
             ..Launch::default()
         },
     );
-    let outage = Duration::from_secs(30);
+    let outage = Duration::from_secs(15);
     let fail_until = Instant::now() + outage;
     let receiver = Backend::start(move |_| {
         Answer::Status(if Instant::now() < fail_until {

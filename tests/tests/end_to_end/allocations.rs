@@ -223,15 +223,16 @@ fn net8_allocations_over_the_budget_keep_their_totals() {
 /// allocates 40 MB a second for 7 s and exits at once, before any later
 /// counter value, watched by `record --alloc -p`, `record --alloc -a` and
 /// the agent's directory sink (its memory windows summed) at once, each
-/// with the default budget. Each holds the process's own count
+/// with the default budget, one app of each runtime at once. Each holds the process's own count
 /// (`GC.GetTotalAllocatedBytes(true)` over the same time) within 1%. On
 /// .NET Core 3.1 the runtime's ticks count some 8% more than that (the
 /// unused end of an allocation context that is extended in place counts
 /// again): the runtime's counter sets them right once one of its values
 /// covers some of them (the agent's come every 5 s: hence 7 s).
-fn assert_allocation_bytes_exact_at_exit(runtime: Runtime) {
+#[test]
+fn allocation_bytes_are_exact_at_exit_on_net8_and_netcore31() {
     let env = Env::privileged();
-    let dir = TempDir::new(&format!("allocations-exit-{runtime:?}"));
+    let dir = TempDir::new("allocations-exit");
     let whole_host = dir.join("all.pb.gz");
     let log = dir.join("all.txt");
     let out = dir.join("windows");
@@ -248,28 +249,44 @@ fn assert_allocation_bytes_exact_at_exit(runtime: Runtime) {
     let mut all =
         start_whole_host_recording(&env, &["--alloc", "--split", "-d", "25"], &whole_host, &log);
     // Allocates from 8 s in: the agent looks for new .NET processes every
-    // 5 s (an idle one is not sampled sooner).
-    let workload = TestProcess::start(&env, runtime, "Allocs", &["8", "7", "40", "0"], false);
-    let pid = workload.pid();
-    let record_dir = dir.path().to_path_buf();
-    let recorder = {
-        let env = Env::privileged();
-        std::thread::spawn(move || {
-            let dir = TempDir::new("allocations-exit-p");
-            let (output, _) = record_pid(&env, &dir, pid, &["--alloc", "--split"], "p.pb.gz");
-            let to = record_dir.join("p.allocations.pb.gz");
-            std::fs::copy(dir.join("p.allocations.pb.gz"), &to).expect("keep the profile");
-            (String::from_utf8_lossy(&output.stderr).into_owned(), to)
+    // 5 s (an idle one is not sampled sooner). One app of each runtime,
+    // at once, a `record -p` each.
+    let runs: Vec<_> = [Runtime::Net8, Runtime::NetCore31]
+        .into_iter()
+        .map(|runtime| {
+            let workload =
+                TestProcess::start(&env, runtime, "Allocs", &["8", "7", "40", "0"], false);
+            let pid = workload.pid();
+            let record_dir = dir.path().to_path_buf();
+            let recorder = {
+                let env = Env::privileged();
+                std::thread::spawn(move || {
+                    let dir = TempDir::new("allocations-exit-p");
+                    let (output, _) =
+                        record_pid(&env, &dir, pid, &["--alloc", "--split"], "p.pb.gz");
+                    let to = record_dir.join(format!("p-{pid}.allocations.pb.gz"));
+                    std::fs::copy(dir.join("p.allocations.pb.gz"), &to).expect("keep the profile");
+                    (String::from_utf8_lossy(&output.stderr).into_owned(), to)
+                })
+            };
+            (runtime, workload, recorder)
         })
-    };
-    let (status, lines) = workload.wait(TIMEOUT);
-    assert!(status.success(), "workload failed: {lines:?}");
-    let process = value(&lines, "BYTES_PROCESS");
-    let (stderr, path) = recorder.join().expect("record -p");
+        .collect();
+    let runs: Vec<_> = runs
+        .into_iter()
+        .map(|(runtime, workload, recorder)| {
+            let pid = workload.pid();
+            let (status, lines) = workload.wait(TIMEOUT);
+            assert!(status.success(), "{runtime:?}: workload failed: {lines:?}");
+            let process = value(&lines, "BYTES_PROCESS");
+            let (stderr, path) = recorder.join().expect("record -p");
+            (runtime, pid, process, stderr, path)
+        })
+        .collect();
     let status = all.wait().expect("wait for record -a");
     let all_stderr = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(status.success(), "record -a failed:\n{all_stderr}");
-    // The agent has seen the exit by now; SIGTERM flushes its last window.
+    // The agent has seen the exits by now; SIGTERM flushes its last window.
     let agent_log = agent.stop();
     let windows: Vec<_> = std::fs::read_dir(&out)
         .expect("the agent's output directory")
@@ -277,44 +294,33 @@ fn assert_allocation_bytes_exact_at_exit(runtime: Runtime) {
         .filter(|p| p.to_string_lossy().contains(".memory."))
         .map(|p| read_profile(&p))
         .collect();
-    for (mode, profiles, stderr) in [
-        ("record -p", vec![read_profile(&path)], stderr),
-        (
-            "record -a",
-            vec![read_profile(&dir.join("all.allocations.pb.gz"))],
-            all_stderr,
-        ),
-        ("the agent's directory sink", windows, agent_log),
-    ] {
-        let total: i64 = profiles
-            .iter()
-            .map(|profile| {
-                let at = clrbpf_integration_tests::value_index(profile, "alloc_size/bytes");
-                samples(profile)
-                    .iter()
-                    .filter(|s| s.pid() == Some(pid))
-                    .map(|s| s.values[at])
-                    .sum::<i64>()
-            })
-            .sum();
-        eprintln!(
-            "{runtime:?}, {mode}: the process allocated {process} bytes, the profile holds {total}"
-        );
-        assert!(
-            (total - process).abs() as f64 <= 0.01 * process as f64,
-            "{mode}: the profile's bytes {total}, the process allocated {process}\n{stderr}"
-        );
+    let whole_host = read_profile(&dir.join("all.allocations.pb.gz"));
+    for (runtime, pid, process, stderr, path) in runs {
+        for (mode, profiles, stderr) in [
+            ("record -p", vec![read_profile(&path)], &stderr),
+            ("record -a", vec![whole_host.clone()], &all_stderr),
+            ("the agent's directory sink", windows.clone(), &agent_log),
+        ] {
+            let total: i64 = profiles
+                .iter()
+                .map(|profile| {
+                    let at = clrbpf_integration_tests::value_index(profile, "alloc_size/bytes");
+                    samples(profile)
+                        .iter()
+                        .filter(|s| s.pid() == Some(pid))
+                        .map(|s| s.values[at])
+                        .sum::<i64>()
+                })
+                .sum();
+            eprintln!(
+                "{runtime:?}, {mode}: the process allocated {process} bytes, the profile holds {total}"
+            );
+            assert!(
+                (total - process).abs() as f64 <= 0.01 * process as f64,
+                "{runtime:?}, {mode}: the profile's bytes {total}, the process allocated {process}\n{stderr}"
+            );
+        }
     }
-}
-
-#[test]
-fn net8_allocation_bytes_are_exact_at_exit() {
-    assert_allocation_bytes_exact_at_exit(Runtime::Net8);
-}
-
-#[test]
-fn netcore31_allocation_bytes_are_exact_at_exit() {
-    assert_allocation_bytes_exact_at_exit(Runtime::NetCore31);
 }
 
 /// The agent with `--clr-events ...,allocations` ships a `memory` profile

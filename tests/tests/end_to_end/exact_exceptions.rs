@@ -57,9 +57,14 @@ fn exception_windows(out: &Path) -> Vec<Profile> {
         .collect()
 }
 
-fn assert_exact_at_exit(runtime: Runtime) {
+/// One agent and one `record -a` beside a .NET 8 and a .NET Core 3.1 app
+/// at once (a `record -p` each): every recorder's per-type totals of each
+/// app are within 1% of what it threw, the type thrown once included, with
+/// its stack.
+#[test]
+fn exception_totals_by_type_are_exact_at_exit_on_net8_and_netcore31() {
     let env = Env::privileged();
-    let dir = TempDir::new(&format!("exact-exceptions-{runtime:?}"));
+    let dir = TempDir::new("exact-exceptions");
     let whole_host = dir.join("all.pb.gz");
     let log = dir.join("all.txt");
     let out = dir.join("windows");
@@ -69,70 +74,73 @@ fn assert_exact_at_exit(runtime: Runtime) {
     // its last throw, before any later counter value. It waits 8 s first:
     // the agent looks for new .NET processes every 5 s (an idle one is
     // not sampled sooner).
-    let workload = TestProcess::start(
-        &env,
-        runtime,
-        "Exceptions",
-        &["8", "20000", "500", "1", "frequent", "x", "0", "3"],
-        false,
-    );
-    let pid = workload.pid();
-    let record_dir = dir.path().to_path_buf();
-    let recorder = {
-        let env = Env::privileged();
-        thread::spawn(move || {
-            let dir = TempDir::new("exact-exceptions-p");
-            let (output, path) = record_pid(&env, &dir, pid, &[], "p.pb.gz");
-            let to = record_dir.join("p.pb.gz");
-            fs::copy(&path, &to).expect("keep the profile");
-            (String::from_utf8_lossy(&output.stderr).into_owned(), to)
-        })
-    };
-    let (status, lines) = workload.wait(TIMEOUT);
-    assert!(status.success(), "workload failed: {lines:?}");
-    let thrown: Vec<i64> = EXCEPTIONS_WORKLOAD_TYPES
-        .iter()
-        .map(|ty| {
-            parse_value(&lines, &format!("THROWN_{ty}"))
-                .unwrap_or_else(|| panic!("no THROWN_{ty} in {lines:?}"))
+    let runs: Vec<_> = [Runtime::Net8, Runtime::NetCore31]
+        .into_iter()
+        .map(|runtime| {
+            let workload = TestProcess::start(
+                &env,
+                runtime,
+                "Exceptions",
+                &["8", "20000", "500", "1", "frequent", "x", "0", "3"],
+                false,
+            );
+            let pid = workload.pid();
+            let record_dir = dir.path().to_path_buf();
+            let recorder = {
+                let env = Env::privileged();
+                thread::spawn(move || {
+                    let dir = TempDir::new("exact-exceptions-p");
+                    let (output, path) = record_pid(&env, &dir, pid, &[], "p.pb.gz");
+                    let to = record_dir.join(format!("p-{pid}.pb.gz"));
+                    fs::copy(&path, &to).expect("keep the profile");
+                    (String::from_utf8_lossy(&output.stderr).into_owned(), to)
+                })
+            };
+            (runtime, workload, recorder)
         })
         .collect();
-    let (stderr, path) = recorder.join().expect("record -p");
+    let runs: Vec<_> = runs
+        .into_iter()
+        .map(|(runtime, workload, recorder)| {
+            let pid = workload.pid();
+            let (status, lines) = workload.wait(TIMEOUT);
+            assert!(status.success(), "{runtime:?}: workload failed: {lines:?}");
+            let thrown: Vec<i64> = EXCEPTIONS_WORKLOAD_TYPES
+                .iter()
+                .map(|ty| {
+                    parse_value(&lines, &format!("THROWN_{ty}"))
+                        .unwrap_or_else(|| panic!("{runtime:?}: no THROWN_{ty} in {lines:?}"))
+                })
+                .collect();
+            let (stderr, path) = recorder.join().expect("record -p");
+            (runtime, pid, thrown, stderr, path)
+        })
+        .collect();
     let status = all.wait().expect("wait for record -a");
     let all_stderr = fs::read_to_string(&log).unwrap_or_default();
     assert!(status.success(), "record -a failed:\n{all_stderr}");
-    // The agent has seen the exit by now; SIGTERM flushes its last window.
+    // The agent has seen the exits by now; SIGTERM flushes its last window.
     let agent_log = agent.stop();
-    for (mode, profiles, stderr) in [
-        ("record -p", vec![read_profile(&path)], stderr),
-        ("record -a", vec![read_profile(&whole_host)], all_stderr),
-        (
-            "the agent's directory sink",
-            exception_windows(&out),
-            agent_log,
-        ),
-    ] {
-        let (counts, once_with_stack) = by_type(&profiles, pid);
-        eprintln!("{mode}: thrown {thrown:?}, in the profile {counts:?}");
-        for ((ty, &want), &got) in EXCEPTIONS_WORKLOAD_TYPES.iter().zip(&thrown).zip(&counts) {
+    let whole_host = read_profile(&whole_host);
+    let windows = exception_windows(&out);
+    for (runtime, pid, thrown, stderr, path) in runs {
+        for (mode, profiles, stderr) in [
+            ("record -p", vec![read_profile(&path)], &stderr),
+            ("record -a", vec![whole_host.clone()], &all_stderr),
+            ("the agent's directory sink", windows.clone(), &agent_log),
+        ] {
+            let (counts, once_with_stack) = by_type(&profiles, pid);
+            eprintln!("{runtime:?}, {mode}: thrown {thrown:?}, in the profile {counts:?}");
+            for ((ty, &want), &got) in EXCEPTIONS_WORKLOAD_TYPES.iter().zip(&thrown).zip(&counts) {
+                assert!(
+                    (got - want).abs() as f64 <= 0.01 * want as f64,
+                    "{runtime:?}, {mode}: {got} {ty} of {want} thrown\n{stderr}"
+                );
+            }
             assert!(
-                (got - want).abs() as f64 <= 0.01 * want as f64,
-                "{mode}: {got} {ty} of {want} thrown\n{stderr}"
+                once_with_stack,
+                "{runtime:?}, {mode}: no TimeoutException with Exceptions.ThrowOnce on its stack\n{stderr}"
             );
         }
-        assert!(
-            once_with_stack,
-            "{mode}: no TimeoutException with Exceptions.ThrowOnce on its stack\n{stderr}"
-        );
     }
-}
-
-#[test]
-fn net8_exception_totals_by_type_are_exact_at_exit() {
-    assert_exact_at_exit(Runtime::Net8);
-}
-
-#[test]
-fn netcore31_exception_totals_by_type_are_exact_at_exit() {
-    assert_exact_at_exit(Runtime::NetCore31);
 }

@@ -14,7 +14,7 @@ use clrbpf_integration_tests::{
 };
 
 /// Recordings, each attached to a new process.
-const RUNS: usize = 5;
+const RUNS: usize = 3;
 /// The workload's wait timeout, in milliseconds.
 const WAIT_MS: &str = "300";
 

@@ -4,20 +4,18 @@
 //!
 //! - an agent killed with SIGKILL (as the OOM killer does) cannot do it
 //!   itself: its next start with the same `--cache-dir` does, from the
-//!   ledger the killed run kept there;
-//! - a whole-host recording under process churn leaves no perf file of an
-//!   app that exited, whether the app exited before, during or after its
-//!   runtime answered EnablePerfMap.
+//!   ledger the killed run kept there.
+//!
+//! That a whole-host recording under process churn leaves no perf file of
+//! an app that exited, whether the app exited before, during or after its
+//! runtime answered EnablePerfMap, is checked by the churn test
+//! (`churn.rs`), on its churn.
 
 use std::{
     fs,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
     thread,
     time::{Duration, Instant},
 };
@@ -167,122 +165,5 @@ fn a_killed_agents_perf_maps_are_turned_off_at_the_next_start() {
     assert!(
         ledgers_of(&cache, next.0.id()).is_empty(),
         "the second agent left its ledger after a clean stop"
-    );
-}
-
-/// The whole recording of the churn test and how often .NET apps start.
-const CHURN_RECORDING: Duration = Duration::from_secs(36);
-/// A Hot app (spins 2 s, then exits) starts this often...
-const HOT_EVERY: Duration = Duration::from_millis(2500);
-const HOT_SECONDS: &str = "2";
-/// ...and an ExitOnAttach app (exits the moment its perf map appears,
-/// while its runtime is still answering EnablePerfMap) this often.
-const EXIT_ON_ATTACH_EVERY: Duration = Duration::from_millis(1000);
-const NATIVE_PER_SECOND: u32 = 100;
-
-/// Starts `command` with perf maps off in its environment.
-fn spawn_app(command: &[String]) -> Child {
-    Command::new(&command[0])
-        .args(&command[1..])
-        .env_remove("DOTNET_PerfMapEnabled")
-        .env_remove("COMPlus_PerfMapEnabled")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start a .NET app")
-}
-
-/// `record -a` while `sh -c :` starts 100 times a second, a .NET 8 app
-/// that lives about 2 s every 2.5 s, and an app that exits as soon as its
-/// perf map appears every second, up to just after the end of the
-/// recording: apps exit before, while and after their runtime answers
-/// EnablePerfMap, and some are starting when the recording ends. Once
-/// every app has exited, none may have a perf file left. (Against the
-/// binary before the fix, about one ExitOnAttach app in twelve kept its
-/// files: the runtime died before its answer, and the attach counted as
-/// failed.)
-#[test]
-fn whole_host_recording_under_churn_leaves_no_perf_files() {
-    let env = Env::privileged();
-    let dir = TempDir::new("perf-files-churn");
-    let out = dir.join("churn.pb.gz");
-    let record = Command::new(&env.clrbpf)
-        .args(["record", "-a", "--cache-dir"])
-        .arg(dir.join("cache"))
-        .arg("-d")
-        .arg(CHURN_RECORDING.as_secs().to_string())
-        .arg("-o")
-        .arg(&out)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start clrbpf record");
-    let started = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let native = {
-        let stop = stop.clone();
-        thread::spawn(move || {
-            let step = Duration::from_secs(1) / NATIVE_PER_SECOND;
-            let mut next = Instant::now();
-            while !stop.load(Ordering::Relaxed) {
-                if let Ok(mut child) = Command::new("sh").args(["-c", ":"]).spawn() {
-                    let _ = child.wait();
-                }
-                next += step;
-                thread::sleep(next.saturating_duration_since(Instant::now()));
-            }
-        })
-    };
-    let hot = env.workload_command(Runtime::Net8, "Hot", &[HOT_SECONDS]);
-    let exit_on_attach = env.workload_command(Runtime::Net8, "ExitOnAttach", &["5"]);
-    let mut apps: Vec<Child> = Vec::new();
-    let mut next_hot = Duration::from_secs(3);
-    let mut next_exit_on_attach = Duration::from_millis(3500);
-    // Until just after the recording's end: the last apps are mid-attach.
-    while started.elapsed() < CHURN_RECORDING + Duration::from_secs(1) {
-        if started.elapsed() >= next_hot {
-            next_hot += HOT_EVERY;
-            apps.push(spawn_app(&hot));
-        }
-        if started.elapsed() >= next_exit_on_attach {
-            next_exit_on_attach += EXIT_ON_ATTACH_EVERY;
-            apps.push(spawn_app(&exit_on_attach));
-        }
-        for app in &mut apps {
-            let _ = app.try_wait();
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    let output = record.wait_with_output().expect("wait for clrbpf");
-    stop.store(true, Ordering::Relaxed);
-    native.join().expect("the churn thread");
-    let pids: Vec<u32> = apps.iter().map(Child::id).collect();
-    for mut app in apps {
-        let status = app.wait().expect("wait for an app");
-        assert!(status.success(), "an app exited with {status}");
-    }
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "clrbpf failed:\n{stderr}");
-    assert!(pids.len() >= 40, "only {} apps started", pids.len());
-    let left: Vec<String> = pids
-        .iter()
-        .flat_map(|pid| {
-            [
-                format!("perf-{pid}.map"),
-                format!("jit-{pid}.dump"),
-                format!("perfinfo-{pid}.map"),
-            ]
-        })
-        .filter(|file| Path::new("/tmp").join(file).exists())
-        .collect();
-    // Not left for the next run to trip over.
-    for file in &left {
-        let _ = fs::remove_file(Path::new("/tmp").join(file));
-    }
-    assert!(
-        left.is_empty(),
-        "perf files of {} exited apps were left behind: {left:?}\n{stderr}",
-        pids.len()
     );
 }
