@@ -1035,6 +1035,24 @@ pub fn record_pid(
     (output, output_path)
 }
 
+/// [`record_pid`] on a thread of its own, for a test that also watches the
+/// process: the joined thread gives clrbpf's stderr and `kept`, where the
+/// profile file `file` (one of the recording's outputs) was copied.
+pub fn record_pid_in_background(
+    pid: u32,
+    flags: &'static [&'static str],
+    file: &'static str,
+    kept: PathBuf,
+) -> thread::JoinHandle<(String, PathBuf)> {
+    let env = Env::privileged();
+    thread::spawn(move || {
+        let dir = TempDir::new("record-p");
+        let (output, _) = record_pid(&env, &dir, pid, flags, "p.pb.gz");
+        fs::copy(dir.join(file), &kept).expect("keep the profile");
+        (String::from_utf8_lossy(&output.stderr).into_owned(), kept)
+    })
+}
+
 /// Starts `clrbpf record -v -a` with `args` (and `-o out`), its stderr in
 /// `log`, and returns once it says sampling started: processes a test
 /// starts after that are new to the recording, not known at its start

@@ -257,18 +257,12 @@ fn allocation_bytes_are_exact_at_exit_on_net8_and_netcore31() {
             let workload =
                 TestProcess::start(&env, runtime, "Allocs", &["8", "7", "40", "0"], false);
             let pid = workload.pid();
-            let record_dir = dir.path().to_path_buf();
-            let recorder = {
-                let env = Env::privileged();
-                std::thread::spawn(move || {
-                    let dir = TempDir::new("allocations-exit-p");
-                    let (output, _) =
-                        record_pid(&env, &dir, pid, &["--alloc", "--split"], "p.pb.gz");
-                    let to = record_dir.join(format!("p-{pid}.allocations.pb.gz"));
-                    std::fs::copy(dir.join("p.allocations.pb.gz"), &to).expect("keep the profile");
-                    (String::from_utf8_lossy(&output.stderr).into_owned(), to)
-                })
-            };
+            let recorder = clrbpf_integration_tests::record_pid_in_background(
+                pid,
+                &["--alloc", "--split"],
+                "p.allocations.pb.gz",
+                dir.join(&format!("p-{pid}.allocations.pb.gz")),
+            );
             (runtime, workload, recorder)
         })
         .collect();

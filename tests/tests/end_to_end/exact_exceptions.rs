@@ -5,13 +5,13 @@
 //! same run, with the default bound. Run by `cargo xtask test` (root, one
 //! test at a time).
 
-use std::{fs, path::Path, thread, time::Duration};
+use std::{fs, path::Path, time::Duration};
 
 use clrbpf::pprof_proto::Profile;
 
 use clrbpf_integration_tests::{
     EXCEPTIONS_WORKLOAD_TYPES, Env, LabelValue, Runtime, TempDir, TestProcess, agent::TestAgent,
-    parse_value, read_profile, record_pid, samples, start_whole_host_recording, value_index,
+    parse_value, read_profile, samples, start_whole_host_recording, value_index,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -85,17 +85,12 @@ fn exception_totals_by_type_are_exact_at_exit_on_net8_and_netcore31() {
                 false,
             );
             let pid = workload.pid();
-            let record_dir = dir.path().to_path_buf();
-            let recorder = {
-                let env = Env::privileged();
-                thread::spawn(move || {
-                    let dir = TempDir::new("exact-exceptions-p");
-                    let (output, path) = record_pid(&env, &dir, pid, &[], "p.pb.gz");
-                    let to = record_dir.join(format!("p-{pid}.pb.gz"));
-                    fs::copy(&path, &to).expect("keep the profile");
-                    (String::from_utf8_lossy(&output.stderr).into_owned(), to)
-                })
-            };
+            let recorder = clrbpf_integration_tests::record_pid_in_background(
+                pid,
+                &[],
+                "p.pb.gz",
+                dir.join(&format!("p-{pid}.pb.gz")),
+            );
             (runtime, workload, recorder)
         })
         .collect();
