@@ -177,106 +177,120 @@ fn served_gc_collections(pid: u32, counters: &RuntimeCounters) -> [f64; 3] {
     counts
 }
 
-/// At every second (`record`) and at the agent's 5 s.
+/// At every second (`record`) and at the agent's 5 s, four apps and
+/// sessions at once (each app its own runtime and counter timer).
 #[test]
 fn gc_and_exception_counts_match_the_process_own_counts() {
     let env = Env::from_env();
-    for (runtime, interval_sec) in [
-        (Runtime::Net8, 1),
-        (Runtime::NetCore31, 1),
-        (Runtime::Net8, 5),
-        (Runtime::NetCore31, 5),
-    ] {
-        let label = format!("{runtime:?} at {interval_sec} s");
-        let app = start_gc_counts(&env, runtime);
-        let procfs = ProcFs::default();
-        let pid = app.pid();
-        let (mut session, asked_ns, started_ns) = counters_session(&procfs, pid, interval_sec);
-        let mut counters = RuntimeCounters::new();
-        // The runtime takes its baseline when the counters are enabled;
-        // wait for the first values.
-        let interval = Duration::from_secs(interval_sec.into());
-        let first = collect_for(
-            &mut session,
-            &mut counters,
-            interval + Duration::from_millis(1500),
-        );
-        assert!(
-            counters.snapshot().totals.contains_key("gen-0-gc-count"),
-            "{label}: no counters after {interval:?} and 1.5 s: {:?}",
-            counters.snapshot()
-        );
-        // The first value comes one period (`Series`) after the baseline,
-        // which the runtime takes as it enables the counters, shortly after
-        // it answered the request (26-212 ms later on a host at load 300):
-        // the agent's budgets take the baseline from it. The runtime keeps
-        // one timer at the shortest period any session asked for, and takes
-        // a new baseline when a session asks for a shorter one: another
-        // profiler on the host at 1 s makes the first value come at its
-        // timer's next tick, counting from the one before.
-        let first = first.expect("an exception-count value");
-        assert!(
-            first.interval_sec > 0.0 && first.interval_sec <= interval_sec as f32,
-            "{label}: a period of {} s",
-            first.interval_sec
-        );
-        let baseline_ns = first
-            .time_ns
-            .saturating_sub((f64::from(first.interval_sec) * 1e9) as u64);
-        assert!(
-            baseline_ns + 20_000_000 >= asked_ns && baseline_ns < first.time_ns,
-            "{label}: first value at {} ns over {} s, the session asked at {asked_ns} and started at {started_ns}",
-            first.time_ns,
-            first.interval_sec
-        );
-        let before = wait_counts(&app, "BEFORE");
-        let after = wait_counts(&app, "AFTER");
-        // A value after the last throw.
-        collect_for(
-            &mut session,
-            &mut counters,
-            interval + Duration::from_millis(2500),
-        );
-        counters.set_usage(ProcessUsage::read(&procfs, pid));
-        let (end, _) = session.stop(Instant::now() + Duration::from_secs(5), &mut |_| {});
-        for sample in &end.counters {
-            counters.observe(sample);
+    thread::scope(|scope| {
+        let cases = [
+            (Runtime::Net8, 1),
+            (Runtime::NetCore31, 1),
+            (Runtime::Net8, 5),
+            (Runtime::NetCore31, 5),
+        ]
+        .map(|(runtime, interval_sec)| {
+            let env = &env;
+            scope.spawn(move || counts_match(env, runtime, interval_sec))
+        });
+        for case in cases {
+            if let Err(panic) = case.join() {
+                std::panic::resume_unwind(panic);
+            }
         }
-        let snapshot = counters.snapshot();
-        let total = |name: &str| snapshot.totals.get(name).copied().unwrap_or(-1.0);
-        for generation in 0..3 {
-            assert_eq!(
-                total(&format!("gen-{generation}-gc-count")),
-                after[generation] - before[generation],
-                "{label} gen {generation}: {snapshot:?}"
-            );
-        }
-        assert!(after[3] - before[3] >= THROWS, "{label}: {after:?}");
-        assert_eq!(
-            total("exception-count"),
-            after[3] - before[3],
-            "{label}: {snapshot:?}"
-        );
-        let family = RUNTIME_FAMILIES
-            .iter()
-            .find(|family| family.name == "dotnet_gc_collections")
-            .expect("the family");
-        let values = family.values(snapshot);
-        let gen2 = after[2] - before[2];
-        assert_eq!(values[2], (Some((GENERATION_LABEL, "gen2")), gen2));
-        assert!(snapshot.last.contains_key("gc-heap-size"), "{snapshot:?}");
-        assert!(snapshot.usage.is_some_and(|usage| usage.resident_bytes > 0));
-        assert_eq!(end.counter_errors, 0, "{label}");
+    });
+}
 
-        // The same numbers, as the agent's /metrics serves them.
-        let served = served_gc_collections(pid, &counters);
-        let delta = |generation: usize| after[generation] - before[generation];
+fn counts_match(env: &Env, runtime: Runtime, interval_sec: u32) {
+    let label = format!("{runtime:?} at {interval_sec} s");
+    let app = start_gc_counts(env, runtime);
+    let procfs = ProcFs::default();
+    let pid = app.pid();
+    let (mut session, asked_ns, started_ns) = counters_session(&procfs, pid, interval_sec);
+    let mut counters = RuntimeCounters::new();
+    // The runtime takes its baseline when the counters are enabled;
+    // wait for the first values.
+    let interval = Duration::from_secs(interval_sec.into());
+    let first = collect_for(
+        &mut session,
+        &mut counters,
+        interval + Duration::from_millis(1500),
+    );
+    assert!(
+        counters.snapshot().totals.contains_key("gen-0-gc-count"),
+        "{label}: no counters after {interval:?} and 1.5 s: {:?}",
+        counters.snapshot()
+    );
+    // The first value comes one period (`Series`) after the baseline,
+    // which the runtime takes as it enables the counters, shortly after
+    // it answered the request (26-212 ms later on a host at load 300):
+    // the agent's budgets take the baseline from it. The runtime keeps
+    // one timer at the shortest period any session asked for, and takes
+    // a new baseline when a session asks for a shorter one: another
+    // profiler on the host at 1 s makes the first value come at its
+    // timer's next tick, counting from the one before.
+    let first = first.expect("an exception-count value");
+    assert!(
+        first.interval_sec > 0.0 && first.interval_sec <= interval_sec as f32,
+        "{label}: a period of {} s",
+        first.interval_sec
+    );
+    let baseline_ns = first
+        .time_ns
+        .saturating_sub((f64::from(first.interval_sec) * 1e9) as u64);
+    assert!(
+        baseline_ns + 20_000_000 >= asked_ns && baseline_ns < first.time_ns,
+        "{label}: first value at {} ns over {} s, the session asked at {asked_ns} and started at {started_ns}",
+        first.time_ns,
+        first.interval_sec
+    );
+    let before = wait_counts(&app, "BEFORE");
+    let after = wait_counts(&app, "AFTER");
+    // A value after the last throw.
+    collect_for(
+        &mut session,
+        &mut counters,
+        interval + Duration::from_millis(2500),
+    );
+    counters.set_usage(ProcessUsage::read(&procfs, pid));
+    let (end, _) = session.stop(Instant::now() + Duration::from_secs(5), &mut |_| {});
+    for sample in &end.counters {
+        counters.observe(sample);
+    }
+    let snapshot = counters.snapshot();
+    let total = |name: &str| snapshot.totals.get(name).copied().unwrap_or(-1.0);
+    for generation in 0..3 {
         assert_eq!(
-            served,
-            [delta(0) - delta(1), delta(1) - delta(2), delta(2)],
-            "{label}: /metrics disagrees with GC.CollectionCount"
+            total(&format!("gen-{generation}-gc-count")),
+            after[generation] - before[generation],
+            "{label} gen {generation}: {snapshot:?}"
         );
     }
+    assert!(after[3] - before[3] >= THROWS, "{label}: {after:?}");
+    assert_eq!(
+        total("exception-count"),
+        after[3] - before[3],
+        "{label}: {snapshot:?}"
+    );
+    let family = RUNTIME_FAMILIES
+        .iter()
+        .find(|family| family.name == "dotnet_gc_collections")
+        .expect("the family");
+    let values = family.values(snapshot);
+    let gen2 = after[2] - before[2];
+    assert_eq!(values[2], (Some((GENERATION_LABEL, "gen2")), gen2));
+    assert!(snapshot.last.contains_key("gc-heap-size"), "{snapshot:?}");
+    assert!(snapshot.usage.is_some_and(|usage| usage.resident_bytes > 0));
+    assert_eq!(end.counter_errors, 0, "{label}");
+
+    // The same numbers, as the agent's /metrics serves them.
+    let served = served_gc_collections(pid, &counters);
+    let delta = |generation: usize| after[generation] - before[generation];
+    assert_eq!(
+        served,
+        [delta(0) - delta(1), delta(1) - delta(2), delta(2)],
+        "{label}: /metrics disagrees with GC.CollectionCount"
+    );
 }
 
 /// Captures the raw stream of a counters-only session of each runtime and
