@@ -219,6 +219,13 @@ struct ProcessIndex {
     over_budget: bool,
 }
 
+impl ProcessIndex {
+    /// Indexed less than [`YOUNG_FOR`] ago.
+    fn is_young(&self) -> bool {
+        self.first_scanned_at.elapsed() < YOUNG_FOR
+    }
+}
+
 /// Counters of the userspace side of unwinding.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnwindMapsStats {
@@ -401,9 +408,7 @@ impl UnwindMaps {
             .processes
             .iter()
             .filter(|(_, p)| {
-                p.first_scanned_at.elapsed() < YOUNG_FOR
-                    && !p.over_budget
-                    && p.scanned_at.elapsed() >= YOUNG_RESCAN_EVERY
+                p.is_young() && !p.over_budget && p.scanned_at.elapsed() >= YOUNG_RESCAN_EVERY
             })
             .map(|(pid, _)| *pid)
             .collect();
@@ -420,7 +425,7 @@ impl UnwindMaps {
         let Some(index) = self.processes.get(&pid) else {
             return;
         };
-        let every = if index.first_scanned_at.elapsed() < YOUNG_FOR {
+        let every = if index.is_young() {
             CODE_MAPPED_RESCAN_EVERY
         } else {
             OLD_CODE_MAPPED_RESCAN_EVERY
@@ -455,7 +460,7 @@ impl UnwindMaps {
                 self.code_mapped.remove(&pid);
                 continue;
             };
-            if index.first_scanned_at.elapsed() >= YOUNG_FOR {
+            if !index.is_young() {
                 if self.old_rescans.1 >= OLD_CODE_MAPPED_RESCANS_PER_SECOND {
                     // Its turn comes in a later second: it stays due.
                     continue;
@@ -610,10 +615,7 @@ impl UnwindMaps {
         let next_second = Duration::from_secs(1).saturating_sub(self.old_rescans.0.elapsed());
         let held = |pid: &u32| {
             self.old_rescans.1 >= OLD_CODE_MAPPED_RESCANS_PER_SECOND
-                && self
-                    .processes
-                    .get(pid)
-                    .is_some_and(|p| p.first_scanned_at.elapsed() >= YOUNG_FOR)
+                && self.processes.get(pid).is_some_and(|p| !p.is_young())
         };
         let code_mapped =
             self.code_mapped.iter().map(move |(pid, &due)| {

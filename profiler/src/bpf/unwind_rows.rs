@@ -63,14 +63,14 @@ impl ChunkWriter {
         let page = page_size();
         let first_byte = within * row / page * page;
         let end = ((within + count) * row).div_ceil(page) * page;
-        let len = end.min(CHUNK_BYTES.div_ceil(page) * page) - first_byte;
+        let len = (end.min(CHUNK_BYTES.div_ceil(page) * page) - first_byte).max(page);
         let offset = libc::off_t::try_from(first_byte).map_err(std::io::Error::other)?;
         // SAFETY: a fresh shared mapping of an mmap-able BPF array's fd; the
         // kernel checks the offset and length against the array.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len.max(page),
+                len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 chunk.fd().as_fd().as_raw_fd(),
@@ -81,7 +81,7 @@ impl ChunkWriter {
             .filter(|_| base != libc::MAP_FAILED)
             .map(|mapping| Self {
                 mapping,
-                len: len.max(page),
+                len,
                 first_byte,
             })
             .ok_or_else(std::io::Error::last_os_error)

@@ -767,9 +767,7 @@ impl Pipeline {
             self.add_sample(sample, true);
         }
         self.name_raw_stacks(None);
-        let naming = naming.elapsed();
-        self.summary.naming.before_end += naming;
-        self.summary.naming.last_window = naming;
+        self.summary.naming.before_end += naming.elapsed();
         let mut profile = self.aggregator.take(
             Some(ValueType::new("cpu", "nanoseconds")),
             i64::try_from(period_ns).unwrap_or(i64::MAX),

@@ -333,6 +333,7 @@ impl super::Pipeline {
                 })
             };
             for stack in self.raw_cpu.take_pid_if(pid, in_files) {
+                self.summary.naming.stacks += 1;
                 self.add_counted(&stack.sample, stack.count, true);
             }
         }

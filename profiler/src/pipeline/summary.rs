@@ -128,13 +128,11 @@ pub struct NotNamedInTime {
 /// the agent's windows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NamingTime {
-    /// Distinct raw CPU stacks named at window ends (once per window).
+    /// Distinct raw CPU stacks named (once per window), early or at its end.
     pub stacks: u64,
     /// Naming while recording: the stacks of native processes named
     /// early, and every window's end (the agent's, `record --split`'s).
     pub before_end: Duration,
-    /// The last window's end, for the agent's histogram.
-    pub last_window: Duration,
     /// The end of a recording: the perf maps read once more, the samples
     /// held back and every stack of the last window named.
     pub end: Duration,
