@@ -132,145 +132,186 @@ fn register_http_connections_shed(
     family
 }
 
+/// Registers a clone of `metric` in `registry` as `name` (with `unit`,
+/// when given).
+fn register<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    metric: &M,
+) {
+    match unit {
+        Some(unit) => registry.register_with_unit(name, help, unit, metric.clone()),
+        None => registry.register(name, help, metric.clone()),
+    }
+}
+
 impl AgentMetrics {
     pub fn new() -> Self {
-        let mut registry = Registry::default();
-        let samples = Family::default();
-        let samples_lost = Counter::default();
-        let bpf_run_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
-        let processes_tracked = Gauge::default();
-        let dotnet_processes_tracked = Gauge::default();
-        let unwind_table_bytes = Gauge::default();
-        let runtime_counter_errors = Counter::default();
-        let services_over_cap = Counter::default();
-        let pulls_running = Gauge::default();
-        let stack_naming_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
-        let stacks_named = Counter::default();
-        let symbol_downloads = Family::default();
-        let shipped = Family::default();
-        let failed = Family::default();
-        let dropped = Family::default();
-        let queue_length = Family::default();
-        let upload_seconds = Family::<SinkLabels, Histogram>::new_with_constructor(
-            (|| Histogram::new(UPLOAD_BUCKETS)) as fn() -> Histogram,
-        );
-        let runtime = Arc::new(RuntimeMetricsStore::default());
-        {
-            let agent = registry.sub_registry_with_prefix("clrbpf_agent");
-            agent.register("samples", "Samples taken, by kind", samples.clone());
-            agent.register(
-                "samples_lost",
-                "Samples lost before userspace read them (full rings)",
-                samples_lost.clone(),
-            );
-            agent.register_with_unit(
-                "bpf_run",
-                "Time the BPF programs ran",
-                Unit::Seconds,
-                bpf_run_seconds.clone(),
-            );
-            agent.register(
-                "processes_tracked",
-                "Processes the agent tracks",
-                processes_tracked.clone(),
-            );
-            agent.register(
-                "dotnet_processes_tracked",
-                ".NET processes the agent tracks",
-                dotnet_processes_tracked.clone(),
-            );
-            agent.register_with_unit(
-                "unwind_table",
-                "Kernel memory held by unwind tables",
-                Unit::Bytes,
-                unwind_table_bytes.clone(),
-            );
-            agent.register(
-                "runtime_counter_errors",
-                "System.Runtime EventCounters payloads that could not be decoded",
-                runtime_counter_errors.clone(),
-            );
-            agent.register(
-                "services_over_cap",
-                "Services shipped as clrbpf-overflow because a window had more than --max-services",
-                services_over_cap.clone(),
-            );
-            agent.register(
-                "pulls_running",
-                "On-demand profiles being taken (/debug/pprof/profile); a pull ends when its client goes away",
-                pulls_running.clone(),
-            );
-            agent.register_with_unit(
-                "stack_naming",
-                "Time spent naming CPU stacks at window ends (symbol tables, debug files, perf maps, runtime memory)",
-                Unit::Seconds,
-                stack_naming_seconds.clone(),
-            );
-            agent.register(
-                "stacks_named",
-                "Distinct CPU stacks named, once per window",
-                stacks_named.clone(),
-            );
-            agent.register(
-                "symbol_downloads",
-                "Debug files asked of symbol servers, by outcome (requested, downloaded, missing, refused, dropped)",
-                symbol_downloads.clone(),
-            );
-            agent.register(
-                "windows_shipped",
-                "Windows delivered, per sink",
-                shipped.clone(),
-            );
-            agent.register(
-                "window_upload_failures",
-                "Failed upload attempts, per sink",
-                failed.clone(),
-            );
-            agent.register(
-                "windows_dropped",
-                "Windows given up, per sink and reason (queue_full, rejected, retries_exhausted, shutdown)",
-                dropped.clone(),
-            );
-            agent.register(
-                "queue_length",
-                "Windows waiting for delivery, per sink",
-                queue_length.clone(),
-            );
-            agent.register_with_unit(
-                "upload_duration",
-                "Time of one upload attempt, per sink",
-                Unit::Seconds,
-                upload_seconds.clone(),
-            );
-            agent.register_collector(Box::new(SelfCollector));
-            agent.register_collector(Box::new(MemoryBudgetCollector));
-            agent.register_collector(Box::new(MemoryNamingCollector));
-        }
-        let http_connections_shed = register_http_connections_shed(&mut registry);
-        registry.register_collector(Box::new(Arc::clone(&runtime)));
-        Self {
-            registry: Arc::new(registry),
-            samples,
-            samples_lost,
-            bpf_run_seconds,
-            processes_tracked,
-            dotnet_processes_tracked,
-            unwind_table_bytes,
-            runtime_counter_errors,
-            services_over_cap,
-            pulls_running,
-            stack_naming_seconds,
-            stacks_named,
-            symbol_downloads,
-            http_connections_shed,
-            shipped,
-            failed,
-            dropped,
-            queue_length,
-            upload_seconds,
-            runtime,
+        let mut metrics = Self {
+            registry: Arc::default(),
+            samples: Family::default(),
+            samples_lost: Counter::default(),
+            bpf_run_seconds: Counter::default(),
+            processes_tracked: Gauge::default(),
+            dotnet_processes_tracked: Gauge::default(),
+            unwind_table_bytes: Gauge::default(),
+            runtime_counter_errors: Counter::default(),
+            services_over_cap: Counter::default(),
+            pulls_running: Gauge::default(),
+            stack_naming_seconds: Counter::default(),
+            stacks_named: Counter::default(),
+            symbol_downloads: Family::default(),
+            shipped: Family::default(),
+            failed: Family::default(),
+            dropped: Family::default(),
+            queue_length: Family::default(),
+            upload_seconds: Family::<SinkLabels, Histogram>::new_with_constructor(
+                (|| Histogram::new(UPLOAD_BUCKETS)) as fn() -> Histogram,
+            ),
+            http_connections_shed: Family::default(),
+            runtime: Arc::new(RuntimeMetricsStore::default()),
             sinks: Arc::default(),
-        }
+        };
+        let mut registry = Registry::default();
+        let agent = registry.sub_registry_with_prefix("clrbpf_agent");
+        metrics.register_pipeline_series(agent);
+        metrics.register_sink_series(agent);
+        agent.register_collector(Box::new(SelfCollector));
+        agent.register_collector(Box::new(MemoryBudgetCollector));
+        agent.register_collector(Box::new(MemoryNamingCollector));
+        metrics.http_connections_shed = register_http_connections_shed(&mut registry);
+        registry.register_collector(Box::new(Arc::clone(&metrics.runtime)));
+        metrics.registry = Arc::new(registry);
+        metrics
+    }
+
+    /// The series of what the agent samples, tracks and names.
+    fn register_pipeline_series(&self, agent: &mut Registry) {
+        register(
+            agent,
+            "samples",
+            "Samples taken, by kind",
+            None,
+            &self.samples,
+        );
+        register(
+            agent,
+            "samples_lost",
+            "Samples lost before userspace read them (full rings)",
+            None,
+            &self.samples_lost,
+        );
+        register(
+            agent,
+            "bpf_run",
+            "Time the BPF programs ran",
+            Some(Unit::Seconds),
+            &self.bpf_run_seconds,
+        );
+        register(
+            agent,
+            "processes_tracked",
+            "Processes the agent tracks",
+            None,
+            &self.processes_tracked,
+        );
+        register(
+            agent,
+            "dotnet_processes_tracked",
+            ".NET processes the agent tracks",
+            None,
+            &self.dotnet_processes_tracked,
+        );
+        register(
+            agent,
+            "unwind_table",
+            "Kernel memory held by unwind tables",
+            Some(Unit::Bytes),
+            &self.unwind_table_bytes,
+        );
+        register(
+            agent,
+            "runtime_counter_errors",
+            "System.Runtime EventCounters payloads that could not be decoded",
+            None,
+            &self.runtime_counter_errors,
+        );
+        register(
+            agent,
+            "services_over_cap",
+            "Services shipped as clrbpf-overflow because a window had more than --max-services",
+            None,
+            &self.services_over_cap,
+        );
+        register(
+            agent,
+            "pulls_running",
+            "On-demand profiles being taken (/debug/pprof/profile); a pull ends when its client goes away",
+            None,
+            &self.pulls_running,
+        );
+        register(
+            agent,
+            "stack_naming",
+            "Time spent naming CPU stacks at window ends (symbol tables, debug files, perf maps, runtime memory)",
+            Some(Unit::Seconds),
+            &self.stack_naming_seconds,
+        );
+        register(
+            agent,
+            "stacks_named",
+            "Distinct CPU stacks named, once per window",
+            None,
+            &self.stacks_named,
+        );
+        register(
+            agent,
+            "symbol_downloads",
+            "Debug files asked of symbol servers, by outcome (requested, downloaded, missing, refused, dropped)",
+            None,
+            &self.symbol_downloads,
+        );
+    }
+
+    /// The series of the sinks' deliveries.
+    fn register_sink_series(&self, agent: &mut Registry) {
+        register(
+            agent,
+            "windows_shipped",
+            "Windows delivered, per sink",
+            None,
+            &self.shipped,
+        );
+        register(
+            agent,
+            "window_upload_failures",
+            "Failed upload attempts, per sink",
+            None,
+            &self.failed,
+        );
+        register(
+            agent,
+            "windows_dropped",
+            "Windows given up, per sink and reason (queue_full, rejected, retries_exhausted, shutdown)",
+            None,
+            &self.dropped,
+        );
+        register(
+            agent,
+            "queue_length",
+            "Windows waiting for delivery, per sink",
+            None,
+            &self.queue_length,
+        );
+        register(
+            agent,
+            "upload_duration",
+            "Time of one upload attempt, per sink",
+            Some(Unit::Seconds),
+            &self.upload_seconds,
+        );
     }
 
     /// The counters the HTTP server bumps when it sheds a connection.
