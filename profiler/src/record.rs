@@ -23,6 +23,8 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+use crate::profile::kinds::EventKind;
+
 use crate::{
     bpf::Sampler,
     cli::RecordArgs,
@@ -121,7 +123,9 @@ impl RecordConfig {
         } = args;
         let mut sampling = SamplingConfig::from_args(sampling)?;
         // --alloc is `allocations` added to --clr-events.
-        sampling.clr_events.allocations |= alloc;
+        if alloc {
+            sampling.clr_events = sampling.clr_events.with(EventKind::Allocation);
+        }
         let format = match format.or_else(|| OutputFormat::from_path(&output)) {
             Some(format) => format,
             None => bail!(

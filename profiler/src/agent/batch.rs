@@ -5,12 +5,13 @@
 //! 1. Each sample is given to its service by the caller's `service_of`
 //!    (the pipeline knows which pid is which service, and its labels);
 //!    samples of no service are left out.
-//! 2. The sample types are grouped by profile type, by name:
-//!    `samples`+`cpu` -> `process_cpu`, `off_cpu`+`wakeup` -> `offcpu`,
-//!    `wall` -> `wall`, `contentions`+`delay` -> `lock`, `exceptions` ->
-//!    `exception`, `waits`+`wait_delay` -> `wait` (whose profile names the
-//!    latter `delay`, [`crate::profile::layout::standalone_sample_type`]).
-//!    Other sample types are not shipped.
+//! 2. The sample types are grouped by profile type
+//!    ([`crate::profile::kinds::profile_type_of`]): `samples`+`cpu` ->
+//!    `process_cpu`, `off_cpu`+`wakeup` -> `offcpu`, `wall` -> `wall`, and
+//!    each event kind to its own (`contentions`+`delay` -> `lock`; waits'
+//!    profile names `wait_delay` `delay`,
+//!    [`crate::profile::kinds::standalone_sample_type`]). Other sample
+//!    types are not shipped.
 //! 3. Over `max_series` services (a service with its series labels), the
 //!    busiest `max_series - 1` (most samples) keep their names and the
 //!    samples of the rest are shipped as one service,
@@ -28,7 +29,8 @@ use std::{
 
 use super::{ProfileType, ServiceProfile, WindowBatch};
 use crate::profile::{
-    FrameIndex, Profile, ProfileSample, ValueType, layout::standalone_sample_type,
+    FrameIndex, Profile, ProfileSample, ValueType,
+    kinds::{period_type_of, profile_type_of, standalone_sample_type},
 };
 
 /// The service of the samples of services over the cap.
@@ -40,20 +42,6 @@ pub const OVERFLOW_SERVICE: &str = "clrbpf-overflow";
 pub struct ServiceKey {
     pub service_name: String,
     pub labels: Vec<(String, String)>,
-}
-
-/// The profile type a sample type belongs to, by its name.
-pub fn profile_type_of(sample_type: &str) -> Option<ProfileType> {
-    Some(match sample_type {
-        "samples" | "cpu" => ProfileType::ProcessCpu,
-        "off_cpu" | "wakeup" => ProfileType::OffCpu,
-        "wall" => ProfileType::Wall,
-        "contentions" | "delay" => ProfileType::Lock,
-        "exceptions" => ProfileType::Exception,
-        "waits" | "wait_delay" => ProfileType::Wait,
-        "alloc_samples" | "alloc_size" => ProfileType::Memory,
-        _ => return None,
-    })
 }
 
 /// Splits `profile` into the window's batch; see the module documentation.
@@ -187,12 +175,9 @@ fn project(
     };
     // Allocation profiles are Pyroscope's `memory` ones: period
     // `space/bytes` (`memory:alloc_size:bytes:space:bytes`).
-    let (period_type, period) = match profile_type {
-        ProfileType::Memory => {
-            let (name, unit) = crate::profile::layout::ALLOCATION_PERIOD_TYPE;
-            (Some(ValueType::new(name, unit)), 1)
-        }
-        _ => (profile.period_type.clone(), profile.period),
+    let (period_type, period) = match period_type_of(profile_type) {
+        Some((name, unit)) => (Some(ValueType::new(name, unit)), 1),
+        None => (profile.period_type.clone(), profile.period),
     };
     Profile {
         sample_types,

@@ -49,59 +49,7 @@ use crate::profile::Profile;
 
 pub use crate::export::sink::{BoxFuture, FlushReport};
 
-/// What a profile measures. The names are Pyroscope's (the ones its .NET
-/// views know), used for `__name__` and in file names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ProfileType {
-    /// On-CPU samples (`samples/count`, `cpu/nanoseconds`).
-    ProcessCpu,
-    /// CPU plus off-CPU time per thread (`wall/nanoseconds`).
-    Wall,
-    /// Where threads blocked (`off_cpu/nanoseconds`).
-    OffCpu,
-    /// Monitor contention (`contentions/count`, `delay/nanoseconds`).
-    Lock,
-    /// Exceptions thrown (`exceptions/count`).
-    Exception,
-    /// Wait-handle waits (.NET 9+).
-    Wait,
-    /// Allocations (`alloc_samples/count`, `alloc_size/bytes`), Pyroscope's
-    /// `memory` profile.
-    Memory,
-}
-
-impl ProfileType {
-    pub const ALL: [Self; 7] = [
-        Self::ProcessCpu,
-        Self::Wall,
-        Self::OffCpu,
-        Self::Lock,
-        Self::Exception,
-        Self::Wait,
-        Self::Memory,
-    ];
-
-    /// The profile name: Pyroscope's `__name__` (`process_cpu`, `wall`,
-    /// `lock`, `exception` are the ones grafana/pyroscope-dotnet sends;
-    /// `offcpu` is Grafana Alloy's eBPF name), also the file-name part.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::ProcessCpu => "process_cpu",
-            Self::Wall => "wall",
-            Self::OffCpu => "offcpu",
-            Self::Lock => "lock",
-            Self::Exception => "exception",
-            Self::Wait => "wait",
-            Self::Memory => "memory",
-        }
-    }
-}
-
-impl fmt::Display for ProfileType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use crate::profile::kinds::ProfileType;
 
 /// Label keys of a [`ServiceProfile`] (OpenTelemetry resource attribute
 /// names; each sink maps them to its backend's conventions). A pid or a

@@ -31,7 +31,7 @@ use super::{
 };
 use crate::{
     export::write_pprof,
-    profile::{Profile, ValueType},
+    profile::{Profile, ValueType, kinds::pyroscope_sample_type},
     pyroscope_proto::{
         push::v1::{PushRequest, RawProfileSeries, RawSample},
         types::v1::LabelPair,
@@ -213,19 +213,16 @@ fn pyroscope_label_name(key: &str) -> String {
 
 /// The profile with the sample type names Pyroscope's .NET views expect.
 pub fn pyroscope_profile(profile: &Profile, profile_type: ProfileType) -> Profile {
-    let renames: &[(&str, &str)] = match profile_type {
-        ProfileType::Lock => &[("contentions", "lock_count"), ("delay", "lock_time")],
-        ProfileType::Exception => &[("exceptions", "exception")],
-        _ => return profile.clone(),
-    };
     let mut profile = profile.clone();
+    let mut renamed = false;
     for sample_type in &mut profile.sample_types {
-        if let Some((_, to)) = renames
-            .iter()
-            .find(|(from, _)| **from == *sample_type.r#type)
-        {
-            sample_type.r#type = (*to).into();
+        if let Some(to) = pyroscope_sample_type(profile_type, &sample_type.r#type) {
+            sample_type.r#type = to.into();
+            renamed = true;
         }
+    }
+    if !renamed {
+        return profile;
     }
     if profile.period_type.is_none() {
         profile.period_type = Some(ValueType::new("cpu", "nanoseconds"));

@@ -37,7 +37,7 @@ use clrbpf_parse::{
     events::{ClrEvent, RUNTIME_PROVIDER},
 };
 
-use crate::profile::alloc_sampling::estimate;
+use crate::profile::{alloc_sampling::estimate, kinds::EventKind};
 
 use super::{
     budget::{CounterLedger, ExceptionGate},
@@ -88,10 +88,7 @@ pub fn start_allocation_events(
     client: &DiagnosticClient,
     runtime_major: Option<u32>,
 ) -> Result<ClrSession, IpcError> {
-    let kinds = ClrEventKinds {
-        allocations: true,
-        ..ClrEventKinds::NONE
-    };
+    let kinds = ClrEventKinds::of(&[EventKind::Allocation]);
     ClrSession::start_providers(client, kinds, &[allocation_provider(runtime_major)])
 }
 

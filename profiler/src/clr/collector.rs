@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 
 use clrbpf_parse::events::{ClrEvent, MethodLoad};
 
+use crate::profile::kinds::EventKind;
+
 use super::{
     alloc_session::{AllocationEvents, start_allocation_events},
     budget::{CounterLedger, ExceptionGate},
@@ -328,7 +330,9 @@ impl ClrCollector {
         let pid = port.pid();
         // Said once, when the runtime is found: not a problem to fix, and
         // a host of .NET 8 services would otherwise hear it at every exit.
-        if kinds.waits && runtime_major.is_some_and(|m| m < WAIT_HANDLE_MIN_MAJOR) {
+        if kinds.contains(EventKind::Wait)
+            && runtime_major.is_some_and(|m| m < WAIT_HANDLE_MIN_MAJOR)
+        {
             tracing::info!(
                 "pid {pid}: wait-handle events need .NET 9+ (it runs .NET {}.x): no waits recorded",
                 runtime_major.unwrap_or_default()
@@ -364,7 +368,7 @@ impl ClrCollector {
     /// unless [`Self::with_runtime_metrics`] sets their interval), whose
     /// `alloc-rate` gives the totals.
     pub fn with_allocation_budget(mut self, per_second: Option<u32>) -> Self {
-        if self.kinds.allocations {
+        if self.kinds.contains(EventKind::Allocation) {
             self.allocation_events = Some(AllocationEvents::new(per_second, self.runtime_major));
         }
         self
@@ -377,7 +381,7 @@ impl ClrCollector {
     /// `exception-count` gives the totals.
     pub fn with_exception_budget(mut self, per_second: Option<u32>) -> Self {
         if let Some(per_second) = per_second
-            && self.kinds.exceptions
+            && self.kinds.contains(EventKind::Exception)
         {
             self.exception_events = Some(ExceptionEvents::new(per_second));
         }
@@ -515,7 +519,7 @@ impl ClrCollector {
             // at the runtime metrics' interval (the agent), every second
             // without them (`record`).
             if self.exception_events.is_some() {
-                kinds.exceptions = false;
+                kinds = kinds.without(EventKind::Exception);
                 interval = interval.or(Some(1));
             }
             if self.allocation_events.is_some() {

@@ -22,6 +22,7 @@ use crate::profile::{
         ContentionSampler, DEFAULT_CONTENTION_LIMIT, DEFAULT_EXCEPTION_LIMIT, ExceptionSampler,
         Weighted,
     },
+    kinds::{ALLOCATION_TYPE_LABEL, EventKind},
 };
 
 /// Label keys of CLR event samples (OpenTelemetry semantic-convention names).
@@ -32,7 +33,7 @@ pub mod clr_label_keys {
     /// What a wait-handle wait waited in: `wait_handle` or `monitor_wait`.
     pub const WAIT_SOURCE: &str = "wait.source";
     /// The allocated type, as the runtime names it (`System.Byte[]`).
-    pub const ALLOCATION_TYPE: &str = "allocation.type";
+    pub const ALLOCATION_TYPE: &str = super::ALLOCATION_TYPE_LABEL;
     /// The object heap: `soh`, `loh` (large objects) or `poh` (pinned).
     pub const ALLOCATION_HEAP: &str = "allocation.heap";
 }
@@ -50,21 +51,10 @@ const MAX_OPEN_CONTENTIONS: usize = 1 << 16;
 /// Longest exception message kept in a label, in bytes.
 const MAX_MESSAGE_BYTES: usize = 256;
 
-/// Which kind of CLR sample.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClrSampleKind {
-    Contention,
-    Exception,
-    /// A wait-handle wait (.NET 9+).
-    Wait,
-    /// An allocation sample ([`crate::profile::alloc_sampling`]).
-    Allocation,
-}
-
 /// A kept event, still with raw addresses.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClrSample {
-    pub kind: ClrSampleKind,
+    pub kind: EventKind,
     pub time_ns: u64,
     pub thread_id: u64,
     /// Return addresses, leaf first.
@@ -305,7 +295,7 @@ impl ClrIntake {
                         ));
                     }
                     ClrSample {
-                        kind: ClrSampleKind::Contention,
+                        kind: EventKind::Contention,
                         time_ns,
                         thread_id,
                         stack,
@@ -400,7 +390,7 @@ impl ClrIntake {
                 allocation.type_name.as_str()
             };
             ClrSample {
-                kind: ClrSampleKind::Allocation,
+                kind: EventKind::Allocation,
                 time_ns,
                 thread_id,
                 stack,
@@ -442,7 +432,7 @@ impl ClrIntake {
         self.counters.wait_ns = self.counters.wait_ns.saturating_add(duration_ns);
         self.wait_sampler
             .offer(wait.end_ns, duration_ns, || ClrSample {
-                kind: ClrSampleKind::Wait,
+                kind: EventKind::Wait,
                 // Its stack is the Start's: named as the code was then.
                 time_ns: wait.start_ns,
                 thread_id: wait.thread_id,
@@ -462,7 +452,7 @@ impl ClrIntake {
             self.counters.exceptions_without_event.saturating_add(count);
         self.exceptions
             .add_unobserved(time_ns, count, || ClrSample {
-                kind: ClrSampleKind::Exception,
+                kind: EventKind::Exception,
                 time_ns,
                 thread_id: 0,
                 stack: Vec::new(),
@@ -508,7 +498,7 @@ fn exception_sample(
     message: &str,
 ) -> ClrSample {
     ClrSample {
-        kind: ClrSampleKind::Exception,
+        kind: EventKind::Exception,
         time_ns,
         thread_id,
         stack,
@@ -663,7 +653,7 @@ mod tests {
                 count,
                 delay_ns,
             } = weighted;
-            assert_eq!((item.kind, item.thread_id), (ClrSampleKind::Wait, tid));
+            assert_eq!((item.kind, item.thread_id), (EventKind::Wait, tid));
             assert_eq!((*count, *delay_ns), (1, delay));
             assert_eq!(item.stack, vec![leaf, 0x9000], "the Start's stack");
             assert_eq!(
@@ -747,14 +737,14 @@ mod tests {
                 .sum()
         };
         assert_eq!(
-            delay(ClrSampleKind::Contention),
+            delay(EventKind::Contention),
             u128::from(counters.contention_ns)
         );
-        assert!(delay(ClrSampleKind::Contention) <= 2 * u128::from(bound));
-        assert_eq!(delay(ClrSampleKind::Wait), u128::from(counters.wait_ns));
+        assert!(delay(EventKind::Contention) <= 2 * u128::from(bound));
+        assert_eq!(delay(EventKind::Wait), u128::from(counters.wait_ns));
         let thrown: u128 = out
             .iter()
-            .filter(|w| w.item.kind == ClrSampleKind::Exception)
+            .filter(|w| w.item.kind == EventKind::Exception)
             .map(|w| u128::from(w.count))
             .sum();
         // Each type's share saturates at u64::MAX on its own; the sum of
@@ -778,14 +768,14 @@ mod tests {
         let closed = intake.take_completed();
         let waits: Vec<_> = closed
             .iter()
-            .filter(|w| w.item.kind == ClrSampleKind::Wait)
+            .filter(|w| w.item.kind == EventKind::Wait)
             .collect();
         assert_eq!(waits.len(), 1, "the future-stamped wait's window closed");
         assert!(waits[0].item.time_ns <= now);
         let rest = intake.finish();
         assert_eq!(
             rest.iter()
-                .filter(|w| w.item.kind == ClrSampleKind::Wait)
+                .filter(|w| w.item.kind == EventKind::Wait)
                 .count(),
             1
         );

@@ -45,6 +45,7 @@ use super::{
     jobs::Job,
     session_reader::ReaderTicket,
 };
+use crate::profile::kinds::{EVENT_KINDS, EventKind};
 
 /// Runtime keywords ([`RUNTIME_PROVIDER`]).
 pub mod keywords {
@@ -82,95 +83,144 @@ const READ_CHUNK: usize = 64 * 1024;
 /// The first .NET with WaitHandle events.
 pub const WAIT_HANDLE_MIN_MAJOR: u32 = 9;
 
-/// Which CLR event kinds to collect.
+/// The runtime side of an [`EventKind`] ([`EVENT_KINDS`] has the
+/// profile side): how its events are asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClrEventKinds {
-    pub contention: bool,
-    pub exceptions: bool,
-    pub waits: bool,
-    /// Allocation samples, on a session of their own
-    /// ([`super::alloc_session`]).
-    pub allocations: bool,
+pub struct RuntimeEventKind {
+    pub kind: EventKind,
+    /// Its keyword on the main session's [`RUNTIME_PROVIDER`]; `None`: it
+    /// has a session of its own (allocations, [`super::alloc_session`]).
+    pub keyword: Option<u64>,
+    /// The first .NET major version with its events; `None`: every one
+    /// clrbpf supports (.NET Core 3.1+).
+    pub min_major: Option<u32>,
+}
+
+/// The runtime side of every [`EventKind`], in [`EVENT_KINDS`] order.
+pub const RUNTIME_EVENT_KINDS: [RuntimeEventKind; 4] = [
+    RuntimeEventKind {
+        kind: EventKind::Contention,
+        keyword: Some(keywords::CONTENTION),
+        min_major: None,
+    },
+    RuntimeEventKind {
+        kind: EventKind::Exception,
+        keyword: Some(keywords::EXCEPTION),
+        min_major: None,
+    },
+    RuntimeEventKind {
+        kind: EventKind::Wait,
+        keyword: Some(keywords::WAIT_HANDLE),
+        min_major: Some(WAIT_HANDLE_MIN_MAJOR),
+    },
+    RuntimeEventKind {
+        kind: EventKind::Allocation,
+        keyword: None,
+        min_major: None,
+    },
+];
+
+impl RuntimeEventKind {
+    /// Whether a runtime of major version `runtime_major` has these events
+    /// (an unknown version is given the benefit of the doubt: older
+    /// runtimes ignore unknown keyword bits).
+    pub fn exists_on(&self, runtime_major: Option<u32>) -> bool {
+        match (self.min_major, runtime_major) {
+            (Some(min), Some(major)) => major >= min,
+            _ => true,
+        }
+    }
+}
+
+/// The event kind a decoded event belongs to; `None` for the method events
+/// that name JIT frames, and for events no kind takes.
+pub fn kind_of(event: &ClrEvent) -> Option<EventKind> {
+    Some(match event {
+        ClrEvent::ContentionStart(_) | ClrEvent::ContentionStop(_) => EventKind::Contention,
+        ClrEvent::ExceptionThrown(_) => EventKind::Exception,
+        ClrEvent::WaitHandleWaitStart(_) | ClrEvent::WaitHandleWaitStop(_) => EventKind::Wait,
+        ClrEvent::Allocation(_) => EventKind::Allocation,
+        _ => return None,
+    })
+}
+
+/// Which CLR event kinds to collect: a set of [`EventKind`]s.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClrEventKinds(u8);
+
+impl std::fmt::Debug for ClrEventKinds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.iter()).finish()
+    }
 }
 
 impl ClrEventKinds {
-    pub const ALL: Self = Self {
-        contention: true,
-        exceptions: true,
-        waits: true,
-        allocations: true,
-    };
-    pub const NONE: Self = Self {
-        contention: false,
-        exceptions: false,
-        waits: false,
-        allocations: false,
-    };
+    pub const ALL: Self = Self((1 << EventKind::ALL.len()) - 1);
+    pub const NONE: Self = Self(0);
 
-    /// Parses `contention,exceptions,waits,allocations` (any subset, comma
-    /// separated).
+    /// The set of `kinds`.
+    pub fn of(kinds: &[EventKind]) -> Self {
+        kinds.iter().fold(Self::NONE, |set, &kind| set.with(kind))
+    }
+
+    /// This set with `kind` in it.
+    pub fn with(self, kind: EventKind) -> Self {
+        Self(self.0 | 1 << kind as u8)
+    }
+
+    /// This set without `kind`.
+    pub fn without(self, kind: EventKind) -> Self {
+        Self(self.0 & !(1 << kind as u8))
+    }
+
+    pub fn contains(self, kind: EventKind) -> bool {
+        self.0 & 1 << kind as u8 != 0
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = EventKind> {
+        EventKind::ALL
+            .into_iter()
+            .filter(move |&k| self.contains(k))
+    }
+
+    /// Parses the kinds' `--clr-events` words (any subset, comma
+    /// separated: `contention,exceptions,waits,allocations`).
     pub fn parse(list: &str) -> Result<Self, String> {
         let mut kinds = Self::NONE;
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-            match word {
-                "contention" => kinds.contention = true,
-                "exceptions" => kinds.exceptions = true,
-                "waits" => kinds.waits = true,
-                "allocations" => kinds.allocations = true,
-                other => {
-                    return Err(format!(
-                        "unknown CLR event kind {other:?}: use contention, exceptions, waits, allocations"
-                    ));
-                }
-            }
+            let Some(kind) = EventKind::from_word(word) else {
+                let words: Vec<&str> = EVENT_KINDS.iter().map(|s| s.word).collect();
+                return Err(format!(
+                    "unknown CLR event kind {word:?}: use {}",
+                    words.join(", ")
+                ));
+            };
+            kinds = kinds.with(kind);
         }
         Ok(kinds)
     }
 
     pub fn any(self) -> bool {
-        let Self {
-            contention,
-            exceptions,
-            waits,
-            allocations,
-        } = self;
-        contention || exceptions || waits || allocations
+        self != Self::NONE
     }
 
     /// The runtime keywords to enable for these kinds on a runtime of
-    /// major version `runtime_major` (WaitHandle exists from .NET 9; an
-    /// unknown version gets it too, older runtimes ignore unknown bits).
-    /// Jit | Loader are always on: method loads name JIT frames.
-    /// Allocations are not among them: their session is their own.
+    /// major version `runtime_major` ([`RuntimeEventKind::exists_on`]).
+    /// Jit | Loader are always on: method loads name JIT frames. Kinds
+    /// with a session of their own add none.
     pub fn keywords(self, runtime_major: Option<u32>) -> u64 {
-        let Self {
-            contention,
-            exceptions,
-            waits,
-            allocations: _,
-        } = self;
-        let mut k = keywords::JIT | keywords::LOADER;
-        if contention {
-            k |= keywords::CONTENTION;
-        }
-        if exceptions {
-            k |= keywords::EXCEPTION;
-        }
-        if waits && runtime_major.is_none_or(|m| m >= WAIT_HANDLE_MIN_MAJOR) {
-            k |= keywords::WAIT_HANDLE;
-        }
-        k
+        RUNTIME_EVENT_KINDS
+            .iter()
+            .filter(|k| self.contains(k.kind) && k.exists_on(runtime_major))
+            .filter_map(|k| k.keyword)
+            .fold(keywords::JIT | keywords::LOADER, |all, k| all | k)
     }
 
     /// Whether a decoded event is one the recording wants.
     pub fn wants(self, event: &ClrEvent) -> bool {
-        match event {
-            ClrEvent::ContentionStart(_) | ClrEvent::ContentionStop(_) => self.contention,
-            ClrEvent::ExceptionThrown(_) => self.exceptions,
-            ClrEvent::WaitHandleWaitStart(_) | ClrEvent::WaitHandleWaitStop(_) => self.waits,
-            ClrEvent::Allocation(_) => self.allocations,
-            ClrEvent::Method(_) => true,
-            _ => false,
+        match kind_of(event) {
+            Some(kind) => self.contains(kind),
+            None => matches!(event, ClrEvent::Method(_)),
         }
     }
 }
@@ -679,10 +729,7 @@ pub(super) fn warn_if_metadata_over_budget(pid: u32, parser: &NettraceParser) {
 /// The runtime provider's exception events at level Error, the one
 /// provider of both exception sessions (with stacks, and counting).
 fn exceptions_at_level_error() -> (ClrEventKinds, ProviderConfig) {
-    let kinds = ClrEventKinds {
-        exceptions: true,
-        ..ClrEventKinds::NONE
-    };
+    let kinds = ClrEventKinds::of(&[EventKind::Exception]);
     let provider = ProviderConfig {
         name: RUNTIME_PROVIDER.to_owned(),
         keywords: keywords::EXCEPTION,
@@ -743,21 +790,26 @@ mod tests {
         let kinds = ClrEventKinds::parse("contention, exceptions").expect("valid");
         assert_eq!(
             kinds,
-            ClrEventKinds {
-                contention: true,
-                exceptions: true,
-                waits: false,
-                allocations: false,
-            }
+            ClrEventKinds::of(&[EventKind::Contention, EventKind::Exception])
         );
+        assert_eq!(format!("{kinds:?}"), "{Contention, Exception}");
         let allocations = ClrEventKinds::parse("allocations").expect("valid");
-        assert!(allocations.allocations && allocations.any());
+        assert!(allocations.contains(EventKind::Allocation) && allocations.any());
+        assert!(!allocations.contains(EventKind::Wait));
+        assert_eq!(ClrEventKinds::ALL.iter().count(), EventKind::ALL.len());
+        for (runtime, table) in RUNTIME_EVENT_KINDS.iter().zip(&EVENT_KINDS) {
+            assert_eq!(runtime.kind, table.kind, "the two tables in one order");
+        }
         assert_eq!(
             allocations.keywords(Some(8)),
             keywords::JIT | keywords::LOADER,
             "allocations have a session of their own"
         );
-        assert!(ClrEventKinds::parse("locks").is_err());
+        let unknown = ClrEventKinds::parse("locks").expect_err("unknown");
+        assert!(
+            unknown.contains("use contention, exceptions, waits, allocations"),
+            "{unknown}"
+        );
         assert!(!ClrEventKinds::parse("").expect("empty").any());
         assert_eq!(
             ClrEventKinds::ALL.keywords(Some(8)),

@@ -192,7 +192,7 @@ mod tests {
     #[test]
     fn split_files_exist_from_the_start_and_hold_their_kinds_after_the_window() {
         let dir = tempfile::tempdir().unwrap();
-        let layout = ValueLayout::new(true, false, false);
+        let layout = ValueLayout::new(true, false, &[]);
         let out = dir.path().join("p.pb.gz");
         let mut sink = FileSink::create(&out, OutputFormat::Pprof, true, &layout, None).unwrap();
         let temporaries = std::fs::read_dir(dir.path()).unwrap().count();

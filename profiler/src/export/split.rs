@@ -6,17 +6,16 @@ use std::path::{Path, PathBuf};
 use super::output::OutputFormat;
 use crate::profile::{
     Profile, ProfileSample, ValueType,
-    layout::{
-        ALLOCATION_PERIOD_TYPE, ALLOCATION_SAMPLE_TYPES, ValueLayout, standalone_sample_type,
-    },
+    kinds::{period_type_of, profile_type_of, standalone_sample_type},
+    layout::ValueLayout,
 };
 
 /// `--split`: for `out.pb.gz`, `out.cpu.pb.gz` (samples, cpu),
 /// `out.offcpu.pb.gz` (off_cpu, wakeup), `out.wall.pb.gz`,
-/// `out.contention.pb.gz` (contentions, delay), `out.exceptions.pb.gz` and
-/// `out.waits.pb.gz` (waits, delay), those the recording has, with the sample types each keeps (indices
-/// into the combined profile) and the one folded stacks and flame graphs
-/// show (an index into the kept ones).
+/// and one per event kind the recording has (`out.contention.pb.gz`:
+/// contentions, delay; [`crate::profile::kinds::EVENT_KINDS`]), with the
+/// sample types each keeps (indices into the combined profile) and the one
+/// folded stacks and flame graphs show (an index into the kept ones).
 pub fn split_outputs(
     output: &Path,
     format: OutputFormat,
@@ -45,13 +44,10 @@ pub fn split_outputs(
     if let Some(wall) = layout.wall {
         parts.push(("wall", vec![wall], 0));
     }
-    if let Some(clr) = layout.clr {
-        parts.push(("contention", vec![clr.contentions, clr.delay], 1));
-        parts.push(("exceptions", vec![clr.exceptions], 0));
-        parts.push(("waits", vec![clr.waits, clr.wait_delay], 1));
-    }
-    if let Some(alloc) = layout.alloc {
-        parts.push(("allocations", vec![alloc.samples, alloc.size], 1));
+    for &(kind, _) in &layout.events {
+        let spec = kind.spec();
+        let columns = layout.event_columns(kind).unwrap_or_default();
+        parts.push((spec.split_file, columns.collect(), spec.folded));
     }
     parts
         .into_iter()
@@ -94,13 +90,13 @@ pub fn select_sample_types(profile: &Profile, types: &[usize]) -> Profile {
         part.period_type = None;
         part.period = 0;
     }
-    if part.sample_types.iter().any(|t| {
-        ALLOCATION_SAMPLE_TYPES
-            .iter()
-            .any(|(name, _)| **name == *t.r#type)
-    }) {
-        // Pyroscope's memory profiles: period `space/bytes`, 1.
-        let (period_type, unit) = ALLOCATION_PERIOD_TYPE;
+    // A kind's own period type (allocations: Pyroscope's memory
+    // profiles' `space/bytes`, 1).
+    let own_period = types
+        .iter()
+        .filter_map(|&i| profile.sample_types.get(i))
+        .find_map(|t| profile_type_of(&t.r#type).and_then(period_type_of));
+    if let Some((period_type, unit)) = own_period {
         part.period_type = Some(ValueType::new(period_type, unit));
         part.period = 1;
     }
@@ -110,10 +106,15 @@ pub fn select_sample_types(profile: &Profile, types: &[usize]) -> Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::kinds::EventKind;
 
     #[test]
     fn split_files_are_named_by_kind_with_their_sample_types() {
-        let layout = ValueLayout::new(true, true, true);
+        let layout = ValueLayout::new(
+            true,
+            true,
+            &[EventKind::Contention, EventKind::Exception, EventKind::Wait],
+        );
         let parts = split_outputs(Path::new("/x/out.pb.gz"), OutputFormat::Pprof, &layout);
         let files: Vec<String> = parts
             .iter()
@@ -137,16 +138,38 @@ mod tests {
     }
 
     #[test]
-    fn the_waits_part_names_its_delay_as_contention_does() {
+    fn the_allocations_part_has_its_own_period_type() {
+        let layout = ValueLayout::new(false, false, &EventKind::ALL);
+        let parts = split_outputs(Path::new("out.pb.gz"), OutputFormat::Pprof, &layout);
+        let (path, columns, folded) = parts.last().expect("parts");
+        assert_eq!(path, Path::new("out.allocations.pb.gz"));
+        assert_eq!((columns.as_slice(), *folded), (&[7, 8][..], 1));
         let mut profile = crate::export::test_profile::profile();
-        let layout = ValueLayout::new(false, false, true);
         profile.sample_types = layout.types.clone();
         for sample in &mut profile.samples {
             sample.values = layout.zeros();
         }
-        let clr = layout.clr.expect("CLR types");
-        profile.samples[0].values = layout.wait(2, 9_000).expect("CLR types");
-        let waits = select_sample_types(&profile, &[clr.waits, clr.wait_delay]);
+        profile.samples[0].values = layout
+            .event(EventKind::Allocation, 1, 4096)
+            .expect("allocations");
+        let part = select_sample_types(&profile, columns);
+        assert_eq!(part.period_type, Some(ValueType::new("space", "bytes")));
+        assert_eq!((part.period, part.samples.len()), (1, 1));
+        let exceptions = select_sample_types(&profile, &[4]);
+        assert_eq!(exceptions.period_type, None);
+    }
+
+    #[test]
+    fn the_waits_part_names_its_delay_as_contention_does() {
+        let mut profile = crate::export::test_profile::profile();
+        let layout = ValueLayout::new(false, false, &[EventKind::Wait]);
+        profile.sample_types = layout.types.clone();
+        for sample in &mut profile.samples {
+            sample.values = layout.zeros();
+        }
+        profile.samples[0].values = layout.event(EventKind::Wait, 2, 9_000).expect("waits");
+        let columns: Vec<usize> = layout.event_columns(EventKind::Wait).unwrap().collect();
+        let waits = select_sample_types(&profile, &columns);
         let types: Vec<(&str, &str)> = waits
             .sample_types
             .iter()

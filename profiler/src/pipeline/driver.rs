@@ -191,13 +191,19 @@ impl SamplingConfig {
     }
 
     /// The sample types these options give the profile.
+    /// Any CLR event kind gives it the sample types of the main session's
+    /// three (contention, exceptions, waits), so that profiles of one
+    /// host's processes keep one layout whatever each runtime has.
     pub fn layout(&self) -> crate::profile::layout::ValueLayout {
-        crate::profile::layout::ValueLayout::new(
-            self.off_cpu.is_some(),
-            self.wall,
-            self.clr_events.any(),
-        )
-        .with_allocations(self.clr_events.allocations)
+        use crate::profile::kinds::EventKind;
+        let mut events = Vec::new();
+        if self.clr_events.any() {
+            events.extend([EventKind::Contention, EventKind::Exception, EventKind::Wait]);
+        }
+        if self.clr_events.contains(EventKind::Allocation) {
+            events.push(EventKind::Allocation);
+        }
+        crate::profile::layout::ValueLayout::new(self.off_cpu.is_some(), self.wall, &events)
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::{labels, tracked::TrackedProcess};
 use crate::{
-    clr::intake::{ClrSample, ClrSampleKind, clr_label_keys},
+    clr::intake::{ClrSample, clr_label_keys},
     process::ProcFs,
     profile::{Aggregator, Frame, Label, LabelValue, clr_sampling::Weighted, layout::ValueLayout},
     symbolize::{native::NativeSymbolizer, stack::user_frame},
@@ -27,17 +27,10 @@ pub(super) fn add_clr_samples(
             count,
             delay_ns,
         } = weighted;
-        let values = match item.kind {
-            ClrSampleKind::Contention => layout.contention(count, delay_ns),
-            ClrSampleKind::Exception => layout.exception(count),
-            ClrSampleKind::Wait => layout.wait(count, delay_ns),
-            // An allocation's `delay_ns` is the bytes it stands for.
-            ClrSampleKind::Allocation => layout.allocation(count, delay_ns),
-        };
+        // `delay_ns` is the kind's amount: an allocation's bytes.
+        let values = layout.event(item.kind, count, delay_ns);
         stack.clear();
-        if let Some(leaf) = allocation_leaf(&item) {
-            // The allocated type as the leaf, as Pyroscope's .NET profiler
-            // shows it, so flame graphs and folded stacks name it.
+        if let Some(leaf) = synthetic_leaf(&item) {
             stack.push(aggregator.intern(&Frame::synthetic(leaf)));
         }
         for &addr in &item.stack {
@@ -84,13 +77,12 @@ fn host_lock_owner(procfs: &ProcFs, process: &mut TrackedProcess, label: Label) 
     ))
 }
 
-/// The type name an allocation sample's leaf frame shows.
-fn allocation_leaf(item: &ClrSample) -> Option<&str> {
-    if item.kind != ClrSampleKind::Allocation {
-        return None;
-    }
+/// The name of the leaf frame its kind adds above the stack
+/// ([`crate::profile::kinds::EventKindSpec::leaf_label`]).
+fn synthetic_leaf(item: &ClrSample) -> Option<&str> {
+    let key = item.kind.spec().leaf_label?;
     item.labels.iter().find_map(|label| match &label.value {
-        LabelValue::Str(name) if &*label.key == clr_label_keys::ALLOCATION_TYPE => Some(&**name),
+        LabelValue::Str(name) if &*label.key == key => Some(&**name),
         _ => None,
     })
 }

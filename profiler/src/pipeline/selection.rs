@@ -145,7 +145,7 @@ mod tests {
         let mut pipeline = Pipeline::new(
             false,
             ClrEventKinds::NONE,
-            ValueLayout::new(false, false, false),
+            ValueLayout::new(false, false, &[]),
         );
         let me = std::process::id();
         let exe = discover(me).exe_name.to_string();

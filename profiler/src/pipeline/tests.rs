@@ -37,7 +37,7 @@ fn consecutive_windows_add_up_to_the_whole() {
     let samples: Vec<RawSample> = (0..20u64)
         .map(|i| cpu_sample(i * 100, 1 + (i % 3) as u32, vec![0x1000 + i % 4, 0x2000]))
         .collect();
-    let layout = ValueLayout::new(false, false, false);
+    let layout = ValueLayout::new(false, false, &[]);
     let mut windowed = Pipeline::new(false, ClrEventKinds::NONE, layout.clone());
     let mut source = FakeSource(samples.iter().cloned().collect());
     let mut scratch = Vec::new();
@@ -108,7 +108,7 @@ fn an_exit_releases_the_process_after_its_last_samples() {
     let mut pipeline = Pipeline::new(
         false,
         ClrEventKinds::NONE,
-        ValueLayout::new(false, false, false),
+        ValueLayout::new(false, false, &[]),
     );
     let pid = u32::MAX - 1;
     let exit = 25;
@@ -150,7 +150,7 @@ fn a_process_gone_without_its_exit_event_is_retired_at_the_second_check() {
     let mut pipeline = Pipeline::new(
         false,
         ClrEventKinds::NONE,
-        ValueLayout::new(false, false, false),
+        ValueLayout::new(false, false, &[]),
     );
     let pid = u32::MAX - 1; // never a live process
     pipeline.accept(&mut vec![cpu_sample(10, 1, vec![1])]);
@@ -174,7 +174,7 @@ fn a_process_gone_without_its_exit_event_is_retired_at_the_second_check() {
 
 #[test]
 fn an_off_cpu_sample_and_its_waker_carry_their_labels_values_and_stacks() {
-    let layout = ValueLayout::new(true, false, false);
+    let layout = ValueLayout::new(true, false, &[]);
     let mut pipeline = Pipeline::new(false, ClrEventKinds::NONE, layout);
     let mut sample = cpu_sample(10, 7, vec![0x1000]);
     sample.kind = clrbpf_common::SampleKind::OffCpu;
@@ -248,7 +248,7 @@ fn a_window_leaves_later_samples_for_the_next() {
     let mut pipeline = Pipeline::new(
         false,
         ClrEventKinds::NONE,
-        ValueLayout::new(false, false, false),
+        ValueLayout::new(false, false, &[]),
     );
     pipeline.accept(&mut vec![
         cpu_sample(50, 1, vec![1]),
@@ -314,7 +314,7 @@ fn a_reused_pid_gets_the_new_process_not_the_old_entry() {
     for at_exec in [true, false] {
         let dir = tempfile::tempdir().expect("tempdir");
         let pid = u32::MAX - 1;
-        let layout = ValueLayout::new(false, false, false);
+        let layout = ValueLayout::new(false, false, &[]);
         let mut pipeline = Pipeline::new(false, ClrEventKinds::NONE, layout);
         pipeline.procfs = fake_proc_entry(dir.path(), pid, "old-app", 100);
         pipeline.accept(&mut vec![cpu_sample(10, 1, vec![0x1000])]);

@@ -5,6 +5,7 @@ mod aggregate;
 pub mod alloc_sampling;
 pub mod clr_sampling;
 pub mod gc;
+pub mod kinds;
 pub mod layout;
 mod model;
 pub mod wait_kind;
