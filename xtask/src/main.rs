@@ -180,9 +180,7 @@ fn main() -> ExitCode {
         Task::Demo => demo(&repo),
         Task::Bench => bench(&repo),
         Task::Fuzz { seconds, targets } => fuzz::run(&repo, &targets, seconds),
-        Task::Limits => ["profiler/src", "profiler-parse/src"]
-            .iter()
-            .try_for_each(|src| limits::check(&repo.root.join(src))),
+        Task::Limits => limits(&repo),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -211,6 +209,13 @@ fn build_release(repo: &Repo) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `cargo xtask limits`: the production code's function and file sizes.
+fn limits(repo: &Repo) -> anyhow::Result<()> {
+    ["profiler/src", "profiler-parse/src"]
+        .iter()
+        .try_for_each(|src| limits::check(&repo.root.join(src)))
+}
+
 fn workloads(repo: &Repo) -> anyhow::Result<()> {
     setup::run(&repo.runtimes_dir())?;
     workloads::build(&repo.workloads_src())
@@ -220,6 +225,8 @@ fn test(repo: &Repo) -> anyhow::Result<()> {
     setup::run(&repo.runtimes_dir())?;
     // Cheapest check first.
     step("format", repo.cargo().args(["fmt", "--all", "--check"]))?;
+    println!("test: step limits");
+    limits(repo)?;
     println!("test: step chart");
     chart::test(repo, false)?;
     build_release(repo)?;
