@@ -23,8 +23,6 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::profile::kinds::EventKind;
-
 use crate::{
     bpf::Sampler,
     cli::RecordArgs,
@@ -43,7 +41,7 @@ use crate::{
         summary::{RecordSummary, Warnings},
     },
     process::{ProcFs, main_module::ApplicationModule},
-    profile::Module,
+    profile::{Module, kinds::EventKind},
 };
 
 /// After the command exits, keep draining this long for its last samples.

@@ -117,21 +117,6 @@ impl fmt::Debug for AgentMetrics {
     }
 }
 
-/// `clrbpf_agent_http_connections_shed`, registered apart to keep
-/// [`AgentMetrics::new`] short.
-fn register_http_connections_shed(
-    registry: &mut Registry,
-) -> Family<Vec<(&'static str, &'static str)>, Counter> {
-    let family = Family::default();
-    let agent = registry.sub_registry_with_prefix("clrbpf_agent");
-    agent.register(
-        "http_connections_shed",
-        "Connections to --listen closed to make room (an idle one evicted or the new one refused), by the cap reached (per_peer: 16 from one address; total: 128)",
-        family.clone(),
-    );
-    family
-}
-
 /// Registers a clone of `metric` in `registry` as `name` (with `unit`,
 /// when given).
 fn register<M: prometheus_client::registry::Metric + Clone>(
@@ -181,7 +166,6 @@ impl AgentMetrics {
         agent.register_collector(Box::new(SelfCollector));
         agent.register_collector(Box::new(MemoryBudgetCollector));
         agent.register_collector(Box::new(MemoryNamingCollector));
-        metrics.http_connections_shed = register_http_connections_shed(&mut registry);
         registry.register_collector(Box::new(Arc::clone(&metrics.runtime)));
         metrics.registry = Arc::new(registry);
         metrics
@@ -275,8 +259,15 @@ impl AgentMetrics {
         );
     }
 
-    /// The series of the sinks' deliveries.
+    /// The series of the sinks' deliveries and of the `--listen` server.
     fn register_sink_series(&self, agent: &mut Registry) {
+        register(
+            agent,
+            "http_connections_shed",
+            "Connections to --listen closed to make room (an idle one evicted or the new one refused), by the cap reached (per_peer: 16 from one address; total: 128)",
+            None,
+            &self.http_connections_shed,
+        );
         register(
             agent,
             "windows_shipped",
@@ -650,8 +641,10 @@ mod tests {
             .symbol_downloads
             .get_or_create(&vec![("outcome", "missing")])
             .inc_by(2);
+        metrics.shed_connections().per_peer.inc();
         let text = metrics.render();
         for line in [
+            "clrbpf_agent_http_connections_shed_total{cap=\"per_peer\"} 1",
             "clrbpf_agent_stack_naming_seconds_total 0.25",
             "clrbpf_agent_stacks_named_total 40",
             "clrbpf_agent_symbol_downloads_total{outcome=\"missing\"} 2",

@@ -29,8 +29,6 @@ use std::time::{Duration, Instant};
 
 use clrbpf_parse::events::{ClrEvent, MethodLoad};
 
-use crate::profile::kinds::EventKind;
-
 use super::{
     alloc_session::{AllocationEvents, start_allocation_events},
     budget::{CounterLedger, ExceptionGate},
@@ -39,10 +37,10 @@ use super::{
     ipc::{DiagnosticPort, IpcError},
     jobs::{self, Job},
     session::{
-        ClrEventKinds, ClrSession, SessionEnd, SessionEvent, WAIT_HANDLE_MIN_MAJOR, method_rundown,
+        ClrEventKinds, ClrSession, RuntimeEventKind, SessionEnd, SessionEvent, method_rundown,
     },
 };
-use crate::profile::clr_sampling::Weighted;
+use crate::profile::{clr_sampling::Weighted, kinds::EventKind};
 
 /// How long a missing diagnostic socket is waited for after the runtime
 /// was seen.
@@ -330,11 +328,11 @@ impl ClrCollector {
         let pid = port.pid();
         // Said once, when the runtime is found: not a problem to fix, and
         // a host of .NET 8 services would otherwise hear it at every exit.
-        if kinds.contains(EventKind::Wait)
-            && runtime_major.is_some_and(|m| m < WAIT_HANDLE_MIN_MAJOR)
-        {
+        let waits = RuntimeEventKind::of(EventKind::Wait);
+        if kinds.contains(EventKind::Wait) && !waits.exists_on(runtime_major) {
             tracing::info!(
-                "pid {pid}: wait-handle events need .NET 9+ (it runs .NET {}.x): no waits recorded",
+                "pid {pid}: wait-handle events need .NET {}+ (it runs .NET {}.x): no waits recorded",
+                waits.min_major.unwrap_or_default(),
                 runtime_major.unwrap_or_default()
             );
         }

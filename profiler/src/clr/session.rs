@@ -121,6 +121,12 @@ pub const RUNTIME_EVENT_KINDS: [RuntimeEventKind; 4] = [
 ];
 
 impl RuntimeEventKind {
+    /// `kind`'s entry in [`RUNTIME_EVENT_KINDS`].
+    pub fn of(kind: EventKind) -> &'static Self {
+        // The table lists the kinds in declaration order.
+        &RUNTIME_EVENT_KINDS[kind as usize]
+    }
+
     /// Whether a runtime of major version `runtime_major` has these events
     /// (an unknown version is given the benefit of the doubt: older
     /// runtimes ignore unknown keyword bits).
@@ -799,7 +805,10 @@ mod tests {
         assert_eq!(ClrEventKinds::ALL.iter().count(), EventKind::ALL.len());
         for (runtime, table) in RUNTIME_EVENT_KINDS.iter().zip(&EVENT_KINDS) {
             assert_eq!(runtime.kind, table.kind, "the two tables in one order");
+            assert_eq!(RuntimeEventKind::of(runtime.kind), runtime);
         }
+        let waits = RuntimeEventKind::of(EventKind::Wait);
+        assert!(!waits.exists_on(Some(8)) && waits.exists_on(Some(9)) && waits.exists_on(None));
         assert_eq!(
             allocations.keywords(Some(8)),
             keywords::JIT | keywords::LOADER,

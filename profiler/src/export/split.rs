@@ -44,9 +44,7 @@ pub fn split_outputs(
     if let Some(wall) = layout.wall {
         parts.push(("wall", vec![wall], 0));
     }
-    for &(kind, _) in &layout.events {
-        let spec = kind.spec();
-        let columns = layout.event_columns(kind).unwrap_or_default();
+    for (spec, columns) in layout.recorded_events() {
         parts.push((spec.split_file, columns.collect(), spec.folded));
     }
     parts

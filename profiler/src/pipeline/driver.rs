@@ -191,6 +191,7 @@ impl SamplingConfig {
     }
 
     /// The sample types these options give the profile.
+    ///
     /// Any CLR event kind gives it the sample types of the main session's
     /// three (contention, exceptions, waits), so that profiles of one
     /// host's processes keep one layout whatever each runtime has.

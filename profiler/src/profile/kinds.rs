@@ -174,6 +174,8 @@ pub const EVENT_KINDS: [EventKindSpec; 4] = [
         split_file: "waits",
         sample_types: &[
             same("waits", "count"),
+            // A name of its own in the combined profile, so that its
+            // `-sample_index=delay` stays contention's.
             EventSampleType {
                 standalone: "delay",
                 pyroscope: "delay",

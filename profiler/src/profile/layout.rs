@@ -4,9 +4,11 @@
 //! ([`crate::pipeline`]) and the one that splits profiles by kind
 //! ([`crate::export::split`]).
 
+use std::ops::Range;
+
 use super::{
     ValueType,
-    kinds::{EVENT_KINDS, EventKind},
+    kinds::{EVENT_KINDS, EventKind, EventKindSpec},
 };
 
 /// Which value of a profile sample is which: positions in the sample types.
@@ -61,10 +63,22 @@ impl ValueLayout {
         }
     }
 
+    /// Each recorded event kind's entry, with the positions of its sample
+    /// types.
+    pub fn recorded_events(
+        &self,
+    ) -> impl Iterator<Item = (&'static EventKindSpec, Range<usize>)> + '_ {
+        self.events.iter().map(|&(kind, first)| {
+            let spec = kind.spec();
+            (spec, first..first + spec.sample_types.len())
+        })
+    }
+
     /// The positions of `kind`'s sample types, when it is recorded.
-    pub fn event_columns(&self, kind: EventKind) -> Option<std::ops::Range<usize>> {
-        let &(_, first) = self.events.iter().find(|(k, _)| *k == kind)?;
-        Some(first..first + kind.spec().sample_types.len())
+    pub fn event_columns(&self, kind: EventKind) -> Option<Range<usize>> {
+        self.recorded_events()
+            .find(|(spec, _)| spec.kind == kind)
+            .map(|(_, columns)| columns)
     }
 
     pub fn zeros(&self) -> Vec<i64> {
